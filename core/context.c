@@ -1,0 +1,146 @@
+/* core/context.c — creating and destroying a context; parameters; owned objects; pool stats. */
+#include "core/context.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+umt_context_options umt_context_defaults(void) { return (umt_context_options){.device = UMT_DEVICE_CPU, .seed = 1}; }
+
+umt_status umt_context_create(const umt_context_options *options, umt_context **out) {
+    if (!out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: out is NULL");
+    *out = NULL;
+    umt_context_options opts = options ? *options : umt_context_defaults();
+    if (opts.device != UMT_DEVICE_CPU)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "umt_context_create: device %d: this build has the CPU backend only",
+                        (int)opts.device);
+    umt_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_context_create: no memory for the context");
+    ctx->options = opts;
+    ctx->backend = umt_cpu_backend();
+    ctx->grad_enabled = true;
+    umt_memory_init(&ctx->memory);
+    umt_rng_seed(&ctx->rng, opts.seed);
+    *out = ctx;
+    return UMT_OK;
+}
+
+static void free_headers(umt_tensor *list) {
+    while (list) {
+        umt_tensor *next = list->next;
+        free(list->name);
+        free(list);
+        list = next;
+    }
+}
+
+void umt_context_destroy(umt_context *ctx) {
+    if (!ctx) return;
+    /* Owned objects first: their destructors free tensors that still belong to the pools. */
+    while (ctx->owned) {
+        umt_owned *o = ctx->owned;
+        ctx->owned = o->next;
+        o->destroy(o->object);
+        free(o);
+    }
+    free_headers(ctx->step_tensors);
+    free_headers(ctx->run_tensors);
+    free(ctx->parameters);
+    umt_tape_release(&ctx->tape);
+    umt_memory_release(&ctx->memory);
+    free(ctx);
+}
+
+umt_status umt_context_own(umt_context *ctx, void *object, void (*destroy)(void *object)) {
+    umt_owned *o = malloc(sizeof *o);
+    if (!o) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_context_own: no memory");
+    *o = (umt_owned){object, destroy, ctx->owned};
+    ctx->owned = o;
+    return UMT_OK;
+}
+
+void umt_context_disown(umt_context *ctx, void *object) {
+    for (umt_owned **link = &ctx->owned; *link; link = &(*link)->next) {
+        if ((*link)->object != object) continue;
+        umt_owned *o = *link;
+        *link = o->next;
+        free(o);
+        return;
+    }
+}
+
+umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_stats *out) {
+    if (!ctx || !out || (unsigned)pool >= UMT_POOL_COUNT)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_pool_stats_get: pool %d (expected 0..%d)", (int)pool,
+                        UMT_POOL_COUNT - 1);
+    umt_memory_stats(&ctx->memory, pool, out);
+    return UMT_OK;
+}
+
+void umt_memory_report(const umt_context *ctx) {
+    fprintf(stderr, "%-12s %14s %14s %12s\n", "pool", "capacity B", "peak B", "allocations");
+    for (int p = 0; p < UMT_POOL_COUNT; ++p) {
+        umt_pool_stats s;
+        umt_memory_stats(&ctx->memory, (umt_pool)p, &s);
+        fprintf(stderr, "%-12s %14zu %14zu %12llu\n", umt_pool_name((umt_pool)p), s.capacity_bytes, s.peak_bytes,
+                (unsigned long long)s.allocations);
+    }
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Parameters */
+
+static umt_status register_parameter(umt_context *ctx, umt_tensor *p) {
+    if (ctx->parameter_count == ctx->parameter_slots) {
+        int slots = ctx->parameter_slots ? 2 * ctx->parameter_slots : 16;
+        umt_tensor **grown = realloc(ctx->parameters, (size_t)slots * sizeof *grown);
+        if (!grown) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "no memory to register parameter %s", p->name);
+        ctx->parameters = grown;
+        ctx->parameter_slots = slots;
+    }
+    ctx->parameters[ctx->parameter_count++] = p;
+    return UMT_OK;
+}
+
+umt_tensor *umt_parameter_new(umt_context *ctx, const char *name, int ndim, const int64_t *shape) {
+    if (!ctx || !name) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_parameter_new: %s is NULL", ctx ? "name" : "ctx");
+        return NULL;
+    }
+    umt_tensor *p = umt_tensor_alloc(ctx, UMT_POOL_WEIGHTS, UMT_F32, ndim, shape);
+    umt_tensor *g = p ? umt_tensor_alloc(ctx, UMT_POOL_GRADS, UMT_F32, ndim, shape) : NULL;
+    char *copy = g ? strdup(name) : NULL;
+    if (!copy || ctx->backend->fill(g->data, g->numel, 0.0f) != UMT_OK || register_parameter(ctx, p) != UMT_OK) {
+        if (p && !copy) umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_parameter_new: %s", name);
+        free(copy);
+        umt_tensor_free(g);
+        umt_tensor_free(p);
+        return NULL;
+    }
+    p->name = copy;
+    p->is_parameter = true;
+    p->requires_grad = true;
+    p->grad = g;
+    return p;
+}
+
+int umt_parameter_count(const umt_context *ctx) { return ctx ? ctx->parameter_count : 0; }
+
+umt_tensor *umt_parameter_at(const umt_context *ctx, int i) {
+    return ctx && i >= 0 && i < ctx->parameter_count ? ctx->parameters[i] : NULL;
+}
+
+umt_status umt_tensor_uniform(umt_context *ctx, umt_tensor *t, float low, float high) {
+    UMT_TRY(umt_check_tensor("umt_tensor_uniform", "t", t, UMT_F32, 0));
+    if (!(low <= high)) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_uniform: low %g > high %g", low, high);
+    /* Drawn on the host in index order, so a seed gives the same values on every backend. */
+    float *host = malloc((size_t)t->numel * sizeof *host);
+    if (!host) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_tensor_uniform: no memory for %lld values", (long long)t->numel);
+    for (int64_t i = 0; i < t->numel; ++i) host[i] = low + (high - low) * umt_rng_uniform(&ctx->rng);
+    umt_status st = ctx->backend->upload(t->data, host, t->bytes);
+    free(host);
+    return st;
+}

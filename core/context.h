@@ -1,0 +1,43 @@
+/*
+ * core/context.h — the context: one device's pools, backend, tape, RNG and parameters.
+ */
+#ifndef UMT_CORE_CONTEXT_H
+#define UMT_CORE_CONTEXT_H
+
+#include <stdbool.h>
+
+#include "core/backend.h"
+#include "core/rng.h"
+#include "core/tape.h"
+#include "memory/pool.h"
+#include "umtrain.h"
+
+/* Something the context frees when it is destroyed (layers, optimizers, datasets). */
+typedef struct umt_owned {
+    void *object;
+    void (*destroy)(void *object);
+    struct umt_owned *next;
+} umt_owned;
+
+struct umt_context {
+    umt_context_options options;
+    const umt_backend *backend;
+    umt_memory memory;
+    umt_rng rng;
+    umt_tape tape;
+    bool grad_enabled;
+    umt_tensor *run_tensors;  /* headers of tensors in RUN pools */
+    umt_tensor *step_tensors; /* headers of activations and views: freed by umt_step_begin */
+    umt_tensor **parameters;
+    int parameter_count;
+    int parameter_slots;
+    umt_owned *owned;
+    umt_grad_ready_fn grad_ready;
+    void *grad_ready_user;
+};
+
+/* Registers object to be destroyed with the context; umt_context_disown removes it. */
+umt_status umt_context_own(umt_context *ctx, void *object, void (*destroy)(void *object));
+void umt_context_disown(umt_context *ctx, void *object);
+
+#endif /* UMT_CORE_CONTEXT_H */

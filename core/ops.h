@@ -1,0 +1,30 @@
+/*
+ * core/ops.h — what every op (core/ops_*.c) shares: making its output and finishing it.
+ *
+ * The shape of an op: return NULL at once if an input is NULL (an earlier op failed and its
+ * message stands); check dtypes and shapes; umt_op_output; call the backend kernel;
+ * umt_op_finish records the tape node. Its backward function sits right below it.
+ */
+#ifndef UMT_CORE_OPS_H
+#define UMT_CORE_OPS_H
+
+#include "core/backend.h"
+#include "core/context.h"
+#include "core/error.h"
+#include "core/tape.h"
+#include "core/tensor.h"
+
+/* An f32 output of the given shape in the activations pool. */
+umt_tensor *umt_op_output(umt_context *ctx, int ndim, const int64_t *shape);
+
+/* out if the kernel succeeded and the node was recorded; NULL otherwise (the message says why). */
+umt_tensor *umt_op_finish(umt_context *ctx, umt_status kernel_status, const char *op, umt_backward_fn backward,
+                          umt_tensor *out, umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2);
+
+/* Input i's gradient if it takes one, else NULL (backward functions skip NULL gradients). */
+static inline float *umt_input_grad(const umt_node *node, int i) {
+    umt_tensor *t = node->inputs[i];
+    return t->requires_grad ? (float *)t->grad->data : NULL;
+}
+
+#endif /* UMT_CORE_OPS_H */

@@ -1,0 +1,16 @@
+/* core/ops_common.c — making an op's output and recording it (see core/ops.h). */
+#include "core/ops.h"
+
+umt_tensor *umt_op_output(umt_context *ctx, int ndim, const int64_t *shape) {
+    return umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, ndim, shape);
+}
+
+umt_tensor *umt_op_finish(umt_context *ctx, umt_status kernel_status, const char *op, umt_backward_fn backward,
+                          umt_tensor *out, umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2) {
+    if (kernel_status != UMT_OK) {
+        umt_fail(kernel_status, "%s: %s", op, umt_last_error());
+        return NULL;
+    }
+    if (umt_tape_record(ctx, op, backward, out, saved, in0, in1, in2) != UMT_OK) return NULL;
+    return out;
+}

@@ -1,0 +1,105 @@
+/* core/ops_elementwise.c — add, mul, relu, reshape/flatten: forward and backward. */
+#include "core/ops.h"
+
+static bool same_shape(const umt_tensor *a, const umt_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int i = 0; i < a->ndim; ++i)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
+}
+
+static umt_status shape_mismatch(const char *op, const umt_tensor *a, const umt_tensor *b, const char *expected) {
+    char sa[64], sb[64];
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: a %s and b %s (expected %s)", op, umt_shape_string(a, sa, sizeof sa),
+                    umt_shape_string(b, sb, sizeof sb), expected);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* add: a + b, b of a's shape or a row vector broadcast over a's last dimension */
+
+static umt_status add_backward(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *a = node->inputs[0], *b = node->inputs[1], *out = node->output;
+    float *da = umt_input_grad(node, 0), *db = umt_input_grad(node, 1);
+    if (da) UMT_TRY(ctx->backend->accumulate(da, out->grad->data, 1.0f, a->numel));
+    if (!db) return UMT_OK;
+    if (b->numel == a->numel) return ctx->backend->accumulate(db, out->grad->data, 1.0f, b->numel);
+    return ctx->backend->sum_rows(out->grad->data, db, a->numel / b->numel, b->numel);
+}
+
+umt_tensor *umt_add(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
+    if (!a || !b) return NULL;
+    if (umt_check_tensor("umt_add", "a", a, UMT_F32, 0) != UMT_OK || umt_check_tensor("umt_add", "b", b, UMT_F32, 0) != UMT_OK)
+        return NULL;
+    bool broadcast = b->ndim == 1 && b->shape[0] == a->shape[a->ndim - 1] && !same_shape(a, b);
+    if (!broadcast && !same_shape(a, b)) {
+        shape_mismatch("umt_add", a, b, "equal shapes, or b 1-D of a's last dimension");
+        return NULL;
+    }
+    umt_tensor *out = umt_op_output(ctx, a->ndim, a->shape);
+    if (!out) return NULL;
+    umt_status st = broadcast ? ctx->backend->add_rows(a->data, b->data, out->data, a->numel / b->numel, b->numel)
+                              : ctx->backend->add(a->data, b->data, out->data, a->numel);
+    return umt_op_finish(ctx, st, "umt_add", add_backward, out, NULL, a, b, NULL);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* mul: a * b elementwise */
+
+static umt_status mul_backward(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *a = node->inputs[0], *b = node->inputs[1], *out = node->output;
+    float *da = umt_input_grad(node, 0), *db = umt_input_grad(node, 1);
+    if (da) UMT_TRY(ctx->backend->accumulate_product(da, out->grad->data, b->data, a->numel));
+    if (db) UMT_TRY(ctx->backend->accumulate_product(db, out->grad->data, a->data, b->numel));
+    return UMT_OK;
+}
+
+umt_tensor *umt_mul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
+    if (!a || !b) return NULL;
+    if (umt_check_tensor("umt_mul", "a", a, UMT_F32, 0) != UMT_OK || umt_check_tensor("umt_mul", "b", b, UMT_F32, 0) != UMT_OK)
+        return NULL;
+    if (!same_shape(a, b)) {
+        shape_mismatch("umt_mul", a, b, "equal shapes");
+        return NULL;
+    }
+    umt_tensor *out = umt_op_output(ctx, a->ndim, a->shape);
+    if (!out) return NULL;
+    umt_status st = ctx->backend->mul(a->data, b->data, out->data, a->numel);
+    return umt_op_finish(ctx, st, "umt_mul", mul_backward, out, NULL, a, b, NULL);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* relu: max(x, 0); backward reads the output (y > 0 exactly where x > 0) */
+
+static umt_status relu_backward(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *y = node->output;
+    return ctx->backend->relu_backward(y->data, y->grad->data, umt_input_grad(node, 0), y->numel);
+}
+
+umt_tensor *umt_relu(umt_context *ctx, umt_tensor *x) {
+    if (!x) return NULL;
+    if (umt_check_tensor("umt_relu", "x", x, UMT_F32, 0) != UMT_OK) return NULL;
+    umt_tensor *y = umt_op_output(ctx, x->ndim, x->shape);
+    if (!y) return NULL;
+    umt_status st = ctx->backend->relu(x->data, y->data, x->numel);
+    return umt_op_finish(ctx, st, "umt_relu", relu_backward, y, NULL, x, NULL, NULL);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* reshape / flatten: a view; the gradient flows through unchanged */
+
+static umt_status reshape_backward(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *y = node->output;
+    return ctx->backend->accumulate(umt_input_grad(node, 0), y->grad->data, 1.0f, y->numel);
+}
+
+umt_tensor *umt_reshape(umt_context *ctx, umt_tensor *x, int ndim, const int64_t *shape) {
+    if (!x) return NULL;
+    umt_tensor *y = umt_tensor_view(ctx, x, ndim, shape);
+    if (!y) return NULL;
+    return umt_op_finish(ctx, UMT_OK, "umt_reshape", reshape_backward, y, NULL, x, NULL, NULL);
+}
+
+umt_tensor *umt_flatten(umt_context *ctx, umt_tensor *x) {
+    if (!x) return NULL;
+    return umt_reshape(ctx, x, 2, (int64_t[]){x->shape[0], x->numel / x->shape[0]});
+}

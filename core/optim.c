@@ -1,0 +1,226 @@
+/*
+ * core/optim.c — optimizers: SGD (momentum, weight decay), Adam, AdamW, Adadelta.
+ *
+ * An optimizer is a list of slots, one per parameter registered with the context when the
+ * optimizer was made; each slot holds the parameter and the state tensors its kind needs, in
+ * the optim pool (so the memory policy can place or offload them as a group). A step checks
+ * every gradient first, then calls the backend's update kernel once per parameter: the
+ * arithmetic lives in kernels/ (kernels/cpu/optim.c states each rule), and this file only
+ * decides what is updated with what.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/context.h"
+#include "core/error.h"
+#include "core/tensor.h"
+
+/* State tensors per parameter: SGD velocity | Adam m, v | Adadelta square_avg, delta_avg. */
+#define UMT_OPTIM_MAX_STATE 2
+
+typedef struct {
+    umt_tensor *param;
+    umt_tensor *state[UMT_OPTIM_MAX_STATE];
+} umt_optim_slot;
+
+struct umt_optimizer {
+    umt_context *ctx;
+    umt_optimizer_options options;
+    int64_t steps;
+    int slot_count;
+    umt_optim_slot *slots;
+};
+
+/* ----------------------------------------------------------------------------------------- */
+/* Kinds and defaults */
+
+static const char *const kind_names[] = {
+    [UMT_OPT_SGD] = "sgd", [UMT_OPT_ADAM] = "adam", [UMT_OPT_ADAMW] = "adamw", [UMT_OPT_ADADELTA] = "adadelta"};
+#define KIND_COUNT ((int)(sizeof kind_names / sizeof kind_names[0]))
+
+umt_status umt_optimizer_kind_parse(const char *name, umt_optimizer_kind *out) {
+    if (!name || !out)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_kind_parse: %s is NULL", name ? "out" : "name");
+    for (int k = 0; k < KIND_COUNT; ++k)
+        if (strcmp(name, kind_names[k]) == 0) {
+            *out = (umt_optimizer_kind)k;
+            return UMT_OK;
+        }
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "optimizer \"%s\" is unknown (expected sgd, adam, adamw or adadelta)",
+                    name);
+}
+
+umt_optimizer_options umt_optimizer_defaults(umt_optimizer_kind kind) {
+    /* Fields a kind does not use still get PyTorch's values for the kind that does, so that
+     * switching .kind on a set of defaults never leaves a zero eps or beta behind. */
+    umt_optimizer_options o = {
+        .kind = kind, .lr = 1e-3f, .weight_decay = 0.0f, .momentum = 0.0f,
+        .beta1 = 0.9f, .beta2 = 0.999f, .rho = 0.9f, .eps = 1e-8f,
+    };
+    switch (kind) {
+    case UMT_OPT_SGD: o.lr = 1e-2f; break;
+    case UMT_OPT_ADAM: break;
+    case UMT_OPT_ADAMW: o.weight_decay = 1e-2f; break;
+    case UMT_OPT_ADADELTA:
+        o.lr = 1.0f;
+        o.eps = 1e-6f;
+        break;
+    }
+    return o;
+}
+
+/* How many state tensors each parameter needs under these options. */
+static int state_count(const umt_optimizer_options *o) {
+    switch (o->kind) {
+    case UMT_OPT_SGD: return o->momentum != 0.0f ? 1 : 0;
+    case UMT_OPT_ADAM:
+    case UMT_OPT_ADAMW:
+    case UMT_OPT_ADADELTA: return 2;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Validation: only the options the kind reads are checked, so a hand-built SGD option set
+ * with eps and betas left at 0 is fine. Comparisons are written so that NaN fails them. */
+
+static umt_status check_unit_interval(const char *name, float value) {
+    if (!(value >= 0.0f && value < 1.0f))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: %s %g (expected 0 <= %s < 1)", name, value,
+                        name);
+    return UMT_OK;
+}
+
+static umt_status check_options(const umt_optimizer_options *o) {
+    if ((unsigned)o->kind >= (unsigned)KIND_COUNT)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: kind %d (expected 0..%d)", (int)o->kind,
+                        KIND_COUNT - 1);
+    if (!(o->lr > 0.0f && isfinite(o->lr)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: lr %g (expected finite > 0)", o->lr);
+    if (!(o->weight_decay >= 0.0f && isfinite(o->weight_decay)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: weight_decay %g (expected finite >= 0)",
+                        o->weight_decay);
+    if (o->kind == UMT_OPT_SGD) return check_unit_interval("momentum", o->momentum);
+    if (o->kind == UMT_OPT_ADADELTA) {
+        UMT_TRY(check_unit_interval("rho", o->rho));
+    } else {
+        UMT_TRY(check_unit_interval("beta1", o->beta1));
+        UMT_TRY(check_unit_interval("beta2", o->beta2));
+    }
+    if (!(o->eps > 0.0f && isfinite(o->eps)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: eps %g (expected finite > 0)", o->eps);
+    return UMT_OK;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Creation and destruction */
+
+/* Frees the state tensors and the optimizer; the context's list is the caller's business. */
+static void release(void *object) {
+    umt_optimizer *opt = object;
+    for (int i = 0; i < opt->slot_count; ++i)
+        for (int s = 0; s < UMT_OPTIM_MAX_STATE; ++s) umt_tensor_free(opt->slots[i].state[s]);
+    free(opt->slots);
+    free(opt);
+}
+
+/* Zeroed state tensors shaped like each parameter, in the optim pool. */
+static umt_status alloc_state(umt_optimizer *opt) {
+    umt_context *ctx = opt->ctx;
+    int count = state_count(&opt->options);
+    for (int i = 0; i < opt->slot_count; ++i) {
+        umt_tensor *p = opt->slots[i].param;
+        for (int s = 0; s < count; ++s) {
+            umt_tensor *t = umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, p->ndim, p->shape);
+            /* umt_tensor_alloc has recorded which pool refused and why; NULL carries no status. */
+            if (!t) return UMT_ERR_OUT_OF_MEMORY;
+            opt->slots[i].state[s] = t;
+            UMT_TRY(ctx->backend->fill(t->data, t->numel, 0.0f));
+        }
+    }
+    return UMT_OK;
+}
+
+umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *options, umt_optimizer **out) {
+    if (!ctx || !options || !out)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: %s is NULL",
+                        !ctx ? "ctx" : !options ? "options" : "out");
+    *out = NULL;
+    UMT_TRY(check_options(options));
+    int count = umt_parameter_count(ctx);
+    /* Parameters made later are not covered, so an empty list is almost surely a mistake. */
+    if (count == 0)
+        return umt_fail(UMT_ERR_STATE, "umt_optimizer_create: the context has no parameters (create the model first)");
+    umt_optimizer *opt = calloc(1, sizeof *opt);
+    umt_optim_slot *slots = opt ? calloc((size_t)count, sizeof *slots) : NULL;
+    if (!slots) {
+        free(opt);
+        return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_optimizer_create: no memory for %d parameter slots", count);
+    }
+    *opt = (umt_optimizer){.ctx = ctx, .options = *options, .slot_count = count, .slots = slots};
+    for (int i = 0; i < count; ++i) slots[i].param = umt_parameter_at(ctx, i);
+    umt_status st = alloc_state(opt);
+    if (st == UMT_OK) st = umt_context_own(ctx, opt, release);
+    if (st != UMT_OK) {
+        release(opt);
+        return st;
+    }
+    *out = opt;
+    return UMT_OK;
+}
+
+void umt_optimizer_destroy(umt_optimizer *opt) {
+    if (!opt) return;
+    umt_context_disown(opt->ctx, opt);
+    release(opt);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Stepping */
+
+static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *slot, int64_t step) {
+    const umt_backend *be = opt->ctx->backend;
+    const umt_optimizer_options *o = &opt->options;
+    float *p = slot->param->data;
+    const float *g = slot->param->grad->data;
+    float *s0 = slot->state[0] ? slot->state[0]->data : NULL;
+    float *s1 = slot->state[1] ? slot->state[1]->data : NULL;
+    int64_t n = slot->param->numel;
+    switch (o->kind) {
+    case UMT_OPT_SGD: return be->sgd_update(p, g, s0, n, o->lr, o->momentum, o->weight_decay);
+    case UMT_OPT_ADAM:
+    case UMT_OPT_ADAMW:
+        return be->adam_update(p, g, s0, s1, n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+                               o->kind == UMT_OPT_ADAMW, step);
+    case UMT_OPT_ADADELTA: return be->adadelta_update(p, g, s0, s1, n, o->lr, o->rho, o->eps, o->weight_decay);
+    }
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_step: kind %d", (int)o->kind);
+}
+
+umt_status umt_optimizer_step(umt_optimizer *opt) {
+    if (!opt) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_step: opt is NULL");
+    /* umt_optimizer_set_lr cannot report, so a bad rate is refused here; 0 is allowed because
+     * a schedule may anneal to it. */
+    if (!(opt->options.lr >= 0.0f && isfinite(opt->options.lr)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_step: lr %g (expected finite >= 0)", opt->options.lr);
+    /* Every gradient is checked before any parameter moves, so a failure leaves the model whole. */
+    for (int i = 0; i < opt->slot_count; ++i) {
+        const umt_tensor *p = opt->slots[i].param;
+        if (!p->grad || p->grad->numel != p->numel)
+            return umt_fail(UMT_ERR_STATE, "umt_optimizer_step: parameter %s has no gradient of its shape",
+                            p->name ? p->name : "(unnamed)");
+    }
+    int64_t step = opt->steps + 1;
+    for (int i = 0; i < opt->slot_count; ++i) UMT_TRY(update_slot(opt, &opt->slots[i], step));
+    opt->steps = step;
+    return UMT_OK;
+}
+
+void umt_optimizer_set_lr(umt_optimizer *opt, float lr) {
+    if (opt) opt->options.lr = lr;
+}
+
+float umt_optimizer_lr(const umt_optimizer *opt) { return opt ? opt->options.lr : 0.0f; }
+
+int64_t umt_optimizer_steps(const umt_optimizer *opt) { return opt ? opt->steps : 0; }

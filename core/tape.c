@@ -1,0 +1,119 @@
+/* core/tape.c — recording ops, and running the tape backwards. */
+#include "core/tape.h"
+
+#include <stdlib.h>
+
+#include "core/context.h"
+#include "core/error.h"
+#include "core/tensor.h"
+
+umt_status umt_tape_record(umt_context *ctx, const char *op, umt_backward_fn backward, umt_tensor *out,
+                           umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2) {
+    umt_tensor *inputs[UMT_MAX_INPUTS] = {in0, in1, in2};
+    int count = 0;
+    bool needs_grad = false;
+    while (count < UMT_MAX_INPUTS && inputs[count]) needs_grad |= inputs[count++]->requires_grad;
+    out->requires_grad = ctx->grad_enabled && needs_grad;
+    if (!out->requires_grad) return UMT_OK;
+
+    umt_tape *tape = &ctx->tape;
+    if (tape->count == tape->slots) {
+        int slots = tape->slots ? 2 * tape->slots : 64;
+        umt_node *grown = realloc(tape->nodes, (size_t)slots * sizeof *grown);
+        if (!grown) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: no memory to record the op on the tape", op);
+        tape->nodes = grown;
+        tape->slots = slots;
+    }
+    umt_node *node = &tape->nodes[tape->count++];
+    *node = (umt_node){.op = op, .backward = backward, .input_count = count, .output = out, .saved = saved};
+    for (int i = 0; i < count; ++i) {
+        node->inputs[i] = inputs[i];
+        /* Counted so that backward knows when a parameter's last contribution has arrived. */
+        if (inputs[i]->is_parameter) inputs[i]->pending_uses++;
+    }
+    return UMT_OK;
+}
+
+void umt_tape_clear(umt_tape *tape) { tape->count = 0; }
+
+void umt_tape_release(umt_tape *tape) {
+    free(tape->nodes);
+    *tape = (umt_tape){0};
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* The public autograd entry points */
+
+umt_status umt_step_begin(umt_context *ctx) {
+    if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_begin: ctx is NULL");
+    umt_tape_clear(&ctx->tape);
+    /* The previous step's activations, views and activation gradients all go at once. */
+    while (ctx->step_tensors) {
+        umt_tensor *t = ctx->step_tensors;
+        ctx->step_tensors = t->next;
+        free(t);
+    }
+    for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->pending_uses = 0;
+    UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_ACTIVATIONS));
+    return umt_memory_reset(&ctx->memory, UMT_POOL_WORKSPACE);
+}
+
+umt_status umt_zero_grad(umt_context *ctx) {
+    if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_zero_grad: ctx is NULL");
+    for (int i = 0; i < ctx->parameter_count; ++i) {
+        umt_tensor *g = ctx->parameters[i]->grad;
+        UMT_TRY(ctx->backend->fill(g->data, g->numel, 0.0f));
+    }
+    return UMT_OK;
+}
+
+bool umt_set_grad_enabled(umt_context *ctx, bool enabled) {
+    bool previous = ctx->grad_enabled;
+    ctx->grad_enabled = enabled;
+    return previous;
+}
+
+void umt_set_grad_ready_hook(umt_context *ctx, umt_grad_ready_fn fn, void *user) {
+    ctx->grad_ready = fn;
+    ctx->grad_ready_user = user;
+}
+
+/* After a node's backward: a parameter whose every use has now been processed is final. */
+static void announce_finished_parameters(umt_context *ctx, const umt_node *node) {
+    for (int i = 0; i < node->input_count; ++i) {
+        umt_tensor *p = node->inputs[i];
+        if (!p->is_parameter || --p->pending_uses != 0) continue;
+        if (ctx->grad_ready) ctx->grad_ready(p, ctx->grad_ready_user);
+    }
+}
+
+umt_status umt_backward(umt_context *ctx, umt_tensor *loss) {
+    if (!ctx || !loss) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward: %s is NULL", ctx ? "loss" : "ctx");
+    if (loss->numel != 1 || loss->dtype != UMT_F32)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward: loss has %lld elements of %s (expected one f32)",
+                        (long long)loss->numel, umt_dtype_name(loss->dtype));
+    if (!loss->requires_grad)
+        return umt_fail(UMT_ERR_STATE, "umt_backward: the loss was computed with grad disabled or from no parameter");
+    if (ctx->tape.count == 0)
+        return umt_fail(UMT_ERR_STATE, "umt_backward: the tape is empty (backward already ran since the forward pass)");
+    umt_tensor *seed = umt_tensor_grad_or_zeros(ctx, loss);
+    if (!seed) return UMT_ERR_OUT_OF_MEMORY;
+    UMT_TRY(ctx->backend->fill(seed->data, 1, 1.0f));
+
+    for (int n = ctx->tape.count - 1; n >= 0; --n) {
+        const umt_node *node = &ctx->tape.nodes[n];
+        /* A node whose output received no gradient lies on no path to the loss. */
+        if (node->output->grad) {
+            for (int i = 0; i < node->input_count; ++i)
+                if (node->inputs[i]->requires_grad && !umt_tensor_grad_or_zeros(ctx, node->inputs[i]))
+                    return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_backward: %s: no memory for a gradient (%s)", node->op,
+                                    umt_last_error());
+            umt_status st = node->backward(ctx, node);
+            if (st != UMT_OK) return umt_fail(st, "umt_backward: %s: %s", node->op, umt_last_error());
+        }
+        announce_finished_parameters(ctx, node);
+    }
+    /* The tape has been consumed: a second backward needs a new forward. */
+    umt_tape_clear(&ctx->tape);
+    return UMT_OK;
+}

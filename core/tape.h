@@ -1,0 +1,43 @@
+/*
+ * core/tape.h — the autograd tape: the ops of one forward pass, in order.
+ *
+ * Each op, after computing its output, records a node: its inputs, its output, what it saved
+ * for backward, and the function that turns the output's gradient into its inputs' gradients.
+ * umt_backward walks the nodes in reverse. Nothing is recorded when grad is disabled or when
+ * no input takes a gradient.
+ */
+#ifndef UMT_CORE_TAPE_H
+#define UMT_CORE_TAPE_H
+
+#include "umtrain.h"
+
+#define UMT_MAX_INPUTS 3
+
+typedef struct umt_node umt_node;
+
+/* Accumulates into the gradients of the node's inputs that require one. */
+typedef umt_status (*umt_backward_fn)(umt_context *ctx, const umt_node *node);
+
+struct umt_node {
+    const char *op; /* the public op's name, for errors */
+    umt_backward_fn backward;
+    umt_tensor *inputs[UMT_MAX_INPUTS];
+    int input_count;
+    umt_tensor *output;
+    umt_tensor *saved; /* an extra tensor kept for backward (e.g. softmax probabilities) */
+};
+
+typedef struct {
+    umt_node *nodes;
+    int count;
+    int slots;
+} umt_tape;
+
+/* Records out = op(inputs...) if grad is enabled and an input requires grad; sets
+ * out->requires_grad accordingly. Inputs after the first NULL are ignored. */
+umt_status umt_tape_record(umt_context *ctx, const char *op, umt_backward_fn backward, umt_tensor *out,
+                           umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2);
+void umt_tape_clear(umt_tape *tape);
+void umt_tape_release(umt_tape *tape);
+
+#endif /* UMT_CORE_TAPE_H */

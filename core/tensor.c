@@ -1,0 +1,228 @@
+/* core/tensor.c — tensor headers, their storage from the pools, shapes, copies. */
+#include "core/tensor.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/context.h"
+#include "core/error.h"
+
+size_t umt_dtype_size(umt_dtype dtype) {
+    switch (dtype) {
+    case UMT_F32: return 4;
+    case UMT_BF16: return 2;
+    case UMT_F16: return 2;
+    case UMT_I32: return 4;
+    case UMT_U8: return 1;
+    case UMT_DTYPE_COUNT: break;
+    }
+    return 0;
+}
+
+const char *umt_dtype_name(umt_dtype dtype) {
+    static const char *names[UMT_DTYPE_COUNT] = {"f32", "bf16", "f16", "i32", "u8"};
+    return (unsigned)dtype < UMT_DTYPE_COUNT ? names[dtype] : "invalid-dtype";
+}
+
+/* Validates a shape and computes its element count without overflow. */
+static umt_status shape_numel(const char *op, int ndim, const int64_t *shape, int64_t *numel) {
+    if (ndim < 1 || ndim > UMT_MAX_DIMS || !shape)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: rank %d (expected 1..%d)", op, ndim, UMT_MAX_DIMS);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) {
+        if (shape[i] <= 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: dimension %d is %lld (expected > 0)", op, i, (long long)shape[i]);
+        if (n > INT64_MAX / 16 / shape[i]) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: shape too large (dimension %d)", op, i);
+        n *= shape[i];
+    }
+    *numel = n;
+    return UMT_OK;
+}
+
+/* A header on one of the context's lists; no storage yet. */
+static umt_tensor *new_header(umt_context *ctx, umt_pool pool, umt_dtype dtype, int ndim, const int64_t *shape, int64_t numel) {
+    umt_tensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        umt_fail(UMT_ERR_OUT_OF_MEMORY, "no memory for a tensor header");
+        return NULL;
+    }
+    t->ctx = ctx;
+    t->dtype = dtype;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    t->numel = numel;
+    t->bytes = (size_t)numel * umt_dtype_size(dtype);
+    t->pool = pool;
+    umt_tensor **list = umt_pool_policy_of(pool)->lifetime == UMT_LIFETIME_STEP ? &ctx->step_tensors : &ctx->run_tensors;
+    t->next = *list;
+    *list = t;
+    return t;
+}
+
+static void unlink_header(umt_tensor *t) {
+    umt_context *ctx = t->ctx;
+    umt_tensor **list = umt_pool_policy_of(t->pool)->lifetime == UMT_LIFETIME_STEP ? &ctx->step_tensors : &ctx->run_tensors;
+    for (umt_tensor **link = list; *link; link = &(*link)->next)
+        if (*link == t) {
+            *link = t->next;
+            return;
+        }
+}
+
+umt_tensor *umt_tensor_alloc(umt_context *ctx, umt_pool pool, umt_dtype dtype, int ndim, const int64_t *shape) {
+    int64_t numel = 0;
+    if (!ctx) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_new: ctx is NULL");
+        return NULL;
+    }
+    if ((unsigned)pool >= UMT_POOL_COUNT || umt_dtype_size(dtype) == 0) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_new: pool %d / dtype %d out of range", (int)pool, (int)dtype);
+        return NULL;
+    }
+    if (shape_numel("umt_tensor_new", ndim, shape, &numel) != UMT_OK) return NULL;
+    umt_tensor *t = new_header(ctx, pool, dtype, ndim, shape, numel);
+    if (!t) return NULL;
+    if (umt_memory_alloc(&ctx->memory, pool, t->bytes, &t->data) != UMT_OK) {
+        unlink_header(t);
+        free(t);
+        return NULL;
+    }
+    t->owns_storage = true;
+    return t;
+}
+
+umt_tensor *umt_tensor_view(umt_context *ctx, umt_tensor *base, int ndim, const int64_t *shape) {
+    int64_t numel = 0;
+    if (shape_numel("umt_reshape", ndim, shape, &numel) != UMT_OK) return NULL;
+    if (numel != base->numel) {
+        char buf[64];
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_reshape: %lld elements into a shape of %lld (input %s)",
+                 (long long)base->numel, (long long)numel, umt_shape_string(base, buf, sizeof buf));
+        return NULL;
+    }
+    /* Views live on the step list whatever their base, so umt_step_begin frees them. */
+    umt_tensor *t = new_header(ctx, UMT_POOL_ACTIVATIONS, base->dtype, ndim, shape, numel);
+    if (!t) return NULL;
+    t->data = base->data;
+    return t;
+}
+
+umt_tensor *umt_tensor_new(umt_context *ctx, umt_pool pool, umt_dtype dtype, int ndim, const int64_t *shape) {
+    return umt_tensor_alloc(ctx, pool, dtype, ndim, shape);
+}
+
+umt_tensor *umt_tensor_new_1d(umt_context *ctx, umt_pool pool, umt_dtype dtype, int64_t n0) {
+    return umt_tensor_alloc(ctx, pool, dtype, 1, (int64_t[]){n0});
+}
+
+umt_tensor *umt_tensor_new_2d(umt_context *ctx, umt_pool pool, umt_dtype dtype, int64_t n0, int64_t n1) {
+    return umt_tensor_alloc(ctx, pool, dtype, 2, (int64_t[]){n0, n1});
+}
+
+umt_tensor *umt_tensor_new_4d(umt_context *ctx, umt_pool pool, umt_dtype dtype, int64_t n0, int64_t n1, int64_t n2,
+                              int64_t n3) {
+    return umt_tensor_alloc(ctx, pool, dtype, 4, (int64_t[]){n0, n1, n2, n3});
+}
+
+static void forget_parameter(umt_context *ctx, umt_tensor *p) {
+    for (int i = 0; i < ctx->parameter_count; ++i)
+        if (ctx->parameters[i] == p) {
+            memmove(&ctx->parameters[i], &ctx->parameters[i + 1], (size_t)(ctx->parameter_count - i - 1) * sizeof p);
+            ctx->parameter_count--;
+            return;
+        }
+}
+
+void umt_tensor_free(umt_tensor *t) {
+    if (!t || umt_pool_policy_of(t->pool)->lifetime == UMT_LIFETIME_STEP) return;
+    if (t->is_parameter) {
+        forget_parameter(t->ctx, t);
+        umt_tensor_free(t->grad);
+    }
+    if (t->owns_storage) umt_memory_free(&t->ctx->memory, t->pool, t->data);
+    unlink_header(t);
+    free(t->name);
+    free(t);
+}
+
+umt_tensor *umt_tensor_grad_or_zeros(umt_context *ctx, umt_tensor *t) {
+    if (t->grad) return t->grad;
+    umt_tensor *g = umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, t->ndim, t->shape);
+    if (!g || ctx->backend->fill(g->data, g->numel, 0.0f) != UMT_OK) return NULL;
+    t->grad = g;
+    return g;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Accessors */
+
+int umt_tensor_ndim(const umt_tensor *t) { return t ? t->ndim : 0; }
+int64_t umt_tensor_dim(const umt_tensor *t, int axis) { return t && axis >= 0 && axis < t->ndim ? t->shape[axis] : 0; }
+int64_t umt_tensor_numel(const umt_tensor *t) { return t ? t->numel : 0; }
+umt_dtype umt_tensor_dtype(const umt_tensor *t) { return t ? t->dtype : UMT_DTYPE_COUNT; }
+umt_pool umt_tensor_pool(const umt_tensor *t) { return t ? t->pool : UMT_POOL_COUNT; }
+const char *umt_tensor_name(const umt_tensor *t) { return t ? t->name : NULL; }
+umt_tensor *umt_tensor_grad(const umt_tensor *t) { return t ? t->grad : NULL; }
+
+const char *umt_shape_string(const umt_tensor *t, char *buf, size_t size) {
+    size_t used = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < t->ndim && used < size; ++i)
+        used += (size_t)snprintf(buf + used, size - used, i ? ",%lld" : "%lld", (long long)t->shape[i]);
+    if (used < size) snprintf(buf + used, size - used, "]");
+    return buf;
+}
+
+umt_status umt_check_tensor(const char *op, const char *arg, const umt_tensor *t, umt_dtype dtype, int ndim) {
+    char buf[64];
+    if (!t) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, arg);
+    if (t->dtype != dtype)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s (expected %s)", op, arg, umt_dtype_name(t->dtype),
+                        umt_dtype_name(dtype));
+    if (ndim && t->ndim != ndim)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s has shape %s (expected rank %d)", op, arg,
+                        umt_shape_string(t, buf, sizeof buf), ndim);
+    return UMT_OK;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Copies and fills */
+
+static umt_status check_bytes(const char *op, const umt_tensor *t, const void *host, size_t bytes) {
+    if (!t || !host) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, t ? "host pointer" : "tensor");
+    if (bytes != t->bytes)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %zu bytes given, the tensor holds %zu", op, bytes, t->bytes);
+    return UMT_OK;
+}
+
+umt_status umt_tensor_copy_from_host(umt_tensor *t, const void *src, size_t bytes) {
+    UMT_TRY(check_bytes("umt_tensor_copy_from_host", t, src, bytes));
+    return t->ctx->backend->upload(t->data, src, bytes);
+}
+
+umt_status umt_tensor_copy_to_host(const umt_tensor *t, void *dst, size_t bytes) {
+    UMT_TRY(check_bytes("umt_tensor_copy_to_host", t, dst, bytes));
+    return t->ctx->backend->download(dst, t->data, bytes);
+}
+
+umt_status umt_tensor_fill(umt_tensor *t, float value) {
+    UMT_TRY(umt_check_tensor("umt_tensor_fill", "t", t, UMT_F32, 0));
+    return t->ctx->backend->fill(t->data, t->numel, value);
+}
+
+umt_status umt_tensor_get_f32(const umt_tensor *t, int64_t i, float *out) {
+    UMT_TRY(umt_check_tensor("umt_tensor_get_f32", "t", t, UMT_F32, 0));
+    if (i < 0 || i >= t->numel)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_get_f32: index %lld outside 0..%lld", (long long)i,
+                        (long long)t->numel - 1);
+    return t->ctx->backend->download(out, (const float *)t->data + i, sizeof *out);
+}
+
+umt_status umt_tensor_convert(const umt_tensor *src, umt_tensor *dst) {
+    if (!src || !dst) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_convert: %s is NULL", src ? "dst" : "src");
+    if (src->numel != dst->numel) {
+        char a[64], b[64];
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_convert: src %s and dst %s differ in size",
+                        umt_shape_string(src, a, sizeof a), umt_shape_string(dst, b, sizeof b));
+    }
+    return src->ctx->backend->convert(src->data, src->dtype, dst->data, dst->dtype, src->numel);
+}

@@ -1,0 +1,48 @@
+/*
+ * core/tensor.h — what a tensor is inside umtrain.
+ *
+ * A tensor is a small header (this struct, on the C heap) over storage that always comes from
+ * one pool of memory/ (`pool` says which; `data` points into it). Views (reshape) share their
+ * base's storage and own none.
+ */
+#ifndef UMT_CORE_TENSOR_H
+#define UMT_CORE_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "umtrain.h"
+
+struct umt_tensor {
+    umt_context *ctx;
+    umt_dtype dtype;
+    int ndim;
+    int64_t shape[UMT_MAX_DIMS];
+    int64_t numel;
+    size_t bytes;
+    void *data;
+    umt_pool pool;
+    bool owns_storage;  /* false for views */
+    bool requires_grad; /* a gradient flows into this tensor in backward */
+    bool is_parameter;
+    char *name;         /* parameters only */
+    umt_tensor *grad;   /* parameters: in the grads pool; others: activations, made in backward */
+    int pending_uses;   /* parameters: tape uses whose backward has not run yet this step */
+    umt_tensor *next;   /* the context's list this header is on */
+};
+
+/* A header over new storage of pool (the public umt_tensor_new). */
+umt_tensor *umt_tensor_alloc(umt_context *ctx, umt_pool pool, umt_dtype dtype, int ndim, const int64_t *shape);
+/* A view of base's storage with another shape (same numel), in the activations list. */
+umt_tensor *umt_tensor_view(umt_context *ctx, umt_tensor *base, int ndim, const int64_t *shape);
+/* t->grad, made (zero-filled, in the activations pool) if t has none yet. */
+umt_tensor *umt_tensor_grad_or_zeros(umt_context *ctx, umt_tensor *t);
+
+/* Writes "[2,3,4]" into buf, for error messages. */
+const char *umt_shape_string(const umt_tensor *t, char *buf, size_t size);
+
+/* Shape/dtype checks that name the op and the argument on failure. */
+umt_status umt_check_tensor(const char *op, const char *arg, const umt_tensor *t, umt_dtype dtype, int ndim);
+
+#endif /* UMT_CORE_TENSOR_H */

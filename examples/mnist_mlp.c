@@ -1,0 +1,246 @@
+/*
+ * examples/mnist_mlp.c — a 784-256-10 multilayer perceptron on MNIST.
+ *
+ *   tools/fetch_mnist.sh                      # once: data/mnist/*-ubyte
+ *   bazel run //examples:mnist_mlp -- --epochs 2
+ *
+ * The whole training loop of umtrain in one page: load the IDX files, build two linear layers,
+ * then per step: gather a shuffled batch, forward (linear, relu, linear, softmax cross-entropy),
+ * backward, optimizer step; after each epoch, test accuracy with grad disabled.
+ * Reaches about 98% test accuracy after 2 epochs with the defaults.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "umtrain.h"
+
+/* ----------------------------------------------------------------------------------------- */
+/* Options */
+
+typedef struct {
+    int epochs;
+    int64_t batch_size;
+    float lr; /* 0: the optimizer's default (0.05 for SGD) */
+    float momentum;
+    float weight_decay;
+    uint64_t seed;
+    const char *optimizer;
+    const char *schedule; /* constant, step, cosine */
+    float gamma;          /* step schedule: lr factor per epoch */
+    const char *data_dir;
+    int64_t hidden;
+    int64_t train_limit; /* 0: the whole training set */
+    int log_every;
+} options;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: mnist_mlp [--epochs N] [--batch-size N] [--lr F] [--optimizer sgd|adam|adamw|adadelta]\n"
+            "                 [--momentum F] [--weight-decay F] [--schedule constant|step|cosine] [--gamma F]\n"
+            "                 [--seed N] [--data-dir DIR] [--hidden N] [--train-limit N] [--log-every N]\n"
+            "defaults: 2 epochs, batch 64, sgd lr 0.05 momentum 0.9 (other optimizers: PyTorch's default lr),\n"
+            "          constant lr, seed 1, data/mnist, hidden 256\n");
+}
+
+/* Parses a number that must fill the whole argument; names the flag when it does not. */
+static int parse_number(const char *flag, const char *text, double low, double high, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || v < low || v > high) {
+        fprintf(stderr, "mnist_mlp: %s '%s': expected a number in [%g, %g]\n", flag, text, low, high);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_options(int argc, char **argv, options *o) {
+    *o = (options){.epochs = 2, .batch_size = 64, .momentum = 0.9f, .seed = 1, .optimizer = "sgd",
+                   .schedule = "constant", .gamma = 0.7f, .data_dir = "data/mnist", .hidden = 256, .log_every = 100};
+    for (int i = 1; i < argc; ++i) {
+        const char *flag = argv[i];
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "mnist_mlp: %s needs a value\n", flag);
+            return -1;
+        }
+        const char *value = argv[++i];
+        double v = 0;
+        int bad = 0;
+        if (!strcmp(flag, "--epochs")) bad = parse_number(flag, value, 1, 1000, &v), o->epochs = (int)v;
+        else if (!strcmp(flag, "--batch-size")) bad = parse_number(flag, value, 1, 1 << 20, &v), o->batch_size = (int64_t)v;
+        else if (!strcmp(flag, "--lr")) bad = parse_number(flag, value, 1e-9, 100, &v), o->lr = (float)v;
+        else if (!strcmp(flag, "--momentum")) bad = parse_number(flag, value, 0, 0.999, &v), o->momentum = (float)v;
+        else if (!strcmp(flag, "--weight-decay")) bad = parse_number(flag, value, 0, 1, &v), o->weight_decay = (float)v;
+        else if (!strcmp(flag, "--gamma")) bad = parse_number(flag, value, 1e-6, 1, &v), o->gamma = (float)v;
+        else if (!strcmp(flag, "--seed")) bad = parse_number(flag, value, 0, 1e15, &v), o->seed = (uint64_t)v;
+        else if (!strcmp(flag, "--hidden")) bad = parse_number(flag, value, 1, 1 << 16, &v), o->hidden = (int64_t)v;
+        else if (!strcmp(flag, "--train-limit")) bad = parse_number(flag, value, 1, 1e9, &v), o->train_limit = (int64_t)v;
+        else if (!strcmp(flag, "--log-every")) bad = parse_number(flag, value, 1, 1e9, &v), o->log_every = (int)v;
+        else if (!strcmp(flag, "--optimizer")) o->optimizer = value;
+        else if (!strcmp(flag, "--schedule")) o->schedule = value;
+        else if (!strcmp(flag, "--data-dir")) o->data_dir = value;
+        else {
+            fprintf(stderr, "mnist_mlp: unknown flag %s\n", flag);
+            usage(stderr);
+            return -1;
+        }
+        if (bad) return -1;
+    }
+    if (strcmp(o->schedule, "constant") && strcmp(o->schedule, "step") && strcmp(o->schedule, "cosine")) {
+        fprintf(stderr, "mnist_mlp: --schedule '%s': expected constant, step or cosine\n", o->schedule);
+        return -1;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Model */
+
+typedef struct {
+    umt_layer *fc1, *fc2;
+} mlp;
+
+static umt_tensor *mlp_forward(umt_context *ctx, const mlp *m, umt_tensor *images) {
+    umt_tensor *h = umt_relu(ctx, umt_layer_forward(ctx, m->fc1, umt_flatten(ctx, images)));
+    return umt_layer_forward(ctx, m->fc2, h);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Training and evaluation */
+
+#define MNIST_MEAN 0.1307f
+#define MNIST_STD 0.3081f
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int fail(const char *what) {
+    fprintf(stderr, "mnist_mlp: %s: %s\n", what, umt_last_error());
+    return 1;
+}
+
+/* Test accuracy in batches of 1000, grad disabled. */
+static int evaluate(umt_context *ctx, const mlp *m, const umt_dataset *test, double *accuracy) {
+    bool was = umt_set_grad_enabled(ctx, false);
+    int64_t n = umt_dataset_size(test), correct = 0, batch = 1000;
+    int64_t *indices = malloc((size_t)batch * sizeof *indices);
+    for (int64_t start = 0; start < n && indices; start += batch) {
+        int64_t count = n - start < batch ? n - start : batch, right = 0;
+        for (int64_t i = 0; i < count; ++i) indices[i] = start + i;
+        umt_tensor *images, *labels;
+        if (umt_step_begin(ctx) || umt_dataset_batch(ctx, test, indices, count, MNIST_MEAN, MNIST_STD, &images, &labels))
+            break;
+        umt_tensor *logits = mlp_forward(ctx, m, images);
+        if (!logits || umt_count_correct(ctx, logits, labels, &right)) break;
+        correct += right;
+        if (start + count == n) *accuracy = 100.0 * (double)correct / (double)n;
+    }
+    free(indices);
+    umt_set_grad_enabled(ctx, was);
+    return *accuracy >= 0 ? 0 : fail("evaluation");
+}
+
+static float epoch_lr(const options *o, float base_lr, int epoch) {
+    if (!strcmp(o->schedule, "step")) return umt_lr_step(base_lr, o->gamma, 1, epoch);
+    if (!strcmp(o->schedule, "cosine")) return umt_lr_cosine(base_lr, 0.0f, epoch, o->epochs);
+    return base_lr;
+}
+
+static int train_epoch(umt_context *ctx, const options *o, const mlp *m, umt_optimizer *opt, const umt_dataset *train,
+                       int epoch, int64_t *order) {
+    int64_t n = o->train_limit && o->train_limit < umt_dataset_size(train) ? o->train_limit : umt_dataset_size(train);
+    if (umt_permutation(ctx, n, order)) return fail("shuffle");
+    int64_t steps = (n + o->batch_size - 1) / o->batch_size;
+    double start = seconds_now(), window_start = start, loss_sum = 0;
+    int64_t window_images = 0;
+    for (int64_t step = 0; step < steps; ++step) {
+        int64_t first = step * o->batch_size, count = n - first < o->batch_size ? n - first : o->batch_size;
+        umt_tensor *images, *labels;
+        if (umt_step_begin(ctx) || umt_zero_grad(ctx)) return fail("step");
+        if (umt_dataset_batch(ctx, train, order + first, count, MNIST_MEAN, MNIST_STD, &images, &labels))
+            return fail("batch");
+        umt_tensor *loss = umt_softmax_cross_entropy(ctx, mlp_forward(ctx, m, images), labels);
+        if (!loss) return fail("forward");
+        if (umt_backward(ctx, loss) || umt_optimizer_step(opt)) return fail("backward/update");
+        float value = 0;
+        umt_tensor_get_f32(loss, 0, &value);
+        loss_sum += value;
+        window_images += count;
+        if ((step + 1) % o->log_every == 0 || step + 1 == steps) {
+            double now = seconds_now();
+            printf("epoch %d step %lld/%lld loss %.4f lr %.4g images/s %.0f\n", epoch + 1, (long long)(step + 1),
+                   (long long)steps, loss_sum / (double)(step + 1), umt_optimizer_lr(opt),
+                   (double)window_images / (now - window_start));
+            fflush(stdout);
+            window_start = now;
+            window_images = 0;
+        }
+    }
+    printf("epoch %d trained in %.1f s\n", epoch + 1, seconds_now() - start);
+    return 0;
+}
+
+static int load(umt_context *ctx, const char *dir, const char *split, umt_dataset **out) {
+    char images[1024], labels[1024];
+    snprintf(images, sizeof images, "%s/%s-images-idx3-ubyte", dir, split);
+    snprintf(labels, sizeof labels, "%s/%s-labels-idx1-ubyte", dir, split);
+    if (umt_dataset_load_idx(ctx, images, labels, 10, out) == UMT_OK) return 0;
+    fprintf(stderr, "mnist_mlp: %s\n(run tools/fetch_mnist.sh to download MNIST into data/mnist)\n", umt_last_error());
+    return 1;
+}
+
+static int run(umt_context *ctx, const options *o) {
+    umt_dataset *train, *test;
+    if (load(ctx, o->data_dir, "train", &train) || load(ctx, o->data_dir, "t10k", &test)) return 1;
+    printf("mnist_mlp: %lld training and %lld test images, 784-%lld-10, %s, batch %lld, seed %llu\n",
+           (long long)umt_dataset_size(train), (long long)umt_dataset_size(test), (long long)o->hidden, o->optimizer,
+           (long long)o->batch_size, (unsigned long long)o->seed);
+    mlp m = {umt_linear_layer_new(ctx, "fc1", 784, o->hidden, true), umt_linear_layer_new(ctx, "fc2", o->hidden, 10, true)};
+    if (!m.fc1 || !m.fc2) return fail("model");
+
+    umt_optimizer_kind kind;
+    if (umt_optimizer_kind_parse(o->optimizer, &kind)) return fail("--optimizer");
+    umt_optimizer_options oo = umt_optimizer_defaults(kind);
+    if (kind == UMT_OPT_SGD) oo.momentum = o->momentum;
+    /* Without --lr: the optimizer's own default, but 0.05 for SGD (its default 0.01 is slow for 2 epochs). */
+    oo.lr = o->lr > 0 ? o->lr : kind == UMT_OPT_SGD ? 0.05f : oo.lr;
+    oo.weight_decay = o->weight_decay > 0 ? o->weight_decay : oo.weight_decay;
+    umt_optimizer *opt;
+    if (umt_optimizer_create(ctx, &oo, &opt)) return fail("optimizer");
+
+    int64_t *order = malloc((size_t)umt_dataset_size(train) * sizeof *order);
+    if (!order) return fail("memory for the shuffle");
+    int rc = 0;
+    for (int epoch = 0; epoch < o->epochs && !rc; ++epoch) {
+        umt_optimizer_set_lr(opt, epoch_lr(o, oo.lr, epoch));
+        double accuracy = -1;
+        rc = train_epoch(ctx, o, &m, opt, train, epoch, order) || evaluate(ctx, &m, test, &accuracy);
+        if (!rc) printf("epoch %d test accuracy %.2f%%\n", epoch + 1, accuracy);
+    }
+    free(order);
+    if (getenv("UMT_MEM_REPORT")) umt_memory_report(ctx);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    if (parse_options(argc, argv, &o)) return 2;
+    umt_context_options co = umt_context_defaults();
+    co.seed = o.seed;
+    umt_context *ctx;
+    if (umt_context_create(&co, &ctx)) return fail("context");
+    int rc = run(ctx, &o);
+    umt_context_destroy(ctx);
+    return rc;
+}

@@ -1,0 +1,277 @@
+/*
+ * umtrain.h — the public C API of umtrain, the one header an embedding program includes.
+ *
+ * The model of use:
+ *   1. Create a context (it owns the memory pools, the autograd tape and the RNG).
+ *   2. Create parameters (weights pool, gradients in the grads pool) or layers that hold them.
+ *   3. Each step: umt_step_begin, build the forward pass with umt_* ops (the tape records
+ *      them), umt_backward on the scalar loss, umt_optimizer_step.
+ *
+ * Errors: functions return a umt_status (UMT_OK on success); functions that return a pointer
+ * return NULL on failure. Either way umt_last_error() names what was wrong. Ops accept NULL
+ * inputs and return NULL, so a whole forward pass can be written first and checked once.
+ */
+#ifndef UMTRAIN_H
+#define UMTRAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ----------------------------------------------------------------------------------------- */
+/* Status and errors */
+
+typedef enum {
+    UMT_OK = 0,
+    UMT_ERR_INVALID_ARGUMENT, /* a bad value from the caller: shape, dtype, flag, NULL */
+    UMT_ERR_OUT_OF_MEMORY,    /* the allocator said no */
+    UMT_ERR_BUDGET,           /* a request would pass the device memory budget */
+    UMT_ERR_IO,               /* a file could not be opened, read or written */
+    UMT_ERR_FORMAT,           /* a file's contents are not what they should be */
+    UMT_ERR_UNSUPPORTED,      /* valid, but not implemented for this dtype or device */
+    UMT_ERR_STATE,            /* called at the wrong time (e.g. backward with no forward) */
+    UMT_ERR_DEVICE            /* the CUDA runtime or a CUDA library reported an error */
+} umt_status;
+
+/* The message of the most recent failure on this thread: names the culprit and what was
+ * expected. Never NULL; "" when nothing has failed. */
+const char *umt_last_error(void);
+
+/* A short fixed name for a status code, e.g. "UMT_ERR_FORMAT". */
+const char *umt_status_name(umt_status status);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Element types, devices, pools */
+
+typedef enum { UMT_F32 = 0, UMT_BF16, UMT_F16, UMT_I32, UMT_U8, UMT_DTYPE_COUNT } umt_dtype;
+
+/* Bytes per element of a dtype (0 for an invalid value). */
+size_t umt_dtype_size(umt_dtype dtype);
+/* "f32", "bf16", "f16", "i32", "u8". */
+const char *umt_dtype_name(umt_dtype dtype);
+
+typedef enum { UMT_DEVICE_CPU = 0, UMT_DEVICE_CUDA } umt_device;
+
+/* Every tensor's storage comes from exactly one pool; memory/policy.c says where each lives. */
+typedef enum {
+    UMT_POOL_WEIGHTS = 0, /* parameters (fp32 masters), whole run */
+    UMT_POOL_GRADS,       /* parameter gradients, whole run */
+    UMT_POOL_OPTIM,       /* optimizer state (momentum, Adam moments, Adadelta accumulators) */
+    UMT_POOL_ACTIVATIONS, /* forward outputs, gradients of activations, batches: one step */
+    UMT_POOL_WORKSPACE,   /* scratch for one call */
+    UMT_POOL_DATASET,     /* a whole dataset kept resident */
+    UMT_POOL_STAGING,     /* batches on their way in */
+    UMT_POOL_OFFLOAD,     /* what does not fit the device budget */
+    UMT_POOL_COUNT
+} umt_pool;
+
+/* "weights", "grads", "optim", "activations", "workspace", "dataset", "staging", "offload". */
+const char *umt_pool_name(umt_pool pool);
+
+#define UMT_MAX_DIMS 4
+
+/* ----------------------------------------------------------------------------------------- */
+/* Context */
+
+typedef struct umt_context umt_context;
+typedef struct umt_tensor umt_tensor;
+
+typedef struct {
+    umt_device device; /* where ops run */
+    uint64_t seed;     /* seeds the context's RNG: parameter init, shuffles, dropout */
+} umt_context_options;
+
+/* Options with defaults: CPU, seed 1. */
+umt_context_options umt_context_defaults(void);
+
+umt_status umt_context_create(const umt_context_options *options, umt_context **out);
+/* Frees every tensor, layer and optimizer made from the context, and its pools. NULL is ok. */
+void umt_context_destroy(umt_context *ctx);
+
+/* Bytes in use, peak and capacity of one pool, and how many allocations it served. */
+typedef struct {
+    size_t in_use_bytes;
+    size_t peak_bytes;
+    size_t capacity_bytes; /* bytes held from the system, including arena slack */
+    uint64_t allocations;
+} umt_pool_stats;
+
+umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_stats *out);
+/* Prints one line per pool (capacity, peak, allocations) to stderr. */
+void umt_memory_report(const umt_context *ctx);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Tensors: contiguous, row-major, up to UMT_MAX_DIMS dimensions. */
+
+/* A tensor in the given pool. Tensors of the activations pool live until the next
+ * umt_step_begin; the others until umt_tensor_free or umt_context_destroy. Contents are
+ * uninitialised. */
+umt_tensor *umt_tensor_new(umt_context *ctx, umt_pool pool, umt_dtype dtype, int ndim,
+                           const int64_t *shape);
+umt_tensor *umt_tensor_new_1d(umt_context *ctx, umt_pool pool, umt_dtype dtype, int64_t n0);
+umt_tensor *umt_tensor_new_2d(umt_context *ctx, umt_pool pool, umt_dtype dtype, int64_t n0,
+                              int64_t n1);
+umt_tensor *umt_tensor_new_4d(umt_context *ctx, umt_pool pool, umt_dtype dtype, int64_t n0,
+                              int64_t n1, int64_t n2, int64_t n3);
+/* Frees a tensor of a persistent pool (not activations). NULL is ok. */
+void umt_tensor_free(umt_tensor *t);
+
+int umt_tensor_ndim(const umt_tensor *t);
+int64_t umt_tensor_dim(const umt_tensor *t, int axis);
+int64_t umt_tensor_numel(const umt_tensor *t);
+umt_dtype umt_tensor_dtype(const umt_tensor *t);
+umt_pool umt_tensor_pool(const umt_tensor *t);
+/* The parameter's name, or NULL for other tensors. */
+const char *umt_tensor_name(const umt_tensor *t);
+/* The gradient after umt_backward (NULL when the tensor takes no gradient). */
+umt_tensor *umt_tensor_grad(const umt_tensor *t);
+
+/* Copies between the tensor and host memory; bytes must equal numel * dtype size. */
+umt_status umt_tensor_copy_from_host(umt_tensor *t, const void *src, size_t bytes);
+umt_status umt_tensor_copy_to_host(const umt_tensor *t, void *dst, size_t bytes);
+/* Sets every element of an f32 tensor to value. */
+umt_status umt_tensor_fill(umt_tensor *t, float value);
+/* Reads element i of an f32 tensor into *out (a convenience for losses and tests). */
+umt_status umt_tensor_get_f32(const umt_tensor *t, int64_t i, float *out);
+/* Converts src into dst of the same shape, between f32, bf16 and f16 (round to nearest even). */
+umt_status umt_tensor_convert(const umt_tensor *src, umt_tensor *dst);
+
+/* A trainable f32 tensor in the weights pool, its gradient in the grads pool, registered with
+ * the context so that optimizers and checkpoints find it. Contents are uninitialised. */
+umt_tensor *umt_parameter_new(umt_context *ctx, const char *name, int ndim, const int64_t *shape);
+/* Fills an f32 tensor from U(low, high) drawn from the context's RNG. */
+umt_status umt_tensor_uniform(umt_context *ctx, umt_tensor *t, float low, float high);
+/* Number of registered parameters and the i-th one, in creation order. */
+int umt_parameter_count(const umt_context *ctx);
+umt_tensor *umt_parameter_at(const umt_context *ctx, int i);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Autograd */
+
+/* Starts a step: frees the previous step's activations and clears the tape. */
+umt_status umt_step_begin(umt_context *ctx);
+/* Sets every parameter gradient to zero. */
+umt_status umt_zero_grad(umt_context *ctx);
+/* Runs the tape backwards from a scalar loss; parameter gradients accumulate (+=). */
+umt_status umt_backward(umt_context *ctx, umt_tensor *loss);
+/* With grad disabled, ops record nothing (evaluation). Returns the previous setting. */
+bool umt_set_grad_enabled(umt_context *ctx, bool enabled);
+
+/* Called during umt_backward as soon as a parameter's gradient is final for this step. */
+typedef void (*umt_grad_ready_fn)(umt_tensor *parameter, void *user);
+void umt_set_grad_ready_hook(umt_context *ctx, umt_grad_ready_fn fn, void *user);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Ops: each returns a new tensor in the activations pool and records itself on the tape. */
+
+/* [M,K] x [K,N] -> [M,N] */
+umt_tensor *umt_matmul(umt_context *ctx, umt_tensor *a, umt_tensor *b);
+/* x [N,in], weight [out,in], bias [out] or NULL -> x weightᵀ + bias, [N,out] */
+umt_tensor *umt_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias);
+/* Elementwise a + b; b may also be 1-D with the length of a's last dimension (broadcast). */
+umt_tensor *umt_add(umt_context *ctx, umt_tensor *a, umt_tensor *b);
+/* Elementwise a * b, same shapes. */
+umt_tensor *umt_mul(umt_context *ctx, umt_tensor *a, umt_tensor *b);
+umt_tensor *umt_relu(umt_context *ctx, umt_tensor *x);
+/* Same elements, new shape (numel must match); shares storage with x. */
+umt_tensor *umt_reshape(umt_context *ctx, umt_tensor *x, int ndim, const int64_t *shape);
+/* [N, d1, d2, ...] -> [N, d1*d2*...] */
+umt_tensor *umt_flatten(umt_context *ctx, umt_tensor *x);
+/* Mean of all elements -> a 1-element tensor. */
+umt_tensor *umt_mean(umt_context *ctx, umt_tensor *x);
+/* Row-wise log-softmax of a 2-D tensor. */
+umt_tensor *umt_log_softmax(umt_context *ctx, umt_tensor *x);
+/* Mean over rows of -log_probs[i, labels[i]]; labels i32 [N]. */
+umt_tensor *umt_nll_loss(umt_context *ctx, umt_tensor *log_probs, umt_tensor *labels);
+/* nll_loss(log_softmax(logits), labels) in one op. */
+umt_tensor *umt_softmax_cross_entropy(umt_context *ctx, umt_tensor *logits, umt_tensor *labels);
+
+/* Number of rows of scores [N,C] whose arg-max equals labels[i] (i32 [N]). */
+umt_status umt_count_correct(umt_context *ctx, const umt_tensor *scores, const umt_tensor *labels,
+                             int64_t *correct);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Layers: hold their parameters and compose ops in forward. */
+
+typedef struct umt_layer umt_layer;
+
+/* Linear layer: weight [out,in] and bias [out], initialised as PyTorch's nn.Linear
+ * (Kaiming-uniform, bound 1/sqrt(in)). Parameters are named "<name>.weight", "<name>.bias". */
+umt_layer *umt_linear_layer_new(umt_context *ctx, const char *name, int64_t in_features,
+                                int64_t out_features, bool bias);
+umt_tensor *umt_layer_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Optimizers and learning-rate schedules */
+
+typedef struct umt_optimizer umt_optimizer;
+
+typedef enum { UMT_OPT_SGD = 0, UMT_OPT_ADAM, UMT_OPT_ADAMW, UMT_OPT_ADADELTA } umt_optimizer_kind;
+
+typedef struct {
+    umt_optimizer_kind kind;
+    float lr;
+    float weight_decay; /* L2 added to the gradient; decoupled for AdamW */
+    float momentum;     /* SGD */
+    float beta1, beta2; /* Adam, AdamW */
+    float rho;          /* Adadelta */
+    float eps;          /* Adam, AdamW, Adadelta */
+} umt_optimizer_options;
+
+/* PyTorch's defaults for the kind (SGD lr 0.01; Adam lr 1e-3; AdamW lr 1e-3 wd 1e-2;
+ * Adadelta lr 1.0 rho 0.9 eps 1e-6). */
+umt_optimizer_options umt_optimizer_defaults(umt_optimizer_kind kind);
+/* "sgd", "adam", "adamw", "adadelta" -> kind; UMT_ERR_INVALID_ARGUMENT for anything else. */
+umt_status umt_optimizer_kind_parse(const char *name, umt_optimizer_kind *out);
+
+/* An optimizer over every parameter registered with ctx; its state lives in the optim pool. */
+umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *options,
+                                umt_optimizer **out);
+/* One update of every parameter from its gradient. */
+umt_status umt_optimizer_step(umt_optimizer *opt);
+void umt_optimizer_set_lr(umt_optimizer *opt, float lr);
+float umt_optimizer_lr(const umt_optimizer *opt);
+/* Steps taken so far. */
+int64_t umt_optimizer_steps(const umt_optimizer *opt);
+void umt_optimizer_destroy(umt_optimizer *opt);
+
+/* Step decay: base_lr * gamma^(floor(epoch / step_size)). */
+float umt_lr_step(float base_lr, float gamma, int step_size, int epoch);
+/* Cosine annealing from base_lr (t = 0) to min_lr (t = total). */
+float umt_lr_cosine(float base_lr, float min_lr, int64_t t, int64_t total);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Datasets */
+
+typedef struct umt_dataset umt_dataset;
+
+/* Loads an image IDX file (u8, [N,H,W] or [N,D]) and a label IDX file (u8, [N]), raw or
+ * gzip-compressed, validating magic, rank, dimensions, sizes against the file's length,
+ * that both hold N samples and that every label is < num_classes. The samples live in the
+ * dataset pool. */
+umt_status umt_dataset_load_idx(umt_context *ctx, const char *images_path,
+                                const char *labels_path, int num_classes, umt_dataset **out);
+void umt_dataset_destroy(umt_dataset *ds);
+int64_t umt_dataset_size(const umt_dataset *ds);
+int umt_dataset_num_classes(const umt_dataset *ds);
+/* Shape of one sample as a [C,H,W] image (C = 1 for [N,H,W] files; [D,1,1] for [N,D]). */
+void umt_dataset_sample_shape(const umt_dataset *ds, int64_t chw[3]);
+
+/* Gathers samples indices[0..count) into a new batch: images f32 [count,C,H,W] normalised
+ * as (pixel/255 - mean)/std, labels i32 [count]; both in the activations pool. */
+umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int64_t *indices,
+                             int64_t count, float mean, float std, umt_tensor **images,
+                             umt_tensor **labels);
+
+/* A seeded random permutation of 0..n-1 from the context's RNG (for shuffling an epoch). */
+umt_status umt_permutation(umt_context *ctx, int64_t n, int64_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UMTRAIN_H */

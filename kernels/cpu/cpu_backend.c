@@ -1,0 +1,47 @@
+/*
+ * kernels/cpu/cpu_backend.c — the CPU backend: every slot of umt_backend filled with the
+ * plain-C reference kernels of this folder.
+ *
+ * Host memory is the device here, so upload and download are the same memcpy as copy.
+ */
+#include "core/backend.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+static const umt_backend cpu_backend = {
+    .name = "cpu",
+
+    .fill = umt_cpu_fill,
+    .copy = umt_cpu_copy,
+    .upload = umt_cpu_copy,
+    .download = umt_cpu_copy,
+    .convert = umt_cpu_convert,
+
+    .gemm = umt_cpu_gemm,
+
+    .add = umt_cpu_add,
+    .add_rows = umt_cpu_add_rows,
+    .accumulate = umt_cpu_accumulate,
+    .sum_rows = umt_cpu_sum_rows,
+    .mul = umt_cpu_mul,
+    .accumulate_product = umt_cpu_accumulate_product,
+    .relu = umt_cpu_relu,
+    .relu_backward = umt_cpu_relu_backward,
+
+    .mean = umt_cpu_mean,
+    .mean_backward = umt_cpu_mean_backward,
+    .log_softmax = umt_cpu_log_softmax,
+    .log_softmax_backward = umt_cpu_log_softmax_backward,
+    .nll_loss = umt_cpu_nll_loss,
+    .nll_loss_backward = umt_cpu_nll_loss_backward,
+    .softmax_xent = umt_cpu_softmax_xent,
+    .softmax_xent_backward = umt_cpu_softmax_xent_backward,
+    .count_correct = umt_cpu_count_correct,
+
+    .gather_batch = umt_cpu_gather_batch,
+
+    .sgd_update = umt_cpu_sgd_update,
+    .adam_update = umt_cpu_adam_update,
+    .adadelta_update = umt_cpu_adadelta_update,
+};
+
+const umt_backend *umt_cpu_backend(void) { return &cpu_backend; }

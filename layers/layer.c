@@ -1,0 +1,33 @@
+/* layers/layer.c — allocating layers and dispatching their forward. */
+#include "layers/layer.h"
+
+#include <stdlib.h>
+
+#include "core/context.h"
+#include "core/error.h"
+
+static void destroy_layer(void *object) {
+    umt_layer *layer = object;
+    umt_tensor_free(layer->weight);
+    umt_tensor_free(layer->bias);
+    free(layer);
+}
+
+umt_layer *umt_layer_alloc(umt_context *ctx, const char *kind, umt_layer_forward_fn forward) {
+    umt_layer *layer = calloc(1, sizeof *layer);
+    if (!layer || umt_context_own(ctx, layer, destroy_layer) != UMT_OK) {
+        free(layer);
+        umt_fail(UMT_ERR_OUT_OF_MEMORY, "no memory for a %s layer", kind);
+        return NULL;
+    }
+    *layer = (umt_layer){.kind = kind, .forward = forward, .ctx = ctx};
+    return layer;
+}
+
+umt_tensor *umt_layer_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x) {
+    if (!layer) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_layer_forward: layer is NULL");
+        return NULL;
+    }
+    return layer->forward(ctx, layer, x);
+}

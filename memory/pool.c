@@ -1,0 +1,122 @@
+/* memory/pool.c — per-pool bookkeeping: blocks, arenas, statistics. */
+#include "memory/pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "memory/placement.h"
+
+/* The smallest arena block: small steps should not allocate many tiny blocks. */
+#define UMT_ARENA_MIN_BYTES ((size_t)1 << 20)
+
+static size_t round_up(size_t bytes) { return (bytes + UMT_POOL_ALIGN - 1) / UMT_POOL_ALIGN * UMT_POOL_ALIGN; }
+
+void umt_memory_init(umt_memory *mem) {
+    memset(mem, 0, sizeof *mem);
+    for (int p = 0; p < UMT_POOL_COUNT; ++p) {
+        mem->pools[p].pool = (umt_pool)p;
+        mem->pools[p].policy = umt_pool_policy_of((umt_pool)p);
+    }
+}
+
+static void release_blocks(umt_pool_state *s) {
+    for (int i = 0; i < s->block_count; ++i) umt_placement_free(s->policy->cpu_placement, s->blocks[i].ptr);
+    s->block_count = 0;
+    s->capacity_bytes = 0;
+}
+
+void umt_memory_release(umt_memory *mem) {
+    for (int p = 0; p < UMT_POOL_COUNT; ++p) {
+        release_blocks(&mem->pools[p]);
+        free(mem->pools[p].blocks);
+        mem->pools[p].blocks = NULL;
+        mem->pools[p].block_slots = 0;
+    }
+}
+
+/* Allocates a block from the placement and appends it to the pool's list. */
+static umt_status push_block(umt_pool_state *s, size_t bytes) {
+    if (s->block_count == s->block_slots) {
+        int slots = s->block_slots ? 2 * s->block_slots : 16;
+        umt_block *grown = realloc(s->blocks, (size_t)slots * sizeof *grown);
+        if (!grown) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "pool %s: no room to track another block", s->policy->name);
+        s->blocks = grown;
+        s->block_slots = slots;
+    }
+    void *ptr = NULL;
+    umt_status st = umt_placement_alloc(s->policy->cpu_placement, bytes, UMT_POOL_ALIGN, &ptr);
+    if (st != UMT_OK)
+        return umt_fail(st, "pool %s: request of %zu bytes refused (%zu bytes in use): %s", s->policy->name, bytes,
+                        s->in_use_bytes, umt_last_error());
+    s->blocks[s->block_count++] = (umt_block){ptr, bytes};
+    s->capacity_bytes += bytes;
+    return UMT_OK;
+}
+
+static void count(umt_pool_state *s, size_t bytes) {
+    s->in_use_bytes += bytes;
+    if (s->in_use_bytes > s->peak_bytes) s->peak_bytes = s->in_use_bytes;
+    s->allocations++;
+}
+
+static umt_status arena_alloc(umt_pool_state *s, size_t bytes, void **out) {
+    umt_block *top = s->block_count ? &s->blocks[s->block_count - 1] : NULL;
+    if (!top || s->arena_offset + bytes > top->bytes) {
+        /* Overflow: a new block at least as large as all before it, so overflows stay rare. */
+        size_t want = bytes > s->capacity_bytes ? bytes : s->capacity_bytes;
+        UMT_TRY(push_block(s, want > UMT_ARENA_MIN_BYTES ? want : UMT_ARENA_MIN_BYTES));
+        top = &s->blocks[s->block_count - 1];
+        s->arena_offset = 0;
+    }
+    *out = (char *)top->ptr + s->arena_offset;
+    s->arena_offset += bytes;
+    count(s, bytes);
+    return UMT_OK;
+}
+
+umt_status umt_memory_alloc(umt_memory *mem, umt_pool pool, size_t bytes, void **out) {
+    *out = NULL;
+    if ((unsigned)pool >= UMT_POOL_COUNT) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "unknown pool %d", (int)pool);
+    umt_pool_state *s = &mem->pools[pool];
+    if (bytes == 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "pool %s: request of 0 bytes", s->policy->name);
+    bytes = round_up(bytes);
+    if (s->policy->lifetime == UMT_LIFETIME_STEP) return arena_alloc(s, bytes, out);
+    UMT_TRY(push_block(s, bytes));
+    *out = s->blocks[s->block_count - 1].ptr;
+    count(s, bytes);
+    return UMT_OK;
+}
+
+void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr) {
+    if (!ptr || (unsigned)pool >= UMT_POOL_COUNT) return;
+    umt_pool_state *s = &mem->pools[pool];
+    if (s->policy->lifetime == UMT_LIFETIME_STEP) return;
+    for (int i = 0; i < s->block_count; ++i) {
+        if (s->blocks[i].ptr != ptr) continue;
+        umt_placement_free(s->policy->cpu_placement, ptr);
+        s->in_use_bytes -= s->blocks[i].bytes;
+        s->capacity_bytes -= s->blocks[i].bytes;
+        s->blocks[i] = s->blocks[--s->block_count];
+        return;
+    }
+}
+
+umt_status umt_memory_reset(umt_memory *mem, umt_pool pool) {
+    umt_pool_state *s = &mem->pools[pool];
+    if (s->policy->lifetime != UMT_LIFETIME_STEP) return UMT_OK;
+    if (s->block_count > 1) {
+        /* The step overflowed: replace all blocks by one that holds what the step used. */
+        size_t needed = s->capacity_bytes;
+        release_blocks(s);
+        UMT_TRY(push_block(s, needed));
+    }
+    s->arena_offset = 0;
+    s->in_use_bytes = 0;
+    return UMT_OK;
+}
+
+void umt_memory_stats(const umt_memory *mem, umt_pool pool, umt_pool_stats *out) {
+    const umt_pool_state *s = &mem->pools[pool];
+    *out = (umt_pool_stats){s->in_use_bytes, s->peak_bytes, s->capacity_bytes, s->allocations};
+}

@@ -1,0 +1,60 @@
+/*
+ * memory/pool.h — the pools every tensor's storage comes from.
+ *
+ * One umt_memory per context holds one umt_pool_state per pool kind. Pools of lifetime RUN
+ * hand out individual blocks; pools of lifetime STEP are arenas: a bump pointer over one
+ * block, reset as a whole at each step. An arena that overflows in a step takes extra blocks
+ * for that step, and at the next reset merges them into one block of the size the step
+ * needed, so from the second step on an arena is a single allocation.
+ *
+ * Allocations are aligned to UMT_POOL_ALIGN bytes (enough for any vector load, and for CUDA).
+ */
+#ifndef UMT_MEMORY_POOL_H
+#define UMT_MEMORY_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "memory/policy.h"
+
+#define UMT_POOL_ALIGN 256
+
+typedef struct {
+    void *ptr;
+    size_t bytes;
+} umt_block;
+
+typedef struct {
+    umt_pool pool;
+    const umt_pool_policy *policy;
+    /* RUN pools: the live blocks. STEP pools: blocks[0] is the arena, later ones overflow. */
+    umt_block *blocks;
+    int block_count;
+    int block_slots;
+    size_t arena_offset; /* STEP pools: bytes used in blocks[block_count-1] */
+    /* statistics */
+    size_t in_use_bytes;
+    size_t peak_bytes;
+    size_t capacity_bytes;
+    uint64_t allocations;
+} umt_pool_state;
+
+typedef struct {
+    umt_pool_state pools[UMT_POOL_COUNT];
+} umt_memory;
+
+void umt_memory_init(umt_memory *mem);
+/* Frees every block of every pool. */
+void umt_memory_release(umt_memory *mem);
+
+/* bytes (> 0) from the pool, aligned to UMT_POOL_ALIGN. On failure nothing is allocated and
+ * the message names the pool and the request. */
+umt_status umt_memory_alloc(umt_memory *mem, umt_pool pool, size_t bytes, void **out);
+/* Returns a block to a RUN pool (a no-op for STEP pools, which free at reset). */
+void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr);
+/* Resets a STEP pool: every pointer it handed out becomes invalid. */
+umt_status umt_memory_reset(umt_memory *mem, umt_pool pool);
+
+void umt_memory_stats(const umt_memory *mem, umt_pool pool, umt_pool_stats *out);
+
+#endif /* UMT_MEMORY_POOL_H */

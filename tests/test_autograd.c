@@ -1,0 +1,206 @@
+/*
+ * tests/test_autograd.c — the tape: recording, reuse, no-grad, the gradient-ready hook,
+ * accumulation across backward calls, errors and NULL propagation through ops.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/context.h"
+#include "core/tensor.h"
+#include "umtrain.h"
+
+static umt_context *new_context(void) {
+    umt_context *ctx = NULL;
+    assert_int_equal(umt_context_create(NULL, &ctx), UMT_OK);
+    return ctx;
+}
+
+static umt_tensor *parameter_with(umt_context *ctx, const char *name, int64_t n, const float *values) {
+    umt_tensor *p = umt_parameter_new(ctx, name, 1, (int64_t[]){n});
+    assert_non_null(p);
+    assert_int_equal(umt_tensor_copy_from_host(p, values, (size_t)n * sizeof(float)), UMT_OK);
+    return p;
+}
+
+static float grad_at(umt_tensor *p, int64_t i) {
+    float v;
+    assert_int_equal(umt_tensor_get_f32(umt_tensor_grad(p), i, &v), UMT_OK);
+    return v;
+}
+
+static void test_gradient_of_a_product_is_the_other_factor(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    umt_tensor *a = parameter_with(ctx, "a", 2, (float[]){2, 3});
+    umt_tensor *b = parameter_with(ctx, "b", 2, (float[]){5, 7});
+    umt_step_begin(ctx);
+    umt_zero_grad(ctx);
+    /* L = mean(a*b) = (10 + 21) / 2 ; dL/da = b/2, dL/db = a/2 */
+    umt_tensor *loss = umt_mean(ctx, umt_mul(ctx, a, b));
+    float value;
+    assert_int_equal(umt_tensor_get_f32(loss, 0, &value), UMT_OK);
+    assert_float_equal(value, 15.5f, 1e-6);
+    assert_int_equal(umt_backward(ctx, loss), UMT_OK);
+    assert_float_equal(grad_at(a, 0), 2.5f, 1e-6);
+    assert_float_equal(grad_at(a, 1), 3.5f, 1e-6);
+    assert_float_equal(grad_at(b, 0), 1.0f, 1e-6);
+    assert_float_equal(grad_at(b, 1), 1.5f, 1e-6);
+    umt_context_destroy(ctx);
+}
+
+static void test_gradients_accumulate_until_zero_grad(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    umt_tensor *a = parameter_with(ctx, "a", 1, (float[]){4});
+    umt_zero_grad(ctx);
+    for (int step = 0; step < 2; ++step) {
+        umt_step_begin(ctx);
+        assert_int_equal(umt_backward(ctx, umt_mean(ctx, a)), UMT_OK);
+    }
+    assert_float_equal(grad_at(a, 0), 2.0f, 1e-6);
+    umt_zero_grad(ctx);
+    assert_float_equal(grad_at(a, 0), 0.0f, 0);
+    umt_context_destroy(ctx);
+}
+
+static void test_no_grad_records_nothing_and_backward_refuses(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    umt_tensor *a = parameter_with(ctx, "a", 1, (float[]){4});
+    umt_step_begin(ctx);
+    bool previous = umt_set_grad_enabled(ctx, false);
+    assert_true(previous);
+    umt_tensor *loss = umt_mean(ctx, umt_relu(ctx, a));
+    assert_non_null(loss);
+    assert_int_equal(ctx->tape.count, 0);
+    assert_int_equal(umt_backward(ctx, loss), UMT_ERR_STATE);
+    assert_non_null(strstr(umt_last_error(), "grad disabled"));
+    umt_set_grad_enabled(ctx, true);
+    umt_context_destroy(ctx);
+}
+
+typedef struct {
+    int calls;
+    umt_tensor *order[4];
+} hook_log;
+
+static void record_ready(umt_tensor *parameter, void *user) {
+    hook_log *log = user;
+    if (log->calls < 4) log->order[log->calls] = parameter;
+    log->calls++;
+}
+
+static void test_hook_announces_each_parameter_once_after_its_last_use(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    umt_tensor *w1 = parameter_with(ctx, "w1", 2, (float[]){1, 2});
+    umt_tensor *w2 = parameter_with(ctx, "w2", 2, (float[]){3, 4});
+    hook_log log = {0};
+    umt_set_grad_ready_hook(ctx, record_ready, &log);
+    umt_step_begin(ctx);
+    /* w1 is used by the first and the third op, w2 by the second: backward reaches w2's only
+     * use before w1's first one, so w2 is final first, and w1 only after its earliest use. */
+    umt_tensor *h = umt_mul(ctx, umt_relu(ctx, w1), w2);
+    umt_tensor *loss = umt_mean(ctx, umt_add(ctx, h, w1));
+    assert_int_equal(umt_backward(ctx, loss), UMT_OK);
+    assert_int_equal(log.calls, 2);
+    assert_ptr_equal(log.order[0], w2);
+    assert_ptr_equal(log.order[1], w1);
+    umt_context_destroy(ctx);
+}
+
+static void test_backward_twice_without_forward_is_refused_cleanly(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    umt_tensor *a = parameter_with(ctx, "a", 1, (float[]){4});
+    umt_step_begin(ctx);
+    umt_zero_grad(ctx);
+    umt_tensor *loss = umt_mean(ctx, a);
+    assert_int_equal(umt_backward(ctx, loss), UMT_OK);
+    /* The tape is consumed: a second call is refused and changes no gradient. */
+    assert_int_equal(umt_backward(ctx, loss), UMT_ERR_STATE);
+    assert_non_null(strstr(umt_last_error(), "tape is empty"));
+    assert_float_equal(grad_at(a, 0), 1.0f, 1e-6);
+    umt_context_destroy(ctx);
+}
+
+static void test_null_input_propagates_and_keeps_the_first_message(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    umt_tensor *a = parameter_with(ctx, "a", 2, (float[]){1, 2});
+    umt_tensor *b = parameter_with(ctx, "b", 1, (float[]){1});
+    umt_step_begin(ctx);
+    umt_tensor *bad = umt_mul(ctx, a, umt_reshape(ctx, b, 2, (int64_t[]){2, 2}));
+    assert_null(bad);
+    assert_non_null(strstr(umt_last_error(), "umt_reshape"));
+    assert_null(umt_mean(ctx, umt_relu(ctx, bad)));
+    assert_non_null(strstr(umt_last_error(), "umt_reshape"));
+    umt_context_destroy(ctx);
+}
+
+static void test_shape_errors_name_the_op_and_the_shapes(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    umt_step_begin(ctx);
+    umt_tensor *a = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 2, 3);
+    umt_tensor *b = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 4, 5);
+    assert_null(umt_matmul(ctx, a, b));
+    assert_non_null(strstr(umt_last_error(), "umt_matmul"));
+    assert_non_null(strstr(umt_last_error(), "[2,3]"));
+    assert_non_null(strstr(umt_last_error(), "[4,5]"));
+    umt_tensor *labels = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 2);
+    assert_null(umt_softmax_cross_entropy(ctx, a, labels));
+    assert_non_null(strstr(umt_last_error(), "i32"));
+    umt_context_destroy(ctx);
+}
+
+static void test_step_begin_returns_the_activation_arena_to_empty(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    umt_tensor *a = parameter_with(ctx, "a", 2, (float[]){1, 2});
+    umt_pool_stats stats;
+    for (int step = 0; step < 3; ++step) {
+        umt_step_begin(ctx);
+        assert_int_equal(umt_backward(ctx, umt_mean(ctx, umt_relu(ctx, a))), UMT_OK);
+        assert_int_equal(umt_pool_stats_get(ctx, UMT_POOL_ACTIVATIONS, &stats), UMT_OK);
+        assert_true(stats.in_use_bytes > 0);
+    }
+    umt_step_begin(ctx);
+    assert_int_equal(umt_pool_stats_get(ctx, UMT_POOL_ACTIVATIONS, &stats), UMT_OK);
+    assert_int_equal(stats.in_use_bytes, 0);
+    assert_null(ctx->step_tensors);
+    umt_context_destroy(ctx);
+}
+
+static void test_labels_out_of_range_are_reported_with_row_and_value(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    umt_step_begin(ctx);
+    umt_tensor *scores = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 2, 3);
+    umt_tensor *labels = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, 2);
+    umt_tensor_fill(scores, 0.5f);
+    assert_int_equal(umt_tensor_copy_from_host(labels, (int32_t[]){1, 7}, 8), UMT_OK);
+    assert_null(umt_softmax_cross_entropy(ctx, scores, labels));
+    assert_non_null(strstr(umt_last_error(), "7"));
+    umt_context_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gradient_of_a_product_is_the_other_factor),
+        cmocka_unit_test(test_gradients_accumulate_until_zero_grad),
+        cmocka_unit_test(test_no_grad_records_nothing_and_backward_refuses),
+        cmocka_unit_test(test_hook_announces_each_parameter_once_after_its_last_use),
+        cmocka_unit_test(test_backward_twice_without_forward_is_refused_cleanly),
+        cmocka_unit_test(test_null_input_propagates_and_keeps_the_first_message),
+        cmocka_unit_test(test_shape_errors_name_the_op_and_the_shapes),
+        cmocka_unit_test(test_step_begin_returns_the_activation_arena_to_empty),
+        cmocka_unit_test(test_labels_out_of_range_are_reported_with_row_and_value),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,142 @@
+/*
+ * tests/test_memory.c — the pools: where tensors come from, arena reset and merge, statistics,
+ * alignment, and clear refusals.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "memory/pool.h"
+#include "umtrain.h"
+
+static void test_every_pool_has_a_policy_row_with_its_own_name(void **state) {
+    (void)state;
+    for (int p = 0; p < UMT_POOL_COUNT; ++p) {
+        const umt_pool_policy *row = umt_pool_policy_of((umt_pool)p);
+        assert_non_null(row);
+        assert_int_equal(row->pool, p);
+        for (int q = 0; q < p; ++q) assert_string_not_equal(row->name, umt_pool_name((umt_pool)q));
+    }
+    assert_string_equal(umt_pool_name(UMT_POOL_ACTIVATIONS), "activations");
+    assert_null(umt_pool_policy_of(UMT_POOL_COUNT));
+}
+
+static void test_allocations_are_aligned_and_counted(void **state) {
+    (void)state;
+    umt_memory mem;
+    umt_memory_init(&mem);
+    void *a, *b;
+    assert_int_equal(umt_memory_alloc(&mem, UMT_POOL_WEIGHTS, 10, &a), UMT_OK);
+    assert_int_equal(umt_memory_alloc(&mem, UMT_POOL_WEIGHTS, 1000, &b), UMT_OK);
+    assert_int_equal((uintptr_t)a % UMT_POOL_ALIGN, 0);
+    assert_int_equal((uintptr_t)b % UMT_POOL_ALIGN, 0);
+    umt_pool_stats s;
+    umt_memory_stats(&mem, UMT_POOL_WEIGHTS, &s);
+    assert_int_equal(s.allocations, 2);
+    assert_int_equal(s.in_use_bytes, 256 + 1024);
+    umt_memory_free(&mem, UMT_POOL_WEIGHTS, a);
+    umt_memory_stats(&mem, UMT_POOL_WEIGHTS, &s);
+    assert_int_equal(s.in_use_bytes, 1024);
+    assert_int_equal(s.peak_bytes, 256 + 1024);
+    umt_memory_release(&mem);
+}
+
+static void test_zero_byte_request_is_refused_naming_the_pool(void **state) {
+    (void)state;
+    umt_memory mem;
+    umt_memory_init(&mem);
+    void *p = (void *)1;
+    assert_int_equal(umt_memory_alloc(&mem, UMT_POOL_GRADS, 0, &p), UMT_ERR_INVALID_ARGUMENT);
+    assert_null(p);
+    assert_non_null(strstr(umt_last_error(), "grads"));
+    umt_memory_release(&mem);
+}
+
+static void test_arena_overflow_is_merged_into_one_block_at_reset(void **state) {
+    (void)state;
+    umt_memory mem;
+    umt_memory_init(&mem);
+    void *p;
+    /* 3 MiB in 1 MiB pieces: the arena must grow past its first block within the step. */
+    for (int i = 0; i < 3; ++i) assert_int_equal(umt_memory_alloc(&mem, UMT_POOL_ACTIVATIONS, 1 << 20, &p), UMT_OK);
+    assert_true(mem.pools[UMT_POOL_ACTIVATIONS].block_count > 1);
+    assert_int_equal(umt_memory_reset(&mem, UMT_POOL_ACTIVATIONS), UMT_OK);
+    assert_int_equal(mem.pools[UMT_POOL_ACTIVATIONS].block_count, 1);
+    umt_pool_stats s;
+    umt_memory_stats(&mem, UMT_POOL_ACTIVATIONS, &s);
+    assert_int_equal(s.in_use_bytes, 0);
+    assert_true(s.capacity_bytes >= 3u << 20);
+    /* The next step of the same size fits in the merged block: no new block. */
+    for (int i = 0; i < 3; ++i) assert_int_equal(umt_memory_alloc(&mem, UMT_POOL_ACTIVATIONS, 1 << 20, &p), UMT_OK);
+    assert_int_equal(mem.pools[UMT_POOL_ACTIVATIONS].block_count, 1);
+    umt_memory_stats(&mem, UMT_POOL_ACTIVATIONS, &s);
+    assert_int_equal(s.peak_bytes, 3u << 20);
+    umt_memory_release(&mem);
+}
+
+static void test_parameters_live_in_weights_and_gradients_in_grads(void **state) {
+    (void)state;
+    umt_context *ctx;
+    assert_int_equal(umt_context_create(NULL, &ctx), UMT_OK);
+    umt_tensor *w = umt_parameter_new(ctx, "w", 2, (int64_t[]){3, 4});
+    assert_non_null(w);
+    assert_int_equal(umt_tensor_pool(w), UMT_POOL_WEIGHTS);
+    assert_int_equal(umt_tensor_pool(umt_tensor_grad(w)), UMT_POOL_GRADS);
+    assert_string_equal(umt_tensor_name(w), "w");
+    assert_int_equal(umt_parameter_count(ctx), 1);
+    umt_step_begin(ctx);
+    umt_tensor *y = umt_relu(ctx, w);
+    assert_int_equal(umt_tensor_pool(y), UMT_POOL_ACTIVATIONS);
+    umt_tensor_free(w);
+    assert_int_equal(umt_parameter_count(ctx), 0);
+    umt_pool_stats s;
+    umt_pool_stats_get(ctx, UMT_POOL_GRADS, &s);
+    assert_int_equal(s.in_use_bytes, 0);
+    umt_context_destroy(ctx);
+}
+
+static void test_bad_shapes_are_refused_with_the_dimension(void **state) {
+    (void)state;
+    umt_context *ctx;
+    assert_int_equal(umt_context_create(NULL, &ctx), UMT_OK);
+    assert_null(umt_tensor_new_2d(ctx, UMT_POOL_WEIGHTS, UMT_F32, 3, 0));
+    assert_non_null(strstr(umt_last_error(), "dimension 1 is 0"));
+    assert_null(umt_tensor_new(ctx, UMT_POOL_WEIGHTS, UMT_F32, 5, (int64_t[]){1, 1, 1, 1, 1}));
+    assert_non_null(strstr(umt_last_error(), "rank 5"));
+    assert_null(umt_tensor_new_2d(ctx, UMT_POOL_WEIGHTS, UMT_F32, INT64_MAX / 2, 1024));
+    assert_non_null(strstr(umt_last_error(), "too large"));
+    umt_context_destroy(ctx);
+}
+
+static void test_conversion_to_bf16_and_back_keeps_representable_values(void **state) {
+    (void)state;
+    umt_context *ctx;
+    assert_int_equal(umt_context_create(NULL, &ctx), UMT_OK);
+    float values[4] = {1.0f, -2.5f, 0.15625f, 384.0f}, back[4];
+    umt_tensor *f = umt_tensor_new_1d(ctx, UMT_POOL_WEIGHTS, UMT_F32, 4);
+    umt_tensor *h = umt_tensor_new_1d(ctx, UMT_POOL_WEIGHTS, UMT_BF16, 4);
+    assert_int_equal(umt_tensor_copy_from_host(f, values, sizeof values), UMT_OK);
+    assert_int_equal(umt_tensor_convert(f, h), UMT_OK);
+    umt_tensor_fill(f, 0.0f);
+    assert_int_equal(umt_tensor_convert(h, f), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(f, back, sizeof back), UMT_OK);
+    assert_memory_equal(values, back, sizeof values);
+    umt_context_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_pool_has_a_policy_row_with_its_own_name),
+        cmocka_unit_test(test_allocations_are_aligned_and_counted),
+        cmocka_unit_test(test_zero_byte_request_is_refused_naming_the_pool),
+        cmocka_unit_test(test_arena_overflow_is_merged_into_one_block_at_reset),
+        cmocka_unit_test(test_parameters_live_in_weights_and_gradients_in_grads),
+        cmocka_unit_test(test_bad_shapes_are_refused_with_the_dimension),
+        cmocka_unit_test(test_conversion_to_bf16_and_back_keeps_representable_values),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,483 @@
+/*
+ * tests/test_optim.c — optimizers and learning-rate schedules against hand-worked numbers.
+ *
+ * Each update test sets a parameter and its gradient, takes one or two steps and compares with
+ * values worked out from the update rule (PyTorch's torch.optim formulas), written as literals;
+ * where the literal alone would hide the rule, the working is in the comment next to it.
+ * Then: option validation, kind parsing, defaults, where the state lives, and clean-up.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/tensor.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "umtrain.h"
+
+/* f32 arithmetic against double working: a few ulps of values near 1. */
+#define TOLERANCE 1e-6
+
+typedef struct {
+    umt_context *ctx;
+    umt_tensor *param;
+} fixture;
+
+/* A context with one parameter "w" of n elements, set to values, its gradient to grads. */
+static fixture make_fixture(int64_t n, const float *values, const float *grads) {
+    fixture f = {0};
+    umt_context_options options = umt_context_defaults();
+    assert_int_equal(umt_context_create(&options, &f.ctx), UMT_OK);
+    f.param = umt_parameter_new(f.ctx, "w", 1, &n);
+    assert_non_null(f.param);
+    assert_int_equal(umt_tensor_copy_from_host(f.param, values, (size_t)n * sizeof(float)), UMT_OK);
+    assert_int_equal(umt_tensor_copy_from_host(umt_tensor_grad(f.param), grads, (size_t)n * sizeof(float)), UMT_OK);
+    return f;
+}
+
+static void set_grads(fixture *f, int64_t n, const float *grads) {
+    assert_int_equal(umt_tensor_copy_from_host(umt_tensor_grad(f->param), grads, (size_t)n * sizeof(float)), UMT_OK);
+}
+
+static void assert_param(const fixture *f, int64_t n, const double *expected) {
+    for (int64_t i = 0; i < n; ++i) {
+        float got;
+        assert_int_equal(umt_tensor_get_f32(f->param, i, &got), UMT_OK);
+        assert_float_equal(got, expected[i], TOLERANCE);
+    }
+}
+
+static umt_optimizer *make_optimizer(umt_context *ctx, umt_optimizer_options options) {
+    umt_optimizer *opt = NULL;
+    assert_int_equal(umt_optimizer_create(ctx, &options, &opt), UMT_OK);
+    assert_non_null(opt);
+    return opt;
+}
+
+static size_t optim_pool_in_use(const umt_context *ctx) {
+    umt_pool_stats s;
+    assert_int_equal(umt_pool_stats_get(ctx, UMT_POOL_OPTIM, &s), UMT_OK);
+    return s.in_use_bytes;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* SGD */
+
+static void test_sgd_momentum_matches_hand_worked_first_two_steps(void **state) {
+    (void)state;
+    fixture f = make_fixture(2, (float[]){1.0f, -2.0f}, (float[]){0.5f, 0.25f});
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_SGD);
+    o.lr = 0.1f;
+    o.momentum = 0.9f;
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    /* step 1: v = g = (0.5, 0.25); p -= 0.1 v */
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 2, (double[]){0.95, -2.025});
+    /* step 2: v = 0.9 v + g = (0.95, 0.475); p -= 0.1 v */
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 2, (double[]){0.855, -2.0725});
+    assert_int_equal(umt_optimizer_steps(opt), 2);
+    umt_context_destroy(f.ctx);
+}
+
+static void test_sgd_without_momentum_applies_weight_decay_and_keeps_no_state(void **state) {
+    (void)state;
+    fixture f = make_fixture(1, (float[]){1.0f}, (float[]){0.5f});
+    size_t before = optim_pool_in_use(f.ctx);
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_SGD);
+    o.lr = 0.1f;
+    o.weight_decay = 0.01f;
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    assert_int_equal(optim_pool_in_use(f.ctx), before);
+    /* step 1: g' = 0.5 + 0.01 * 1 = 0.51; p = 1 - 0.051 */
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 1, (double[]){0.949});
+    /* step 2: g' = 0.5 + 0.01 * 0.949 = 0.50949; p = 0.949 - 0.050949 */
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 1, (double[]){0.898051});
+    umt_context_destroy(f.ctx);
+}
+
+static void test_sgd_weight_decay_enters_the_momentum_buffer(void **state) {
+    (void)state;
+    fixture f = make_fixture(1, (float[]){1.0f}, (float[]){0.5f});
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_SGD);
+    o.lr = 0.1f;
+    o.momentum = 0.9f;
+    o.weight_decay = 0.1f;
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    /* step 1: g' = 0.6, v = 0.6, p = 0.94 */
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 1, (double[]){0.94});
+    /* step 2: g' = 0.5 + 0.094 = 0.594, v = 0.54 + 0.594 = 1.134, p = 0.94 - 0.1134 */
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 1, (double[]){0.8266});
+    umt_context_destroy(f.ctx);
+}
+
+static void test_cpu_sgd_kernel_without_momentum_accepts_a_null_velocity(void **state) {
+    (void)state;
+    float p[2] = {1.0f, 2.0f};
+    const float g[2] = {0.5f, -1.0f};
+    assert_int_equal(umt_cpu_sgd_update(p, g, NULL, 2, 0.1f, 0.0f, 0.0f), UMT_OK);
+    assert_float_equal(p[0], 0.95, TOLERANCE);
+    assert_float_equal(p[1], 2.1, TOLERANCE);
+    /* With momentum the buffer is required: refused, not dereferenced. */
+    assert_int_equal(umt_cpu_sgd_update(p, g, NULL, 2, 0.1f, 0.9f, 0.0f), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "velocity"));
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Adam, AdamW */
+
+static void test_adam_first_step_moves_each_weight_by_lr_against_its_gradient(void **state) {
+    (void)state;
+    fixture f = make_fixture(3, (float[]){1.0f, -1.0f, 0.5f}, (float[]){0.3f, -2.0f, 0.01f});
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_ADAM);
+    o.lr = 0.01f;
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    /* mhat = g and vhat = g^2 after one step, so p -= lr * g / (|g| + eps) = lr * sign(g),
+     * whatever the gradient's size. */
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 3, (double[]){0.99, -0.99, 0.49});
+    umt_context_destroy(f.ctx);
+}
+
+static void test_adam_second_step_uses_bias_corrected_moments(void **state) {
+    (void)state;
+    fixture f = make_fixture(1, (float[]){1.0f}, (float[]){0.5f});
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_ADAM);
+    o.lr = 0.1f;
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 1, (double[]){0.9});
+    /* step 2 with g = -0.25: m = 0.9*0.05 - 0.025 = 0.02, v = 0.999*0.00025 + 0.001*0.0625 =
+     * 0.00031225; mhat = m / 0.19, vhat = v / 0.001999; p = 0.9 - 0.1 mhat / (sqrt(vhat) + 1e-8) */
+    set_grads(&f, 1, (float[]){-0.25f});
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    double mhat = 0.02 / 0.19, vhat = 0.00031225 / 0.001999;
+    assert_param(&f, 1, (double[]){0.9 - 0.1 * mhat / (sqrt(vhat) + 1e-8)});
+    assert_param(&f, 1, (double[]){0.8733662987});
+    umt_context_destroy(f.ctx);
+}
+
+/* Two steps (g = 0.5 then -0.25, lr 0.1, weight decay 0.1) from p = 1 under Adam or AdamW. */
+static void run_two_decayed_steps(umt_optimizer_kind kind, float out[2]) {
+    fixture f = make_fixture(1, (float[]){1.0f}, (float[]){0.5f});
+    umt_optimizer_options o = umt_optimizer_defaults(kind);
+    o.lr = 0.1f;
+    o.weight_decay = 0.1f;
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_int_equal(umt_tensor_get_f32(f.param, 0, &out[0]), UMT_OK);
+    set_grads(&f, 1, (float[]){-0.25f});
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_int_equal(umt_tensor_get_f32(f.param, 0, &out[1]), UMT_OK);
+    umt_context_destroy(f.ctx);
+}
+
+static void test_adamw_decays_weights_apart_from_the_gradient_unlike_adam(void **state) {
+    (void)state;
+    float adam[2], adamw[2];
+    run_two_decayed_steps(UMT_OPT_ADAM, adam);
+    run_two_decayed_steps(UMT_OPT_ADAMW, adamw);
+    /* Adam, L2 in the gradient. step 1: g' = 0.5 + 0.1 = 0.6, a sign step: p = 0.9.
+     * step 2: g' = -0.25 + 0.09 = -0.16, m = 0.054 - 0.016 = 0.038,
+     * v = 0.999*0.00036 + 0.001*0.0256 = 0.00038524; p = 0.9 - 0.1 (m/0.19) / sqrt(v/0.001999) */
+    assert_float_equal(adam[0], 0.9, TOLERANCE);
+    assert_float_equal(adam[1], 0.9 - 0.1 * (0.038 / 0.19) / (sqrt(0.00038524 / 0.001999) + 1e-8), TOLERANCE);
+    assert_float_equal(adam[1], 0.8544413675, TOLERANCE);
+    /* AdamW, decoupled. step 1: p = 1 * (1 - 0.01) = 0.99, then the sign step: 0.89.
+     * step 2: p = 0.89 * 0.99 = 0.8811, then the plain Adam step of the previous test
+     * (m = 0.02, v = 0.00031225) */
+    assert_float_equal(adamw[0], 0.89, TOLERANCE);
+    assert_float_equal(adamw[1], 0.8811 - 0.1 * (0.02 / 0.19) / (sqrt(0.00031225 / 0.001999) + 1e-8), TOLERANCE);
+    assert_float_equal(adamw[1], 0.8544662987, TOLERANCE);
+    assert_true(fabsf(adam[0] - adamw[0]) > 1e-3f);
+    assert_true(fabsf(adam[1] - adamw[1]) > 1e-5f);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Adadelta */
+
+static void test_adadelta_first_two_steps_match_the_rule(void **state) {
+    (void)state;
+    /* The second element's gradient is so small that its square is below eps: there the
+     * place where eps enters (inside the square root) decides the step. */
+    fixture f = make_fixture(2, (float[]){1.0f, 1.0f}, (float[]){0.5f, 1e-3f});
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_ADADELTA); /* lr 1, rho 0.9, eps 1e-6 */
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    /* step 1: sq = 0.1 g^2; delta = sqrt(0 + 1e-6) / sqrt(sq + 1e-6) * g */
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    double delta1 = sqrt(1e-6) / sqrt(0.025 + 1e-6) * 0.5;
+    assert_param(&f, 2, (double[]){1.0 - delta1, 1.0 - 1e-3 / sqrt(1e-7 + 1e-6) * 1e-3});
+    assert_param(&f, 2, (double[]){0.9968377856, 0.9990465374});
+    /* step 2: acc = 0.1 delta1^2, sq = 0.9 sq + 0.1 g^2 (0.0475 for the first element) */
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    double delta2 = sqrt(0.1 * delta1 * delta1 + 1e-6) / sqrt(0.0475 + 1e-6) * 0.5;
+    assert_param(&f, 1, (double[]){1.0 - delta1 - delta2});
+    assert_param(&f, 2, (double[]){0.9935934238, 0.9980890771});
+    umt_context_destroy(f.ctx);
+}
+
+static void test_adadelta_weight_decay_is_added_to_the_gradient(void **state) {
+    (void)state;
+    fixture f = make_fixture(1, (float[]){1.0f}, (float[]){0.5f});
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_ADADELTA);
+    o.lr = 2.0f;
+    o.weight_decay = 0.5f;
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    /* g' = 0.5 + 0.5 * 1 = 1: p = 1 - 2 * sqrt(1e-6) / sqrt(0.1 + 1e-6) */
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 1, (double[]){1.0 - 2.0 * 1e-3 / sqrt(0.1 + 1e-6)});
+    assert_param(&f, 1, (double[]){0.9936754763});
+    umt_context_destroy(f.ctx);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Options, kinds, learning rate */
+
+static void test_create_rejects_bad_options_naming_the_option(void **state) {
+    (void)state;
+    fixture f = make_fixture(1, (float[]){1.0f}, (float[]){0.5f});
+    struct {
+        umt_optimizer_kind kind;
+        size_t offset;
+        float value;
+        const char *name;
+    } cases[] = {
+        {UMT_OPT_SGD, offsetof(umt_optimizer_options, lr), 0.0f, "lr"},
+        {UMT_OPT_ADAM, offsetof(umt_optimizer_options, lr), NAN, "lr"},
+        {UMT_OPT_ADAM, offsetof(umt_optimizer_options, lr), INFINITY, "lr"},
+        {UMT_OPT_SGD, offsetof(umt_optimizer_options, momentum), 1.0f, "momentum"},
+        {UMT_OPT_SGD, offsetof(umt_optimizer_options, momentum), -0.1f, "momentum"},
+        {UMT_OPT_ADAM, offsetof(umt_optimizer_options, beta1), 1.0f, "beta1"},
+        {UMT_OPT_ADAMW, offsetof(umt_optimizer_options, beta2), -0.5f, "beta2"},
+        {UMT_OPT_ADAM, offsetof(umt_optimizer_options, eps), 0.0f, "eps"},
+        {UMT_OPT_ADADELTA, offsetof(umt_optimizer_options, eps), -1e-6f, "eps"},
+        {UMT_OPT_ADADELTA, offsetof(umt_optimizer_options, rho), 1.0f, "rho"},
+        {UMT_OPT_ADAMW, offsetof(umt_optimizer_options, weight_decay), -0.01f, "weight_decay"},
+    };
+    size_t before = optim_pool_in_use(f.ctx);
+    static char sentinel;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        umt_optimizer_options o = umt_optimizer_defaults(cases[i].kind);
+        memcpy((char *)&o + cases[i].offset, &cases[i].value, sizeof(float));
+        umt_optimizer *opt = (umt_optimizer *)&sentinel; /* must come back NULL */
+        assert_int_equal(umt_optimizer_create(f.ctx, &o, &opt), UMT_ERR_INVALID_ARGUMENT);
+        assert_null(opt);
+        assert_non_null(strstr(umt_last_error(), cases[i].name));
+    }
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_SGD);
+    o.kind = (umt_optimizer_kind)99;
+    umt_optimizer *opt = NULL;
+    assert_int_equal(umt_optimizer_create(f.ctx, &o, &opt), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "kind"));
+    assert_int_equal(optim_pool_in_use(f.ctx), before);
+    umt_context_destroy(f.ctx);
+}
+
+static void test_create_ignores_options_the_kind_does_not_read(void **state) {
+    (void)state;
+    fixture f = make_fixture(1, (float[]){1.0f}, (float[]){0.5f});
+    /* A hand-built SGD option set: eps, betas and rho left at zero are not SGD's business. */
+    umt_optimizer_options o = {.kind = UMT_OPT_SGD, .lr = 0.1f};
+    umt_optimizer *opt = NULL;
+    assert_int_equal(umt_optimizer_create(f.ctx, &o, &opt), UMT_OK);
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 1, (double[]){0.95});
+    umt_context_destroy(f.ctx);
+}
+
+static void test_create_without_parameters_is_a_state_error(void **state) {
+    (void)state;
+    umt_context *ctx = NULL;
+    umt_context_options options = umt_context_defaults();
+    assert_int_equal(umt_context_create(&options, &ctx), UMT_OK);
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_ADAM);
+    umt_optimizer *opt = NULL;
+    assert_int_equal(umt_optimizer_create(ctx, &o, &opt), UMT_ERR_STATE);
+    assert_null(opt);
+    assert_non_null(strstr(umt_last_error(), "no parameters"));
+    umt_context_destroy(ctx);
+}
+
+static void test_step_with_a_parameter_lacking_its_gradient_names_it_and_moves_nothing(void **state) {
+    (void)state;
+    fixture f = make_fixture(1, (float[]){1.0f}, (float[]){0.5f});
+    int64_t n = 1;
+    umt_tensor *second = umt_parameter_new(f.ctx, "second.weight", 1, &n);
+    assert_non_null(second);
+    assert_int_equal(umt_tensor_fill(second, 3.0f), UMT_OK);
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_SGD);
+    o.lr = 0.1f;
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    /* White-box: no public call removes a parameter's gradient, so take it away by hand. */
+    umt_tensor *grad = second->grad;
+    second->grad = NULL;
+    assert_int_equal(umt_optimizer_step(opt), UMT_ERR_STATE);
+    assert_non_null(strstr(umt_last_error(), "second.weight"));
+    assert_param(&f, 1, (double[]){1.0});
+    assert_int_equal(umt_optimizer_steps(opt), 0);
+    second->grad = grad;
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 1, (double[]){0.95});
+    umt_context_destroy(f.ctx);
+}
+
+static void test_set_lr_changes_the_next_step_and_a_bad_rate_is_refused_there(void **state) {
+    (void)state;
+    fixture f = make_fixture(1, (float[]){1.0f}, (float[]){0.5f});
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_SGD);
+    o.lr = 0.1f;
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    umt_optimizer_set_lr(opt, 0.2f);
+    assert_float_equal(umt_optimizer_lr(opt), 0.2, 1e-7);
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 1, (double[]){0.9});
+    umt_optimizer_set_lr(opt, -1.0f);
+    assert_int_equal(umt_optimizer_step(opt), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "lr"));
+    assert_param(&f, 1, (double[]){0.9});
+    assert_int_equal(umt_optimizer_steps(opt), 1);
+    umt_context_destroy(f.ctx);
+}
+
+static void test_kind_parse_accepts_the_four_names_and_refuses_others(void **state) {
+    (void)state;
+    umt_optimizer_kind kind = UMT_OPT_SGD;
+    assert_int_equal(umt_optimizer_kind_parse("adamw", &kind), UMT_OK);
+    assert_int_equal(kind, UMT_OPT_ADAMW);
+    assert_int_equal(umt_optimizer_kind_parse("adam", &kind), UMT_OK);
+    assert_int_equal(kind, UMT_OPT_ADAM);
+    assert_int_equal(umt_optimizer_kind_parse("adadelta", &kind), UMT_OK);
+    assert_int_equal(kind, UMT_OPT_ADADELTA);
+    assert_int_equal(umt_optimizer_kind_parse("sgd", &kind), UMT_OK);
+    assert_int_equal(kind, UMT_OPT_SGD);
+    assert_int_equal(umt_optimizer_kind_parse("rmsprop", &kind), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "rmsprop"));
+    assert_int_equal(kind, UMT_OPT_SGD);
+    assert_int_equal(umt_optimizer_kind_parse(NULL, &kind), UMT_ERR_INVALID_ARGUMENT);
+}
+
+static void test_defaults_are_pytorchs(void **state) {
+    (void)state;
+    umt_optimizer_options sgd = umt_optimizer_defaults(UMT_OPT_SGD);
+    assert_float_equal(sgd.lr, 0.01, 1e-9);
+    assert_float_equal(sgd.momentum, 0.0, 0.0);
+    umt_optimizer_options adam = umt_optimizer_defaults(UMT_OPT_ADAM);
+    assert_int_equal(adam.kind, UMT_OPT_ADAM);
+    assert_float_equal(adam.lr, 1e-3, 1e-9);
+    assert_float_equal(adam.beta1, 0.9, 1e-7);
+    assert_float_equal(adam.beta2, 0.999, 1e-7);
+    assert_float_equal(adam.eps, 1e-8, 1e-12);
+    assert_float_equal(adam.weight_decay, 0.0, 0.0);
+    umt_optimizer_options adamw = umt_optimizer_defaults(UMT_OPT_ADAMW);
+    assert_float_equal(adamw.weight_decay, 1e-2, 1e-9);
+    umt_optimizer_options adadelta = umt_optimizer_defaults(UMT_OPT_ADADELTA);
+    assert_float_equal(adadelta.lr, 1.0, 0.0);
+    assert_float_equal(adadelta.rho, 0.9, 1e-7);
+    assert_float_equal(adadelta.eps, 1e-6, 1e-12);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Memory */
+
+/* Bytes the optim pool gains when an optimizer of this kind covers a 1000-element parameter. */
+static size_t state_bytes_for(umt_optimizer_options o, uint64_t *allocations) {
+    enum { N = 1000 };
+    static float zeros[N];
+    fixture f = make_fixture(N, zeros, zeros);
+    umt_pool_stats before, after;
+    assert_int_equal(umt_pool_stats_get(f.ctx, UMT_POOL_OPTIM, &before), UMT_OK);
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    assert_int_equal(umt_pool_stats_get(f.ctx, UMT_POOL_OPTIM, &after), UMT_OK);
+    umt_optimizer_destroy(opt);
+    /* Destroying the optimizer gives its state back to the pool. */
+    assert_int_equal(optim_pool_in_use(f.ctx), before.in_use_bytes);
+    umt_context_destroy(f.ctx);
+    *allocations = after.allocations - before.allocations;
+    return after.in_use_bytes - before.in_use_bytes;
+}
+
+static void test_optimizer_state_lives_in_the_optim_pool_sized_by_kind(void **state) {
+    (void)state;
+    const size_t numel_bytes = 1000 * sizeof(float);
+    uint64_t allocations;
+    assert_true(state_bytes_for(umt_optimizer_defaults(UMT_OPT_ADAM), &allocations) >= 2 * numel_bytes);
+    assert_int_equal(allocations, 2);
+    assert_true(state_bytes_for(umt_optimizer_defaults(UMT_OPT_ADADELTA), &allocations) >= 2 * numel_bytes);
+    assert_int_equal(allocations, 2);
+    umt_optimizer_options momentum = umt_optimizer_defaults(UMT_OPT_SGD);
+    momentum.momentum = 0.9f;
+    size_t velocity = state_bytes_for(momentum, &allocations);
+    assert_true(velocity >= numel_bytes && velocity < 2 * numel_bytes);
+    assert_int_equal(allocations, 1);
+    assert_int_equal(state_bytes_for(umt_optimizer_defaults(UMT_OPT_SGD), &allocations), 0);
+    assert_int_equal(allocations, 0);
+}
+
+static void test_context_destroy_frees_an_optimizer_left_alive(void **state) {
+    (void)state;
+    fixture f = make_fixture(2, (float[]){1.0f, 2.0f}, (float[]){0.1f, 0.2f});
+    umt_optimizer *opt = make_optimizer(f.ctx, umt_optimizer_defaults(UMT_OPT_ADAMW));
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_true(optim_pool_in_use(f.ctx) > 0);
+    /* No umt_optimizer_destroy: the context owns the optimizer (AddressSanitizer checks the rest). */
+    umt_context_destroy(f.ctx);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Schedules */
+
+static void test_lr_step_multiplies_by_gamma_every_step_size_epochs(void **state) {
+    (void)state;
+    const double expected[4] = {1.0, 0.7, 0.49, 0.343};
+    for (int epoch = 0; epoch < 4; ++epoch) assert_float_equal(umt_lr_step(1.0f, 0.7f, 1, epoch), expected[epoch], 1e-6);
+    assert_float_equal(umt_lr_step(0.1f, 0.7f, 2, 1), 0.1, 1e-7);
+    assert_float_equal(umt_lr_step(0.1f, 0.7f, 2, 2), 0.07, 1e-7);
+    assert_float_equal(umt_lr_step(0.1f, 0.7f, 2, 5), 0.049, 1e-7);
+    assert_float_equal(umt_lr_step(0.1f, 0.7f, 0, 5), 0.1, 0.0);
+}
+
+static void test_lr_cosine_runs_from_base_to_min_through_the_midpoint(void **state) {
+    (void)state;
+    assert_float_equal(umt_lr_cosine(0.1f, 0.001f, 0, 100), 0.1, 1e-7);
+    assert_float_equal(umt_lr_cosine(0.1f, 0.001f, 50, 100), 0.0505, 1e-7);
+    assert_float_equal(umt_lr_cosine(0.1f, 0.001f, 100, 100), 0.001, 1e-7);
+    /* a quarter of the way: min + (base - min) * (1 + cos(pi/4)) / 2 */
+    assert_float_equal(umt_lr_cosine(0.1f, 0.0f, 25, 100), 0.1 * (1.0 + sqrt(0.5)) / 2.0, 1e-7);
+    assert_float_equal(umt_lr_cosine(0.1f, 0.001f, 150, 100), 0.001, 1e-7);
+    assert_float_equal(umt_lr_cosine(0.1f, 0.001f, -5, 100), 0.1, 1e-7);
+    assert_float_equal(umt_lr_cosine(0.1f, 0.001f, 10, 0), 0.1, 0.0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sgd_momentum_matches_hand_worked_first_two_steps),
+        cmocka_unit_test(test_sgd_without_momentum_applies_weight_decay_and_keeps_no_state),
+        cmocka_unit_test(test_sgd_weight_decay_enters_the_momentum_buffer),
+        cmocka_unit_test(test_cpu_sgd_kernel_without_momentum_accepts_a_null_velocity),
+        cmocka_unit_test(test_adam_first_step_moves_each_weight_by_lr_against_its_gradient),
+        cmocka_unit_test(test_adam_second_step_uses_bias_corrected_moments),
+        cmocka_unit_test(test_adamw_decays_weights_apart_from_the_gradient_unlike_adam),
+        cmocka_unit_test(test_adadelta_first_two_steps_match_the_rule),
+        cmocka_unit_test(test_adadelta_weight_decay_is_added_to_the_gradient),
+        cmocka_unit_test(test_create_rejects_bad_options_naming_the_option),
+        cmocka_unit_test(test_create_ignores_options_the_kind_does_not_read),
+        cmocka_unit_test(test_create_without_parameters_is_a_state_error),
+        cmocka_unit_test(test_step_with_a_parameter_lacking_its_gradient_names_it_and_moves_nothing),
+        cmocka_unit_test(test_set_lr_changes_the_next_step_and_a_bad_rate_is_refused_there),
+        cmocka_unit_test(test_kind_parse_accepts_the_four_names_and_refuses_others),
+        cmocka_unit_test(test_defaults_are_pytorchs),
+        cmocka_unit_test(test_optimizer_state_lives_in_the_optim_pool_sized_by_kind),
+        cmocka_unit_test(test_context_destroy_frees_an_optimizer_left_alive),
+        cmocka_unit_test(test_lr_step_multiplies_by_gamma_every_step_size_epochs),
+        cmocka_unit_test(test_lr_cosine_runs_from_base_to_min_through_the_midpoint),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,24 @@
+"""Build settings shared by every umtrain target."""
+
+# C11 with POSIX (clock_gettime, strdup); warnings on and treated as errors, so the tree stays clean.
+UMT_COPTS = [
+    "-std=c11",
+    "-D_POSIX_C_SOURCE=200809L",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+]
+
+def umt_test(name, srcs, deps = [], tags = [], size = "small", data = [], args = []):
+    """A cmocka unit test linked against the library."""
+    native.cc_test(
+        name = name,
+        srcs = srcs,
+        copts = UMT_COPTS,
+        deps = ["//:umtrain"] + deps,
+        linkopts = ["-lcmocka"],
+        tags = tags,
+        size = size,
+        data = data,
+        args = args,
+    )
