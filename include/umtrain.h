@@ -228,7 +228,8 @@ umt_optimizer_options umt_optimizer_defaults(umt_optimizer_kind kind);
 /* "sgd", "adam", "adamw", "adadelta" -> kind; UMT_ERR_INVALID_ARGUMENT for anything else. */
 umt_status umt_optimizer_kind_parse(const char *name, umt_optimizer_kind *out);
 
-/* An optimizer over every parameter registered with ctx; its state lives in the optim pool. */
+/* An optimizer over every parameter registered with ctx; its state lives in the optim pool.
+ * Parameters made later are not covered; do not free a covered parameter while it lives. */
 umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *options,
                                 umt_optimizer **out);
 /* One update of every parameter from its gradient. */

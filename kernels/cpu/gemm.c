@@ -75,7 +75,8 @@ static inline void axpy_4_rows_n(int64_t n, const float *restrict b, float a0, f
 
 /* GCC's -O2 vectoriser only takes loops whose trip count it knows to be a multiple of the vector
  * width (no scalar epilogue), so the row is walked in chunks of a constant GEMM_CHUNK columns
- * (vector code, measured 3x faster than the scalar loop) and the last n % GEMM_CHUNK columns one by one. */
+ * (vector code, measured 3x faster than the plain loop) and the last n % GEMM_CHUNK columns
+ * one by one. */
 static void axpy_4_rows(int64_t n, const float *b, float a0, float a1, float a2, float a3, float *c0, float *c1,
                         float *c2, float *c3) {
     int64_t j = 0;
@@ -95,7 +96,7 @@ static void axpy_1_row(int64_t n, const float *b, float a, float *c) {
     axpy_1_row_n(n - j, b + j, a, c + j);
 }
 
-/* C[i0.., j0..] += alpha * op(A)[i.., p0..p0+kb] * packed, for all m rows, nb columns. */
+/* C[0:m, 0:nb] += alpha * op(A)[0:m, p0:p0+kb] * packed, where c points at the panel's first column. */
 static void multiply_panel(const float *a, int64_t lda, bool trans_a, int64_t m, int64_t p0, int64_t kb, float alpha,
                            const float *packed, int64_t nb, float *c, int64_t ldc) {
     int64_t i = 0;
