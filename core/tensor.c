@@ -53,6 +53,7 @@ static umt_tensor *new_header(umt_context *ctx, umt_pool pool, umt_dtype dtype, 
     t->numel = numel;
     t->bytes = (size_t)numel * umt_dtype_size(dtype);
     t->pool = pool;
+    t->device = ctx->options.device;
     umt_tensor **list = umt_pool_policy_of(pool)->lifetime == UMT_LIFETIME_STEP ? &ctx->step_tensors : &ctx->run_tensors;
     t->next = *list;
     *list = t;
@@ -161,6 +162,7 @@ int64_t umt_tensor_dim(const umt_tensor *t, int axis) { return t && axis >= 0 &&
 int64_t umt_tensor_numel(const umt_tensor *t) { return t ? t->numel : 0; }
 umt_dtype umt_tensor_dtype(const umt_tensor *t) { return t ? t->dtype : UMT_DTYPE_COUNT; }
 umt_pool umt_tensor_pool(const umt_tensor *t) { return t ? t->pool : UMT_POOL_COUNT; }
+umt_device umt_tensor_device(const umt_tensor *t) { return t ? t->device : UMT_DEVICE_CPU; }
 const char *umt_tensor_name(const umt_tensor *t) { return t ? t->name : NULL; }
 umt_tensor *umt_tensor_grad(const umt_tensor *t) { return t ? t->grad : NULL; }
 

@@ -23,6 +23,7 @@ struct umt_tensor {
     size_t bytes;
     void *data;
     umt_pool pool;
+    umt_device device;  /* where the storage is used: the context's device */
     bool owns_storage;  /* false for views */
     bool requires_grad; /* a gradient flows into this tensor in backward */
     bool is_parameter;

@@ -125,6 +125,8 @@ int64_t umt_tensor_dim(const umt_tensor *t, int axis);
 int64_t umt_tensor_numel(const umt_tensor *t);
 umt_dtype umt_tensor_dtype(const umt_tensor *t);
 umt_pool umt_tensor_pool(const umt_tensor *t);
+/* The device whose ops read and write the tensor (its context's). */
+umt_device umt_tensor_device(const umt_tensor *t);
 /* The parameter's name, or NULL for other tensors. */
 const char *umt_tensor_name(const umt_tensor *t);
 /* The gradient after umt_backward (NULL when the tensor takes no gradient). */

@@ -85,6 +85,7 @@ static void test_parameters_live_in_weights_and_gradients_in_grads(void **state)
     umt_tensor *w = umt_parameter_new(ctx, "w", 2, (int64_t[]){3, 4});
     assert_non_null(w);
     assert_int_equal(umt_tensor_pool(w), UMT_POOL_WEIGHTS);
+    assert_int_equal(umt_tensor_device(w), UMT_DEVICE_CPU);
     assert_int_equal(umt_tensor_pool(umt_tensor_grad(w)), UMT_POOL_GRADS);
     assert_string_equal(umt_tensor_name(w), "w");
     assert_int_equal(umt_parameter_count(ctx), 1);
