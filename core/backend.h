@@ -18,6 +18,10 @@
 
 #include "umtrain.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct umt_backend {
     const char *name;
 
@@ -69,7 +73,8 @@ typedef struct umt_backend {
     umt_status (*count_correct)(const float *scores, const int32_t *labels, int64_t rows, int64_t cols,
                                 int64_t *correct);
 
-    /* --- data: gather rows of a u8 dataset into a normalised f32 batch and i32 labels --- */
+    /* --- data: gather rows of a u8 dataset into a normalised f32 batch and i32 labels;
+     *     indices, like every other pointer here, is memory of the backend's device --- */
     umt_status (*gather_batch)(const uint8_t *samples, const uint8_t *labels, const int64_t *indices, int64_t count,
                                int64_t sample_numel, float mean, float std, float *images_out,
                                int32_t *labels_out);
@@ -86,5 +91,9 @@ typedef struct umt_backend {
 
 /* The CPU backend (kernels/cpu/cpu_backend.c). */
 const umt_backend *umt_cpu_backend(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* UMT_CORE_BACKEND_H */

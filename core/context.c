@@ -5,25 +5,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
-umt_context_options umt_context_defaults(void) { return (umt_context_options){.device = UMT_DEVICE_CPU, .seed = 1}; }
+umt_context_options umt_context_defaults(void) {
+    return (umt_context_options){.device = umt_default_device(), .seed = 1, .memory_mode = UMT_MEM_MANAGED};
+}
 
 umt_status umt_context_create(const umt_context_options *options, umt_context **out) {
     if (!out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: out is NULL");
     *out = NULL;
     umt_context_options opts = options ? *options : umt_context_defaults();
-    if (opts.device != UMT_DEVICE_CPU)
-        return umt_fail(UMT_ERR_UNSUPPORTED, "umt_context_create: device %d: this build has the CPU backend only",
-                        (int)opts.device);
+    if ((unsigned)opts.memory_mode > UMT_MEM_DEVICE)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: memory mode %d (expected 0..2)", (int)opts.memory_mode);
     umt_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_context_create: no memory for the context");
     ctx->options = opts;
-    ctx->backend = umt_cpu_backend();
     ctx->grad_enabled = true;
-    umt_memory_init(&ctx->memory);
+    umt_memory_init(&ctx->memory, opts.device, opts.memory_mode, opts.cuda_device);
     umt_rng_seed(&ctx->rng, opts.seed);
+    umt_status st = umt_device_start(ctx);
+    if (st != UMT_OK) {
+        umt_context_destroy(ctx);
+        return st;
+    }
     *out = ctx;
     return UMT_OK;
 }
@@ -39,6 +45,8 @@ static void free_headers(umt_tensor *list) {
 
 void umt_context_destroy(umt_context *ctx) {
     if (!ctx) return;
+    const char *report = getenv("UMT_MEM_REPORT");
+    if (report && strcmp(report, "0") && ctx->backend) umt_memory_report(ctx);
     /* Owned objects first: their destructors free tensors that still belong to the pools. */
     while (ctx->owned) {
         umt_owned *o = ctx->owned;
@@ -50,6 +58,8 @@ void umt_context_destroy(umt_context *ctx) {
     free_headers(ctx->run_tensors);
     free(ctx->parameters);
     umt_tape_release(&ctx->tape);
+    /* The device's stream may still be using pool memory: stop it first. */
+    umt_device_stop(ctx);
     umt_memory_release(&ctx->memory);
     free(ctx);
 }
@@ -81,13 +91,37 @@ umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_st
 }
 
 void umt_memory_report(const umt_context *ctx) {
-    fprintf(stderr, "%-12s %14s %14s %12s\n", "pool", "capacity B", "peak B", "allocations");
+    fprintf(stderr, "%-12s %-8s %14s %14s %12s\n", "pool", "place", "capacity B", "peak B", "allocations");
     for (int p = 0; p < UMT_POOL_COUNT; ++p) {
         umt_pool_stats s;
         umt_memory_stats(&ctx->memory, (umt_pool)p, &s);
-        fprintf(stderr, "%-12s %14zu %14zu %12llu\n", umt_pool_name((umt_pool)p), s.capacity_bytes, s.peak_bytes,
+        fprintf(stderr, "%-12s %-8s %14zu %14zu %12llu\n", umt_pool_name((umt_pool)p),
+                umt_placement_name(ctx->memory.pools[p].placement), s.capacity_bytes, s.peak_bytes,
                 (unsigned long long)s.allocations);
     }
+    if (ctx->options.device == UMT_DEVICE_CUDA)
+        fprintf(stderr, "device budget %zu bytes, %zu held (%s memory)\n", ctx->memory.budget_bytes,
+                ctx->memory.device_bytes, umt_memory_mode_name(ctx->options.memory_mode));
+}
+
+umt_status umt_device_budget(const umt_context *ctx, size_t *budget_bytes, size_t *used_bytes) {
+    if (!ctx || !budget_bytes || !used_bytes) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_device_budget: NULL argument");
+    *budget_bytes = ctx->memory.budget_bytes;
+    *used_bytes = ctx->memory.device_bytes;
+    return UMT_OK;
+}
+
+static const char *const memory_mode_names[] = {"managed", "managed-plain", "device"};
+
+const char *umt_memory_mode_name(umt_memory_mode mode) {
+    return (unsigned)mode <= UMT_MEM_DEVICE ? memory_mode_names[mode] : "invalid-memory-mode";
+}
+
+umt_status umt_memory_mode_parse(const char *name, umt_memory_mode *out) {
+    for (int m = 0; m <= UMT_MEM_DEVICE && name; ++m)
+        if (!strcmp(name, memory_mode_names[m])) return *out = (umt_memory_mode)m, UMT_OK;
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "memory mode '%s': expected managed, managed-plain or device",
+                    name ? name : "(null)");
 }
 
 /* ----------------------------------------------------------------------------------------- */

@@ -50,7 +50,7 @@ static umt_status upload_idx(umt_context *ctx, const umt_idx *idx, umt_tensor **
     *out = umt_tensor_alloc(ctx, UMT_POOL_DATASET, UMT_U8, idx->ndim, idx->dims);
     /* The shape is valid (the reader checked it), so only the pool can have refused; it has
      * recorded the message. */
-    if (!*out) return UMT_ERR_OUT_OF_MEMORY;
+    if (!*out) return umt_last_status();
     umt_status status = ctx->backend->upload((*out)->data, idx->data, idx->data_bytes);
     if (status != UMT_OK) {
         umt_tensor_free(*out);
@@ -153,9 +153,13 @@ umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int6
         umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 4, (int64_t[]){count, ds->chw[0], ds->chw[1], ds->chw[2]});
     umt_tensor *y = x ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, 1, (int64_t[]){count}) : NULL;
     /* Both live in the step arena, freed by the next umt_step_begin even when this fails. */
-    if (!y) return UMT_ERR_OUT_OF_MEMORY;
-    /* indices is host memory: the CUDA backend's gather_batch must take host indices. */
-    UMT_TRY(ctx->backend->gather_batch(ds->samples->data, ds->labels->data, indices, count,
+    if (!y) return umt_last_status();
+    /* The kernel reads the indices where it runs: they go into the step arena first. */
+    void *device_indices = NULL;
+    size_t index_bytes = (size_t)count * sizeof *indices;
+    UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_ACTIVATIONS, index_bytes, &device_indices));
+    UMT_TRY(ctx->backend->upload(device_indices, indices, index_bytes));
+    UMT_TRY(ctx->backend->gather_batch(ds->samples->data, ds->labels->data, device_indices, count,
                                        ds->chw[0] * ds->chw[1] * ds->chw[2], mean, std, x->data, y->data));
     *images = x;
     *labels = y;

@@ -8,6 +8,7 @@
 /* One message per thread, so that loader threads and the training thread do not clobber
  * each other's errors. */
 static _Thread_local char last_error[1024];
+static _Thread_local umt_status last_status = UMT_OK;
 
 umt_status umt_fail(umt_status status, const char *fmt, ...) {
     /* Formatted aside first: callers may prefix the previous message, passing last_error itself. */
@@ -17,10 +18,13 @@ umt_status umt_fail(umt_status status, const char *fmt, ...) {
     vsnprintf(message, sizeof message, fmt, args);
     va_end(args);
     memcpy(last_error, message, sizeof last_error);
+    last_status = status;
     return status;
 }
 
 const char *umt_last_error(void) { return last_error; }
+
+umt_status umt_last_status(void) { return last_status; }
 
 const char *umt_status_name(umt_status status) {
     switch (status) {

@@ -133,8 +133,8 @@ static umt_status alloc_state(umt_optimizer *opt) {
         umt_tensor *p = opt->slots[i].param;
         for (int s = 0; s < count; ++s) {
             umt_tensor *t = umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, p->ndim, p->shape);
-            /* umt_tensor_alloc has recorded which pool refused and why; NULL carries no status. */
-            if (!t) return UMT_ERR_OUT_OF_MEMORY;
+            /* umt_tensor_alloc has recorded which pool refused, why, and with which status. */
+            if (!t) return umt_last_status();
             opt->slots[i].state[s] = t;
             UMT_TRY(ctx->backend->fill(t->data, t->numel, 0.0f));
         }

@@ -56,6 +56,26 @@ const char *umt_dtype_name(umt_dtype dtype);
 
 typedef enum { UMT_DEVICE_CPU = 0, UMT_DEVICE_CUDA } umt_device;
 
+/* "cpu" or "cuda" -> device; UMT_ERR_INVALID_ARGUMENT for anything else. */
+umt_status umt_device_parse(const char *name, umt_device *out);
+/* GPUs visible to this process; 0 in a build without CUDA or on a machine without a GPU. */
+int umt_cuda_device_count(void);
+/* UMT_DEVICE_CUDA when this build has CUDA and a GPU is present, else UMT_DEVICE_CPU. */
+umt_device umt_default_device(void);
+
+/* How the CUDA backend places the GPU pools (the CPU backend ignores it):
+ *   managed       — CUDA managed memory with per-pool advice and prefetch (the default);
+ *   managed-plain — managed memory, no advice, no prefetch (for comparison);
+ *   device        — plain cudaMalloc memory (for comparison). */
+typedef enum { UMT_MEM_MANAGED = 0, UMT_MEM_MANAGED_PLAIN, UMT_MEM_DEVICE } umt_memory_mode;
+
+/* "managed", "managed-plain", "device" -> mode; UMT_ERR_INVALID_ARGUMENT otherwise. */
+umt_status umt_memory_mode_parse(const char *name, umt_memory_mode *out);
+const char *umt_memory_mode_name(umt_memory_mode mode);
+
+/* "2G", "64M", "512K", "1048576" (binary units, optional "iB"/"B") -> bytes. */
+umt_status umt_parse_bytes(const char *text, size_t *out);
+
 /* Every tensor's storage comes from exactly one pool; memory/policy.c says where each lives. */
 typedef enum {
     UMT_POOL_WEIGHTS = 0, /* parameters (fp32 masters), whole run */
@@ -81,16 +101,28 @@ typedef struct umt_context umt_context;
 typedef struct umt_tensor umt_tensor;
 
 typedef struct {
-    umt_device device; /* where ops run */
-    uint64_t seed;     /* seeds the context's RNG: parameter init, shuffles, dropout */
+    umt_device device;           /* where ops run */
+    uint64_t seed;               /* seeds the context's RNG: parameter init, shuffles, dropout */
+    umt_memory_mode memory_mode; /* CUDA only */
+    int cuda_device;             /* CUDA only: which GPU */
 } umt_context_options;
 
-/* Options with defaults: CPU, seed 1. */
+/* Options with defaults: umt_default_device(), seed 1, managed memory, GPU 0. */
 umt_context_options umt_context_defaults(void);
 
+/* On CUDA, the device budget is set here: the GPU's free memory (cudaMemGetInfo) less a
+ * headroom, or UMT_DEVICE_BUDGET (e.g. "2G") if that is lower. Every managed or device
+ * allocation counts against it; one that would pass it is refused with UMT_ERR_BUDGET and
+ * nothing is allocated. */
 umt_status umt_context_create(const umt_context_options *options, umt_context **out);
-/* Frees every tensor, layer and optimizer made from the context, and its pools. NULL is ok. */
+/* Frees every tensor, layer and optimizer made from the context, and its pools. With
+ * UMT_MEM_REPORT=1 in the environment, prints the pool report first. NULL is ok. */
 void umt_context_destroy(umt_context *ctx);
+/* Waits until the device has finished all queued work (a no-op on the CPU). */
+umt_status umt_synchronize(umt_context *ctx);
+
+/* The device budget and the managed/device bytes held now (both 0 on the CPU). */
+umt_status umt_device_budget(const umt_context *ctx, size_t *budget_bytes, size_t *used_bytes);
 
 /* Bytes in use, peak and capacity of one pool, and how many allocations it served. */
 typedef struct {
@@ -101,7 +133,7 @@ typedef struct {
 } umt_pool_stats;
 
 umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_stats *out);
-/* Prints one line per pool (capacity, peak, allocations) to stderr. */
+/* Prints one line per pool (placement, capacity, peak, allocations) and the budget to stderr. */
 void umt_memory_report(const umt_context *ctx);
 
 /* ----------------------------------------------------------------------------------------- */

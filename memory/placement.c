@@ -1,26 +1,72 @@
-/* memory/placement.c — the system allocators behind each placement. */
+/* memory/placement.c — the system and CUDA allocators behind each placement, and advice. */
 #include "memory/placement.h"
 
 #include <stdlib.h>
 
 #include "core/error.h"
 
+#ifdef UMT_WITH_CUDA
+#include "core/cuda_check.h"
+#endif
+
+static umt_status host_alloc(size_t bytes, size_t align, void **out) {
+    /* aligned_alloc wants a size that is a multiple of the alignment. */
+    size_t rounded = (bytes + align - 1) / align * align;
+    *out = aligned_alloc(align, rounded);
+    return *out ? UMT_OK : umt_fail(UMT_ERR_OUT_OF_MEMORY, "host allocation of %zu bytes failed", bytes);
+}
+
+#ifdef UMT_WITH_CUDA
+
+/* CUDA's allocators align to at least 256 bytes (UMT_POOL_ALIGN), so align needs no work. */
+static umt_status cuda_alloc(umt_placement placement, size_t bytes, void **out) {
+    switch (placement) {
+    case UMT_PLACE_MANAGED: UMT_CUDA_TRY(cudaMallocManaged(out, bytes, cudaMemAttachGlobal)); return UMT_OK;
+    case UMT_PLACE_DEVICE: UMT_CUDA_TRY(cudaMalloc(out, bytes)); return UMT_OK;
+    case UMT_PLACE_PINNED: UMT_CUDA_TRY(cudaHostAlloc(out, bytes, cudaHostAllocDefault)); return UMT_OK;
+    case UMT_PLACE_HOST: break;
+    }
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "placement %s is not a CUDA placement", umt_placement_name(placement));
+}
+
+umt_status umt_placement_advise(void *ptr, size_t bytes, unsigned advice, bool prefetch, int cuda_device,
+                                void *stream) {
+    struct cudaMemLocation gpu = {.type = cudaMemLocationTypeDevice, .id = cuda_device};
+    struct cudaMemLocation cpu = {.type = cudaMemLocationTypeHost, .id = 0};
+    if (advice & UMT_ADVISE_PREFER_GPU) UMT_CUDA_TRY(cudaMemAdvise(ptr, bytes, cudaMemAdviseSetPreferredLocation, gpu));
+    if (advice & UMT_ADVISE_CPU_READS) UMT_CUDA_TRY(cudaMemAdvise(ptr, bytes, cudaMemAdviseSetAccessedBy, cpu));
+    if (advice & UMT_ADVISE_READ_MOSTLY) UMT_CUDA_TRY(cudaMemAdvise(ptr, bytes, cudaMemAdviseSetReadMostly, gpu));
+    if (prefetch) UMT_CUDA_TRY(cudaMemPrefetchAsync(ptr, bytes, gpu, 0, (cudaStream_t)stream));
+    return UMT_OK;
+}
+
+#else
+
+static umt_status cuda_alloc(umt_placement placement, size_t bytes, void **out) {
+    (void)out;
+    return umt_fail(UMT_ERR_UNSUPPORTED, "%zu bytes of %s memory: this build has no CUDA (build with --config=cuda)",
+                    bytes, umt_placement_name(placement));
+}
+
+umt_status umt_placement_advise(void *ptr, size_t bytes, unsigned advice, bool prefetch, int cuda_device,
+                                void *stream) {
+    (void)ptr, (void)advice, (void)prefetch, (void)cuda_device, (void)stream;
+    return umt_fail(UMT_ERR_UNSUPPORTED, "advice for %zu bytes: this build has no CUDA", bytes);
+}
+
+#endif
+
 umt_status umt_placement_alloc(umt_placement placement, size_t bytes, size_t align, void **out) {
     *out = NULL;
-    switch (placement) {
-    case UMT_PLACE_HOST: {
-        /* aligned_alloc wants a size that is a multiple of the alignment. */
-        size_t rounded = (bytes + align - 1) / align * align;
-        *out = aligned_alloc(align, rounded);
-        if (!*out) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "host allocation of %zu bytes failed", bytes);
-        return UMT_OK;
-    }
-    }
-    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "unknown placement %d", (int)placement);
+    return placement == UMT_PLACE_HOST ? host_alloc(bytes, align, out) : cuda_alloc(placement, bytes, out);
 }
 
 void umt_placement_free(umt_placement placement, void *ptr) {
-    switch (placement) {
-    case UMT_PLACE_HOST: free(ptr); return;
-    }
+    if (!ptr) return;
+#ifdef UMT_WITH_CUDA
+    /* Errors on free are not recoverable and leave nothing to undo: they are ignored. */
+    if (placement == UMT_PLACE_MANAGED || placement == UMT_PLACE_DEVICE) cudaFree(ptr);
+    if (placement == UMT_PLACE_PINNED) cudaFreeHost(ptr);
+#endif
+    if (placement == UMT_PLACE_HOST) free(ptr);
 }

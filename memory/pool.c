@@ -12,31 +12,50 @@
 
 static size_t round_up(size_t bytes) { return (bytes + UMT_POOL_ALIGN - 1) / UMT_POOL_ALIGN * UMT_POOL_ALIGN; }
 
-void umt_memory_init(umt_memory *mem) {
+void umt_memory_init(umt_memory *mem, umt_device device, umt_memory_mode mode, int cuda_device) {
     memset(mem, 0, sizeof *mem);
+    mem->device = device;
+    mem->cuda_device = cuda_device;
     for (int p = 0; p < UMT_POOL_COUNT; ++p) {
-        mem->pools[p].pool = (umt_pool)p;
-        mem->pools[p].policy = umt_pool_policy_of((umt_pool)p);
+        umt_pool_state *s = &mem->pools[p];
+        s->pool = (umt_pool)p;
+        s->policy = umt_pool_policy_of((umt_pool)p);
+        s->placement = umt_pool_placement((umt_pool)p, device, mode);
+        s->advised = umt_pool_advised((umt_pool)p, device, mode);
     }
 }
 
-static void release_blocks(umt_pool_state *s) {
-    for (int i = 0; i < s->block_count; ++i) umt_placement_free(s->policy->cpu_placement, s->blocks[i].ptr);
+bool umt_placement_uses_device(umt_placement placement) {
+    return placement == UMT_PLACE_MANAGED || placement == UMT_PLACE_DEVICE;
+}
+
+static void release_blocks(umt_memory *mem, umt_pool_state *s) {
+    for (int i = 0; i < s->block_count; ++i) umt_placement_free(s->placement, s->blocks[i].ptr);
+    if (umt_placement_uses_device(s->placement)) mem->device_bytes -= s->capacity_bytes;
     s->block_count = 0;
     s->capacity_bytes = 0;
 }
 
 void umt_memory_release(umt_memory *mem) {
     for (int p = 0; p < UMT_POOL_COUNT; ++p) {
-        release_blocks(&mem->pools[p]);
+        release_blocks(mem, &mem->pools[p]);
         free(mem->pools[p].blocks);
         mem->pools[p].blocks = NULL;
         mem->pools[p].block_slots = 0;
     }
 }
 
-/* Allocates a block from the placement and appends it to the pool's list. */
-static umt_status push_block(umt_pool_state *s, size_t bytes) {
+/* The hard rule: GPU memory past the budget is never asked for (it can hang a shared card). */
+static umt_status check_budget(const umt_memory *mem, const umt_pool_state *s, size_t bytes) {
+    if (!umt_placement_uses_device(s->placement) || bytes <= mem->budget_bytes - mem->device_bytes) return UMT_OK;
+    return umt_fail(UMT_ERR_BUDGET,
+                    "pool %s: request of %zu bytes refused: device budget %zu bytes, %zu in use, %zu left "
+                    "(UMT_DEVICE_BUDGET lowers the budget, never raises it past the GPU's free memory)",
+                    s->policy->name, bytes, mem->budget_bytes, mem->device_bytes, mem->budget_bytes - mem->device_bytes);
+}
+
+/* Allocates a block from the pool's placement, advises it, and appends it to the pool's list. */
+static umt_status push_block(umt_memory *mem, umt_pool_state *s, size_t bytes) {
     if (s->block_count == s->block_slots) {
         int slots = s->block_slots ? 2 * s->block_slots : 16;
         umt_block *grown = realloc(s->blocks, (size_t)slots * sizeof *grown);
@@ -44,13 +63,19 @@ static umt_status push_block(umt_pool_state *s, size_t bytes) {
         s->blocks = grown;
         s->block_slots = slots;
     }
+    UMT_TRY(check_budget(mem, s, bytes));
     void *ptr = NULL;
-    umt_status st = umt_placement_alloc(s->policy->cpu_placement, bytes, UMT_POOL_ALIGN, &ptr);
-    if (st != UMT_OK)
-        return umt_fail(st, "pool %s: request of %zu bytes refused (%zu bytes in use): %s", s->policy->name, bytes,
-                        s->in_use_bytes, umt_last_error());
+    umt_status st = umt_placement_alloc(s->placement, bytes, UMT_POOL_ALIGN, &ptr);
+    if (st == UMT_OK && s->advised)
+        st = umt_placement_advise(ptr, bytes, s->policy->advice, s->policy->prefetch, mem->cuda_device, mem->stream);
+    if (st != UMT_OK) {
+        umt_placement_free(s->placement, ptr);
+        return umt_fail(st, "pool %s (%s): request of %zu bytes refused (%zu bytes in use): %s", s->policy->name,
+                        umt_placement_name(s->placement), bytes, s->in_use_bytes, umt_last_error());
+    }
     s->blocks[s->block_count++] = (umt_block){ptr, bytes};
     s->capacity_bytes += bytes;
+    if (umt_placement_uses_device(s->placement)) mem->device_bytes += bytes;
     return UMT_OK;
 }
 
@@ -60,12 +85,12 @@ static void count(umt_pool_state *s, size_t bytes) {
     s->allocations++;
 }
 
-static umt_status arena_alloc(umt_pool_state *s, size_t bytes, void **out) {
+static umt_status arena_alloc(umt_memory *mem, umt_pool_state *s, size_t bytes, void **out) {
     umt_block *top = s->block_count ? &s->blocks[s->block_count - 1] : NULL;
     if (!top || s->arena_offset + bytes > top->bytes) {
         /* Overflow: a new block at least as large as all before it, so overflows stay rare. */
         size_t want = bytes > s->capacity_bytes ? bytes : s->capacity_bytes;
-        UMT_TRY(push_block(s, want > UMT_ARENA_MIN_BYTES ? want : UMT_ARENA_MIN_BYTES));
+        UMT_TRY(push_block(mem, s, want > UMT_ARENA_MIN_BYTES ? want : UMT_ARENA_MIN_BYTES));
         top = &s->blocks[s->block_count - 1];
         s->arena_offset = 0;
     }
@@ -81,8 +106,8 @@ umt_status umt_memory_alloc(umt_memory *mem, umt_pool pool, size_t bytes, void *
     umt_pool_state *s = &mem->pools[pool];
     if (bytes == 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "pool %s: request of 0 bytes", s->policy->name);
     bytes = round_up(bytes);
-    if (s->policy->lifetime == UMT_LIFETIME_STEP) return arena_alloc(s, bytes, out);
-    UMT_TRY(push_block(s, bytes));
+    if (s->policy->lifetime == UMT_LIFETIME_STEP) return arena_alloc(mem, s, bytes, out);
+    UMT_TRY(push_block(mem, s, bytes));
     *out = s->blocks[s->block_count - 1].ptr;
     count(s, bytes);
     return UMT_OK;
@@ -94,9 +119,10 @@ void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr) {
     if (s->policy->lifetime == UMT_LIFETIME_STEP) return;
     for (int i = 0; i < s->block_count; ++i) {
         if (s->blocks[i].ptr != ptr) continue;
-        umt_placement_free(s->policy->cpu_placement, ptr);
+        umt_placement_free(s->placement, ptr);
         s->in_use_bytes -= s->blocks[i].bytes;
         s->capacity_bytes -= s->blocks[i].bytes;
+        if (umt_placement_uses_device(s->placement)) mem->device_bytes -= s->blocks[i].bytes;
         s->blocks[i] = s->blocks[--s->block_count];
         return;
     }
@@ -108,8 +134,8 @@ umt_status umt_memory_reset(umt_memory *mem, umt_pool pool) {
     if (s->block_count > 1) {
         /* The step overflowed: replace all blocks by one that holds what the step used. */
         size_t needed = s->capacity_bytes;
-        release_blocks(s);
-        UMT_TRY(push_block(s, needed));
+        release_blocks(mem, s);
+        UMT_TRY(push_block(mem, s, needed));
     }
     s->arena_offset = 0;
     s->in_use_bytes = 0;

@@ -27,6 +27,8 @@ typedef struct {
 typedef struct {
     umt_pool pool;
     const umt_pool_policy *policy;
+    umt_placement placement; /* resolved for this context's device and memory mode */
+    bool advised;            /* apply the policy's advice and prefetch to new blocks */
     /* RUN pools: the live blocks. STEP pools: blocks[0] is the arena, later ones overflow. */
     umt_block *blocks;
     int block_count;
@@ -41,14 +43,21 @@ typedef struct {
 
 typedef struct {
     umt_pool_state pools[UMT_POOL_COUNT];
+    umt_device device;
+    int cuda_device;
+    void *stream;        /* CUDA: the compute stream prefetches are queued on */
+    size_t budget_bytes; /* CUDA: the most managed + device memory this context may hold */
+    size_t device_bytes; /* CUDA: managed + device memory held now, all pools together */
 } umt_memory;
 
-void umt_memory_init(umt_memory *mem);
+/* Resolves each pool's placement from the policy table for the device and memory mode. */
+void umt_memory_init(umt_memory *mem, umt_device device, umt_memory_mode mode, int cuda_device);
 /* Frees every block of every pool. */
 void umt_memory_release(umt_memory *mem);
 
 /* bytes (> 0) from the pool, aligned to UMT_POOL_ALIGN. On failure nothing is allocated and
- * the message names the pool and the request. */
+ * the message names the pool and the request; past the device budget the status is
+ * UMT_ERR_BUDGET and the message also says what is left. */
 umt_status umt_memory_alloc(umt_memory *mem, umt_pool pool, size_t bytes, void **out);
 /* Returns a block to a RUN pool (a no-op for STEP pools, which free at reset). */
 void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr);
@@ -56,5 +65,8 @@ void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr);
 umt_status umt_memory_reset(umt_memory *mem, umt_pool pool);
 
 void umt_memory_stats(const umt_memory *mem, umt_pool pool, umt_pool_stats *out);
+
+/* True for placements that take GPU memory, which the device budget covers. */
+bool umt_placement_uses_device(umt_placement placement);
 
 #endif /* UMT_MEMORY_POOL_H */

@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "memory/budget.h"
 #include "memory/pool.h"
 #include "umtrain.h"
 
@@ -28,7 +29,7 @@ static void test_every_pool_has_a_policy_row_with_its_own_name(void **state) {
 static void test_allocations_are_aligned_and_counted(void **state) {
     (void)state;
     umt_memory mem;
-    umt_memory_init(&mem);
+    umt_memory_init(&mem, UMT_DEVICE_CPU, UMT_MEM_MANAGED, 0);
     void *a, *b;
     assert_int_equal(umt_memory_alloc(&mem, UMT_POOL_WEIGHTS, 10, &a), UMT_OK);
     assert_int_equal(umt_memory_alloc(&mem, UMT_POOL_WEIGHTS, 1000, &b), UMT_OK);
@@ -48,7 +49,7 @@ static void test_allocations_are_aligned_and_counted(void **state) {
 static void test_zero_byte_request_is_refused_naming_the_pool(void **state) {
     (void)state;
     umt_memory mem;
-    umt_memory_init(&mem);
+    umt_memory_init(&mem, UMT_DEVICE_CPU, UMT_MEM_MANAGED, 0);
     void *p = (void *)1;
     assert_int_equal(umt_memory_alloc(&mem, UMT_POOL_GRADS, 0, &p), UMT_ERR_INVALID_ARGUMENT);
     assert_null(p);
@@ -59,7 +60,7 @@ static void test_zero_byte_request_is_refused_naming_the_pool(void **state) {
 static void test_arena_overflow_is_merged_into_one_block_at_reset(void **state) {
     (void)state;
     umt_memory mem;
-    umt_memory_init(&mem);
+    umt_memory_init(&mem, UMT_DEVICE_CPU, UMT_MEM_MANAGED, 0);
     void *p;
     /* 3 MiB in 1 MiB pieces: the arena must grow past its first block within the step. */
     for (int i = 0; i < 3; ++i) assert_int_equal(umt_memory_alloc(&mem, UMT_POOL_ACTIVATIONS, 1 << 20, &p), UMT_OK);
@@ -129,6 +130,70 @@ static void test_conversion_to_bf16_and_back_keeps_representable_values(void **s
     umt_context_destroy(ctx);
 }
 
+static void test_sizes_parse_with_binary_units_and_bad_text_is_refused(void **state) {
+    (void)state;
+    size_t v = 0;
+    assert_int_equal(umt_parse_bytes("2G", &v), UMT_OK);
+    assert_int_equal(v, (size_t)2 << 30);
+    assert_int_equal(umt_parse_bytes("64MiB", &v), UMT_OK);
+    assert_int_equal(v, (size_t)64 << 20);
+    assert_int_equal(umt_parse_bytes("512k", &v), UMT_OK);
+    assert_int_equal(v, (size_t)512 << 10);
+    assert_int_equal(umt_parse_bytes("1048576", &v), UMT_OK);
+    assert_int_equal(v, 1048576);
+    assert_int_equal(umt_parse_bytes("2X", &v), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "2X"));
+    assert_int_equal(umt_parse_bytes("-1G", &v), UMT_ERR_INVALID_ARGUMENT);
+    assert_int_equal(umt_parse_bytes("", &v), UMT_ERR_INVALID_ARGUMENT);
+    assert_int_equal(umt_parse_bytes("99999999999T", &v), UMT_ERR_INVALID_ARGUMENT);
+}
+
+static void test_budget_is_free_memory_less_headroom_and_the_variable_only_lowers_it(void **state) {
+    (void)state;
+    size_t gib = (size_t)1 << 30, budget = 0;
+    /* 80 GiB card, 70 GiB free: headroom 4 GiB (5%). */
+    assert_int_equal(umt_budget_compute(70 * gib, 80 * gib, NULL, &budget), UMT_OK);
+    assert_int_equal(budget, 66 * gib);
+    assert_int_equal(umt_budget_compute(70 * gib, 80 * gib, "2G", &budget), UMT_OK);
+    assert_int_equal(budget, 2 * gib);
+    assert_int_equal(umt_budget_compute(70 * gib, 80 * gib, "500G", &budget), UMT_OK);
+    assert_int_equal(budget, 66 * gib);
+    /* Small card, almost full: the 512 MiB floor leaves nothing. */
+    assert_int_equal(umt_budget_compute(gib / 4, 4 * gib, NULL, &budget), UMT_OK);
+    assert_int_equal(budget, 0);
+    assert_int_equal(umt_budget_compute(70 * gib, 80 * gib, "lots", &budget), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "UMT_DEVICE_BUDGET"));
+}
+
+static void test_placement_follows_the_table_device_and_mode(void **state) {
+    (void)state;
+    for (int p = 0; p < UMT_POOL_COUNT; ++p) {
+        assert_int_equal(umt_pool_placement((umt_pool)p, UMT_DEVICE_CPU, UMT_MEM_MANAGED), UMT_PLACE_HOST);
+        assert_false(umt_pool_advised((umt_pool)p, UMT_DEVICE_CPU, UMT_MEM_MANAGED));
+        assert_false(umt_pool_advised((umt_pool)p, UMT_DEVICE_CUDA, UMT_MEM_MANAGED_PLAIN));
+    }
+    assert_int_equal(umt_pool_placement(UMT_POOL_WEIGHTS, UMT_DEVICE_CUDA, UMT_MEM_MANAGED), UMT_PLACE_MANAGED);
+    assert_true(umt_pool_advised(UMT_POOL_WEIGHTS, UMT_DEVICE_CUDA, UMT_MEM_MANAGED));
+    assert_int_equal(umt_pool_placement(UMT_POOL_WEIGHTS, UMT_DEVICE_CUDA, UMT_MEM_MANAGED_PLAIN), UMT_PLACE_MANAGED);
+    assert_int_equal(umt_pool_placement(UMT_POOL_ACTIVATIONS, UMT_DEVICE_CUDA, UMT_MEM_DEVICE), UMT_PLACE_DEVICE);
+    assert_int_equal(umt_pool_placement(UMT_POOL_STAGING, UMT_DEVICE_CUDA, UMT_MEM_DEVICE), UMT_PLACE_PINNED);
+    assert_true(umt_pool_policy_of(UMT_POOL_DATASET)->advice & UMT_ADVISE_READ_MOSTLY);
+}
+
+static void test_memory_modes_and_devices_parse_by_name(void **state) {
+    (void)state;
+    umt_memory_mode mode;
+    assert_int_equal(umt_memory_mode_parse("managed-plain", &mode), UMT_OK);
+    assert_int_equal(mode, UMT_MEM_MANAGED_PLAIN);
+    assert_string_equal(umt_memory_mode_name(UMT_MEM_DEVICE), "device");
+    assert_int_equal(umt_memory_mode_parse("unified", &mode), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "unified"));
+    umt_device device;
+    assert_int_equal(umt_device_parse("cuda", &device), UMT_OK);
+    assert_int_equal(device, UMT_DEVICE_CUDA);
+    assert_int_equal(umt_device_parse("tpu", &device), UMT_ERR_INVALID_ARGUMENT);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_pool_has_a_policy_row_with_its_own_name),
@@ -138,6 +203,10 @@ int main(void) {
         cmocka_unit_test(test_parameters_live_in_weights_and_gradients_in_grads),
         cmocka_unit_test(test_bad_shapes_are_refused_with_the_dimension),
         cmocka_unit_test(test_conversion_to_bf16_and_back_keeps_representable_values),
+        cmocka_unit_test(test_sizes_parse_with_binary_units_and_bad_text_is_refused),
+        cmocka_unit_test(test_budget_is_free_memory_less_headroom_and_the_variable_only_lowers_it),
+        cmocka_unit_test(test_placement_follows_the_table_device_and_mode),
+        cmocka_unit_test(test_memory_modes_and_devices_parse_by_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

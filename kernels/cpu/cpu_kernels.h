@@ -14,6 +14,10 @@
 
 #include "umtrain.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* memory.c */
 umt_status umt_cpu_fill(float *x, int64_t n, float value);
 umt_status umt_cpu_copy(void *dst, const void *src, size_t bytes);
@@ -63,5 +67,9 @@ umt_status umt_cpu_adam_update(float *param, const float *grad, float *m, float 
                                float beta2, float eps, float weight_decay, bool decoupled, int64_t step);
 umt_status umt_cpu_adadelta_update(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,
                                    float lr, float rho, float eps, float weight_decay);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* UMT_KERNELS_CPU_KERNELS_H */

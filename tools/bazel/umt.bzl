@@ -22,3 +22,20 @@ def umt_test(name, srcs, deps = [], tags = [], size = "small", data = [], args =
         data = data,
         args = args,
     )
+
+def umt_gpu_test(name, srcs, deps = [], size = "small", args = []):
+    """A cmocka test that needs a GPU: built only with --config=cuda, tagged 'gpu' so CI skips it."""
+    native.cc_test(
+        name = name,
+        srcs = srcs,
+        copts = UMT_COPTS + ["-isystem", "/usr/local/cuda/include"],
+        deps = ["//:umtrain"] + deps,
+        linkopts = ["-lcmocka"],
+        tags = ["gpu"],
+        size = size,
+        args = args,
+        target_compatible_with = select({
+            "//:cuda": [],
+            "//conditions:default": ["//tools/bazel:needs_config_cuda"],
+        }),
+    )

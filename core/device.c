@@ -1,0 +1,79 @@
+/* core/device.c — which devices exist, and starting the one a context runs on. */
+#include "core/device.h"
+
+#include <string.h>
+
+#include "core/context.h"
+#include "core/error.h"
+
+#ifdef UMT_WITH_CUDA
+#include "core/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "memory/budget.h"
+
+/* cuBLAS wants 32 MiB of workspace on Hopper for its fastest kernels. */
+#define UMT_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+#endif
+
+umt_status umt_device_parse(const char *name, umt_device *out) {
+    if (name && !strcmp(name, "cpu")) return *out = UMT_DEVICE_CPU, UMT_OK;
+    if (name && !strcmp(name, "cuda")) return *out = UMT_DEVICE_CUDA, UMT_OK;
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "device '%s': expected cpu or cuda", name ? name : "(null)");
+}
+
+int umt_cuda_device_count(void) {
+#ifdef UMT_WITH_CUDA
+    int count = 0;
+    /* No driver or no GPU is an answer (zero), not an error. */
+    return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+#else
+    return 0;
+#endif
+}
+
+umt_device umt_default_device(void) { return umt_cuda_device_count() > 0 ? UMT_DEVICE_CUDA : UMT_DEVICE_CPU; }
+
+#ifdef UMT_WITH_CUDA
+static umt_status start_cuda(umt_context *ctx) {
+    int count = umt_cuda_device_count(), device = ctx->options.cuda_device;
+    if (device < 0 || device >= count)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "cuda device %d: this machine has %d GPU(s)", device, count);
+    UMT_TRY(umt_budget_measure(device, &ctx->memory.budget_bytes));
+    void *workspace = NULL;
+    UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_WORKSPACE, UMT_CUBLAS_WORKSPACE_BYTES, &workspace));
+    UMT_TRY(umt_cuda_backend_start(device, workspace, UMT_CUBLAS_WORKSPACE_BYTES));
+    ctx->memory.stream = umt_cuda_stream();
+    ctx->backend = umt_cuda_backend();
+    return UMT_OK;
+}
+#endif
+
+umt_status umt_device_start(umt_context *ctx) {
+    switch (ctx->options.device) {
+    case UMT_DEVICE_CPU: ctx->backend = umt_cpu_backend(); return UMT_OK;
+    case UMT_DEVICE_CUDA:
+#ifdef UMT_WITH_CUDA
+        return start_cuda(ctx);
+#else
+        return umt_fail(UMT_ERR_UNSUPPORTED, "device cuda: this build has no CUDA (build with --config=cuda)");
+#endif
+    }
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "device %d: expected UMT_DEVICE_CPU or UMT_DEVICE_CUDA",
+                    (int)ctx->options.device);
+}
+
+void umt_device_stop(umt_context *ctx) {
+#ifdef UMT_WITH_CUDA
+    if (ctx->options.device == UMT_DEVICE_CUDA && ctx->backend) umt_cuda_backend_stop();
+#else
+    (void)ctx;
+#endif
+}
+
+umt_status umt_synchronize(umt_context *ctx) {
+    if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_synchronize: ctx is NULL");
+#ifdef UMT_WITH_CUDA
+    if (ctx->options.device == UMT_DEVICE_CUDA) return umt_cuda_synchronize();
+#endif
+    return UMT_OK;
+}

@@ -1,0 +1,90 @@
+/*
+ * kernels/cuda/cuda_kernels.h — the CUDA backend: our kernels and cuBLAS behind the same
+ * umt_backend slots as kernels/cpu/ (core/backend.h documents each slot).
+ *
+ * One process drives one GPU (data parallelism runs one process per GPU), so the backend's
+ * state is one compute stream and one cuBLAS handle for the process, made by
+ * umt_cuda_backend_start. Every kernel runs on that stream, in order; functions that return a
+ * host value (download, count_correct) wait for it. Pointers handed to the slots are device or
+ * managed memory, except where a slot says host.
+ */
+#ifndef UMT_KERNELS_CUDA_KERNELS_H
+#define UMT_KERNELS_CUDA_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "core/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Selects the device, creates the compute stream and the cuBLAS handle, and gives cuBLAS the
+ * caller's workspace (from the workspace pool) so that cuBLAS allocates nothing itself. */
+umt_status umt_cuda_backend_start(int device, void *cublas_workspace, size_t workspace_bytes);
+/* Waits for the stream, then destroys the handle and the stream. */
+void umt_cuda_backend_stop(void);
+const umt_backend *umt_cuda_backend(void);
+/* The compute stream (memory/ prefetches on it, so prefetch and use stay in order). */
+cudaStream_t umt_cuda_stream(void);
+/* Waits until all work queued on the compute stream has finished. */
+umt_status umt_cuda_synchronize(void);
+
+/* memory.cu */
+umt_status umt_cuda_fill(float *x, int64_t n, float value);
+umt_status umt_cuda_copy(void *dst, const void *src, size_t bytes);
+umt_status umt_cuda_upload(void *dst, const void *host_src, size_t bytes);
+umt_status umt_cuda_download(void *host_dst, const void *src, size_t bytes);
+umt_status umt_cuda_convert(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype, int64_t n);
+
+/* gemm.cu (cuBLAS, fp32 compute) */
+umt_status umt_cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* elementwise.cu */
+umt_status umt_cuda_add(const float *a, const float *b, float *out, int64_t n);
+umt_status umt_cuda_add_rows(const float *x, const float *bias, float *out, int64_t rows, int64_t cols);
+umt_status umt_cuda_accumulate(float *dst, const float *src, float alpha, int64_t n);
+umt_status umt_cuda_sum_rows(const float *dy, float *dbias, int64_t rows, int64_t cols);
+umt_status umt_cuda_mul(const float *a, const float *b, float *out, int64_t n);
+umt_status umt_cuda_accumulate_product(float *dst, const float *a, const float *b, int64_t n);
+umt_status umt_cuda_relu(const float *x, float *y, int64_t n);
+umt_status umt_cuda_relu_backward(const float *y, const float *dy, float *dx, int64_t n);
+
+/* loss.cu */
+umt_status umt_cuda_mean(const float *x, float *out, int64_t n);
+umt_status umt_cuda_mean_backward(const float *dout, float *dx, int64_t n);
+umt_status umt_cuda_log_softmax(const float *x, float *y, int64_t rows, int64_t cols);
+umt_status umt_cuda_log_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols);
+umt_status umt_cuda_nll_loss(const float *logp, const int32_t *labels, float *loss, int64_t rows, int64_t cols);
+umt_status umt_cuda_nll_loss_backward(const float *dloss, const int32_t *labels, float *dlogp, int64_t rows,
+                                      int64_t cols);
+umt_status umt_cuda_softmax_xent(const float *logits, const int32_t *labels, float *probs, float *loss, int64_t rows,
+                                 int64_t cols);
+umt_status umt_cuda_softmax_xent_backward(const float *probs, const int32_t *labels, const float *dloss,
+                                          float *dlogits, int64_t rows, int64_t cols);
+umt_status umt_cuda_count_correct(const float *scores, const int32_t *labels, int64_t rows, int64_t cols,
+                                  int64_t *correct);
+
+/* data.cu */
+umt_status umt_cuda_gather_batch(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
+                                 int64_t count, int64_t sample_numel, float mean, float std, float *images_out,
+                                 int32_t *labels_out);
+
+/* optim.cu */
+umt_status umt_cuda_sgd_update(float *param, const float *grad, float *velocity, int64_t n, float lr, float momentum,
+                               float weight_decay);
+umt_status umt_cuda_adam_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                                float beta1, float beta2, float eps, float weight_decay, bool decoupled, int64_t step);
+umt_status umt_cuda_adadelta_update(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,
+                                    float lr, float rho, float eps, float weight_decay);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UMT_KERNELS_CUDA_KERNELS_H */

@@ -1,0 +1,63 @@
+/* memory/budget.c — measuring the device budget, and parsing "2G"-style sizes. */
+#include "memory/budget.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+#ifdef UMT_WITH_CUDA
+#include "core/cuda_check.h"
+#endif
+
+umt_status umt_parse_bytes(const char *text, size_t *out) {
+    if (!text || !out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_parse_bytes: NULL argument");
+    char *end = NULL;
+    errno = 0;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (end == text || errno || text[0] == '-')
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "size '%s': expected a number with an optional K, M, G or T", text);
+    int shift = 0;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': shift = 10, end++; break;
+    case 'M': shift = 20, end++; break;
+    case 'G': shift = 30, end++; break;
+    case 'T': shift = 40, end++; break;
+    default: break;
+    }
+    if (shift && (*end == 'i' || *end == 'I')) end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "size '%s': unexpected '%s' (expected K, M, G or T)", text, end);
+    if (value > (SIZE_MAX >> shift)) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "size '%s' is too large", text);
+    *out = (size_t)value << shift;
+    return UMT_OK;
+}
+
+size_t umt_budget_headroom(size_t total_bytes) {
+    size_t five_percent = total_bytes / 20, floor = (size_t)512 << 20;
+    return five_percent > floor ? five_percent : floor;
+}
+
+umt_status umt_budget_compute(size_t free_bytes, size_t total_bytes, const char *env_value, size_t *budget) {
+    size_t headroom = umt_budget_headroom(total_bytes);
+    *budget = free_bytes > headroom ? free_bytes - headroom : 0;
+    if (!env_value || !*env_value) return UMT_OK;
+    size_t requested = 0;
+    if (umt_parse_bytes(env_value, &requested) != UMT_OK)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "UMT_DEVICE_BUDGET: %s", umt_last_error());
+    /* The variable only lowers the budget: asking for more than the GPU has free could hang it. */
+    if (requested < *budget) *budget = requested;
+    return UMT_OK;
+}
+
+#ifdef UMT_WITH_CUDA
+umt_status umt_budget_measure(int cuda_device, size_t *budget) {
+    size_t free_bytes = 0, total_bytes = 0;
+    UMT_CUDA_TRY(cudaSetDevice(cuda_device));
+    UMT_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return umt_budget_compute(free_bytes, total_bytes, getenv("UMT_DEVICE_BUDGET"), budget);
+}
+#endif
