@@ -18,10 +18,6 @@ extern "C" {
 /* Records a printf-style message for status and returns status. */
 umt_status umt_fail(umt_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* The status of the most recent umt_fail on this thread: what a function that returned NULL
- * failed with (e.g. UMT_ERR_BUDGET from a pool, behind a NULL tensor). */
-umt_status umt_last_status(void);
-
 /* Propagates a failure: evaluates expr once and returns its status if it is not UMT_OK. */
 #define UMT_TRY(expr)                                                                              \
     do {                                                                                           \

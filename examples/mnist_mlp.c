@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "umtrain.h"
 
@@ -35,6 +36,8 @@ typedef struct {
     int64_t hidden;
     int64_t train_limit; /* 0: the whole training set */
     int log_every;
+    umt_device device;
+    umt_memory_mode memory_mode;
 } options;
 
 static void usage(FILE *out) {
@@ -42,8 +45,10 @@ static void usage(FILE *out) {
             "usage: mnist_mlp [--epochs N] [--batch-size N] [--lr F] [--optimizer sgd|adam|adamw|adadelta]\n"
             "                 [--momentum F] [--weight-decay F] [--schedule constant|step|cosine] [--gamma F]\n"
             "                 [--seed N] [--data-dir DIR] [--hidden N] [--train-limit N] [--log-every N]\n"
+            "                 [--device cpu|cuda] [--mem managed|managed-plain|device]\n"
             "defaults: 2 epochs, batch 64, sgd lr 0.05 momentum 0.9 (other optimizers: PyTorch's default lr),\n"
-            "          step schedule with gamma 0.2 (lr x0.2 per epoch), seed 1, data/mnist, hidden 256\n");
+            "          step schedule with gamma 0.2 (lr x0.2 per epoch), seed 1, data/mnist, hidden 256,\n"
+            "          cuda when a GPU is present (else cpu), managed memory\n");
 }
 
 /* Parses a number that must fill the whole argument; names the flag when it does not. */
@@ -59,9 +64,17 @@ static int parse_number(const char *flag, const char *text, double low, double h
     return 0;
 }
 
+/* Reports a failed parse of a named value (the library's message says what it expected). */
+static int parsed(umt_status status) {
+    if (status == UMT_OK) return 0;
+    fprintf(stderr, "mnist_mlp: %s\n", umt_last_error());
+    return -1;
+}
+
 static int parse_options(int argc, char **argv, options *o) {
     *o = (options){.epochs = 2, .batch_size = 64, .momentum = 0.9f, .seed = 1, .optimizer = "sgd",
-                   .schedule = "step", .gamma = 0.2f, .data_dir = "data/mnist", .hidden = 256, .log_every = 100};
+                   .schedule = "step", .gamma = 0.2f, .data_dir = "data/mnist", .hidden = 256, .log_every = 100,
+                   .device = umt_default_device(), .memory_mode = UMT_MEM_MANAGED};
     for (int i = 1; i < argc; ++i) {
         const char *flag = argv[i];
         if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) {
@@ -88,6 +101,8 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--optimizer")) o->optimizer = value;
         else if (!strcmp(flag, "--schedule")) o->schedule = value;
         else if (!strcmp(flag, "--data-dir")) o->data_dir = value;
+        else if (!strcmp(flag, "--device")) bad = parsed(umt_device_parse(value, &o->device));
+        else if (!strcmp(flag, "--mem")) bad = parsed(umt_memory_mode_parse(value, &o->memory_mode));
         else {
             fprintf(stderr, "mnist_mlp: unknown flag %s\n", flag);
             usage(stderr);
@@ -192,21 +207,32 @@ static int train_epoch(umt_context *ctx, const options *o, const mlp *m, umt_opt
     return 0;
 }
 
+/* dir/name, or dir/name.gz when only the compressed file is there. */
+static void idx_path(char *path, size_t size, const char *dir, const char *split, const char *kind) {
+    snprintf(path, size, "%s/%s-%s-ubyte", dir, split, kind);
+    if (access(path, F_OK) == 0) return;
+    snprintf(path, size, "%s/%s-%s-ubyte.gz", dir, split, kind);
+    if (access(path, F_OK) != 0) snprintf(path, size, "%s/%s-%s-ubyte", dir, split, kind);
+}
+
 static int load(umt_context *ctx, const char *dir, const char *split, umt_dataset **out) {
     char images[1024], labels[1024];
-    snprintf(images, sizeof images, "%s/%s-images-idx3-ubyte", dir, split);
-    snprintf(labels, sizeof labels, "%s/%s-labels-idx1-ubyte", dir, split);
-    if (umt_dataset_load_idx(ctx, images, labels, 10, out) == UMT_OK) return 0;
-    fprintf(stderr, "mnist_mlp: %s\n(run tools/fetch_mnist.sh to download MNIST into data/mnist)\n", umt_last_error());
+    idx_path(images, sizeof images, dir, split, "images-idx3");
+    idx_path(labels, sizeof labels, dir, split, "labels-idx1");
+    umt_status status = umt_dataset_load_idx(ctx, images, labels, 10, out);
+    if (status == UMT_OK) return 0;
+    fprintf(stderr, "mnist_mlp: %s\n", umt_last_error());
+    if (status == UMT_ERR_IO) fprintf(stderr, "(tools/fetch_mnist.sh puts MNIST into data/mnist)\n");
     return 1;
 }
 
 static int run(umt_context *ctx, const options *o) {
     umt_dataset *train, *test;
     if (load(ctx, o->data_dir, "train", &train) || load(ctx, o->data_dir, "t10k", &test)) return 1;
-    printf("mnist_mlp: %lld training and %lld test images, 784-%lld-10, %s, batch %lld, seed %llu\n",
+    printf("mnist_mlp: %lld training and %lld test images, 784-%lld-10, %s, batch %lld, seed %llu, %s",
            (long long)umt_dataset_size(train), (long long)umt_dataset_size(test), (long long)o->hidden, o->optimizer,
-           (long long)o->batch_size, (unsigned long long)o->seed);
+           (long long)o->batch_size, (unsigned long long)o->seed, o->device == UMT_DEVICE_CUDA ? "cuda" : "cpu");
+    printf(o->device == UMT_DEVICE_CUDA ? " (%s memory)\n" : "\n", umt_memory_mode_name(o->memory_mode));
     mlp m = {umt_linear_layer_new(ctx, "fc1", 784, o->hidden, true), umt_linear_layer_new(ctx, "fc2", o->hidden, 10, true)};
     if (!m.fc1 || !m.fc2) return fail("model");
 
@@ -230,7 +256,6 @@ static int run(umt_context *ctx, const options *o) {
         if (!rc) printf("epoch %d test accuracy %.2f%%\n", epoch + 1, accuracy);
     }
     free(order);
-    if (getenv("UMT_MEM_REPORT")) umt_memory_report(ctx);
     return rc;
 }
 
@@ -239,6 +264,8 @@ int main(int argc, char **argv) {
     if (parse_options(argc, argv, &o)) return 2;
     umt_context_options co = umt_context_defaults();
     co.seed = o.seed;
+    co.device = o.device;
+    co.memory_mode = o.memory_mode;
     umt_context *ctx;
     if (umt_context_create(&co, &ctx)) return fail("context");
     int rc = run(ctx, &o);

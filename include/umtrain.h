@@ -41,6 +41,10 @@ typedef enum {
  * expected. Never NULL; "" when nothing has failed. */
 const char *umt_last_error(void);
 
+/* The status of that most recent failure: what a function that returned NULL failed with
+ * (e.g. UMT_ERR_BUDGET behind a NULL tensor). */
+umt_status umt_last_status(void);
+
 /* A short fixed name for a status code, e.g. "UMT_ERR_FORMAT". */
 const char *umt_status_name(umt_status status);
 

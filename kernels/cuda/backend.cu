@@ -1,0 +1,129 @@
+/*
+ * kernels/cuda/backend.cu — the CUDA backend's process-wide state and its slot table.
+ *
+ * One process drives one GPU, so the state is one compute stream and one cuBLAS handle bound to
+ * it. Every kernel of this folder is launched on that stream, in call order; nothing here runs
+ * on the legacy default stream, which would serialise against every other stream of the process.
+ */
+#include <stdint.h>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+/* cuBLAS needs its workspace aligned to 256 bytes, and says only "invalid value" otherwise. */
+enum { WORKSPACE_ALIGNMENT = 256 };
+
+static struct {
+    bool started;
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+} state;
+
+/* The handle for gemm.cu (declared there: cuda_kernels.h stays free of cuBLAS types). */
+extern "C" cublasHandle_t umt_cuda_cublas_handle(void) { return state.cublas; }
+
+/* Destroys whatever start made, in reverse order; errors are ignored because this also cleans
+ * up after a failed start, whose error is the one the caller needs to see. */
+static void release_state(void) {
+    if (state.cublas) cublasDestroy(state.cublas);
+    if (state.stream) cudaStreamDestroy(state.stream);
+    state.cublas = NULL;
+    state.stream = NULL;
+    state.started = false;
+}
+
+static umt_status create_state(int device, void *cublas_workspace, size_t workspace_bytes) {
+    UMT_CUDA_TRY(cudaSetDevice(device));
+    /* Non-blocking: the stream never waits for (or holds up) the legacy default stream. */
+    UMT_CUDA_TRY(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
+    UMT_CUBLAS_TRY(cublasCreate(&state.cublas));
+    /* cublasSetStream resets the workspace to cuBLAS's own pool, so the workspace comes after. */
+    UMT_CUBLAS_TRY(cublasSetStream(state.cublas, state.stream));
+    UMT_CUBLAS_TRY(cublasSetWorkspace(state.cublas, cublas_workspace, workspace_bytes));
+    /* Default math with CUBLAS_COMPUTE_32F (gemm.cu) is true fp32: TF32 tensor cores are used
+     * only when asked for with CUBLAS_TF32_TENSOR_OP_MATH, and the CPU reference is fp32. */
+    UMT_CUBLAS_TRY(cublasSetMathMode(state.cublas, CUBLAS_DEFAULT_MATH));
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_backend_start(int device, void *cublas_workspace, size_t workspace_bytes) {
+    if (state.started) {
+        return umt_fail(UMT_ERR_STATE, "cuda backend: already started on device %d, expected umt_cuda_backend_stop first",
+                        state.device);
+    }
+    if (workspace_bytes > 0 && !cublas_workspace) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "cuda backend: workspace NULL with %zu bytes, expected a buffer",
+                        workspace_bytes);
+    }
+    if ((uintptr_t)cublas_workspace % WORKSPACE_ALIGNMENT != 0) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "cuda backend: workspace %p, expected %d-byte alignment",
+                        cublas_workspace, WORKSPACE_ALIGNMENT);
+    }
+    umt_status status = create_state(device, cublas_workspace, workspace_bytes);
+    if (status != UMT_OK) {
+        release_state();
+        return status;
+    }
+    state.started = true;
+    state.device = device;
+    return UMT_OK;
+}
+
+extern "C" void umt_cuda_backend_stop(void) {
+    if (!state.started) return;
+    /* Queued kernels may still use the handle's workspace: let them finish first. */
+    cudaStreamSynchronize(state.stream);
+    release_state();
+}
+
+extern "C" cudaStream_t umt_cuda_stream(void) { return state.stream; }
+
+extern "C" umt_status umt_cuda_synchronize(void) {
+    if (!state.started) return umt_fail(UMT_ERR_STATE, "cuda synchronize: backend not started");
+    UMT_CUDA_TRY(cudaStreamSynchronize(state.stream));
+    return UMT_OK;
+}
+
+/* Ops see the GPU through the same slots as the CPU; upload and download differ from copy here
+ * because they also wait, so the host buffer is free (or filled) when they return. nvcc takes
+ * C99-style designated initializers in struct order; tests/gpu checks that no slot is NULL. */
+static const umt_backend cuda_backend = {
+    .name = "cuda",
+
+    .fill = umt_cuda_fill,
+    .copy = umt_cuda_copy,
+    .upload = umt_cuda_upload,
+    .download = umt_cuda_download,
+    .convert = umt_cuda_convert,
+
+    .gemm = umt_cuda_gemm,
+
+    .add = umt_cuda_add,
+    .add_rows = umt_cuda_add_rows,
+    .accumulate = umt_cuda_accumulate,
+    .sum_rows = umt_cuda_sum_rows,
+    .mul = umt_cuda_mul,
+    .accumulate_product = umt_cuda_accumulate_product,
+    .relu = umt_cuda_relu,
+    .relu_backward = umt_cuda_relu_backward,
+
+    .mean = umt_cuda_mean,
+    .mean_backward = umt_cuda_mean_backward,
+    .log_softmax = umt_cuda_log_softmax,
+    .log_softmax_backward = umt_cuda_log_softmax_backward,
+    .nll_loss = umt_cuda_nll_loss,
+    .nll_loss_backward = umt_cuda_nll_loss_backward,
+    .softmax_xent = umt_cuda_softmax_xent,
+    .softmax_xent_backward = umt_cuda_softmax_xent_backward,
+    .count_correct = umt_cuda_count_correct,
+
+    .gather_batch = umt_cuda_gather_batch,
+
+    .sgd_update = umt_cuda_sgd_update,
+    .adam_update = umt_cuda_adam_update,
+    .adadelta_update = umt_cuda_adadelta_update,
+};
+
+extern "C" const umt_backend *umt_cuda_backend(void) { return &cuda_backend; }

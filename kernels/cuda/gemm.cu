@@ -1,0 +1,82 @@
+/*
+ * kernels/cuda/gemm.cu — single-precision matrix product through cuBLAS, row-major.
+ *
+ *     C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C[m,n]
+ *
+ * lda, ldb and ldc are row strides in elements, as in kernels/cpu/gemm.c.
+ *
+ * cuBLAS is column-major. A row-major [r, c] matrix with row stride ld is, read column-major,
+ * its transpose: a [c, r] matrix with leading dimension ld. So the row-major C we want is the
+ * column-major Cᵀ, and
+ *
+ *     Cᵀ = alpha * op(B)ᵀ op(A)ᵀ + beta * Cᵀ
+ *
+ * is one column-major GEMM with the operands swapped (B first), m and n swapped, and each
+ * operand's transpose flag unchanged: B's buffer read column-major is already Bᵀ, which is
+ * op(B)ᵀ when op is the identity, and transposing it again gives op(B)ᵀ when op is a transpose.
+ * No data moves.
+ */
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+/* Defined in backend.cu, which owns the handle. */
+extern "C" cublasHandle_t umt_cuda_cublas_handle(void);
+
+enum { THREADS = 256, MAX_BLOCKS = 65535 };
+
+static unsigned int blocks_for(int64_t n) {
+    int64_t blocks = (n + THREADS - 1) / THREADS;
+    return blocks < 1 ? 1u : blocks > MAX_BLOCKS ? (unsigned int)MAX_BLOCKS : (unsigned int)blocks;
+}
+
+/* C = beta * C over [m, n] with row stride ldc; beta = 0 writes zeros without reading C. */
+static __global__ void scale_c_kernel(float *c, int64_t ldc, int64_t m, int64_t n, float beta) {
+    int64_t count = m * n;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        float *element = c + (i / n) * ldc + i % n;
+        *element = beta == 0.0f ? 0.0f : beta * *element;
+    }
+}
+
+/* The same checks, in the same words, as the CPU reference. */
+static umt_status check_gemm_arguments(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda,
+                                       int64_t ldb, int64_t ldc) {
+    if (m < 0 || n < 0 || k < 0) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "gemm: m=%lld n=%lld k=%lld, expected sizes >= 0", (long long)m,
+                        (long long)n, (long long)k);
+    }
+    int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+    if (lda < a_cols || ldb < b_cols || ldc < n) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
+                        "gemm: lda=%lld ldb=%lld ldc=%lld, expected at least %lld, %lld and %lld (row lengths)",
+                        (long long)lda, (long long)ldb, (long long)ldc, (long long)a_cols, (long long)b_cols,
+                        (long long)n);
+    }
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                                    int64_t ldc) {
+    UMT_TRY(check_gemm_arguments(trans_a, trans_b, m, n, k, lda, ldb, ldc));
+    cublasHandle_t handle = umt_cuda_cublas_handle();
+    if (!handle) return umt_fail(UMT_ERR_STATE, "gemm: cuda backend not started (no cuBLAS handle)");
+    if (m == 0 || n == 0) return UMT_OK;
+    /* As in the CPU reference, alpha = 0 or k = 0 leaves C = beta * C without reading A or B.
+     * Done here rather than by cuBLAS, which would refuse the leading dimension 0 that an empty
+     * A or B may legitimately have. */
+    if (alpha == 0.0f || k == 0) {
+        if (beta == 1.0f) return UMT_OK;
+        scale_c_kernel<<<blocks_for(m * n), THREADS, 0, umt_cuda_stream()>>>(c, ldc, m, n, beta);
+        UMT_CUDA_LAUNCHED();
+        return UMT_OK;
+    }
+    /* Swapped operands and sizes (see the top of the file). CUBLAS_COMPUTE_32F keeps the
+     * products and sums in fp32; cuBLAS does not read C when beta is 0. The _64 entry point
+     * takes the int64 sizes as they are. */
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    UMT_CUBLAS_TRY(cublasGemmEx_64(handle, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta,
+                                   c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return UMT_OK;
+}
