@@ -99,6 +99,11 @@ void umt_memory_report(const umt_context *ctx) {
                 umt_placement_name(ctx->memory.pools[p].placement), s.capacity_bytes, s.peak_bytes,
                 (unsigned long long)s.allocations);
     }
+    umt_pool_stats a;
+    umt_memory_stats(&ctx->memory, UMT_POOL_ACTIVATIONS, &a);
+    if (a.planned_total_bytes)
+        fprintf(stderr, "activations planned from the first training step: peak %zu bytes for %zu bytes of tensors (%.0f%%)\n",
+                a.planned_peak_bytes, a.planned_total_bytes, 100.0 * (double)a.planned_peak_bytes / (double)a.planned_total_bytes);
     if (ctx->options.device == UMT_DEVICE_CUDA)
         fprintf(stderr, "device budget %zu bytes, %zu held (%s memory)\n", ctx->memory.budget_bytes,
                 ctx->memory.device_bytes, umt_memory_mode_name(ctx->options.memory_mode));

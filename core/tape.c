@@ -110,6 +110,8 @@ umt_status umt_backward(umt_context *ctx, umt_tensor *loss) {
                                     umt_last_error());
             umt_status st = node->backward(ctx, node);
             if (st != UMT_OK) return umt_fail(st, "umt_backward: %s: %s", node->op, umt_last_error());
+            /* Every consumer of this output ran before its producer: its gradient is done. */
+            umt_memory_end_of_life(&ctx->memory, UMT_POOL_ACTIVATIONS, node->output->grad->arena_slot);
         }
         announce_finished_parameters(ctx, node);
     }

@@ -7,6 +7,7 @@
 
 #include "core/context.h"
 #include "core/error.h"
+#include "memory/plan.h"
 
 size_t umt_dtype_size(umt_dtype dtype) {
     switch (dtype) {
@@ -83,7 +84,7 @@ umt_tensor *umt_tensor_alloc(umt_context *ctx, umt_pool pool, umt_dtype dtype, i
     if (shape_numel("umt_tensor_new", ndim, shape, &numel) != UMT_OK) return NULL;
     umt_tensor *t = new_header(ctx, pool, dtype, ndim, shape, numel);
     if (!t) return NULL;
-    if (umt_memory_alloc(&ctx->memory, pool, t->bytes, &t->data) != UMT_OK) {
+    if (umt_memory_alloc_slot(&ctx->memory, pool, t->bytes, &t->data, &t->arena_slot) != UMT_OK) {
         unlink_header(t);
         free(t);
         return NULL;
@@ -105,6 +106,7 @@ umt_tensor *umt_tensor_view(umt_context *ctx, umt_tensor *base, int ndim, const 
     umt_tensor *t = new_header(ctx, UMT_POOL_ACTIVATIONS, base->dtype, ndim, shape, numel);
     if (!t) return NULL;
     t->data = base->data;
+    t->arena_slot = UMT_PLAN_NO_SLOT;
     return t;
 }
 

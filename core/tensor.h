@@ -30,6 +30,7 @@ struct umt_tensor {
     char *name;         /* parameters only */
     umt_tensor *grad;   /* parameters: in the grads pool; others: activations, made in backward */
     int pending_uses;   /* parameters: tape uses whose backward has not run yet this step */
+    int arena_slot;     /* activations: the allocation's slot in the arena plan (memory/plan.h) */
     umt_tensor *next;   /* the context's list this header is on */
 };
 

@@ -134,6 +134,10 @@ typedef struct {
     size_t peak_bytes;
     size_t capacity_bytes; /* bytes held from the system, including arena slack */
     uint64_t allocations;
+    /* activations, once planned from the first training step: the planned peak, and the sum of
+     * the sizes that step allocated (what an arena without reuse would need); 0 otherwise */
+    size_t planned_peak_bytes;
+    size_t planned_total_bytes;
 } umt_pool_stats;
 
 umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_stats *out);

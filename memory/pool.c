@@ -39,6 +39,7 @@ static void release_blocks(umt_memory *mem, umt_pool_state *s) {
 void umt_memory_release(umt_memory *mem) {
     for (int p = 0; p < UMT_POOL_COUNT; ++p) {
         release_blocks(mem, &mem->pools[p]);
+        umt_plan_release(&mem->pools[p].plan);
         free(mem->pools[p].blocks);
         mem->pools[p].blocks = NULL;
         mem->pools[p].block_slots = 0;
@@ -79,13 +80,23 @@ static umt_status push_block(umt_memory *mem, umt_pool_state *s, size_t bytes) {
     return UMT_OK;
 }
 
-static void count(umt_pool_state *s, size_t bytes) {
-    s->in_use_bytes += bytes;
+/* An arena's bytes in use are its high-water mark this step: with a plan, freed activations
+ * are reused, so the mark can stay far below the sum of the sizes handed out. */
+static void count(umt_pool_state *s, size_t bytes, size_t high_water) {
+    s->in_use_bytes = s->policy->lifetime == UMT_LIFETIME_STEP ? (high_water > s->in_use_bytes ? high_water : s->in_use_bytes)
+                                                               : s->in_use_bytes + bytes;
     if (s->in_use_bytes > s->peak_bytes) s->peak_bytes = s->in_use_bytes;
     s->allocations++;
 }
 
-static umt_status arena_alloc(umt_memory *mem, umt_pool_state *s, size_t bytes, void **out) {
+static umt_status arena_alloc(umt_memory *mem, umt_pool_state *s, size_t bytes, void **out, int *slot) {
+    size_t offset = 0;
+    if (umt_plan_next(&s->plan, bytes, &offset, slot)) {
+        /* umt_memory_reset sized blocks[0] to hold the whole plan. */
+        *out = (char *)s->blocks[0].ptr + offset;
+        count(s, bytes, offset + bytes);
+        return UMT_OK;
+    }
     umt_block *top = s->block_count ? &s->blocks[s->block_count - 1] : NULL;
     if (!top || s->arena_offset + bytes > top->bytes) {
         /* Overflow: a new block at least as large as all before it, so overflows stay rare. */
@@ -96,21 +107,31 @@ static umt_status arena_alloc(umt_memory *mem, umt_pool_state *s, size_t bytes, 
     }
     *out = (char *)top->ptr + s->arena_offset;
     s->arena_offset += bytes;
-    count(s, bytes);
+    count(s, bytes, s->capacity_bytes - top->bytes + s->arena_offset);
     return UMT_OK;
 }
 
 umt_status umt_memory_alloc(umt_memory *mem, umt_pool pool, size_t bytes, void **out) {
+    int slot;
+    return umt_memory_alloc_slot(mem, pool, bytes, out, &slot);
+}
+
+umt_status umt_memory_alloc_slot(umt_memory *mem, umt_pool pool, size_t bytes, void **out, int *slot) {
     *out = NULL;
+    *slot = UMT_PLAN_NO_SLOT;
     if ((unsigned)pool >= UMT_POOL_COUNT) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "unknown pool %d", (int)pool);
     umt_pool_state *s = &mem->pools[pool];
     if (bytes == 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "pool %s: request of 0 bytes", s->policy->name);
     bytes = round_up(bytes);
-    if (s->policy->lifetime == UMT_LIFETIME_STEP) return arena_alloc(mem, s, bytes, out);
+    if (s->policy->lifetime == UMT_LIFETIME_STEP) return arena_alloc(mem, s, bytes, out, slot);
     UMT_TRY(push_block(mem, s, bytes));
     *out = s->blocks[s->block_count - 1].ptr;
-    count(s, bytes);
+    count(s, bytes, 0);
     return UMT_OK;
+}
+
+void umt_memory_end_of_life(umt_memory *mem, umt_pool pool, int slot) {
+    if ((unsigned)pool < UMT_POOL_COUNT) umt_plan_end_of_life(&mem->pools[pool].plan, slot);
 }
 
 void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr) {
@@ -131,18 +152,24 @@ void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr) {
 umt_status umt_memory_reset(umt_memory *mem, umt_pool pool) {
     umt_pool_state *s = &mem->pools[pool];
     if (s->policy->lifetime != UMT_LIFETIME_STEP) return UMT_OK;
-    if (s->block_count > 1) {
-        /* The step overflowed: replace all blocks by one that holds what the step used. */
-        size_t needed = s->capacity_bytes;
+    bool was_planned = s->plan.planned;
+    UMT_TRY(umt_plan_begin_step(&s->plan));
+    size_t needed = s->capacity_bytes;
+    /* A new plan needs only its peak: the recorded step's block was the sum of all sizes. */
+    if (s->plan.planned && !was_planned) needed = s->plan.planned_peak_bytes;
+    if (s->block_count > 1 || needed != s->capacity_bytes) {
+        /* The step overflowed, or the plan shrinks the arena: one block of the size needed. */
         release_blocks(mem, s);
-        UMT_TRY(push_block(mem, s, needed));
+        if (needed) UMT_TRY(push_block(mem, s, needed));
     }
-    s->arena_offset = 0;
+    /* Allocations that depart from the plan go after the planned region. */
+    s->arena_offset = s->plan.planned ? s->plan.planned_peak_bytes : 0;
     s->in_use_bytes = 0;
     return UMT_OK;
 }
 
 void umt_memory_stats(const umt_memory *mem, umt_pool pool, umt_pool_stats *out) {
     const umt_pool_state *s = &mem->pools[pool];
-    *out = (umt_pool_stats){s->in_use_bytes, s->peak_bytes, s->capacity_bytes, s->allocations};
+    *out = (umt_pool_stats){s->in_use_bytes, s->peak_bytes, s->capacity_bytes, s->allocations,
+                            s->plan.planned_peak_bytes, s->plan.planned ? s->plan.recorded_total_bytes : 0};
 }

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "memory/plan.h"
 #include "memory/policy.h"
 
 #define UMT_POOL_ALIGN 256
@@ -34,6 +35,7 @@ typedef struct {
     int block_count;
     int block_slots;
     size_t arena_offset; /* STEP pools: bytes used in blocks[block_count-1] */
+    umt_arena_plan plan; /* STEP pools: offsets planned from the first training step */
     /* statistics */
     size_t in_use_bytes;
     size_t peak_bytes;
@@ -59,6 +61,11 @@ void umt_memory_release(umt_memory *mem);
  * the message names the pool and the request; past the device budget the status is
  * UMT_ERR_BUDGET and the message also says what is left. */
 umt_status umt_memory_alloc(umt_memory *mem, umt_pool pool, size_t bytes, void **out);
+/* The same, and for STEP pools *slot names the allocation in the arena's plan (for
+ * umt_memory_end_of_life); UMT_PLAN_NO_SLOT otherwise. */
+umt_status umt_memory_alloc_slot(umt_memory *mem, umt_pool pool, size_t bytes, void **out, int *slot);
+/* Backward is done with the activation in slot: the plan may reuse its bytes after this. */
+void umt_memory_end_of_life(umt_memory *mem, umt_pool pool, int slot);
 /* Returns a block to a RUN pool (a no-op for STEP pools, which free at reset). */
 void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr);
 /* Resets a STEP pool: every pointer it handed out becomes invalid. */

@@ -190,6 +190,53 @@ static void test_labels_out_of_range_are_reported_with_row_and_value(void **stat
     umt_context_destroy(ctx);
 }
 
+/* One step of a 3-layer MLP on a batch of `rows`; copies the first layer's weight gradient. */
+static void mlp_gradient(umt_context *ctx, umt_layer **layers, int64_t rows, float *grad_out) {
+    umt_step_begin(ctx);
+    umt_zero_grad(ctx);
+    umt_tensor *x = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, rows, 16);
+    umt_tensor *y = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, rows);
+    float xs[64 * 16];
+    int32_t ys[64];
+    for (int i = 0; i < rows * 16; ++i) xs[i] = (float)((i * 37) % 23) / 11.0f - 1.0f;
+    for (int i = 0; i < rows; ++i) ys[i] = i % 4;
+    umt_tensor_copy_from_host(x, xs, (size_t)rows * 16 * sizeof(float));
+    umt_tensor_copy_from_host(y, ys, (size_t)rows * sizeof(int32_t));
+    umt_tensor *h = umt_relu(ctx, umt_layer_forward(ctx, layers[0], x));
+    h = umt_relu(ctx, umt_layer_forward(ctx, layers[1], h));
+    umt_tensor *loss = umt_softmax_cross_entropy(ctx, umt_layer_forward(ctx, layers[2], h), y);
+    assert_int_equal(umt_backward(ctx, loss), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(umt_tensor_grad(umt_parameter_at(ctx, 0)), grad_out, 32 * 16 * sizeof(float)),
+                     UMT_OK);
+}
+
+static void test_planned_arena_reuses_gradient_memory_and_keeps_every_gradient(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    umt_layer *layers[3] = {umt_linear_layer_new(ctx, "l1", 16, 32, true), umt_linear_layer_new(ctx, "l2", 32, 32, true),
+                            umt_linear_layer_new(ctx, "l3", 32, 4, true)};
+    static float recorded[32 * 16], planned[32 * 16], departed[32 * 16], fresh[32 * 16];
+    mlp_gradient(ctx, layers, 64, recorded); /* step 1: recorded, bump allocation */
+    mlp_gradient(ctx, layers, 64, planned);  /* step 2: follows the plan */
+    assert_memory_equal(recorded, planned, sizeof recorded);
+    umt_pool_stats stats;
+    assert_int_equal(umt_pool_stats_get(ctx, UMT_POOL_ACTIVATIONS, &stats), UMT_OK);
+    assert_true(stats.planned_peak_bytes > 0);
+    assert_true(stats.planned_peak_bytes < stats.planned_total_bytes);
+    assert_true(stats.in_use_bytes <= stats.planned_peak_bytes);
+    /* A smaller batch departs from the plan; its gradient must match a fresh context's. */
+    mlp_gradient(ctx, layers, 48, departed);
+    umt_context *other = new_context();
+    umt_layer *same[3] = {umt_linear_layer_new(other, "l1", 16, 32, true), umt_linear_layer_new(other, "l2", 32, 32, true),
+                          umt_linear_layer_new(other, "l3", 32, 4, true)};
+    mlp_gradient(other, same, 48, fresh);
+    assert_memory_equal(departed, fresh, sizeof fresh);
+    mlp_gradient(ctx, layers, 64, planned); /* and back on the plan */
+    assert_memory_equal(recorded, planned, sizeof recorded);
+    umt_context_destroy(other);
+    umt_context_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradient_of_a_product_is_the_other_factor),
@@ -201,6 +248,7 @@ int main(void) {
         cmocka_unit_test(test_shape_errors_name_the_op_and_the_shapes),
         cmocka_unit_test(test_step_begin_returns_the_activation_arena_to_empty),
         cmocka_unit_test(test_labels_out_of_range_are_reported_with_row_and_value),
+        cmocka_unit_test(test_planned_arena_reuses_gradient_memory_and_keeps_every_gradient),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,7 +28,7 @@ def umt_gpu_test(name, srcs, deps = [], size = "small", args = []):
     native.cc_test(
         name = name,
         srcs = srcs,
-        copts = UMT_COPTS + ["-isystem", "/usr/local/cuda/include"],
+        copts = UMT_COPTS,
         deps = ["//:umtrain"] + deps,
         linkopts = ["-lcmocka"],
         tags = ["gpu"],

@@ -1,0 +1,61 @@
+/*
+ * kernels/cuda/data.cu — gathering a batch out of a u8 dataset on the device.
+ *
+ * As in kernels/cpu/data.c, a pixel has only 256 values, so normalisation is a table lookup.
+ * The table is computed on the host with the CPU file's very expression, (v / 255 - mean) / std
+ * in f32, so the batch matches the CPU (and PyTorch) bit for bit; it travels as a kernel
+ * parameter and each block copies it into shared memory, where threads of a warp reading
+ * different entries do not serialise as they would on the parameter (constant) bank.
+ *
+ * indices, like every pointer here, is device memory (core/backend.h).
+ */
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+enum { THREADS = 256, MAX_BLOCKS = 65535, PIXEL_VALUES = 256 };
+
+typedef struct {
+    float value[PIXEL_VALUES];
+} normalise_table;
+
+static unsigned int blocks_for(int64_t n) {
+    int64_t blocks = (n + THREADS - 1) / THREADS;
+    return blocks < 1 ? 1u : blocks > MAX_BLOCKS ? (unsigned int)MAX_BLOCKS : (unsigned int)blocks;
+}
+
+#define FOR_EACH_INDEX(i, n)                                                                                       \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+/* images_out[i, j] = table[samples[indices[i], j]] over count * sample_numel elements. */
+static __global__ void gather_images_kernel(const uint8_t *samples, const int64_t *indices, int64_t count,
+                                            int64_t sample_numel, normalise_table table, float *images_out) {
+    __shared__ float shared_table[PIXEL_VALUES];
+    for (int v = threadIdx.x; v < PIXEL_VALUES; v += blockDim.x) shared_table[v] = table.value[v];
+    __syncthreads();
+    FOR_EACH_INDEX(i, count * sample_numel) {
+        int64_t row = i / sample_numel, j = i % sample_numel;
+        images_out[i] = shared_table[samples[indices[row] * sample_numel + j]];
+    }
+}
+
+static __global__ void gather_labels_kernel(const uint8_t *labels, const int64_t *indices, int64_t count,
+                                            int32_t *labels_out) {
+    FOR_EACH_INDEX(i, count) labels_out[i] = labels[indices[i]];
+}
+
+extern "C" umt_status umt_cuda_gather_batch(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
+                                            int64_t count, int64_t sample_numel, float mean, float std,
+                                            float *images_out, int32_t *labels_out) {
+    if (count <= 0) return UMT_OK;
+    normalise_table table;
+    for (int v = 0; v < PIXEL_VALUES; v++) table.value[v] = ((float)v / 255.0f - mean) / std;
+    if (sample_numel > 0) {
+        gather_images_kernel<<<blocks_for(count * sample_numel), THREADS, 0, umt_cuda_stream()>>>(
+            samples, indices, count, sample_numel, table, images_out);
+        UMT_CUDA_LAUNCHED();
+    }
+    gather_labels_kernel<<<blocks_for(count), THREADS, 0, umt_cuda_stream()>>>(labels, indices, count, labels_out);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}

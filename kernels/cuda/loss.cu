@@ -1,0 +1,346 @@
+/*
+ * kernels/cuda/loss.cu — mean, log-softmax, negative log-likelihood, softmax cross-entropy and
+ * accuracy counting, each next to its backward (kernels/cpu/loss.c is the reference).
+ *
+ * Rows are samples, columns classes. A softmax row is one block: the threads stride over the
+ * columns and combine their row maximum and sum of exponentials with a block reduction. Sums
+ * are in double, as on the CPU, so results agree with it to float rounding.
+ *
+ * Scalar results (mean, the losses) are reduced deterministically, in two passes: each block
+ * writes its partial sum into `partials`, then one block adds those in a fixed order. No float
+ * atomics, so the same inputs always give the same bits.
+ *
+ * Labels are checked on the device: a kernel records the lowest row whose label is out of
+ * range in `report`, the loss kernels skip all work when one is set (so outputs stay untouched,
+ * as on the CPU), and the call copies `report` back and waits for the stream. That wait is the
+ * price of returning the CPU's error; these kernels run a few times per step, not per layer.
+ *
+ * `partials` and `report` are single device globals: every call runs on the one compute stream,
+ * so calls never overlap on the device, and the backend is driven from one host thread.
+ */
+#include <math.h>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+/* THREADS must be a multiple of the warp size (32) for block_reduce. */
+enum { THREADS = 256, MAX_BLOCKS = 65535, MAX_PARTIALS = 1024 };
+
+#define NO_BAD_ROW 0xffffffffffffffffull
+
+typedef struct {
+    unsigned long long first_bad_row; /* NO_BAD_ROW when every label is in range */
+    unsigned long long correct;       /* count_correct's result */
+} label_report;
+
+static __device__ double partials[MAX_PARTIALS];
+static __device__ label_report report;
+
+static unsigned int blocks_for(int64_t n) {
+    int64_t blocks = (n + THREADS - 1) / THREADS;
+    return blocks < 1 ? 1u : blocks > MAX_BLOCKS ? (unsigned int)MAX_BLOCKS : (unsigned int)blocks;
+}
+
+/* Blocks for a kernel that writes one partial sum per block. */
+static unsigned int partial_blocks_for(int64_t n, int64_t per_block) {
+    int64_t blocks = (n + per_block - 1) / per_block;
+    return blocks < 1 ? 1u : blocks > MAX_PARTIALS ? (unsigned int)MAX_PARTIALS : (unsigned int)blocks;
+}
+
+#define FOR_EACH_INDEX(i, n)                                                                                       \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Block reduction                                                                             */
+
+static __device__ double combine(double a, double b, bool take_max) { return take_max ? (b > a ? b : a) : a + b; }
+
+/* The sum (or maximum) of v over the block, returned to every thread. All threads of the block
+ * must call it. Warps reduce with shuffles, then warp 0 reduces the warps' results; the order
+ * is fixed, so the result is deterministic. */
+static __device__ double block_reduce(double v, bool take_max) {
+    __shared__ double warp_results[32];
+    __shared__ double result;
+    const double identity = take_max ? -INFINITY : 0.0;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int offset = 16; offset > 0; offset /= 2) v = combine(v, __shfl_xor_sync(0xffffffffu, v, offset), take_max);
+    /* A previous call's readers of warp_results and result must be done before they change. */
+    __syncthreads();
+    if (lane == 0) warp_results[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < (int)(blockDim.x / 32) ? warp_results[lane] : identity;
+        for (int offset = 16; offset > 0; offset /= 2) {
+            v = combine(v, __shfl_xor_sync(0xffffffffu, v, offset), take_max);
+        }
+        if (lane == 0) result = v;
+    }
+    __syncthreads();
+    return result;
+}
+
+/* The row's maximum, ignoring NaNs like the CPU's strict ">" (-inf for an empty row). */
+static __device__ float row_max(const float *x, int64_t cols) {
+    float max = -INFINITY;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        if (x[c] > max) max = x[c];
+    }
+    return (float)block_reduce(max, true);
+}
+
+/* log(sum_c exp(x[c] - max)), never overflowing. */
+static __device__ double shifted_log_sum_exp(const float *x, int64_t cols, float max) {
+    double sum = 0.0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += exp((double)x[c] - max);
+    return log(block_reduce(sum, false));
+}
+
+/* out[0] = sign * (sum of partials[0, count)) / divisor, unless labelled and a bad label was
+ * reported. */
+static __global__ void finish_mean_kernel(int count, double sign, double divisor, bool labelled, float *out) {
+    if (labelled && report.first_bad_row != NO_BAD_ROW) return;
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
+    sum = block_reduce(sum, false);
+    if (threadIdx.x == 0) out[0] = (float)(sign * sum / divisor);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Label checks                                                                                */
+
+static __global__ void reset_report_kernel(void) {
+    report.first_bad_row = NO_BAD_ROW;
+    report.correct = 0;
+}
+
+static __global__ void check_labels_kernel(const int32_t *labels, int64_t rows, int64_t cols) {
+    FOR_EACH_INDEX(r, rows) {
+        if (labels[r] < 0 || labels[r] >= cols) atomicMin(&report.first_bad_row, (unsigned long long)r);
+    }
+}
+
+/* Queues the check of every label; the kernels that follow look at its verdict. */
+static umt_status start_label_check(const int32_t *labels, int64_t rows, int64_t cols) {
+    reset_report_kernel<<<1, 1, 0, umt_cuda_stream()>>>();
+    UMT_CUDA_LAUNCHED();
+    check_labels_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(labels, rows, cols);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+/* Waits for the call's kernels and turns a reported label into the CPU's error message (the
+ * lowest bad row, as the CPU's first-to-last scan finds). correct may be NULL. */
+static umt_status finish_label_check(const char *op, const int32_t *labels, int64_t cols, int64_t *correct) {
+    label_report host;
+    UMT_CUDA_TRY(cudaMemcpyFromSymbolAsync(&host, report, sizeof host, 0, cudaMemcpyDeviceToHost, umt_cuda_stream()));
+    UMT_CUDA_TRY(cudaStreamSynchronize(umt_cuda_stream()));
+    if (host.first_bad_row != NO_BAD_ROW) {
+        int32_t label;
+        UMT_CUDA_TRY(cudaMemcpyAsync(&label, labels + host.first_bad_row, sizeof label, cudaMemcpyDefault,
+                                     umt_cuda_stream()));
+        UMT_CUDA_TRY(cudaStreamSynchronize(umt_cuda_stream()));
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: row %lld has label %d, expected 0 <= label < %lld", op,
+                        (long long)host.first_bad_row, (int)label, (long long)cols);
+    }
+    if (correct) *correct = (int64_t)host.correct;
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Mean                                                                                        */
+
+static __global__ void sum_partials_kernel(const float *x, int64_t n) {
+    double sum = 0.0;
+    FOR_EACH_INDEX(i, n) sum += x[i];
+    sum = block_reduce(sum, false);
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+static __global__ void mean_backward_kernel(const float *dout, float *dx, int64_t n) {
+    float share = (float)((double)dout[0] / (double)n);
+    FOR_EACH_INDEX(i, n) dx[i] += share;
+}
+
+extern "C" umt_status umt_cuda_mean(const float *x, float *out, int64_t n) {
+    /* The grid depends on n only, so the summation order (and the result) is reproducible. */
+    unsigned int blocks = partial_blocks_for(n, THREADS);
+    sum_partials_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(x, n);
+    UMT_CUDA_LAUNCHED();
+    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>((int)blocks, 1.0, (double)n, false, out);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_mean_backward(const float *dout, float *dx, int64_t n) {
+    if (n <= 0) return UMT_OK;
+    mean_backward_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(dout, dx, n);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Log-softmax                                                                                 */
+
+/* One block per row (striding over rows when there are more rows than blocks). */
+static __global__ void log_softmax_kernel(const float *x, float *y, int64_t rows, int64_t cols) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *x_row = x + r * cols;
+        float *y_row = y + r * cols;
+        float max = row_max(x_row, cols);
+        double log_sum = shifted_log_sum_exp(x_row, cols, max);
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) y_row[c] = (float)((double)x_row[c] - max - log_sum);
+    }
+}
+
+/* dx += dy - exp(y) * sum_c dy, per row; exp(y) is the softmax, so y is all it needs. */
+static __global__ void log_softmax_backward_kernel(const float *y, const float *dy, float *dx, int64_t rows,
+                                                   int64_t cols) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *y_row = y + r * cols, *dy_row = dy + r * cols;
+        float *dx_row = dx + r * cols;
+        double dy_sum = 0.0;
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dy_sum += dy_row[c];
+        dy_sum = block_reduce(dy_sum, false);
+        /* Separate multiply and subtract (no fused DFMA), as the CPU rounds them. */
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+            dx_row[c] += (float)__dsub_rn(dy_row[c], __dmul_rn(exp((double)y_row[c]), dy_sum));
+        }
+    }
+}
+
+/* One block per row, capped: the row kernels stride over the rest. */
+static unsigned int row_blocks_for(int64_t rows) {
+    return rows < 1 ? 1u : rows > MAX_BLOCKS ? (unsigned int)MAX_BLOCKS : (unsigned int)rows;
+}
+
+extern "C" umt_status umt_cuda_log_softmax(const float *x, float *y, int64_t rows, int64_t cols) {
+    if (rows <= 0) return UMT_OK;
+    log_softmax_kernel<<<row_blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(x, y, rows, cols);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_log_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows,
+                                                    int64_t cols) {
+    if (rows <= 0) return UMT_OK;
+    log_softmax_backward_kernel<<<row_blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(y, dy, dx, rows, cols);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Negative log-likelihood                                                                     */
+
+static __global__ void nll_partials_kernel(const float *logp, const int32_t *labels, int64_t rows, int64_t cols) {
+    if (report.first_bad_row != NO_BAD_ROW) return;
+    double sum = 0.0;
+    FOR_EACH_INDEX(r, rows) sum += logp[r * cols + labels[r]];
+    sum = block_reduce(sum, false);
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+static __global__ void nll_loss_backward_kernel(const float *dloss, const int32_t *labels, float *dlogp, int64_t rows,
+                                                int64_t cols) {
+    if (report.first_bad_row != NO_BAD_ROW) return;
+    float share = (float)(-(double)dloss[0] / (double)rows);
+    FOR_EACH_INDEX(r, rows) dlogp[r * cols + labels[r]] += share;
+}
+
+extern "C" umt_status umt_cuda_nll_loss(const float *logp, const int32_t *labels, float *loss, int64_t rows,
+                                        int64_t cols) {
+    UMT_TRY(start_label_check(labels, rows, cols));
+    unsigned int blocks = partial_blocks_for(rows, THREADS);
+    nll_partials_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(logp, labels, rows, cols);
+    UMT_CUDA_LAUNCHED();
+    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>((int)blocks, -1.0, (double)rows, true, loss);
+    UMT_CUDA_LAUNCHED();
+    return finish_label_check("nll_loss", labels, cols, NULL);
+}
+
+extern "C" umt_status umt_cuda_nll_loss_backward(const float *dloss, const int32_t *labels, float *dlogp,
+                                                 int64_t rows, int64_t cols) {
+    UMT_TRY(start_label_check(labels, rows, cols));
+    nll_loss_backward_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(dloss, labels, dlogp, rows, cols);
+    UMT_CUDA_LAUNCHED();
+    return finish_label_check("nll_loss_backward", labels, cols, NULL);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Softmax cross-entropy                                                                       */
+
+/* One block per row: probs = softmax(row), and the row's -log p[label] added to the block's
+ * partial sum. The loss is taken from the logits, not from probs: a probability that underflowed
+ * to 0 would give an infinite loss where the true one is merely large. */
+static __global__ void softmax_xent_kernel(const float *logits, const int32_t *labels, float *probs, int64_t rows,
+                                           int64_t cols) {
+    if (report.first_bad_row != NO_BAD_ROW) return;
+    double block_loss = 0.0;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *x_row = logits + r * cols;
+        float *p_row = probs + r * cols;
+        float max = row_max(x_row, cols);
+        double log_sum = shifted_log_sum_exp(x_row, cols, max);
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+            p_row[c] = (float)exp((double)x_row[c] - max - log_sum);
+        }
+        block_loss += log_sum - ((double)x_row[labels[r]] - max);
+    }
+    if (threadIdx.x == 0) partials[blockIdx.x] = block_loss;
+}
+
+/* dlogits += dloss[0] / rows * (probs - onehot(labels)) */
+static __global__ void softmax_xent_backward_kernel(const float *probs, const int32_t *labels, const float *dloss,
+                                                    float *dlogits, int64_t rows, int64_t cols) {
+    if (report.first_bad_row != NO_BAD_ROW) return;
+    float scale = (float)((double)dloss[0] / (double)rows);
+    FOR_EACH_INDEX(i, rows * cols) {
+        float onehot = i % cols == labels[i / cols] ? 1.0f : 0.0f;
+        dlogits[i] = __fadd_rn(dlogits[i], __fmul_rn(scale, probs[i] - onehot));
+    }
+}
+
+extern "C" umt_status umt_cuda_softmax_xent(const float *logits, const int32_t *labels, float *probs, float *loss,
+                                            int64_t rows, int64_t cols) {
+    UMT_TRY(start_label_check(labels, rows, cols));
+    unsigned int blocks = partial_blocks_for(rows, 1);
+    softmax_xent_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(logits, labels, probs, rows, cols);
+    UMT_CUDA_LAUNCHED();
+    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>((int)blocks, 1.0, (double)rows, true, loss);
+    UMT_CUDA_LAUNCHED();
+    return finish_label_check("softmax_xent", labels, cols, NULL);
+}
+
+extern "C" umt_status umt_cuda_softmax_xent_backward(const float *probs, const int32_t *labels, const float *dloss,
+                                                     float *dlogits, int64_t rows, int64_t cols) {
+    UMT_TRY(start_label_check(labels, rows, cols));
+    int64_t n = rows * cols;
+    softmax_xent_backward_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(probs, labels, dloss, dlogits,
+                                                                                    rows, cols);
+    UMT_CUDA_LAUNCHED();
+    return finish_label_check("softmax_xent_backward", labels, cols, NULL);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Accuracy                                                                                    */
+
+/* One thread per row. Strictly greater: on a tie the lowest index wins, as in PyTorch's argmax. */
+static __global__ void count_correct_kernel(const float *scores, const int32_t *labels, int64_t rows, int64_t cols) {
+    if (report.first_bad_row != NO_BAD_ROW) return;
+    FOR_EACH_INDEX(r, rows) {
+        const float *row = scores + r * cols;
+        int64_t best = 0;
+        for (int64_t c = 1; c < cols; c++) {
+            if (row[c] > row[best]) best = c;
+        }
+        if (best == labels[r]) atomicAdd(&report.correct, 1ull);
+    }
+}
+
+extern "C" umt_status umt_cuda_count_correct(const float *scores, const int32_t *labels, int64_t rows, int64_t cols,
+                                             int64_t *correct) {
+    UMT_TRY(start_label_check(labels, rows, cols));
+    count_correct_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(scores, labels, rows, cols);
+    UMT_CUDA_LAUNCHED();
+    return finish_label_check("count_correct", labels, cols, correct);
+}
