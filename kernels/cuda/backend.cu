@@ -50,7 +50,7 @@ static umt_status create_state(int device, void *cublas_workspace, size_t worksp
 
 extern "C" umt_status umt_cuda_backend_start(int device, void *cublas_workspace, size_t workspace_bytes) {
     if (state.started) {
-        return umt_fail(UMT_ERR_STATE, "cuda backend: already started on device %d, expected umt_cuda_backend_stop first",
+        return umt_fail(UMT_ERR_STATE, "cuda backend: already started on device %d, expected a stop first",
                         state.device);
     }
     if (workspace_bytes > 0 && !cublas_workspace) {

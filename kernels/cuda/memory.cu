@@ -8,8 +8,8 @@
  * Conversions match kernels/cpu/memory.c bit for bit. Numbers go through the hardware's
  * round-to-nearest-even conversions (__float2bfloat16_rn, __float2half_rn), which handle
  * overflow to infinity and f16 subnormals as the CPU code does. NaNs are built by hand with
- * the CPU's rule (keep sign and top payload, set the quiet bit), because the hardware returns
- * one canonical NaN whatever the input was.
+ * the CPU's rule (keep sign and top payload, set the quiet bit), because the hardware returns a
+ * canonical NaN whatever the input was (0x7fff for bf16 on an H200: seen in tests/gpu).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

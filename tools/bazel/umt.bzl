@@ -17,6 +17,7 @@ def umt_test(name, srcs, deps = [], tags = [], size = "small", data = [], args =
         copts = UMT_COPTS,
         deps = ["//:umtrain"] + deps,
         linkopts = ["-lcmocka"],
+        linkstatic = True,
         tags = tags,
         size = size,
         data = data,
@@ -31,6 +32,8 @@ def umt_gpu_test(name, srcs, deps = [], size = "small", args = []):
         copts = UMT_COPTS,
         deps = ["//:umtrain"] + deps,
         linkopts = ["-lcmocka"],
+        # Static: the binary travels alone to the GPU machine (tools/gpu_bundle.sh).
+        linkstatic = True,
         tags = ["gpu"],
         size = size,
         args = args,
