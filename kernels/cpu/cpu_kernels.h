@@ -27,6 +27,11 @@ float umt_bf16_to_f32(uint16_t x);
 uint16_t umt_f32_to_f16(float x);
 float umt_f16_to_f32(uint16_t x);
 
+/* Argument checks shared with the CUDA backend, so that both refuse alike, in the same words. */
+umt_status umt_gemm_check_arguments(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda,
+                                    int64_t ldb, int64_t ldc);
+umt_status umt_convert_check_arguments(umt_dtype src_dtype, umt_dtype dst_dtype, int64_t n);
+
 /* gemm.c */
 umt_status umt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);

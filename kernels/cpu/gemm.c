@@ -115,8 +115,8 @@ static void multiply_panel(const float *a, int64_t lda, bool trans_a, int64_t m,
     }
 }
 
-umt_status umt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                        int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+umt_status umt_gemm_check_arguments(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda,
+                                    int64_t ldb, int64_t ldc) {
     if (m < 0 || n < 0 || k < 0) {
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "gemm: m=%lld n=%lld k=%lld, expected sizes >= 0", (long long)m,
                         (long long)n, (long long)k);
@@ -129,6 +129,12 @@ umt_status umt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
                         (long long)lda, (long long)ldb, (long long)ldc, (long long)a_cols, (long long)b_cols,
                         (long long)n);
     }
+    return UMT_OK;
+}
+
+umt_status umt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                        int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    UMT_TRY(umt_gemm_check_arguments(trans_a, trans_b, m, n, k, lda, ldb, ldc));
     scale_c(c, ldc, m, n, beta);
     /* As in BLAS, alpha = 0 means A and B are not read (NaNs in them do not reach C). */
     if (alpha == 0.0f || m == 0) return UMT_OK;

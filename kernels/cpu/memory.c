@@ -132,7 +132,7 @@ static void store_from_f32(void *dst, umt_dtype dtype, int64_t i, float x) {
     }
 }
 
-umt_status umt_cpu_convert(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype, int64_t n) {
+umt_status umt_convert_check_arguments(umt_dtype src_dtype, umt_dtype dst_dtype, int64_t n) {
     static const char *const names[] = {[UMT_F32] = "f32", [UMT_BF16] = "bf16", [UMT_F16] = "f16"};
     if (!is_float_dtype(src_dtype) || !is_float_dtype(dst_dtype)) {
         return umt_fail(UMT_ERR_UNSUPPORTED, "convert: dtype %s -> %s (code %d -> %d), expected f32, bf16 or f16",
@@ -140,10 +140,12 @@ umt_status umt_cpu_convert(const void *src, umt_dtype src_dtype, void *dst, umt_
                         is_float_dtype(dst_dtype) ? names[dst_dtype] : "non-float", (int)src_dtype, (int)dst_dtype);
     }
     if (n < 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "convert: n=%lld, expected >= 0", (long long)n);
-    if (src_dtype == dst_dtype) {
-        size_t element_bytes = src_dtype == UMT_F32 ? sizeof(float) : sizeof(uint16_t);
-        return umt_cpu_copy(dst, src, (size_t)n * element_bytes);
-    }
+    return UMT_OK;
+}
+
+umt_status umt_cpu_convert(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype, int64_t n) {
+    UMT_TRY(umt_convert_check_arguments(src_dtype, dst_dtype, n));
+    if (src_dtype == dst_dtype) return umt_cpu_copy(dst, src, (size_t)n * umt_dtype_size(src_dtype));
     /* Through f32, which holds every bf16 and f16 value exactly: one rounding, at the store. */
     for (int64_t i = 0; i < n; i++) store_from_f32(dst, dst_dtype, i, load_as_f32(src, src_dtype, i));
     return UMT_OK;

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include "core/backend.h"
@@ -31,6 +32,8 @@ void umt_cuda_backend_stop(void);
 const umt_backend *umt_cuda_backend(void);
 /* The compute stream (memory/ prefetches on it, so prefetch and use stay in order). */
 cudaStream_t umt_cuda_stream(void);
+/* The cuBLAS handle bound to the compute stream (gemm.cu). */
+cublasHandle_t umt_cuda_cublas_handle(void);
 /* Waits until all work queued on the compute stream has finished. */
 umt_status umt_cuda_synchronize(void);
 

@@ -12,20 +12,13 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.h"
 
-enum { THREADS = 256, MAX_BLOCKS = 65535, PIXEL_VALUES = 256 };
+enum { PIXEL_VALUES = 256 };
 
 typedef struct {
     float value[PIXEL_VALUES];
 } normalise_table;
-
-static unsigned int blocks_for(int64_t n) {
-    int64_t blocks = (n + THREADS - 1) / THREADS;
-    return blocks < 1 ? 1u : blocks > MAX_BLOCKS ? (unsigned int)MAX_BLOCKS : (unsigned int)blocks;
-}
-
-#define FOR_EACH_INDEX(i, n)                                                                                       \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 /* images_out[i, j] = table[samples[indices[i], j]] over count * sample_numel elements. */
 static __global__ void gather_images_kernel(const uint8_t *samples, const int64_t *indices, int64_t count,

@@ -13,19 +13,10 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.h"
 
-enum { THREADS = 256, MAX_BLOCKS = 65535 };
 /* sum_rows' block: 32 columns by 16 row groups (512 threads). */
 enum { SUM_COLUMNS = 32, SUM_ROW_GROUPS = 16 };
-
-/* Enough blocks for one element per thread, capped: the kernels stride over the rest. */
-static unsigned int blocks_for(int64_t n) {
-    int64_t blocks = (n + THREADS - 1) / THREADS;
-    return blocks < 1 ? 1u : blocks > MAX_BLOCKS ? (unsigned int)MAX_BLOCKS : (unsigned int)blocks;
-}
-
-#define FOR_EACH_INDEX(i, n)                                                                                       \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 /* Launches kernel over n elements on the compute stream; nothing to do for n <= 0. */
 #define LAUNCH_OVER(n, kernel, ...)                                                                                \

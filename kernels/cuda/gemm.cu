@@ -18,48 +18,23 @@
  */
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
-
-/* Defined in backend.cu, which owns the handle. */
-extern "C" cublasHandle_t umt_cuda_cublas_handle(void);
-
-enum { THREADS = 256, MAX_BLOCKS = 65535 };
-
-static unsigned int blocks_for(int64_t n) {
-    int64_t blocks = (n + THREADS - 1) / THREADS;
-    return blocks < 1 ? 1u : blocks > MAX_BLOCKS ? (unsigned int)MAX_BLOCKS : (unsigned int)blocks;
-}
+#include "kernels/cuda/launch.h"
 
 /* C = beta * C over [m, n] with row stride ldc; beta = 0 writes zeros without reading C. */
 static __global__ void scale_c_kernel(float *c, int64_t ldc, int64_t m, int64_t n, float beta) {
     int64_t count = m * n;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+    FOR_EACH_INDEX(i, count) {
         float *element = c + (i / n) * ldc + i % n;
         *element = beta == 0.0f ? 0.0f : beta * *element;
     }
 }
 
-/* The same checks, in the same words, as the CPU reference. */
-static umt_status check_gemm_arguments(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda,
-                                       int64_t ldb, int64_t ldc) {
-    if (m < 0 || n < 0 || k < 0) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "gemm: m=%lld n=%lld k=%lld, expected sizes >= 0", (long long)m,
-                        (long long)n, (long long)k);
-    }
-    int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-    if (lda < a_cols || ldb < b_cols || ldc < n) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
-                        "gemm: lda=%lld ldb=%lld ldc=%lld, expected at least %lld, %lld and %lld (row lengths)",
-                        (long long)lda, (long long)ldb, (long long)ldc, (long long)a_cols, (long long)b_cols,
-                        (long long)n);
-    }
-    return UMT_OK;
-}
-
 extern "C" umt_status umt_cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                                     int64_t ldc) {
-    UMT_TRY(check_gemm_arguments(trans_a, trans_b, m, n, k, lda, ldb, ldc));
+    UMT_TRY(umt_gemm_check_arguments(trans_a, trans_b, m, n, k, lda, ldb, ldc));
     cublasHandle_t handle = umt_cuda_cublas_handle();
     if (!handle) return umt_fail(UMT_ERR_STATE, "gemm: cuda backend not started (no cuBLAS handle)");
     if (m == 0 || n == 0) return UMT_OK;

@@ -23,9 +23,10 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.h"
 
 /* THREADS must be a multiple of the warp size (32) for block_reduce. */
-enum { THREADS = 256, MAX_BLOCKS = 65535, MAX_PARTIALS = 1024 };
+enum { MAX_PARTIALS = 1024 };
 
 #define NO_BAD_ROW 0xffffffffffffffffull
 
@@ -37,19 +38,11 @@ typedef struct {
 static __device__ double partials[MAX_PARTIALS];
 static __device__ label_report report;
 
-static unsigned int blocks_for(int64_t n) {
-    int64_t blocks = (n + THREADS - 1) / THREADS;
-    return blocks < 1 ? 1u : blocks > MAX_BLOCKS ? (unsigned int)MAX_BLOCKS : (unsigned int)blocks;
-}
-
 /* Blocks for a kernel that writes one partial sum per block. */
 static unsigned int partial_blocks_for(int64_t n, int64_t per_block) {
     int64_t blocks = (n + per_block - 1) / per_block;
     return blocks < 1 ? 1u : blocks > MAX_PARTIALS ? (unsigned int)MAX_PARTIALS : (unsigned int)blocks;
 }
-
-#define FOR_EACH_INDEX(i, n)                                                                                       \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 /* ------------------------------------------------------------------------------------------ */
 /* Block reduction                                                                             */

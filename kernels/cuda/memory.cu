@@ -16,19 +16,10 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.h"
 
-enum { THREADS = 256, MAX_BLOCKS = 65535 };
-
-/* Enough blocks for one element per thread, capped: the kernels stride over the rest. */
-static unsigned int blocks_for(int64_t n) {
-    int64_t blocks = (n + THREADS - 1) / THREADS;
-    return blocks < 1 ? 1u : blocks > MAX_BLOCKS ? (unsigned int)MAX_BLOCKS : (unsigned int)blocks;
-}
-
-/* A grid-stride loop over [0, n) with 64-bit indices (n may pass 2^31). */
-#define FOR_EACH_INDEX(i, n)                                                                                       \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 static __global__ void fill_kernel(float *x, int64_t n, float value) {
     FOR_EACH_INDEX(i, n) x[i] = value;
@@ -112,22 +103,10 @@ static __global__ void convert_kernel(const void *src, umt_dtype src_dtype, void
     FOR_EACH_INDEX(i, n) store_from_f32(dst, dst_dtype, i, load_as_f32(src, src_dtype, i));
 }
 
-static bool is_float_dtype(umt_dtype dtype) { return dtype == UMT_F32 || dtype == UMT_BF16 || dtype == UMT_F16; }
-
 extern "C" umt_status umt_cuda_convert(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype,
                                        int64_t n) {
-    /* Indexed by dtype code: UMT_F32, UMT_BF16, UMT_F16 are 0, 1, 2 (include/umtrain.h). */
-    static const char *const names[] = {"f32", "bf16", "f16"};
-    if (!is_float_dtype(src_dtype) || !is_float_dtype(dst_dtype)) {
-        return umt_fail(UMT_ERR_UNSUPPORTED, "convert: dtype %s -> %s (code %d -> %d), expected f32, bf16 or f16",
-                        is_float_dtype(src_dtype) ? names[src_dtype] : "non-float",
-                        is_float_dtype(dst_dtype) ? names[dst_dtype] : "non-float", (int)src_dtype, (int)dst_dtype);
-    }
-    if (n < 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "convert: n=%lld, expected >= 0", (long long)n);
-    if (src_dtype == dst_dtype) {
-        size_t element_bytes = src_dtype == UMT_F32 ? sizeof(float) : sizeof(uint16_t);
-        return umt_cuda_copy(dst, src, (size_t)n * element_bytes);
-    }
+    UMT_TRY(umt_convert_check_arguments(src_dtype, dst_dtype, n));
+    if (src_dtype == dst_dtype) return umt_cuda_copy(dst, src, (size_t)n * umt_dtype_size(src_dtype));
     if (n == 0) return UMT_OK;
     convert_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(src, src_dtype, dst, dst_dtype, n);
     UMT_CUDA_LAUNCHED();

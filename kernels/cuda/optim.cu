@@ -12,16 +12,8 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.h"
 
-enum { THREADS = 256, MAX_BLOCKS = 65535 };
-
-static unsigned int blocks_for(int64_t n) {
-    int64_t blocks = (n + THREADS - 1) / THREADS;
-    return blocks < 1 ? 1u : blocks > MAX_BLOCKS ? (unsigned int)MAX_BLOCKS : (unsigned int)blocks;
-}
-
-#define FOR_EACH_INDEX(i, n)                                                                                       \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 static __global__ void sgd_kernel(float *param, const float *grad, float *velocity, int64_t n, float lr,
                                   float momentum, float weight_decay) {
