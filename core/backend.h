@@ -22,6 +22,22 @@
 extern "C" {
 #endif
 
+/* The shape of a 2-D convolution, NCHW, f32, dilation 1, no groups:
+ * x [n,c,h,w] * w [k,c,r,s] -> y [n,k,p,q], p = (h + 2*pad - r)/stride + 1, q likewise. */
+typedef struct {
+    int64_t n, c, h, w; /* input */
+    int64_t k, r, s;    /* filters: k of c x r x s */
+    int64_t p, q;       /* output height and width */
+    int64_t stride, pad;
+} umt_conv_shape;
+
+/* The shape of a 2-D pooling window over x [n,c,h,w] -> y [n,c,p,q], no padding. */
+typedef struct {
+    int64_t n, c, h, w;
+    int64_t p, q;
+    int64_t window, stride;
+} umt_pool_shape;
+
 typedef struct umt_backend {
     const char *name;
 
@@ -79,6 +95,50 @@ typedef struct umt_backend {
                                int64_t sample_numel, float mean, float std, float *images_out,
                                int32_t *labels_out);
 
+    /* --- convolution: the workspace (from the workspace pool) is at least
+     *     conv2d_workspace_bytes(shape) bytes; the backend may pick and cache an algorithm per
+     *     shape there. y is overwritten; dx and dw accumulate. --- */
+    umt_status (*conv2d_workspace_bytes)(const umt_conv_shape *shape, size_t *bytes);
+    umt_status (*conv2d_forward)(const umt_conv_shape *shape, const float *x, const float *w, float *y,
+                                 void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_backward_data)(const umt_conv_shape *shape, const float *w, const float *dy, float *dx,
+                                       void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_backward_filter)(const umt_conv_shape *shape, const float *x, const float *dy, float *dw,
+                                         void *workspace, size_t workspace_bytes);
+    /* y[n,k,:] = x[n,k,:] + bias[k] over n images of k channels of hw pixels (y may equal x) */
+    umt_status (*add_channel_bias)(const float *x, const float *bias, float *y, int64_t n, int64_t k, int64_t hw);
+    /* dbias[k] += sum over n and hw of dy[n,k,:] */
+    umt_status (*sum_channel_bias)(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw);
+
+    /* --- pooling: max keeps the index (0..h*w-1 within its channel plane) of the first
+     *     maximum of each window for backward; dx accumulates --- */
+    umt_status (*max_pool_forward)(const umt_pool_shape *shape, const float *x, float *y, int32_t *argmax);
+    umt_status (*max_pool_backward)(const umt_pool_shape *shape, const int32_t *argmax, const float *dy, float *dx);
+    umt_status (*avg_pool_forward)(const umt_pool_shape *shape, const float *x, float *y);
+    umt_status (*avg_pool_backward)(const umt_pool_shape *shape, const float *dy, float *dx);
+
+    /* --- dropout: element i is kept when umt_dropout_keep(seed, i, p) (core/backend.h), the
+     *     same counter-based draw on every backend; kept elements are scaled by 1/(1-p).
+     *     mask[i] = 1 if kept, else 0; dx accumulates --- */
+    umt_status (*dropout_forward)(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed);
+    umt_status (*dropout_backward)(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
+
+    /* --- batch norm over channels of x [n,c,hw] (spatial): training uses the batch's mean and
+     *     biased variance, saves mean and 1/sqrt(var+eps) for backward, and moves the running
+     *     statistics by momentum (running_var with the unbiased variance, as PyTorch);
+     *     evaluation uses the running statistics; dx, dgamma, dbeta accumulate, and a NULL
+     *     one of them (an input that takes no gradient) is not computed --- */
+    umt_status (*batchnorm_forward_train)(const float *x, const float *gamma, const float *beta, float *y,
+                                          float *running_mean, float *running_var, float *save_mean,
+                                          float *save_inv_std, int64_t n, int64_t c, int64_t hw, float momentum,
+                                          float eps);
+    umt_status (*batchnorm_forward_eval)(const float *x, const float *gamma, const float *beta,
+                                         const float *running_mean, const float *running_var, float *y, int64_t n,
+                                         int64_t c, int64_t hw, float eps);
+    umt_status (*batchnorm_backward)(const float *x, const float *dy, const float *gamma, const float *save_mean,
+                                     const float *save_inv_std, float *dx, float *dgamma, float *dbeta, int64_t n,
+                                     int64_t c, int64_t hw);
+
     /* --- optimizer updates, in place over n elements (PyTorch's update rules) --- */
     umt_status (*sgd_update)(float *param, const float *grad, float *velocity, int64_t n, float lr, float momentum,
                              float weight_decay);
@@ -88,6 +148,21 @@ typedef struct umt_backend {
     umt_status (*adadelta_update)(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,
                                   float lr, float rho, float eps, float weight_decay);
 } umt_backend;
+
+/* Dropout's draw for element i: a counter-based hash of (seed, i) -> uniform in [0, 1),
+ * compared with p. The same inline code runs on the CPU and in CUDA kernels, so both backends
+ * drop the same elements for the same seed. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline bool umt_dropout_keep(uint64_t seed, uint64_t i, float p) {
+    /* splitmix64 of seed + i * golden ratio: consecutive i give independent-looking bits. */
+    uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f) >= p;
+}
 
 /* The CPU backend (kernels/cpu/cpu_backend.c). */
 const umt_backend *umt_cpu_backend(void);

@@ -23,6 +23,7 @@ umt_status umt_context_create(const umt_context_options *options, umt_context **
     if (!ctx) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_context_create: no memory for the context");
     ctx->options = opts;
     ctx->grad_enabled = true;
+    ctx->training = true;
     umt_memory_init(&ctx->memory, opts.device, opts.memory_mode, opts.cuda_device);
     umt_rng_seed(&ctx->rng, opts.seed);
     umt_status st = umt_device_start(ctx);
@@ -57,6 +58,7 @@ void umt_context_destroy(umt_context *ctx) {
     free_headers(ctx->step_tensors);
     free_headers(ctx->run_tensors);
     free(ctx->parameters);
+    free(ctx->buffers);
     umt_tape_release(&ctx->tape);
     /* The device's stream may still be using pool memory: stop it first. */
     umt_device_stop(ctx);
@@ -132,34 +134,43 @@ umt_status umt_memory_mode_parse(const char *name, umt_memory_mode *out) {
 /* ----------------------------------------------------------------------------------------- */
 /* Parameters */
 
-static umt_status register_parameter(umt_context *ctx, umt_tensor *p) {
-    if (ctx->parameter_count == ctx->parameter_slots) {
-        int slots = ctx->parameter_slots ? 2 * ctx->parameter_slots : 16;
-        umt_tensor **grown = realloc(ctx->parameters, (size_t)slots * sizeof *grown);
-        if (!grown) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "no memory to register parameter %s", p->name);
-        ctx->parameters = grown;
-        ctx->parameter_slots = slots;
+/* Appends t to a growable list of named tensors (parameters or buffers). */
+static umt_status register_named(umt_tensor ***list, int *count, int *slots, umt_tensor *t) {
+    if (*count == *slots) {
+        int grown_slots = *slots ? 2 * *slots : 16;
+        umt_tensor **grown = realloc(*list, (size_t)grown_slots * sizeof *grown);
+        if (!grown) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "no memory to register tensor %s", t->name);
+        *list = grown;
+        *slots = grown_slots;
     }
-    ctx->parameters[ctx->parameter_count++] = p;
+    (*list)[(*count)++] = t;
     return UMT_OK;
 }
 
-umt_tensor *umt_parameter_new(umt_context *ctx, const char *name, int ndim, const int64_t *shape) {
+/* An f32 tensor of the weights pool with a copy of name; NULL (and nothing left) on failure. */
+static umt_tensor *named_weights(umt_context *ctx, const char *what, const char *name, int ndim, const int64_t *shape) {
     if (!ctx || !name) {
-        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_parameter_new: %s is NULL", ctx ? "name" : "ctx");
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", what, ctx ? "name" : "ctx");
         return NULL;
     }
-    umt_tensor *p = umt_tensor_alloc(ctx, UMT_POOL_WEIGHTS, UMT_F32, ndim, shape);
+    umt_tensor *t = umt_tensor_alloc(ctx, UMT_POOL_WEIGHTS, UMT_F32, ndim, shape);
+    if (t && !(t->name = strdup(name))) {
+        umt_tensor_free(t);
+        umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: %s", what, name);
+        return NULL;
+    }
+    return t;
+}
+
+umt_tensor *umt_parameter_new(umt_context *ctx, const char *name, int ndim, const int64_t *shape) {
+    umt_tensor *p = named_weights(ctx, "umt_parameter_new", name, ndim, shape);
     umt_tensor *g = p ? umt_tensor_alloc(ctx, UMT_POOL_GRADS, UMT_F32, ndim, shape) : NULL;
-    char *copy = g ? strdup(name) : NULL;
-    if (!copy || ctx->backend->fill(g->data, g->numel, 0.0f) != UMT_OK || register_parameter(ctx, p) != UMT_OK) {
-        if (p && !copy) umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_parameter_new: %s", name);
-        free(copy);
+    if (!g || ctx->backend->fill(g->data, g->numel, 0.0f) != UMT_OK ||
+        register_named(&ctx->parameters, &ctx->parameter_count, &ctx->parameter_slots, p) != UMT_OK) {
         umt_tensor_free(g);
         umt_tensor_free(p);
         return NULL;
     }
-    p->name = copy;
     p->is_parameter = true;
     p->requires_grad = true;
     p->grad = g;
@@ -170,6 +181,40 @@ int umt_parameter_count(const umt_context *ctx) { return ctx ? ctx->parameter_co
 
 umt_tensor *umt_parameter_at(const umt_context *ctx, int i) {
     return ctx && i >= 0 && i < ctx->parameter_count ? ctx->parameters[i] : NULL;
+}
+
+umt_tensor *umt_buffer_new(umt_context *ctx, const char *name, int ndim, const int64_t *shape) {
+    umt_tensor *b = named_weights(ctx, "umt_buffer_new", name, ndim, shape);
+    if (b && register_named(&ctx->buffers, &ctx->buffer_count, &ctx->buffer_slots, b) != UMT_OK) {
+        umt_tensor_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+int umt_buffer_count(const umt_context *ctx) { return ctx ? ctx->buffer_count : 0; }
+
+umt_tensor *umt_buffer_at(const umt_context *ctx, int i) {
+    return ctx && i >= 0 && i < ctx->buffer_count ? ctx->buffers[i] : NULL;
+}
+
+bool umt_set_training(umt_context *ctx, bool training) {
+    bool previous = ctx->training;
+    ctx->training = training;
+    return previous;
+}
+
+umt_status umt_context_workspace(umt_context *ctx, size_t bytes, void **out) {
+    if (bytes > ctx->conv_workspace_bytes) {
+        /* Freeing device memory waits for the device, so no queued kernel still uses the old block. */
+        umt_memory_free(&ctx->memory, UMT_POOL_WORKSPACE, ctx->conv_workspace);
+        ctx->conv_workspace = NULL;
+        ctx->conv_workspace_bytes = 0;
+        UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_WORKSPACE, bytes, &ctx->conv_workspace));
+        ctx->conv_workspace_bytes = bytes;
+    }
+    *out = ctx->conv_workspace;
+    return UMT_OK;
 }
 
 umt_status umt_tensor_uniform(umt_context *ctx, umt_tensor *t, float low, float high) {

@@ -28,13 +28,23 @@ struct umt_context {
     bool grad_enabled;
     umt_tensor *run_tensors;  /* headers of tensors in RUN pools */
     umt_tensor *step_tensors; /* headers of activations and views: freed by umt_step_begin */
+    bool training; /* dropout active, batch norm on batch statistics */
     umt_tensor **parameters;
     int parameter_count;
     int parameter_slots;
+    umt_tensor **buffers; /* named model state that is not trained (running statistics) */
+    int buffer_count;
+    int buffer_slots;
+    void *conv_workspace; /* one growing block of the workspace pool, shared by conv calls */
+    size_t conv_workspace_bytes;
     umt_owned *owned;
     umt_grad_ready_fn grad_ready;
     void *grad_ready_user;
 };
+
+/* Scratch of at least bytes from the workspace pool, valid until the next call (ops run in
+ * order on one stream, so one block serves them all). */
+umt_status umt_context_workspace(umt_context *ctx, size_t bytes, void **out);
 
 /* Registers object to be destroyed with the context; umt_context_disown removes it. */
 umt_status umt_context_own(umt_context *ctx, void *object, void (*destroy)(void *object));

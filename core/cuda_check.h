@@ -1,6 +1,6 @@
 /*
- * core/cuda_check.h — every CUDA and cuBLAS call is checked, and a failure names the file, the
- * line, the call and the library's own error string (C and CUDA sources alike).
+ * core/cuda_check.h — every CUDA, cuBLAS and cuDNN call is checked, and a failure names the file,
+ * the line, the call and the library's own error string (C and CUDA sources alike).
  *
  *     UMT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
  *
@@ -11,6 +11,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <cudnn.h>
 
 #include "core/error.h"
 
@@ -28,6 +29,14 @@
         if (umt_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                                           \
             return umt_fail(UMT_ERR_DEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call,                            \
                             cublasGetStatusString(umt_cublas_status_));                                            \
+    } while (0)
+
+#define UMT_CUDNN_TRY(call)                                                                                        \
+    do {                                                                                                           \
+        cudnnStatus_t umt_cudnn_status_ = (call);                                                                  \
+        if (umt_cudnn_status_ != CUDNN_STATUS_SUCCESS)                                                             \
+            return umt_fail(UMT_ERR_DEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call,                            \
+                            cudnnGetErrorString(umt_cudnn_status_));                                               \
     } while (0)
 
 /* After a kernel launch: launch errors (bad configuration) surface here, not later. */

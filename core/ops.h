@@ -21,6 +21,11 @@ umt_tensor *umt_op_output(umt_context *ctx, int ndim, const int64_t *shape);
 umt_tensor *umt_op_finish(umt_context *ctx, umt_status kernel_status, const char *op, umt_backward_fn backward,
                           umt_tensor *out, umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2);
 
+/* umt_op_finish for ops with arguments that backward needs: they are kept in the node. */
+umt_tensor *umt_op_finish_with(umt_context *ctx, umt_status kernel_status, const char *op, umt_backward_fn backward,
+                               umt_tensor *out, umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2,
+                               int64_t param0, int64_t param1, float fparam);
+
 /* Input i's gradient if it takes one, else NULL (backward functions skip NULL gradients). */
 static inline float *umt_input_grad(const umt_node *node, int i) {
     umt_tensor *t = node->inputs[i];

@@ -14,3 +14,17 @@ umt_tensor *umt_op_finish(umt_context *ctx, umt_status kernel_status, const char
     if (umt_tape_record(ctx, op, backward, out, saved, in0, in1, in2) != UMT_OK) return NULL;
     return out;
 }
+
+umt_tensor *umt_op_finish_with(umt_context *ctx, umt_status kernel_status, const char *op, umt_backward_fn backward,
+                               umt_tensor *out, umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2,
+                               int64_t param0, int64_t param1, float fparam) {
+    if (!umt_op_finish(ctx, kernel_status, op, backward, out, saved, in0, in1, in2)) return NULL;
+    /* A recorded op is the tape's last node. */
+    if (out->requires_grad) {
+        umt_node *node = &ctx->tape.nodes[ctx->tape.count - 1];
+        node->params[0] = param0;
+        node->params[1] = param1;
+        node->fparam = fparam;
+    }
+    return out;
+}

@@ -224,3 +224,34 @@ void umt_optimizer_set_lr(umt_optimizer *opt, float lr) {
 float umt_optimizer_lr(const umt_optimizer *opt) { return opt ? opt->options.lr : 0.0f; }
 
 int64_t umt_optimizer_steps(const umt_optimizer *opt) { return opt ? opt->steps : 0; }
+
+/* ----------------------------------------------------------------------------------------- */
+/* What checkpoints see (core/optim.h; included here so the compiler checks these definitions
+ * against the declarations checkpoint.c uses) */
+
+#include "core/optim.h"
+
+umt_context *umt_optimizer_context(const umt_optimizer *opt) { return opt ? opt->ctx : NULL; }
+
+umt_optimizer_kind umt_optimizer_kind_of(const umt_optimizer *opt) { return opt->options.kind; }
+
+const char *umt_optimizer_kind_name(umt_optimizer_kind kind) {
+    return (unsigned)kind < (unsigned)KIND_COUNT ? kind_names[kind] : "invalid-optimizer";
+}
+
+int umt_optimizer_state_count(const umt_optimizer *opt) {
+    return opt ? opt->slot_count * state_count(&opt->options) : 0;
+}
+
+umt_tensor *umt_optimizer_state_at(const umt_optimizer *opt, int i, const char **param_name, int *state_index) {
+    int per_slot = opt ? state_count(&opt->options) : 0;
+    if (i < 0 || i >= umt_optimizer_state_count(opt)) return NULL;
+    const umt_optim_slot *slot = &opt->slots[i / per_slot];
+    *param_name = slot->param->name;
+    *state_index = i % per_slot;
+    return slot->state[i % per_slot];
+}
+
+void umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps) {
+    if (opt) opt->steps = steps;
+}

@@ -25,6 +25,8 @@ struct umt_node {
     int input_count;
     umt_tensor *output;
     umt_tensor *saved; /* an extra tensor kept for backward (e.g. softmax probabilities) */
+    int64_t params[2]; /* the op's integer arguments (stride, padding, window) */
+    float fparam;      /* the op's real argument (dropout's p) */
 };
 
 typedef struct {

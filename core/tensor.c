@@ -127,19 +127,21 @@ umt_tensor *umt_tensor_new_4d(umt_context *ctx, umt_pool pool, umt_dtype dtype, 
     return umt_tensor_alloc(ctx, pool, dtype, 4, (int64_t[]){n0, n1, n2, n3});
 }
 
-static void forget_parameter(umt_context *ctx, umt_tensor *p) {
-    for (int i = 0; i < ctx->parameter_count; ++i)
-        if (ctx->parameters[i] == p) {
-            memmove(&ctx->parameters[i], &ctx->parameters[i + 1], (size_t)(ctx->parameter_count - i - 1) * sizeof p);
-            ctx->parameter_count--;
+/* Removes t from a list of named tensors (parameters or buffers) if it is there. */
+static void forget_named(umt_tensor **list, int *count, const umt_tensor *t) {
+    for (int i = 0; i < *count; ++i)
+        if (list[i] == t) {
+            memmove(&list[i], &list[i + 1], (size_t)(*count - i - 1) * sizeof *list);
+            (*count)--;
             return;
         }
 }
 
 void umt_tensor_free(umt_tensor *t) {
     if (!t || umt_pool_policy_of(t->pool)->lifetime == UMT_LIFETIME_STEP) return;
+    if (t->name) forget_named(t->ctx->buffers, &t->ctx->buffer_count, t);
     if (t->is_parameter) {
-        forget_parameter(t->ctx, t);
+        forget_named(t->ctx->parameters, &t->ctx->parameter_count, t);
         umt_tensor_free(t->grad);
     }
     if (t->owns_storage) umt_memory_free(&t->ctx->memory, t->pool, t->data);

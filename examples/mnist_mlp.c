@@ -10,14 +10,14 @@
  * With the defaults (SGD lr 0.05, momentum 0.9, lr x0.2 after each epoch) it reaches 97.7-98.0%
  * test accuracy after 2 epochs (seeds 1-4).
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "examples/example_common.h"
 #include "umtrain.h"
+
+static const char *const program = "mnist_mlp";
 
 /* ----------------------------------------------------------------------------------------- */
 /* Options */
@@ -51,26 +51,6 @@ static void usage(FILE *out) {
             "          cuda when a GPU is present (else cpu), managed memory\n");
 }
 
-/* Parses a number that must fill the whole argument; names the flag when it does not. */
-static int parse_number(const char *flag, const char *text, double low, double high, double *out) {
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (errno || end == text || *end || v < low || v > high) {
-        fprintf(stderr, "mnist_mlp: %s '%s': expected a number in [%g, %g]\n", flag, text, low, high);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* Reports a failed parse of a named value (the library's message says what it expected). */
-static int parsed(umt_status status) {
-    if (status == UMT_OK) return 0;
-    fprintf(stderr, "mnist_mlp: %s\n", umt_last_error());
-    return -1;
-}
-
 static int parse_options(int argc, char **argv, options *o) {
     *o = (options){.epochs = 2, .batch_size = 64, .momentum = 0.9f, .seed = 1, .optimizer = "sgd",
                    .schedule = "step", .gamma = 0.2f, .data_dir = "data/mnist", .hidden = 256, .log_every = 100,
@@ -88,21 +68,21 @@ static int parse_options(int argc, char **argv, options *o) {
         const char *value = argv[++i];
         double v = 0;
         int bad = 0;
-        if (!strcmp(flag, "--epochs")) bad = parse_number(flag, value, 1, 1000, &v), o->epochs = (int)v;
-        else if (!strcmp(flag, "--batch-size")) bad = parse_number(flag, value, 1, 1 << 20, &v), o->batch_size = (int64_t)v;
-        else if (!strcmp(flag, "--lr")) bad = parse_number(flag, value, 1e-9, 100, &v), o->lr = (float)v;
-        else if (!strcmp(flag, "--momentum")) bad = parse_number(flag, value, 0, 0.999, &v), o->momentum = (float)v;
-        else if (!strcmp(flag, "--weight-decay")) bad = parse_number(flag, value, 0, 1, &v), o->weight_decay = (float)v;
-        else if (!strcmp(flag, "--gamma")) bad = parse_number(flag, value, 1e-6, 1, &v), o->gamma = (float)v;
-        else if (!strcmp(flag, "--seed")) bad = parse_number(flag, value, 0, 1e15, &v), o->seed = (uint64_t)v;
-        else if (!strcmp(flag, "--hidden")) bad = parse_number(flag, value, 1, 1 << 16, &v), o->hidden = (int64_t)v;
-        else if (!strcmp(flag, "--train-limit")) bad = parse_number(flag, value, 1, 1e9, &v), o->train_limit = (int64_t)v;
-        else if (!strcmp(flag, "--log-every")) bad = parse_number(flag, value, 1, 1e9, &v), o->log_every = (int)v;
+        if (!strcmp(flag, "--epochs")) bad = example_number(program, flag, value, 1, 1000, &v), o->epochs = (int)v;
+        else if (!strcmp(flag, "--batch-size")) bad = example_number(program, flag, value, 1, 1 << 20, &v), o->batch_size = (int64_t)v;
+        else if (!strcmp(flag, "--lr")) bad = example_number(program, flag, value, 1e-9, 100, &v), o->lr = (float)v;
+        else if (!strcmp(flag, "--momentum")) bad = example_number(program, flag, value, 0, 0.999, &v), o->momentum = (float)v;
+        else if (!strcmp(flag, "--weight-decay")) bad = example_number(program, flag, value, 0, 1, &v), o->weight_decay = (float)v;
+        else if (!strcmp(flag, "--gamma")) bad = example_number(program, flag, value, 1e-6, 1, &v), o->gamma = (float)v;
+        else if (!strcmp(flag, "--seed")) bad = example_number(program, flag, value, 0, 1e15, &v), o->seed = (uint64_t)v;
+        else if (!strcmp(flag, "--hidden")) bad = example_number(program, flag, value, 1, 1 << 16, &v), o->hidden = (int64_t)v;
+        else if (!strcmp(flag, "--train-limit")) bad = example_number(program, flag, value, 1, 1e9, &v), o->train_limit = (int64_t)v;
+        else if (!strcmp(flag, "--log-every")) bad = example_number(program, flag, value, 1, 1e9, &v), o->log_every = (int)v;
         else if (!strcmp(flag, "--optimizer")) o->optimizer = value;
         else if (!strcmp(flag, "--schedule")) o->schedule = value;
         else if (!strcmp(flag, "--data-dir")) o->data_dir = value;
-        else if (!strcmp(flag, "--device")) bad = parsed(umt_device_parse(value, &o->device));
-        else if (!strcmp(flag, "--mem")) bad = parsed(umt_memory_mode_parse(value, &o->memory_mode));
+        else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device));
+        else if (!strcmp(flag, "--mem")) bad = example_check(program, umt_memory_mode_parse(value, &o->memory_mode));
         else {
             fprintf(stderr, "mnist_mlp: unknown flag %s\n", flag);
             usage(stderr);
@@ -124,7 +104,8 @@ typedef struct {
     umt_layer *fc1, *fc2;
 } mlp;
 
-static umt_tensor *mlp_forward(umt_context *ctx, const mlp *m, umt_tensor *images) {
+static umt_tensor *mlp_forward(umt_context *ctx, const void *model, umt_tensor *images) {
+    const mlp *m = model;
     umt_tensor *h = umt_relu(ctx, umt_layer_forward(ctx, m->fc1, umt_flatten(ctx, images)));
     return umt_layer_forward(ctx, m->fc2, h);
 }
@@ -132,39 +113,9 @@ static umt_tensor *mlp_forward(umt_context *ctx, const mlp *m, umt_tensor *image
 /* ----------------------------------------------------------------------------------------- */
 /* Training and evaluation */
 
-#define MNIST_MEAN 0.1307f
-#define MNIST_STD 0.3081f
-
-static double seconds_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int fail(const char *what) {
     fprintf(stderr, "mnist_mlp: %s: %s\n", what, umt_last_error());
     return 1;
-}
-
-/* Test accuracy in batches of 1000, grad disabled. */
-static int evaluate(umt_context *ctx, const mlp *m, const umt_dataset *test, double *accuracy) {
-    bool was = umt_set_grad_enabled(ctx, false);
-    int64_t n = umt_dataset_size(test), correct = 0, batch = 1000;
-    int64_t *indices = malloc((size_t)batch * sizeof *indices);
-    for (int64_t start = 0; start < n && indices; start += batch) {
-        int64_t count = n - start < batch ? n - start : batch, right = 0;
-        for (int64_t i = 0; i < count; ++i) indices[i] = start + i;
-        umt_tensor *images, *labels;
-        if (umt_step_begin(ctx) || umt_dataset_batch(ctx, test, indices, count, MNIST_MEAN, MNIST_STD, &images, &labels))
-            break;
-        umt_tensor *logits = mlp_forward(ctx, m, images);
-        if (!logits || umt_count_correct(ctx, logits, labels, &right)) break;
-        correct += right;
-        if (start + count == n) *accuracy = 100.0 * (double)correct / (double)n;
-    }
-    free(indices);
-    umt_set_grad_enabled(ctx, was);
-    return *accuracy >= 0 ? 0 : fail("evaluation");
 }
 
 static float epoch_lr(const options *o, float base_lr, int epoch) {
@@ -178,7 +129,7 @@ static int train_epoch(umt_context *ctx, const options *o, const mlp *m, umt_opt
     int64_t n = o->train_limit && o->train_limit < umt_dataset_size(train) ? o->train_limit : umt_dataset_size(train);
     if (umt_permutation(ctx, n, order)) return fail("shuffle");
     int64_t steps = (n + o->batch_size - 1) / o->batch_size;
-    double start = seconds_now(), window_start = start, loss_sum = 0;
+    double start = example_seconds(), window_start = start, loss_sum = 0;
     int64_t window_images = 0;
     for (int64_t step = 0; step < steps; ++step) {
         int64_t first = step * o->batch_size, count = n - first < o->batch_size ? n - first : o->batch_size;
@@ -194,7 +145,7 @@ static int train_epoch(umt_context *ctx, const options *o, const mlp *m, umt_opt
         loss_sum += value;
         window_images += count;
         if ((step + 1) % o->log_every == 0 || step + 1 == steps) {
-            double now = seconds_now();
+            double now = example_seconds();
             printf("epoch %d step %lld/%lld loss %.4f lr %.4g images/s %.0f\n", epoch + 1, (long long)(step + 1),
                    (long long)steps, loss_sum / (double)(step + 1), umt_optimizer_lr(opt),
                    (double)window_images / (now - window_start));
@@ -203,32 +154,15 @@ static int train_epoch(umt_context *ctx, const options *o, const mlp *m, umt_opt
             window_images = 0;
         }
     }
-    printf("epoch %d trained in %.1f s\n", epoch + 1, seconds_now() - start);
+    printf("epoch %d trained in %.1f s\n", epoch + 1, example_seconds() - start);
     return 0;
-}
-
-/* dir/name, or dir/name.gz when only the compressed file is there. */
-static void idx_path(char *path, size_t size, const char *dir, const char *split, const char *kind) {
-    snprintf(path, size, "%s/%s-%s-ubyte", dir, split, kind);
-    if (access(path, F_OK) == 0) return;
-    snprintf(path, size, "%s/%s-%s-ubyte.gz", dir, split, kind);
-    if (access(path, F_OK) != 0) snprintf(path, size, "%s/%s-%s-ubyte", dir, split, kind);
-}
-
-static int load(umt_context *ctx, const char *dir, const char *split, umt_dataset **out) {
-    char images[1024], labels[1024];
-    idx_path(images, sizeof images, dir, split, "images-idx3");
-    idx_path(labels, sizeof labels, dir, split, "labels-idx1");
-    umt_status status = umt_dataset_load_idx(ctx, images, labels, 10, out);
-    if (status == UMT_OK) return 0;
-    fprintf(stderr, "mnist_mlp: %s\n", umt_last_error());
-    if (status == UMT_ERR_IO) fprintf(stderr, "(tools/fetch_mnist.sh puts MNIST into data/mnist)\n");
-    return 1;
 }
 
 static int run(umt_context *ctx, const options *o) {
     umt_dataset *train, *test;
-    if (load(ctx, o->data_dir, "train", &train) || load(ctx, o->data_dir, "t10k", &test)) return 1;
+    if (example_load_mnist(program, ctx, o->data_dir, "train", &train) ||
+        example_load_mnist(program, ctx, o->data_dir, "t10k", &test))
+        return 1;
     printf("mnist_mlp: %lld training and %lld test images, 784-%lld-10, %s, batch %lld, seed %llu, %s",
            (long long)umt_dataset_size(train), (long long)umt_dataset_size(test), (long long)o->hidden, o->optimizer,
            (long long)o->batch_size, (unsigned long long)o->seed, o->device == UMT_DEVICE_CUDA ? "cuda" : "cpu");
@@ -252,7 +186,8 @@ static int run(umt_context *ctx, const options *o) {
     for (int epoch = 0; epoch < o->epochs && !rc; ++epoch) {
         umt_optimizer_set_lr(opt, epoch_lr(o, oo.lr, epoch));
         double accuracy = -1;
-        rc = train_epoch(ctx, o, &m, opt, train, epoch, order) || evaluate(ctx, &m, test, &accuracy);
+        rc = train_epoch(ctx, o, &m, opt, train, epoch, order) ||
+             example_evaluate(program, ctx, mlp_forward, &m, test, 1000, &accuracy);
         if (!rc) printf("epoch %d test accuracy %.2f%%\n", epoch + 1, accuracy);
     }
     free(order);

@@ -191,6 +191,12 @@ umt_status umt_tensor_uniform(umt_context *ctx, umt_tensor *t, float low, float 
 int umt_parameter_count(const umt_context *ctx);
 umt_tensor *umt_parameter_at(const umt_context *ctx, int i);
 
+/* A named f32 tensor of model state that is not trained (batch norm's running statistics), in
+ * the weights pool and registered with the context so that checkpoints save it. */
+umt_tensor *umt_buffer_new(umt_context *ctx, const char *name, int ndim, const int64_t *shape);
+int umt_buffer_count(const umt_context *ctx);
+umt_tensor *umt_buffer_at(const umt_context *ctx, int i);
+
 /* ----------------------------------------------------------------------------------------- */
 /* Autograd */
 
@@ -202,6 +208,10 @@ umt_status umt_zero_grad(umt_context *ctx);
 umt_status umt_backward(umt_context *ctx, umt_tensor *loss);
 /* With grad disabled, ops record nothing (evaluation). Returns the previous setting. */
 bool umt_set_grad_enabled(umt_context *ctx, bool enabled);
+
+/* Training mode (the default) or evaluation mode: dropout is the identity and batch norm uses
+ * its running statistics in evaluation. Returns the previous setting. */
+bool umt_set_training(umt_context *ctx, bool training);
 
 /* Called during umt_backward as soon as a parameter's gradient is final for this step. */
 typedef void (*umt_grad_ready_fn)(umt_tensor *parameter, void *user);
@@ -232,6 +242,22 @@ umt_tensor *umt_nll_loss(umt_context *ctx, umt_tensor *log_probs, umt_tensor *la
 /* nll_loss(log_softmax(logits), labels) in one op. */
 umt_tensor *umt_softmax_cross_entropy(umt_context *ctx, umt_tensor *logits, umt_tensor *labels);
 
+/* x [N,C,H,W] (*) weight [K,C,R,S] + bias [K] (or NULL), square stride and zero padding,
+ * dilation 1 -> [N,K,P,Q]. Scratch comes from the workspace pool. */
+umt_tensor *umt_conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, int64_t stride,
+                       int64_t padding);
+/* Max / average over window x window patches every stride pixels, no padding: [N,C,H,W] ->
+ * [N,C,(H-window)/stride+1,(W-window)/stride+1]. */
+umt_tensor *umt_max_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int64_t stride);
+umt_tensor *umt_avg_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int64_t stride);
+/* Training: zeroes each element with probability p (a seeded draw from the context's RNG) and
+ * scales the rest by 1/(1-p). Evaluation: the identity. */
+umt_tensor *umt_dropout(umt_context *ctx, umt_tensor *x, float p);
+/* Batch norm over the channels of x [N,C,H,W] (or [N,C]): gamma, beta [C] parameters,
+ * running_mean, running_var [C] buffers updated by momentum in training. */
+umt_tensor *umt_batch_norm(umt_context *ctx, umt_tensor *x, umt_tensor *gamma, umt_tensor *beta,
+                           umt_tensor *running_mean, umt_tensor *running_var, float momentum, float eps);
+
 /* Number of rows of scores [N,C] whose arg-max equals labels[i] (i32 [N]). */
 umt_status umt_count_correct(umt_context *ctx, const umt_tensor *scores, const umt_tensor *labels,
                              int64_t *correct);
@@ -245,6 +271,14 @@ typedef struct umt_layer umt_layer;
  * (Kaiming-uniform, bound 1/sqrt(in)). Parameters are named "<name>.weight", "<name>.bias". */
 umt_layer *umt_linear_layer_new(umt_context *ctx, const char *name, int64_t in_features,
                                 int64_t out_features, bool bias);
+/* 2-D convolution layer: weight [out,in,k,k], bias [out], initialised as PyTorch's nn.Conv2d
+ * (bound 1/sqrt(in*k*k)). Parameters "<name>.weight", "<name>.bias". */
+umt_layer *umt_conv2d_layer_new(umt_context *ctx, const char *name, int64_t in_channels, int64_t out_channels,
+                                int64_t kernel, int64_t stride, int64_t padding, bool bias);
+/* Batch norm layer over `channels`: gamma = 1, beta = 0 ("<name>.weight", "<name>.bias"),
+ * running mean 0 and variance 1 ("<name>.running_mean", "<name>.running_var"), momentum 0.1,
+ * eps 1e-5, as PyTorch's nn.BatchNorm2d. */
+umt_layer *umt_batchnorm_layer_new(umt_context *ctx, const char *name, int64_t channels);
 umt_tensor *umt_layer_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x);
 
 /* ----------------------------------------------------------------------------------------- */
@@ -288,6 +322,25 @@ float umt_lr_step(float base_lr, float gamma, int step_size, int epoch);
 float umt_lr_cosine(float base_lr, float min_lr, int64_t t, int64_t total);
 
 /* ----------------------------------------------------------------------------------------- */
+/* Checkpoints: every parameter and buffer (by name), the optimizer's state and step count, the
+ * context's RNG, and the caller's epoch and step, in one file with a header, a version and a
+ * checksum (docs/CHECKPOINT.md). Written to a temporary file and renamed over the target, so a
+ * crash never leaves a torn checkpoint. */
+
+typedef struct {
+    int64_t epoch; /* epochs finished */
+    int64_t step;  /* optimizer steps taken */
+} umt_checkpoint_info;
+
+/* opt may be NULL (a model-only checkpoint). */
+umt_status umt_checkpoint_save(umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
+                               const char *path);
+/* Loads into the context's parameters and buffers (names, shapes and dtypes must match; a
+ * missing, extra or mismatched tensor, a truncated file or a bad checksum is an error naming
+ * it) and, when opt is given, into the optimizer; restores the RNG; fills *info if not NULL. */
+umt_status umt_checkpoint_load(umt_context *ctx, umt_optimizer *opt, umt_checkpoint_info *info, const char *path);
+
+/* ----------------------------------------------------------------------------------------- */
 /* Datasets */
 
 typedef struct umt_dataset umt_dataset;
@@ -309,6 +362,18 @@ void umt_dataset_sample_shape(const umt_dataset *ds, int64_t chw[3]);
 umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int64_t *indices,
                              int64_t count, float mean, float std, umt_tensor **images,
                              umt_tensor **labels);
+
+/* Light-on-dark (as MNIST) from a file: keep it, invert it, or invert when the file's mean
+ * grey level is above half (a dark figure on a light page). */
+typedef enum { UMT_INVERT_NO = 0, UMT_INVERT_YES, UMT_INVERT_AUTO } umt_invert;
+
+/* Reads PNG, JPEG or BMP files (stb_image), converts each to `channels` (1: grey, 3: RGB),
+ * resizes it to height x width when it differs, optionally inverts it, and normalises it as
+ * (pixel/255 - mean)/std into a new f32 batch [count, channels, height, width] in the
+ * activations pool. An unreadable file, or one over 16384 pixels on a side, is an error naming
+ * it and saying why. */
+umt_status umt_images_load(umt_context *ctx, const char *const *paths, int64_t count, int64_t channels, int64_t height,
+                           int64_t width, umt_invert invert, float mean, float std, umt_tensor **out);
 
 /* A seeded random permutation of 0..n-1 from the context's RNG (for shuffling an epoch). */
 umt_status umt_permutation(umt_context *ctx, int64_t n, int64_t *out);

@@ -1,6 +1,8 @@
 /* layers/layer.c — allocating layers and dispatching their forward. */
 #include "layers/layer.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/context.h"
@@ -10,7 +12,20 @@ static void destroy_layer(void *object) {
     umt_layer *layer = object;
     umt_tensor_free(layer->weight);
     umt_tensor_free(layer->bias);
+    umt_tensor_free(layer->running_mean);
+    umt_tensor_free(layer->running_var);
     free(layer);
+}
+
+const char *umt_layer_tensor_name(char *buf, size_t size, const char *layer, const char *what) {
+    snprintf(buf, size, "%s.%s", layer, what);
+    return buf;
+}
+
+umt_status umt_layer_init_fan_in(umt_context *ctx, umt_layer *layer, int64_t fan_in) {
+    float bound = 1.0f / sqrtf((float)fan_in);
+    UMT_TRY(umt_tensor_uniform(ctx, layer->weight, -bound, bound));
+    return layer->bias ? umt_tensor_uniform(ctx, layer->bias, -bound, bound) : UMT_OK;
 }
 
 umt_layer *umt_layer_alloc(umt_context *ctx, const char *kind, umt_layer_forward_fn forward) {

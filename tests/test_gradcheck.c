@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "core/context.h"
 #include "umtrain.h"
 
 #define MAX_INPUTS 3
@@ -30,6 +31,7 @@ typedef struct {
     int ndim[MAX_INPUTS];
     int64_t shape[MAX_INPUTS][4];
     bool away_from_zero; /* keep |x| > 4 * STEP, for ops with a kink at 0 (relu) */
+    bool distinct;       /* values at least 5 * STEP apart, so a step never changes a max */
 } input_spec;
 
 static uint64_t lcg_state = 12345;
@@ -38,12 +40,19 @@ static float lcg_uniform(void) { /* in [-1, 1) */
     return (float)((lcg_state >> 40) * (2.0 / 16777216.0) - 1.0);
 }
 
-static void fill_random(umt_tensor *t, bool away_from_zero) {
+static void fill_random(umt_tensor *t, bool away_from_zero, bool distinct) {
     int64_t n = umt_tensor_numel(t);
     float *v = malloc((size_t)n * sizeof *v);
     for (int64_t i = 0; i < n; ++i) {
-        v[i] = lcg_uniform();
+        v[i] = distinct ? (float)(i - n / 2) * (float)(5 * STEP) : lcg_uniform();
         if (away_from_zero && fabsf(v[i]) < 0.1f) v[i] = v[i] < 0 ? v[i] - 0.1f : v[i] + 0.1f;
+    }
+    /* Shuffled, so that a window's maximum sits anywhere in it. */
+    for (int64_t i = n - 1; distinct && i > 0; --i) {
+        int64_t j = (int64_t)((lcg_uniform() + 1.0f) * 0.5f * (float)(i + 1)) % (i + 1);
+        float tmp = v[i];
+        v[i] = v[j];
+        v[j] = tmp;
     }
     assert_int_equal(umt_tensor_copy_from_host(t, v, (size_t)n * sizeof *v), UMT_OK);
     free(v);
@@ -55,13 +64,18 @@ static umt_tensor *scalar_loss(umt_context *ctx, umt_tensor *out, umt_tensor **r
         *r = umt_tensor_new(ctx, UMT_POOL_DATASET, UMT_F32, umt_tensor_ndim(out),
                             (int64_t[]){umt_tensor_dim(out, 0), umt_tensor_dim(out, 1), umt_tensor_dim(out, 2),
                                         umt_tensor_dim(out, 3)});
-        fill_random(*r, false);
+        fill_random(*r, false, false);
     }
     return umt_mean(ctx, umt_mul(ctx, out, *r));
 }
 
+/* Dropout draws its mask from the context's RNG: every evaluation starts from the same state,
+ * so that all of them (and the analytic pass) see the same mask. */
+static umt_rng pinned_rng;
+
 static double eval_loss(umt_context *ctx, build_fn build, umt_tensor **in, umt_tensor *labels, umt_tensor **r) {
     assert_int_equal(umt_step_begin(ctx), UMT_OK);
+    ctx->rng = pinned_rng;
     umt_tensor *loss = scalar_loss(ctx, build(ctx, in, labels), r);
     assert_non_null(loss);
     float value;
@@ -76,7 +90,7 @@ static void gradcheck(const input_spec *spec, build_fn build, int classes_for_la
     for (int i = 0; i < spec->count; ++i) {
         in[i] = umt_parameter_new(ctx, "x", spec->ndim[i], spec->shape[i]);
         assert_non_null(in[i]);
-        fill_random(in[i], spec->away_from_zero);
+        fill_random(in[i], spec->away_from_zero, spec->distinct);
     }
     umt_tensor *labels = NULL;
     if (classes_for_labels) {
@@ -90,6 +104,7 @@ static void gradcheck(const input_spec *spec, build_fn build, int classes_for_la
     umt_tensor *r = NULL;
 
     /* Analytic gradients. */
+    pinned_rng = ctx->rng;
     assert_int_equal(umt_step_begin(ctx), UMT_OK);
     assert_int_equal(umt_zero_grad(ctx), UMT_OK);
     umt_tensor *loss = scalar_loss(ctx, build(ctx, in, labels), &r);
@@ -140,6 +155,22 @@ static umt_tensor *build_log_softmax(umt_context *c, umt_tensor **in, umt_tensor
 static umt_tensor *build_nll(umt_context *c, umt_tensor **in, umt_tensor *l) { return umt_nll_loss(c, umt_log_softmax(c, in[0]), l); }
 static umt_tensor *build_xent(umt_context *c, umt_tensor **in, umt_tensor *l) { return umt_softmax_cross_entropy(c, in[0], l); }
 static umt_tensor *build_square(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_mul(c, in[0], in[0]); }
+static umt_tensor *build_conv(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_conv2d(c, in[0], in[1], in[2], 1, 1); }
+static umt_tensor *build_conv_strided(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_conv2d(c, in[0], in[1], NULL, 2, 0); }
+static umt_tensor *build_max_pool(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_max_pool2d(c, in[0], 2, 2); }
+static umt_tensor *build_avg_pool(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_avg_pool2d(c, in[0], 3, 2); }
+static umt_tensor *build_dropout(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_dropout(c, in[0], 0.3f); }
+static umt_tensor *build_batch_norm(umt_context *c, umt_tensor **in, umt_tensor *l) {
+    (void)l;
+    static umt_tensor *mean, *var; /* buffers of this test's context, made on first use */
+    if (!mean || umt_buffer_count(c) == 0) {
+        mean = umt_buffer_new(c, "bn.running_mean", 1, (int64_t[]){3});
+        var = umt_buffer_new(c, "bn.running_var", 1, (int64_t[]){3});
+        umt_tensor_fill(mean, 0.0f);
+        umt_tensor_fill(var, 1.0f);
+    }
+    return umt_batch_norm(c, in[0], in[1], in[2], mean, var, 0.1f, 1e-5f);
+}
 static umt_tensor *build_mlp(umt_context *c, umt_tensor **in, umt_tensor *l) {
     umt_tensor *h = umt_relu(c, umt_linear(c, in[0], in[1], NULL));
     return umt_softmax_cross_entropy(c, umt_matmul(c, h, in[2]), l);
@@ -147,78 +178,106 @@ static umt_tensor *build_mlp(umt_context *c, umt_tensor **in, umt_tensor *l) {
 
 static void test_matmul_gradient_matches_finite_differences(void **state) {
     (void)state;
-    input_spec s = {2, {2, 2}, {{5, 7}, {7, 3}}, false};
+    input_spec s = {2, {2, 2}, {{5, 7}, {7, 3}}, false, false};
     gradcheck(&s, build_matmul, 0);
 }
 
 static void test_linear_gradient_matches_finite_differences(void **state) {
     (void)state;
-    input_spec s = {3, {2, 2, 1}, {{4, 6}, {5, 6}, {5}}, false};
+    input_spec s = {3, {2, 2, 1}, {{4, 6}, {5, 6}, {5}}, false, false};
     gradcheck(&s, build_linear, 0);
-    input_spec nobias = {2, {2, 2}, {{4, 6}, {5, 6}}, false};
+    input_spec nobias = {2, {2, 2}, {{4, 6}, {5, 6}}, false, false};
     gradcheck(&nobias, build_linear_nobias, 0);
 }
 
 static void test_add_gradient_matches_finite_differences_same_shape_and_broadcast(void **state) {
     (void)state;
-    input_spec same = {2, {2, 2}, {{3, 4}, {3, 4}}, false};
+    input_spec same = {2, {2, 2}, {{3, 4}, {3, 4}}, false, false};
     gradcheck(&same, build_add, 0);
-    input_spec rows = {2, {2, 1}, {{3, 4}, {4}}, false};
+    input_spec rows = {2, {2, 1}, {{3, 4}, {4}}, false, false};
     gradcheck(&rows, build_add, 0);
 }
 
 static void test_mul_gradient_matches_finite_differences(void **state) {
     (void)state;
-    input_spec s = {2, {3, 3}, {{2, 3, 4}, {2, 3, 4}}, false};
+    input_spec s = {2, {3, 3}, {{2, 3, 4}, {2, 3, 4}}, false, false};
     gradcheck(&s, build_mul, 0);
 }
 
 static void test_relu_gradient_matches_finite_differences_away_from_the_kink(void **state) {
     (void)state;
-    input_spec s = {1, {2}, {{6, 5}}, true};
+    input_spec s = {1, {2}, {{6, 5}}, true, false};
     gradcheck(&s, build_relu, 0);
 }
 
 static void test_flatten_passes_the_gradient_through(void **state) {
     (void)state;
-    input_spec s = {1, {4}, {{2, 3, 2, 2}}, false};
+    input_spec s = {1, {4}, {{2, 3, 2, 2}}, false, false};
     gradcheck(&s, build_flatten, 0);
 }
 
 static void test_mean_gradient_matches_finite_differences(void **state) {
     (void)state;
-    input_spec s = {1, {2}, {{4, 5}}, false};
+    input_spec s = {1, {2}, {{4, 5}}, false, false};
     gradcheck(&s, build_mean, 0);
 }
 
 static void test_log_softmax_gradient_matches_finite_differences(void **state) {
     (void)state;
-    input_spec s = {1, {2}, {{4, 6}}, false};
+    input_spec s = {1, {2}, {{4, 6}}, false, false};
     gradcheck(&s, build_log_softmax, 0);
 }
 
 static void test_nll_loss_gradient_matches_finite_differences(void **state) {
     (void)state;
-    input_spec s = {1, {2}, {{6, 5}}, false};
+    input_spec s = {1, {2}, {{6, 5}}, false, false};
     gradcheck(&s, build_nll, 5);
 }
 
 static void test_softmax_cross_entropy_gradient_matches_finite_differences(void **state) {
     (void)state;
-    input_spec s = {1, {2}, {{6, 5}}, false};
+    input_spec s = {1, {2}, {{6, 5}}, false, false};
     gradcheck(&s, build_xent, 5);
 }
 
 static void test_tensor_used_twice_receives_both_gradients(void **state) {
     (void)state;
-    input_spec s = {1, {2}, {{3, 4}}, false};
+    input_spec s = {1, {2}, {{3, 4}}, false, false};
     gradcheck(&s, build_square, 0);
 }
 
 static void test_small_mlp_gradient_matches_finite_differences(void **state) {
     (void)state;
-    input_spec s = {3, {2, 2, 2}, {{6, 8}, {7, 8}, {7, 4}}, false};
+    input_spec s = {3, {2, 2, 2}, {{6, 8}, {7, 8}, {7, 4}}, false, false};
     gradcheck(&s, build_mlp, 4);
+}
+
+static void test_conv2d_gradient_matches_finite_differences(void **state) {
+    (void)state;
+    input_spec s = {3, {4, 4, 1}, {{2, 3, 5, 4}, {4, 3, 3, 3}, {4}}, false, false};
+    gradcheck(&s, build_conv, 0);
+    input_spec strided = {2, {4, 4}, {{2, 2, 7, 6}, {3, 2, 3, 2}}, false, false};
+    gradcheck(&strided, build_conv_strided, 0);
+}
+
+static void test_pooling_gradients_match_finite_differences(void **state) {
+    (void)state;
+    input_spec max = {1, {4}, {{2, 2, 4, 6}}, false, true};
+    gradcheck(&max, build_max_pool, 0);
+    input_spec avg = {1, {4}, {{1, 2, 7, 5}}, false, false};
+    gradcheck(&avg, build_avg_pool, 0);
+}
+
+static void test_dropout_gradient_matches_finite_differences_for_a_fixed_mask(void **state) {
+    (void)state;
+    input_spec s = {1, {2}, {{8, 9}}, false, false};
+    gradcheck(&s, build_dropout, 0);
+}
+
+static void test_batch_norm_gradient_matches_finite_differences(void **state) {
+    (void)state;
+    input_spec s = {3, {4, 1, 1}, {{4, 3, 2, 3}, {3}, {3}}, false, false};
+    gradcheck(&s, build_batch_norm, 0);
 }
 
 int main(void) {
@@ -235,6 +294,10 @@ int main(void) {
         cmocka_unit_test(test_softmax_cross_entropy_gradient_matches_finite_differences),
         cmocka_unit_test(test_tensor_used_twice_receives_both_gradients),
         cmocka_unit_test(test_small_mlp_gradient_matches_finite_differences),
+        cmocka_unit_test(test_conv2d_gradient_matches_finite_differences),
+        cmocka_unit_test(test_pooling_gradients_match_finite_differences),
+        cmocka_unit_test(test_dropout_gradient_matches_finite_differences_for_a_fixed_mask),
+        cmocka_unit_test(test_batch_norm_gradient_matches_finite_differences),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

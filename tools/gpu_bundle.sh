@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.." || exit 1
 tools/setup.sh
 tools/fetch_mnist.sh data/mnist
 
-gpu_targets=(//tests/gpu:all //examples:mnist_mlp //bench:all)
+gpu_targets=(//tests/gpu:all //examples:mnist_mlp //examples:mnist_cnn //examples:predict //bench:all)
 echo "gpu_bundle: bazel build --config=cuda ${gpu_targets[*]}"
 bazel build --config=cuda "${gpu_targets[@]}"
 
@@ -17,10 +17,14 @@ mkdir -p gpu_bundle/bin gpu_bundle/lib gpu_bundle/data
 for t in $(bazel query 'kind(cc_test, //tests/gpu:all)' 2>/dev/null); do
     cp "bazel-bin/tests/gpu/${t##*:}" gpu_bundle/bin/
 done
-cp bazel-bin/examples/mnist_mlp bazel-bin/bench/mlp_mem_modes gpu_bundle/bin/
-# cmocka is not on the GPU machine's image; CUDA, cuBLAS and zlib are.
-cp -L "$(ldconfig -p | awk '/libcmocka.so.0 / {print $NF; exit}')" gpu_bundle/lib/
+cp bazel-bin/examples/mnist_mlp bazel-bin/examples/mnist_cnn bazel-bin/examples/predict \
+    bazel-bin/bench/mlp_mem_modes gpu_bundle/bin/
+# cmocka and stb are not on the GPU machine's image; CUDA, cuBLAS, cuDNN and zlib are.
+for lib in libcmocka.so.0 libstb.so.0; do
+    cp -L "$(ldconfig -p | awk -v lib="$lib" '$1 == lib {print $NF; exit}')" gpu_bundle/lib/
+done
 # Compressed, the four MNIST files travel in 12 MB instead of 55 (the IDX reader inflates them).
 for f in data/mnist/*-ubyte; do gzip -9 -c "$f" > "gpu_bundle/data/$(basename "$f").gz"; done
 cp tools/gpu_run_all.sh gpu_bundle/run_all.sh
+cp bench/torch_ref.py gpu_bundle/
 du -sh gpu_bundle

@@ -37,6 +37,21 @@ for mode in managed managed-plain device; do
 done
 grep -A12 '^pool' "$logs/mnist_mlp_managed.log"
 
+# The MNIST CNN: 5 epochs with the example's recipe (accuracy after each), then --bench.
+log="$logs/mnist_cnn.log"
+UMT_MEM_REPORT=1 bin/mnist_cnn --device cuda --data-dir data --epochs 5 --save /tmp/umt_cnn.ckpt > "$log" 2>&1
+rc=$?
+accs=$(grep 'test accuracy' "$log" | awk '{print $NF}' | tr '\n' ' ')
+row "mnist_cnn 5 epochs" "${accs:-none}(exit $rc)"
+for batch in 64 512 4096; do
+    bin/mnist_cnn --device cuda --data-dir data --bench 200 --batch-size "$batch" > "$logs/cnn_bench_$batch.log" 2>&1
+    row "mnist_cnn --bench 200 --batch-size $batch" "$(grep '^bench:' "$logs/cnn_bench_$batch.log" | cut -d: -f2-)"
+done
+
+# PyTorch on the same GPU, same network and timing, for the ratio (fp32, no TF32).
+python3 torch_ref.py --steps 200 > "$logs/torch_ref.log" 2>&1
+while read -r line; do row "${line%%:*}" "${line#*: }"; done < <(grep '^torch eager' "$logs/torch_ref.log")
+
 # A model that needs more than the budget must fail cleanly, naming pool, request and what is left.
 log="$logs/budget_refusal.log"
 UMT_DEVICE_BUDGET=64M bin/mnist_mlp --device cuda --data-dir data --epochs 1 > "$log" 2>&1

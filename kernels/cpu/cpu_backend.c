@@ -39,6 +39,25 @@ static const umt_backend cpu_backend = {
 
     .gather_batch = umt_cpu_gather_batch,
 
+    .conv2d_workspace_bytes = umt_cpu_conv2d_workspace_bytes,
+    .conv2d_forward = umt_cpu_conv2d_forward,
+    .conv2d_backward_data = umt_cpu_conv2d_backward_data,
+    .conv2d_backward_filter = umt_cpu_conv2d_backward_filter,
+    .add_channel_bias = umt_cpu_add_channel_bias,
+    .sum_channel_bias = umt_cpu_sum_channel_bias,
+
+    .max_pool_forward = umt_cpu_max_pool_forward,
+    .max_pool_backward = umt_cpu_max_pool_backward,
+    .avg_pool_forward = umt_cpu_avg_pool_forward,
+    .avg_pool_backward = umt_cpu_avg_pool_backward,
+
+    .dropout_forward = umt_cpu_dropout_forward,
+    .dropout_backward = umt_cpu_dropout_backward,
+
+    .batchnorm_forward_train = umt_cpu_batchnorm_forward_train,
+    .batchnorm_forward_eval = umt_cpu_batchnorm_forward_eval,
+    .batchnorm_backward = umt_cpu_batchnorm_backward,
+
     .sgd_update = umt_cpu_sgd_update,
     .adam_update = umt_cpu_adam_update,
     .adadelta_update = umt_cpu_adadelta_update,

@@ -1,15 +1,17 @@
 /*
  * kernels/cuda/backend.cu — the CUDA backend's process-wide state and its slot table.
  *
- * One process drives one GPU, so the state is one compute stream and one cuBLAS handle bound to
- * it. Every kernel of this folder is launched on that stream, in call order; nothing here runs
- * on the legacy default stream, which would serialise against every other stream of the process.
+ * One process drives one GPU, so the state is one compute stream with one cuBLAS handle and one
+ * cuDNN handle bound to it. Every kernel of this folder is launched on that stream, in call
+ * order; nothing here runs on the legacy default stream, which would serialise against every
+ * other stream of the process.
  */
 #include <stdint.h>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cudnn_handle.h"
 
 /* cuBLAS needs its workspace aligned to 256 bytes, and says only "invalid value" otherwise. */
 enum { WORKSPACE_ALIGNMENT = 256 };
@@ -19,16 +21,23 @@ static struct {
     int device;
     cudaStream_t stream;
     cublasHandle_t cublas;
+    cudnnHandle_t cudnn;
 } state;
 
 /* The handle for gemm.cu (declared there: cuda_kernels.h stays free of cuBLAS types). */
 extern "C" cublasHandle_t umt_cuda_cublas_handle(void) { return state.cublas; }
 
+extern "C" cudnnHandle_t umt_cuda_cudnn_handle(void) { return state.cudnn; }
+
 /* Destroys whatever start made, in reverse order; errors are ignored because this also cleans
  * up after a failed start, whose error is the one the caller needs to see. */
 static void release_state(void) {
+    /* The plans hold cuDNN descriptors and algorithms chosen for this device. */
+    umt_cuda_conv_forget_plans();
+    if (state.cudnn) cudnnDestroy(state.cudnn);
     if (state.cublas) cublasDestroy(state.cublas);
     if (state.stream) cudaStreamDestroy(state.stream);
+    state.cudnn = NULL;
     state.cublas = NULL;
     state.stream = NULL;
     state.started = false;
@@ -45,6 +54,9 @@ static umt_status create_state(int device, void *cublas_workspace, size_t worksp
     /* Default math with CUBLAS_COMPUTE_32F (gemm.cu) is true fp32: TF32 tensor cores are used
      * only when asked for with CUBLAS_TF32_TENSOR_OP_MATH, and the CPU reference is fp32. */
     UMT_CUBLAS_TRY(cublasSetMathMode(state.cublas, CUBLAS_DEFAULT_MATH));
+    /* cuDNN takes its workspace per call (conv.cu), from the caller's workspace pool. */
+    UMT_CUDNN_TRY(cudnnCreate(&state.cudnn));
+    UMT_CUDNN_TRY(cudnnSetStream(state.cudnn, state.stream));
     return UMT_OK;
 }
 
@@ -73,7 +85,7 @@ extern "C" umt_status umt_cuda_backend_start(int device, void *cublas_workspace,
 
 extern "C" void umt_cuda_backend_stop(void) {
     if (!state.started) return;
-    /* Queued kernels may still use the handle's workspace: let them finish first. */
+    /* Queued kernels may still use the handles' workspaces: let them finish first. */
     cudaStreamSynchronize(state.stream);
     release_state();
 }
@@ -120,6 +132,25 @@ static const umt_backend cuda_backend = {
     .count_correct = umt_cuda_count_correct,
 
     .gather_batch = umt_cuda_gather_batch,
+
+    .conv2d_workspace_bytes = umt_cuda_conv2d_workspace_bytes,
+    .conv2d_forward = umt_cuda_conv2d_forward,
+    .conv2d_backward_data = umt_cuda_conv2d_backward_data,
+    .conv2d_backward_filter = umt_cuda_conv2d_backward_filter,
+    .add_channel_bias = umt_cuda_add_channel_bias,
+    .sum_channel_bias = umt_cuda_sum_channel_bias,
+
+    .max_pool_forward = umt_cuda_max_pool_forward,
+    .max_pool_backward = umt_cuda_max_pool_backward,
+    .avg_pool_forward = umt_cuda_avg_pool_forward,
+    .avg_pool_backward = umt_cuda_avg_pool_backward,
+
+    .dropout_forward = umt_cuda_dropout_forward,
+    .dropout_backward = umt_cuda_dropout_backward,
+
+    .batchnorm_forward_train = umt_cuda_batchnorm_forward_train,
+    .batchnorm_forward_eval = umt_cuda_batchnorm_forward_eval,
+    .batchnorm_backward = umt_cuda_batchnorm_backward,
 
     .sgd_update = umt_cuda_sgd_update,
     .adam_update = umt_cuda_adam_update,

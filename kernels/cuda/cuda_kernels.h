@@ -78,6 +78,39 @@ umt_status umt_cuda_gather_batch(const uint8_t *samples, const uint8_t *labels, 
                                  int64_t count, int64_t sample_numel, float mean, float std, float *images_out,
                                  int32_t *labels_out);
 
+/* conv.cu (cuDNN: algorithm chosen once per shape and cached) */
+umt_status umt_cuda_conv2d_workspace_bytes(const umt_conv_shape *shape, size_t *bytes);
+umt_status umt_cuda_conv2d_forward(const umt_conv_shape *shape, const float *x, const float *w, float *y,
+                                   void *workspace, size_t workspace_bytes);
+umt_status umt_cuda_conv2d_backward_data(const umt_conv_shape *shape, const float *w, const float *dy, float *dx,
+                                         void *workspace, size_t workspace_bytes);
+umt_status umt_cuda_conv2d_backward_filter(const umt_conv_shape *shape, const float *x, const float *dy, float *dw,
+                                           void *workspace, size_t workspace_bytes);
+umt_status umt_cuda_add_channel_bias(const float *x, const float *bias, float *y, int64_t n, int64_t k, int64_t hw);
+umt_status umt_cuda_sum_channel_bias(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw);
+
+/* pool.cu */
+umt_status umt_cuda_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y, int32_t *argmax);
+umt_status umt_cuda_max_pool_backward(const umt_pool_shape *shape, const int32_t *argmax, const float *dy, float *dx);
+umt_status umt_cuda_avg_pool_forward(const umt_pool_shape *shape, const float *x, float *y);
+umt_status umt_cuda_avg_pool_backward(const umt_pool_shape *shape, const float *dy, float *dx);
+
+/* dropout.cu */
+umt_status umt_cuda_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed);
+umt_status umt_cuda_dropout_backward(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
+
+/* batchnorm.cu (cuDNN spatial batch norm) */
+umt_status umt_cuda_batchnorm_forward_train(const float *x, const float *gamma, const float *beta, float *y,
+                                            float *running_mean, float *running_var, float *save_mean,
+                                            float *save_inv_std, int64_t n, int64_t c, int64_t hw, float momentum,
+                                            float eps);
+umt_status umt_cuda_batchnorm_forward_eval(const float *x, const float *gamma, const float *beta,
+                                           const float *running_mean, const float *running_var, float *y, int64_t n,
+                                           int64_t c, int64_t hw, float eps);
+umt_status umt_cuda_batchnorm_backward(const float *x, const float *dy, const float *gamma, const float *save_mean,
+                                       const float *save_inv_std, float *dx, float *dgamma, float *dbeta, int64_t n,
+                                       int64_t c, int64_t hw);
+
 /* optim.cu */
 umt_status umt_cuda_sgd_update(float *param, const float *grad, float *velocity, int64_t n, float lr, float momentum,
                                float weight_decay);

@@ -6,7 +6,7 @@ CUDA_HOME = "/usr/local/cuda"
 NVCC_FLAGS = "-std=c++17 -arch=sm_90 -O3 -Xcompiler -fPIC,-Wall,-Wextra -Werror all-warnings -I. -Iinclude"
 
 def umt_cuda_library(name, srcs, hdrs = []):
-    """One nvcc compile (a genrule) per .cu file, wrapped into a cc_library with cudart and cuBLAS."""
+    """One nvcc compile (a genrule) per .cu file, wrapped into a cc_library with cudart, cuBLAS and cuDNN."""
     objects = []
     for src in srcs:
         obj = "_cuda_objs/%s/%s" % (name, src.replace("/", "_").replace(".cu", ".pic.o"))
@@ -21,5 +21,5 @@ def umt_cuda_library(name, srcs, hdrs = []):
         name = name,
         srcs = objects,
         # The device machine has the same CUDA under /usr/local/cuda: found there at run time.
-        linkopts = ["-L%s/lib64" % CUDA_HOME, "-Wl,-rpath,%s/lib64" % CUDA_HOME, "-lcublas", "-lcudart"],
+        linkopts = ["-L%s/lib64" % CUDA_HOME, "-Wl,-rpath,%s/lib64" % CUDA_HOME, "-lcudnn", "-lcublas", "-lcudart"],
     )

@@ -1,0 +1,65 @@
+/* core/ops_conv.c — 2-D convolution (with bias), forward and backward, on the backend. */
+#include "core/ops.h"
+
+/* The backend's view of x (*) w with the given stride and padding. */
+static umt_conv_shape conv_shape(const umt_tensor *x, const umt_tensor *w, int64_t stride, int64_t padding) {
+    umt_conv_shape s = {.n = x->shape[0], .c = x->shape[1], .h = x->shape[2], .w = x->shape[3],
+                        .k = w->shape[0], .r = w->shape[2], .s = w->shape[3], .stride = stride, .pad = padding};
+    s.p = (s.h + 2 * padding - s.r) / stride + 1;
+    s.q = (s.w + 2 * padding - s.s) / stride + 1;
+    return s;
+}
+
+static umt_status check_conv(const umt_tensor *x, const umt_tensor *w, const umt_tensor *bias, int64_t stride,
+                             int64_t padding) {
+    char sx[64], sw[64];
+    UMT_TRY(umt_check_tensor("umt_conv2d", "x", x, UMT_F32, 4));
+    UMT_TRY(umt_check_tensor("umt_conv2d", "weight", w, UMT_F32, 4));
+    if (x->shape[1] != w->shape[1])
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_conv2d: x %s has %lld channels, weight %s expects %lld",
+                        umt_shape_string(x, sx, sizeof sx), (long long)x->shape[1], umt_shape_string(w, sw, sizeof sw),
+                        (long long)w->shape[1]);
+    if (stride < 1 || padding < 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_conv2d: stride %lld, padding %lld (expected >= 1, >= 0)",
+                        (long long)stride, (long long)padding);
+    if (x->shape[2] + 2 * padding < w->shape[2] || x->shape[3] + 2 * padding < w->shape[3])
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_conv2d: kernel %s larger than the padded input %s",
+                        umt_shape_string(w, sw, sizeof sw), umt_shape_string(x, sx, sizeof sx));
+    if (!bias) return UMT_OK;
+    UMT_TRY(umt_check_tensor("umt_conv2d", "bias", bias, UMT_F32, 1));
+    if (bias->shape[0] != w->shape[0])
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_conv2d: bias has %lld elements for %lld filters",
+                        (long long)bias->shape[0], (long long)w->shape[0]);
+    return UMT_OK;
+}
+
+static umt_status conv_backward(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
+    umt_conv_shape s = conv_shape(x, w, node->params[0], node->params[1]);
+    float *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
+    float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
+    size_t bytes = 0;
+    void *workspace = NULL;
+    UMT_TRY(ctx->backend->conv2d_workspace_bytes(&s, &bytes));
+    UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
+    if (dx) UMT_TRY(ctx->backend->conv2d_backward_data(&s, w->data, y->grad->data, dx, workspace, bytes));
+    if (dw) UMT_TRY(ctx->backend->conv2d_backward_filter(&s, x->data, y->grad->data, dw, workspace, bytes));
+    if (dbias) UMT_TRY(ctx->backend->sum_channel_bias(y->grad->data, dbias, s.n, s.k, s.p * s.q));
+    return UMT_OK;
+}
+
+umt_tensor *umt_conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, int64_t stride,
+                       int64_t padding) {
+    if (!x || !weight) return NULL;
+    if (check_conv(x, weight, bias, stride, padding) != UMT_OK) return NULL;
+    umt_conv_shape s = conv_shape(x, weight, stride, padding);
+    umt_tensor *y = umt_op_output(ctx, 4, (int64_t[]){s.n, s.k, s.p, s.q});
+    if (!y) return NULL;
+    size_t bytes = 0;
+    void *workspace = NULL;
+    umt_status st = ctx->backend->conv2d_workspace_bytes(&s, &bytes);
+    if (st == UMT_OK) st = umt_context_workspace(ctx, bytes, &workspace);
+    if (st == UMT_OK) st = ctx->backend->conv2d_forward(&s, x->data, weight->data, y->data, workspace, bytes);
+    if (st == UMT_OK && bias) st = ctx->backend->add_channel_bias(y->data, bias->data, y->data, s.n, s.k, s.p * s.q);
+    return umt_op_finish_with(ctx, st, "umt_conv2d", conv_backward, y, NULL, x, weight, bias, stride, padding, 0.0f);
+}

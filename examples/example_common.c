@@ -1,0 +1,74 @@
+/* examples/example_common.c — the pieces the example programs share (see the header). */
+#include "examples/example_common.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+int example_number(const char *program, const char *flag, const char *text, double low, double high, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || v < low || v > high) {
+        fprintf(stderr, "%s: %s '%s': expected a number in [%g, %g]\n", program, flag, text, low, high);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int example_check(const char *program, umt_status status) {
+    if (status == UMT_OK) return 0;
+    fprintf(stderr, "%s: %s\n", program, umt_last_error());
+    return -1;
+}
+
+double example_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* dir/name, or dir/name.gz when only the compressed file is there. */
+static void idx_path(char *path, size_t size, const char *dir, const char *split, const char *kind) {
+    snprintf(path, size, "%s/%s-%s-ubyte", dir, split, kind);
+    if (access(path, F_OK) == 0) return;
+    snprintf(path, size, "%s/%s-%s-ubyte.gz", dir, split, kind);
+    if (access(path, F_OK) != 0) snprintf(path, size, "%s/%s-%s-ubyte", dir, split, kind);
+}
+
+int example_load_mnist(const char *program, umt_context *ctx, const char *dir, const char *split, umt_dataset **out) {
+    char images[1024], labels[1024];
+    idx_path(images, sizeof images, dir, split, "images-idx3");
+    idx_path(labels, sizeof labels, dir, split, "labels-idx1");
+    umt_status status = umt_dataset_load_idx(ctx, images, labels, 10, out);
+    if (status == UMT_OK) return 0;
+    fprintf(stderr, "%s: %s\n", program, umt_last_error());
+    if (status == UMT_ERR_IO) fprintf(stderr, "(tools/fetch_mnist.sh puts MNIST into data/mnist)\n");
+    return -1;
+}
+
+int example_evaluate(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
+                     const umt_dataset *test, int64_t batch_size, double *accuracy) {
+    bool was_grad = umt_set_grad_enabled(ctx, false), was_training = umt_set_training(ctx, false);
+    int64_t n = umt_dataset_size(test), correct = 0, start = 0;
+    int64_t *indices = malloc((size_t)batch_size * sizeof *indices);
+    umt_status status = indices ? UMT_OK : UMT_ERR_OUT_OF_MEMORY;
+    for (; start < n && status == UMT_OK; start += batch_size) {
+        int64_t count = n - start < batch_size ? n - start : batch_size, right = 0;
+        for (int64_t i = 0; i < count; ++i) indices[i] = start + i;
+        umt_tensor *images = NULL, *labels = NULL;
+        status = umt_step_begin(ctx);
+        if (status == UMT_OK) status = umt_dataset_batch(ctx, test, indices, count, MNIST_MEAN, MNIST_STD, &images, &labels);
+        umt_tensor *scores = status == UMT_OK ? forward(ctx, model, images) : NULL;
+        if (status == UMT_OK) status = scores ? umt_count_correct(ctx, scores, labels, &right) : umt_last_status();
+        correct += right;
+    }
+    free(indices);
+    umt_set_grad_enabled(ctx, was_grad);
+    umt_set_training(ctx, was_training);
+    *accuracy = 100.0 * (double)correct / (double)n;
+    return example_check(program, status);
+}

@@ -1,0 +1,32 @@
+/*
+ * examples/example_common.h — what the example programs share: flag parsing, the clock, MNIST
+ * file names, and test-set evaluation. Only the public API (umtrain.h) is used.
+ */
+#ifndef UMT_EXAMPLE_COMMON_H
+#define UMT_EXAMPLE_COMMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "umtrain.h"
+
+#define MNIST_MEAN 0.1307f
+#define MNIST_STD 0.3081f
+
+/* Parses text as a number in [low, high] that fills the whole argument; on error prints
+ * "<program>: <flag> '<text>': expected ..." and returns -1. */
+int example_number(const char *program, const char *flag, const char *text, double low, double high, double *out);
+/* 0 for UMT_OK; otherwise prints "<program>: <umt_last_error()>" and returns -1. */
+int example_check(const char *program, umt_status status);
+/* Seconds on a monotonic clock. */
+double example_seconds(void);
+/* Loads <dir>/<split>-images-idx3-ubyte[.gz] and the labels beside it (10 classes). */
+int example_load_mnist(const char *program, umt_context *ctx, const char *dir, const char *split, umt_dataset **out);
+
+/* Test accuracy in batches of batch_size, in evaluation mode with grad disabled; forward maps a
+ * normalised image batch to class scores. */
+typedef umt_tensor *(*example_forward_fn)(umt_context *ctx, const void *model, umt_tensor *images);
+int example_evaluate(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
+                     const umt_dataset *test, int64_t batch_size, double *accuracy);
+
+#endif /* UMT_EXAMPLE_COMMON_H */

@@ -1,0 +1,544 @@
+/*
+ * tests/test_checkpoint.c — checkpoints: a resumed run, atomic saves, and bad files.
+ *
+ * The model is small but has every kind of saved state: parameters (two linear layers and a
+ * batch norm), buffers (the batch norm's running statistics), Adam's moments and step count,
+ * and the RNG (each step draws its input and a dropout mask from it). A run interrupted by a
+ * save and a load into a fresh context must continue with the same losses and weights, bit
+ * for bit, as the run that was never interrupted.
+ *
+ * Then the battery of bad checkpoints, each made here from a good one (the byte offsets are
+ * those of docs/CHECKPOINT.md) in a fresh directory under /tmp: each must be refused with the
+ * right status and a message naming the file and the problem, and must leave the model, the
+ * optimizer's step count and the RNG as they were. Also run under AddressSanitizer + UBSan
+ * (bazel test --config=asan //tests:test_checkpoint).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmocka.h>
+
+#include "core/context.h"
+#include "umtrain.h"
+
+static char dir[64];
+
+/* Offsets in a checkpoint file (docs/CHECKPOINT.md). */
+enum { AT_VERSION = 8, AT_PARAMETER_COUNT = 80, FIRST_RECORD = 92, CRC_BYTES = 4 };
+
+#define NO_OPTIMIZER (-1)
+#define BATCH 6
+#define IN_FEATURES 4
+#define CLASSES 3
+
+/* ----------------------------------------------------------------------------------------- */
+/* Files and directories */
+
+static const char *path_of(const char *name) {
+    /* Four slots used in turn: a test holds at most four paths at once. */
+    static char path[4][sizeof dir + 64];
+    static int next;
+    next = (next + 1) % 4;
+    snprintf(path[next], sizeof path[next], "%s/%s", dir, name);
+    return path[next];
+}
+
+/* Removes everything under path (files, and directories one level deep), then path itself. */
+static int remove_tree(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char child[sizeof dir + 128];
+        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+        if (unlink(child) != 0) remove_tree(child);
+    }
+    closedir(d);
+    return rmdir(path);
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/umt_test_checkpoint_XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    return remove_tree(dir);
+}
+
+/* Entries of the test directory; *temporary (if not NULL): how many are a save's temporary files. */
+static int entries(int *temporary) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int count = 0, temporaries = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        ++count;
+        if (strstr(e->d_name, ".tmp.")) ++temporaries;
+    }
+    if (temporary) *temporary = temporaries;
+    closedir(d);
+    return count;
+}
+
+static uint8_t *read_bytes(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long length = ftell(f);
+    assert_true(length > 0);
+    rewind(f);
+    uint8_t *bytes = malloc((size_t)length);
+    assert_non_null(bytes);
+    assert_int_equal(fread(bytes, 1, (size_t)length, f), (size_t)length);
+    fclose(f);
+    *size = (size_t)length;
+    return bytes;
+}
+
+static const char *write_bytes(const char *name, const uint8_t *bytes, size_t size) {
+    const char *path = path_of(name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, size, f), size);
+    assert_int_equal(fclose(f), 0);
+    return path;
+}
+
+static void put_u32(uint8_t *at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) at[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Rewrites the trailing CRC-32 so that an edit reaches the checks behind the checksum. */
+static void reseal(uint8_t *bytes, size_t size) {
+    put_u32(bytes + size - CRC_BYTES, (uint32_t)crc32(0L, bytes, (uInt)(size - CRC_BYTES)));
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* The model */
+
+typedef struct {
+    umt_context *ctx;
+    umt_optimizer *opt;
+    umt_layer *fc1, *bn, *fc2;
+} model;
+
+/* fc1 [hidden,4] -> batch norm (optional) -> relu -> dropout -> fc2 [3,hidden], initialised from
+ * seed; an optimizer of the given kind (lr 0.01, SGD with momentum) or NO_OPTIMIZER. */
+static model model_new(uint64_t seed, int64_t hidden, bool batchnorm, int optimizer) {
+    model m = {0};
+    umt_context_options options = umt_context_defaults();
+    options.device = UMT_DEVICE_CPU;
+    options.seed = seed;
+    assert_int_equal(umt_context_create(&options, &m.ctx), UMT_OK);
+    m.fc1 = umt_linear_layer_new(m.ctx, "fc1", IN_FEATURES, hidden, true);
+    m.bn = batchnorm ? umt_batchnorm_layer_new(m.ctx, "bn", hidden) : NULL;
+    m.fc2 = umt_linear_layer_new(m.ctx, "fc2", hidden, CLASSES, true);
+    assert_non_null(m.fc1);
+    assert_non_null(m.fc2);
+    assert_true(!batchnorm || m.bn);
+    if (optimizer != NO_OPTIMIZER) {
+        umt_optimizer_options o = umt_optimizer_defaults((umt_optimizer_kind)optimizer);
+        o.lr = 0.01f;
+        o.momentum = 0.9f;
+        assert_int_equal(umt_optimizer_create(m.ctx, &o, &m.opt), UMT_OK);
+    }
+    return m;
+}
+
+static model adam_model(uint64_t seed) { return model_new(seed, 8, true, UMT_OPT_ADAM); }
+
+/* One training step on a batch drawn from the context's RNG; returns the loss. */
+static float train_step(model *m) {
+    umt_context *ctx = m->ctx;
+    assert_int_equal(umt_step_begin(ctx), UMT_OK);
+    assert_int_equal(umt_zero_grad(ctx), UMT_OK);
+    umt_tensor *x = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, BATCH, IN_FEATURES);
+    umt_tensor *labels = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, BATCH);
+    assert_int_equal(umt_tensor_uniform(ctx, x, -1.0f, 1.0f), UMT_OK);
+    const int32_t label_values[BATCH] = {0, 1, 2, 0, 1, 2};
+    assert_int_equal(umt_tensor_copy_from_host(labels, label_values, sizeof label_values), UMT_OK);
+    umt_tensor *h = umt_layer_forward(ctx, m->fc1, x);
+    if (m->bn) h = umt_layer_forward(ctx, m->bn, h);
+    h = umt_dropout(ctx, umt_relu(ctx, h), 0.25f);
+    umt_tensor *loss = umt_softmax_cross_entropy(ctx, umt_layer_forward(ctx, m->fc2, h), labels);
+    if (!loss) fail_msg("forward: %s", umt_last_error());
+    assert_int_equal(umt_backward(ctx, loss), UMT_OK);
+    assert_int_equal(umt_optimizer_step(m->opt), UMT_OK);
+    float value;
+    assert_int_equal(umt_tensor_get_f32(loss, 0, &value), UMT_OK);
+    return value;
+}
+
+/* Every parameter and buffer, one after another, as host floats (free it). */
+static float *snapshot(const umt_context *ctx, size_t *count) {
+    int parameters = umt_parameter_count(ctx), total = parameters + umt_buffer_count(ctx);
+    size_t n = 0;
+    for (int i = 0; i < total; ++i)
+        n += (size_t)umt_tensor_numel(i < parameters ? umt_parameter_at(ctx, i) : umt_buffer_at(ctx, i - parameters));
+    float *values = malloc(n * sizeof *values);
+    assert_non_null(values);
+    size_t at = 0;
+    for (int i = 0; i < total; ++i) {
+        const umt_tensor *t = i < parameters ? umt_parameter_at(ctx, i) : umt_buffer_at(ctx, i - parameters);
+        size_t numel = (size_t)umt_tensor_numel(t);
+        assert_int_equal(umt_tensor_copy_to_host(t, values + at, numel * sizeof *values), UMT_OK);
+        at += numel;
+    }
+    *count = n;
+    return values;
+}
+
+static void assert_same_state(const umt_context *a, const umt_context *b) {
+    size_t na, nb;
+    float *va = snapshot(a, &na), *vb = snapshot(b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(va, vb, na * sizeof *va);
+    free(va);
+    free(vb);
+}
+
+static void expect_ok(umt_status status) {
+    if (status != UMT_OK) fail_msg("%s: %s", umt_status_name(status), umt_last_error());
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Round trip */
+
+static void test_resumed_run_matches_uninterrupted_run_bit_for_bit(void **state) {
+    (void)state;
+    const char *path = path_of("resume.ckpt");
+    model a = adam_model(7);
+    for (int i = 0; i < 3; ++i) train_step(&a);
+    expect_ok(umt_checkpoint_save(a.ctx, a.opt, &(umt_checkpoint_info){.epoch = 2, .step = 3}, path));
+    umt_rng rng_at_save = a.ctx->rng;
+    float uninterrupted[3];
+    for (int i = 0; i < 3; ++i) uninterrupted[i] = train_step(&a);
+
+    model b = adam_model(99);
+    umt_checkpoint_info info = {0};
+    expect_ok(umt_checkpoint_load(b.ctx, b.opt, &info, path));
+    assert_int_equal(info.epoch, 2);
+    assert_int_equal(info.step, 3);
+    assert_int_equal(umt_optimizer_steps(b.opt), 3);
+    assert_memory_equal(b.ctx->rng.s, rng_at_save.s, sizeof rng_at_save.s);
+    float resumed[3];
+    for (int i = 0; i < 3; ++i) resumed[i] = train_step(&b);
+    assert_memory_equal(resumed, uninterrupted, sizeof resumed);
+    assert_int_equal(umt_optimizer_steps(b.opt), 6);
+    /* Parameters and the batch norm's running statistics, after three more steps each. */
+    assert_same_state(a.ctx, b.ctx);
+    umt_context_destroy(a.ctx);
+    umt_context_destroy(b.ctx);
+}
+
+static void test_load_replaces_a_different_initialisation(void **state) {
+    (void)state;
+    const char *path = path_of("init.ckpt");
+    model a = adam_model(7), b = adam_model(99);
+    size_t na, nb;
+    float *va = snapshot(a.ctx, &na), *vb = snapshot(b.ctx, &nb);
+    /* Different seeds: otherwise the round trip above could pass without loading anything. */
+    assert_memory_not_equal(va, vb, na * sizeof *va);
+    expect_ok(umt_checkpoint_save(a.ctx, a.opt, NULL, path));
+    expect_ok(umt_checkpoint_load(b.ctx, b.opt, NULL, path));
+    assert_same_state(a.ctx, b.ctx);
+    free(va);
+    free(vb);
+    umt_context_destroy(a.ctx);
+    umt_context_destroy(b.ctx);
+}
+
+static void test_checkpoint_with_optimizer_state_loads_into_model_alone(void **state) {
+    (void)state;
+    const char *path = path_of("with-state.ckpt");
+    model a = adam_model(7);
+    train_step(&a);
+    expect_ok(umt_checkpoint_save(a.ctx, a.opt, &(umt_checkpoint_info){.epoch = 1, .step = 1}, path));
+    model b = model_new(99, 8, true, NO_OPTIMIZER);
+    umt_checkpoint_info info = {0};
+    expect_ok(umt_checkpoint_load(b.ctx, NULL, &info, path));
+    assert_int_equal(info.epoch, 1);
+    assert_same_state(a.ctx, b.ctx);
+    umt_context_destroy(a.ctx);
+    umt_context_destroy(b.ctx);
+}
+
+static void test_model_only_checkpoint_round_trips(void **state) {
+    (void)state;
+    const char *path = path_of("model-only.ckpt");
+    model a = model_new(7, 8, true, NO_OPTIMIZER), b = model_new(99, 8, true, NO_OPTIMIZER);
+    expect_ok(umt_checkpoint_save(a.ctx, NULL, NULL, path));
+    umt_checkpoint_info info = {.epoch = -1, .step = -1};
+    expect_ok(umt_checkpoint_load(b.ctx, NULL, &info, path));
+    assert_int_equal(info.epoch, 0);
+    assert_int_equal(info.step, 0);
+    assert_same_state(a.ctx, b.ctx);
+    umt_context_destroy(a.ctx);
+    umt_context_destroy(b.ctx);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Atomic saves */
+
+static void test_saving_over_a_checkpoint_replaces_it_and_leaves_no_temporary_file(void **state) {
+    (void)state;
+    const char *path = path_of("over.ckpt");
+    model a = adam_model(7), b = adam_model(99);
+    int after_temporary, before = entries(NULL);
+    expect_ok(umt_checkpoint_save(a.ctx, a.opt, NULL, path));
+    train_step(&a);
+    expect_ok(umt_checkpoint_save(a.ctx, a.opt, NULL, path));
+    assert_int_equal(entries(&after_temporary), before + 1);
+    assert_int_equal(after_temporary, 0);
+    expect_ok(umt_checkpoint_load(b.ctx, b.opt, NULL, path));
+    assert_same_state(a.ctx, b.ctx);
+    assert_int_equal(umt_optimizer_steps(b.opt), 1);
+    umt_context_destroy(a.ctx);
+    umt_context_destroy(b.ctx);
+}
+
+static void test_save_into_missing_directory_fails_naming_path_and_creates_nothing(void **state) {
+    (void)state;
+    const char *path = path_of("no-such-directory/model.ckpt");
+    model a = adam_model(7);
+    int temporary, before = entries(NULL);
+    assert_int_equal(umt_checkpoint_save(a.ctx, a.opt, NULL, path), UMT_ERR_IO);
+    assert_non_null(strstr(umt_last_error(), path));
+    assert_non_null(strstr(umt_last_error(), strerror(ENOENT)));
+    struct stat st;
+    assert_int_not_equal(stat(path_of("no-such-directory"), &st), 0);
+    assert_int_equal(entries(&temporary), before);
+    assert_int_equal(temporary, 0);
+    umt_context_destroy(a.ctx);
+}
+
+/* A directory in the way makes the final rename fail, after the temporary file is written. */
+static void test_failed_rename_removes_temporary_file_and_keeps_target(void **state) {
+    (void)state;
+    const char *target = path_of("occupied");
+    assert_int_equal(mkdir(target, 0700), 0);
+    char inside[sizeof dir + 64];
+    snprintf(inside, sizeof inside, "%s/keep", target);
+    FILE *keep = fopen(inside, "wb");
+    assert_non_null(keep);
+    fclose(keep);
+    model a = adam_model(7);
+    int temporary, before = entries(NULL);
+    assert_int_equal(umt_checkpoint_save(a.ctx, a.opt, NULL, target), UMT_ERR_IO);
+    assert_non_null(strstr(umt_last_error(), target));
+    assert_non_null(strstr(umt_last_error(), "rename"));
+    assert_int_equal(entries(&temporary), before);
+    assert_int_equal(temporary, 0);
+    struct stat st;
+    assert_int_equal(stat(inside, &st), 0);
+    umt_context_destroy(a.ctx);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Bad checkpoints */
+
+/* A good checkpoint of adam_model(7) after two steps, as bytes (free them), or model-only. */
+static uint8_t *good_checkpoint(bool with_optimizer, size_t *size) {
+    const char *path = path_of("good.ckpt");
+    model a = adam_model(7);
+    train_step(&a);
+    train_step(&a);
+    expect_ok(umt_checkpoint_save(a.ctx, with_optimizer ? a.opt : NULL, NULL, path));
+    umt_context_destroy(a.ctx);
+    return read_bytes(path, size);
+}
+
+/* Loading path into a model(99, hidden, batchnorm, optimizer) fails with status and both
+ * keywords and the path in the message, and the model, step count and RNG are as before. */
+static void expect_refused_by(const char *path, int64_t hidden, bool batchnorm, int optimizer, umt_status status,
+                              const char *keyword1, const char *keyword2) {
+    model m = model_new(99, hidden, batchnorm, optimizer);
+    size_t before_count, after_count;
+    float *before = snapshot(m.ctx, &before_count);
+    umt_rng rng = m.ctx->rng;
+    umt_checkpoint_info info = {.epoch = 42, .step = 43};
+    umt_status got = umt_checkpoint_load(m.ctx, m.opt, &info, path);
+    const char *message = umt_last_error();
+    if (got != status || !strstr(message, path) || !strstr(message, keyword1) || !strstr(message, keyword2))
+        fail_msg("got %s '%s', expected %s with '%s' and '%s'", umt_status_name(got), message,
+                 umt_status_name(status), keyword1, keyword2);
+    float *after = snapshot(m.ctx, &after_count);
+    assert_int_equal(before_count, after_count);
+    assert_memory_equal(before, after, before_count * sizeof *before);
+    assert_memory_equal(m.ctx->rng.s, rng.s, sizeof rng.s);
+    assert_int_equal(umt_optimizer_steps(m.opt), 0);
+    assert_int_equal(info.epoch, 42);
+    free(before);
+    free(after);
+    umt_context_destroy(m.ctx);
+}
+
+static void expect_refused(const char *path, umt_status status, const char *keyword1, const char *keyword2) {
+    expect_refused_by(path, 8, true, UMT_OPT_ADAM, status, keyword1, keyword2);
+}
+
+static void test_truncated_checkpoint_is_refused_at_every_cut(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(true, &size);
+    /* Empty, inside the magic, inside the header, inside the tensors, the last byte missing. */
+    const size_t cuts[] = {0, 4, 50, size / 2, size - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; ++i)
+        expect_refused(write_bytes("truncated.ckpt", bytes, cuts[i]), UMT_ERR_FORMAT, "truncated", "bytes");
+    free(bytes);
+}
+
+static void test_flipped_byte_is_a_checksum_mismatch(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(true, &size);
+    bytes[size - CRC_BYTES - 7] ^= 0x10; /* inside the last tensor's data */
+    expect_refused(write_bytes("flipped.ckpt", bytes, size), UMT_ERR_FORMAT, "checksum mismatch", "contents give");
+    free(bytes);
+}
+
+static void test_wrong_magic_is_refused(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(true, &size);
+    bytes[0] = 'X';
+    expect_refused(write_bytes("magic.ckpt", bytes, size), UMT_ERR_FORMAT, "not an umtrain checkpoint", "magic");
+    free(bytes);
+}
+
+static void test_future_version_is_refused_naming_both_versions(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(true, &size);
+    put_u32(bytes + AT_VERSION, 2);
+    reseal(bytes, size);
+    expect_refused(write_bytes("version.ckpt", bytes, size), UMT_ERR_FORMAT, "version 2", "reads version 1");
+    free(bytes);
+}
+
+static void test_renamed_tensor_is_reported_missing_and_extra(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(true, &size);
+    /* The first record is fc1.weight: its name starts after the 4-byte length. */
+    assert_memory_equal(bytes + FIRST_RECORD + 4, "fc1.weight", 10);
+    bytes[FIRST_RECORD + 4 + 2] = '9';
+    reseal(bytes, size);
+    const char *path = write_bytes("renamed.ckpt", bytes, size);
+    expect_refused(path, UMT_ERR_FORMAT, "fc1.weight is missing", "fc9.weight");
+    free(bytes);
+}
+
+static void test_extra_tensor_is_refused(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(true, &size);
+    const char *path = write_bytes("extra.ckpt", bytes, size);
+    /* The file has the batch norm, the model does not. */
+    expect_refused_by(path, 8, false, UMT_OPT_ADAM, UMT_ERR_FORMAT, "bn.weight", "model lacks");
+    free(bytes);
+}
+
+static void test_shape_mismatch_names_tensor_and_both_shapes(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(true, &size);
+    const char *path = write_bytes("shape.ckpt", bytes, size);
+    expect_refused_by(path, 6, true, UMT_OPT_ADAM, UMT_ERR_FORMAT, "fc1.weight is f32 [8,4] in the file",
+                      "f32 [6,4] in the model");
+    free(bytes);
+}
+
+static void test_dtype_mismatch_names_tensor_and_both_dtypes(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(true, &size);
+    /* fc1.weight's dtype follows its 10-byte name; i32 has f32's size, so only the dtype differs. */
+    put_u32(bytes + FIRST_RECORD + 4 + 10, UMT_I32);
+    reseal(bytes, size);
+    expect_refused(write_bytes("dtype.ckpt", bytes, size), UMT_ERR_FORMAT, "fc1.weight is i32",
+                   "f32 [8,4] in the model");
+    free(bytes);
+}
+
+static void test_optimizer_given_but_absent_from_file_is_refused(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(false, &size);
+    expect_refused(write_bytes("no-state.ckpt", bytes, size), UMT_ERR_FORMAT, "no optimizer state", "adam");
+    free(bytes);
+}
+
+static void test_optimizer_of_another_kind_is_refused(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(true, &size);
+    const char *path = write_bytes("other-kind.ckpt", bytes, size);
+    expect_refused_by(path, 8, true, UMT_OPT_SGD, UMT_ERR_FORMAT, "holds adam optimizer state", "given is sgd");
+    free(bytes);
+}
+
+static void test_tensor_count_past_the_file_is_refused(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(true, &size);
+    put_u32(bytes + AT_PARAMETER_COUNT, 0xffffffffu);
+    reseal(bytes, size);
+    expect_refused(write_bytes("count.ckpt", bytes, size), UMT_ERR_FORMAT, "lists", "tensors");
+    free(bytes);
+}
+
+static void test_name_running_past_the_data_is_refused(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = good_checkpoint(true, &size);
+    put_u32(bytes + FIRST_RECORD, 4000);
+    reseal(bytes, size);
+    expect_refused(write_bytes("long-name.ckpt", bytes, size), UMT_ERR_FORMAT, "tensor record 0", "runs past");
+    free(bytes);
+}
+
+static void test_missing_file_is_an_io_error_naming_it(void **state) {
+    (void)state;
+    expect_refused(path_of("absent.ckpt"), UMT_ERR_IO, "cannot open", strerror(ENOENT));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resumed_run_matches_uninterrupted_run_bit_for_bit),
+        cmocka_unit_test(test_load_replaces_a_different_initialisation),
+        cmocka_unit_test(test_checkpoint_with_optimizer_state_loads_into_model_alone),
+        cmocka_unit_test(test_model_only_checkpoint_round_trips),
+        cmocka_unit_test(test_saving_over_a_checkpoint_replaces_it_and_leaves_no_temporary_file),
+        cmocka_unit_test(test_save_into_missing_directory_fails_naming_path_and_creates_nothing),
+        cmocka_unit_test(test_failed_rename_removes_temporary_file_and_keeps_target),
+        cmocka_unit_test(test_truncated_checkpoint_is_refused_at_every_cut),
+        cmocka_unit_test(test_flipped_byte_is_a_checksum_mismatch),
+        cmocka_unit_test(test_wrong_magic_is_refused),
+        cmocka_unit_test(test_future_version_is_refused_naming_both_versions),
+        cmocka_unit_test(test_renamed_tensor_is_reported_missing_and_extra),
+        cmocka_unit_test(test_extra_tensor_is_refused),
+        cmocka_unit_test(test_shape_mismatch_names_tensor_and_both_shapes),
+        cmocka_unit_test(test_dtype_mismatch_names_tensor_and_both_dtypes),
+        cmocka_unit_test(test_optimizer_given_but_absent_from_file_is_refused),
+        cmocka_unit_test(test_optimizer_of_another_kind_is_refused),
+        cmocka_unit_test(test_tensor_count_past_the_file_is_refused),
+        cmocka_unit_test(test_name_running_past_the_data_is_refused),
+        cmocka_unit_test(test_missing_file_is_an_io_error_naming_it),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,139 @@
+/*
+ * tests/test_images.c — image files into batches: PNG, BMP and JPEG written by the test with
+ * stb's writer, grey and colour, resizing, inversion, and clear errors for bad files.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <stb/stb_image_write.h>
+
+#include "umtrain.h"
+
+static char dir[64];
+static umt_context *ctx;
+
+static const char *path_of(const char *name) {
+    static char path[4][128];
+    static int next;
+    char *p = path[next++ % 4];
+    snprintf(p, 128, "%s/%s", dir, name);
+    return p;
+}
+
+/* A side x side grey image: a bright square in the middle of a dark field. */
+static void square(unsigned char *pixels, int side) {
+    for (int y = 0; y < side; ++y)
+        for (int x = 0; x < side; ++x)
+            pixels[y * side + x] = (x >= side / 4 && x < 3 * side / 4 && y >= side / 4 && y < 3 * side / 4) ? 200 : 10;
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/umt_images_XXXXXX");
+    if (!mkdtemp(dir) || umt_context_create(NULL, &ctx) != UMT_OK) return -1;
+    static unsigned char grey[28 * 28], big[56 * 56], rgb[28 * 28 * 3], wide[20000];
+    square(grey, 28);
+    square(big, 56);
+    for (int i = 0; i < 28 * 28; ++i) rgb[3 * i] = grey[i], rgb[3 * i + 1] = 0, rgb[3 * i + 2] = 255;
+    int ok = stbi_write_png(path_of("grey.png"), 28, 28, 1, grey, 28) &&
+             stbi_write_bmp(path_of("grey.bmp"), 28, 28, 1, grey) &&
+             stbi_write_jpg(path_of("grey.jpg"), 28, 28, 1, grey, 95) &&
+             stbi_write_png(path_of("big.png"), 56, 56, 1, big, 56) &&
+             stbi_write_png(path_of("rgb.png"), 28, 28, 3, rgb, 28 * 3) &&
+             stbi_write_png(path_of("huge.png"), 20000, 1, 1, wide, 20000);
+    FILE *f = fopen(path_of("garbage.png"), "wb");
+    if (!ok || !f) return -1;
+    fputs("this is not an image at all", f);
+    fclose(f);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    const char *names[] = {"grey.png", "grey.bmp", "grey.jpg", "big.png", "rgb.png", "huge.png", "garbage.png"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; ++i) unlink(path_of(names[i]));
+    umt_context_destroy(ctx);
+    return rmdir(dir);
+}
+
+static float *load_host(const char *const *paths, int count, int channels, umt_invert invert) {
+    umt_tensor *batch = NULL;
+    umt_step_begin(ctx);
+    if (umt_images_load(ctx, paths, count, channels, 28, 28, invert, 0.0f, 1.0f, &batch) != UMT_OK)
+        fail_msg("%s", umt_last_error());
+    assert_int_equal(umt_tensor_dim(batch, 0), count);
+    assert_int_equal(umt_tensor_dim(batch, 1), channels);
+    float *host = malloc((size_t)umt_tensor_numel(batch) * sizeof *host);
+    assert_int_equal(umt_tensor_copy_to_host(batch, host, (size_t)umt_tensor_numel(batch) * sizeof *host), UMT_OK);
+    return host;
+}
+
+static void test_png_and_bmp_load_exactly_and_jpeg_closely(void **state) {
+    (void)state;
+    const char *paths[] = {path_of("grey.png"), path_of("grey.bmp"), path_of("grey.jpg")};
+    float *x = load_host(paths, 3, 1, UMT_INVERT_NO);
+    assert_float_equal(x[0], 10.0f / 255.0f, 1e-7);             /* a corner */
+    assert_float_equal(x[14 * 28 + 14], 200.0f / 255.0f, 1e-7);  /* the middle */
+    assert_memory_equal(x, x + 784, 784 * sizeof(float));        /* BMP == PNG */
+    for (int i = 0; i < 784; ++i) assert_float_equal(x[1568 + i], x[i], 12.0f / 255.0f); /* JPEG is lossy */
+    free(x);
+}
+
+static void test_larger_images_are_resized_and_colour_is_split_into_channels(void **state) {
+    (void)state;
+    const char *big[] = {path_of("big.png")};
+    float *x = load_host(big, 1, 1, UMT_INVERT_NO);
+    assert_float_equal(x[14 * 28 + 14], 200.0f / 255.0f, 2.0f / 255.0f);
+    assert_float_equal(x[0], 10.0f / 255.0f, 2.0f / 255.0f);
+    free(x);
+    const char *rgb[] = {path_of("rgb.png")};
+    x = load_host(rgb, 1, 3, UMT_INVERT_NO);
+    assert_float_equal(x[14 * 28 + 14], 200.0f / 255.0f, 1e-7); /* red plane */
+    assert_float_equal(x[784 + 14 * 28 + 14], 0.0f, 1e-7);      /* green */
+    assert_float_equal(x[1568 + 5], 1.0f, 1e-7);                 /* blue */
+    free(x);
+}
+
+static void test_invert_auto_flips_only_light_backgrounds(void **state) {
+    (void)state;
+    const char *paths[] = {path_of("grey.png")};
+    float *kept = load_host(paths, 1, 1, UMT_INVERT_AUTO); /* mean grey < 128: dark background, kept */
+    assert_float_equal(kept[0], 10.0f / 255.0f, 1e-7);
+    float *flipped = load_host(paths, 1, 1, UMT_INVERT_YES);
+    assert_float_equal(flipped[0], 245.0f / 255.0f, 1e-7);
+    free(kept);
+    free(flipped);
+}
+
+static void expect_error(const char *name, umt_status status, const char *words) {
+    const char *paths[] = {path_of("grey.png"), path_of(name)};
+    umt_tensor *batch = (umt_tensor *)1;
+    assert_int_equal(umt_images_load(ctx, paths, 2, 1, 28, 28, UMT_INVERT_NO, 0.0f, 1.0f, &batch), status);
+    assert_null(batch);
+    assert_non_null(strstr(umt_last_error(), name));
+    assert_non_null(strstr(umt_last_error(), words));
+}
+
+static void test_bad_files_are_refused_naming_the_file(void **state) {
+    (void)state;
+    expect_error("missing.png", UMT_ERR_IO, "No such file");
+    expect_error("garbage.png", UMT_ERR_FORMAT, "not a readable");
+    expect_error("huge.png", UMT_ERR_FORMAT, "20000x1");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_png_and_bmp_load_exactly_and_jpeg_closely),
+        cmocka_unit_test(test_larger_images_are_resized_and_colour_is_split_into_channels),
+        cmocka_unit_test(test_invert_auto_flips_only_light_backgrounds),
+        cmocka_unit_test(test_bad_files_are_refused_naming_the_file),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
