@@ -55,8 +55,10 @@ static umt_status read_file(const char *path, uint8_t **out, size_t *size) {
         status = umt_fail(UMT_ERR_IO, "%s: reading %zu bytes: %s", path, *size,
                           ferror(f) ? strerror(errno) : "the file ended early");
     fclose(f);
-    if (status != UMT_OK) free(data);
-    if (status == UMT_OK) *out = data;
+    if (status == UMT_OK)
+        *out = data;
+    else
+        free(data);
     return status;
 }
 
@@ -288,7 +290,7 @@ static umt_status check_optimizer(const char *path, const umt_optimizer *opt, co
     if (ck->optimizer == UMT_CKPT_NO_OPTIMIZER)
         return umt_fail(UMT_ERR_FORMAT,
                         "%s: the file holds no optimizer state (saved without an optimizer), "
-                        "but a %s optimizer was given to load it into",
+                        "but an optimizer (%s) was given to load it into",
                         path, given);
     umt_optimizer_kind saved = (umt_optimizer_kind)(ck->optimizer - 1);
     if (saved != umt_optimizer_kind_of(opt))

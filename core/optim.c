@@ -14,6 +14,7 @@
 
 #include "core/context.h"
 #include "core/error.h"
+#include "core/optim.h"
 #include "core/tensor.h"
 
 /* State tensors per parameter: SGD velocity | Adam m, v | Adadelta square_avg, delta_avg. */
@@ -229,7 +230,6 @@ int64_t umt_optimizer_steps(const umt_optimizer *opt) { return opt ? opt->steps 
 /* What checkpoints see (core/optim.h; included here so the compiler checks these definitions
  * against the declarations checkpoint.c uses) */
 
-#include "core/optim.h"
 
 umt_context *umt_optimizer_context(const umt_optimizer *opt) { return opt ? opt->ctx : NULL; }
 

@@ -1,0 +1,352 @@
+/*
+ * kernels/cuda/conv.cu — 2-D convolution on cuDNN, and the per-channel bias kernels
+ * (kernels/cpu/conv.c is the reference).
+ *
+ * The first call for a convolution shape makes its plan: cuDNN descriptors for x, w, y and the
+ * convolution, and one algorithm per direction, the first of cuDNN's heuristic ranking
+ * (cudnnGet*Algorithm_v7) that meets three conditions:
+ *   - fp32 arithmetic: the descriptor asks for CUDNN_FMA_MATH and tensor-op candidates are
+ *     skipped, because cuDNN's default math lets fp32 convolutions run on TF32 tensor cores
+ *     (10-bit mantissas), three orders of magnitude off the fp32 CPU reference;
+ *   - deterministic: the same inputs give the same bits, as every kernel of this folder does
+ *     (cuDNN's atomics-based backward algorithms are skipped);
+ *   - a workspace of at most MAX_WORKSPACE_BYTES.
+ * conv2d_workspace_bytes reports the largest of the plan's three workspaces, so the one buffer
+ * the op takes from the workspace pool serves forward and both backwards.
+ *
+ * Plans are kept in a table of PLAN_SLOTS: a network has a handful of shapes (each layer, at the
+ * training and the evaluation batch size); a full table gives its slots up in turn. The
+ * descriptors live as long as their plan, and the backend's stop destroys every plan.
+ *
+ * Forward overwrites y (cuDNN beta 0: y is not read); both backwards accumulate (beta 1).
+ */
+#include <limits.h>
+#include <string.h>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cudnn_handle.h"
+#include "kernels/cuda/launch.h"
+
+/* BIAS_THREADS must be a power of two (block_sum halves it). */
+enum { PLAN_SLOTS = 32, BIAS_THREADS = 256 };
+static const size_t MAX_WORKSPACE_BYTES = (size_t)256 << 20;
+
+typedef struct {
+    bool used;
+    umt_conv_shape shape;
+    cudnnTensorDescriptor_t x, y;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+    cudnnConvolutionFwdAlgo_t forward;
+    cudnnConvolutionBwdDataAlgo_t backward_data;
+    cudnnConvolutionBwdFilterAlgo_t backward_filter;
+    size_t workspace_bytes; /* the largest of the three algorithms' */
+} conv_plan;
+
+static conv_plan plans[PLAN_SLOTS];
+static int next_given_up; /* the slot a full table reuses next */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Shape checks (the CPU's, in its words)                                                      */
+
+static umt_status check_conv_shape(const char *op, const umt_conv_shape *s) {
+    if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->k < 1 || s->r < 1 || s->s < 1 || s->stride < 1 ||
+        s->pad < 0) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
+                        "%s: n=%lld c=%lld h=%lld w=%lld k=%lld r=%lld s=%lld stride=%lld pad=%lld, expected sizes "
+                        "and stride >= 1, pad >= 0",
+                        op, (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k,
+                        (long long)s->r, (long long)s->s, (long long)s->stride, (long long)s->pad);
+    }
+    if (s->h + 2 * s->pad < s->r || s->w + 2 * s->pad < s->s) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: filter %lldx%lld larger than the padded input %lldx%lld", op,
+                        (long long)s->r, (long long)s->s, (long long)(s->h + 2 * s->pad),
+                        (long long)(s->w + 2 * s->pad));
+    }
+    int64_t p = (s->h + 2 * s->pad - s->r) / s->stride + 1, q = (s->w + 2 * s->pad - s->s) / s->stride + 1;
+    if (s->p != p || s->q != q) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: output %lldx%lld, expected %lldx%lld for this input and filter",
+                        op, (long long)s->p, (long long)s->q, (long long)p, (long long)q);
+    }
+    return UMT_OK;
+}
+
+/* cuDNN's descriptors take int sizes and strides; every size is at most its tensor's numel. */
+static umt_status check_cudnn_limits(const char *op, const umt_conv_shape *s) {
+    double x = (double)s->n * s->c * s->h * s->w, w = (double)s->k * s->c * s->r * s->s;
+    double y = (double)s->n * s->k * s->p * s->q;
+    if (x > INT_MAX || w > INT_MAX || y > INT_MAX || s->stride > INT_MAX || s->pad > INT_MAX) {
+        return umt_fail(UMT_ERR_UNSUPPORTED,
+                        "%s: x of %.0f, w of %.0f, y of %.0f elements, stride %lld, pad %lld; cuDNN takes at most "
+                        "INT_MAX of each",
+                        op, x, w, y, (long long)s->stride, (long long)s->pad);
+    }
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Plans                                                                                       */
+
+static void release_plan(conv_plan *plan) {
+    if (plan->x) cudnnDestroyTensorDescriptor(plan->x);
+    if (plan->y) cudnnDestroyTensorDescriptor(plan->y);
+    if (plan->w) cudnnDestroyFilterDescriptor(plan->w);
+    if (plan->conv) cudnnDestroyConvolutionDescriptor(plan->conv);
+    memset(plan, 0, sizeof *plan);
+}
+
+extern "C" void umt_cuda_conv_forget_plans(void) {
+    for (int i = 0; i < PLAN_SLOTS; i++) release_plan(&plans[i]);
+    next_given_up = 0;
+}
+
+static umt_status describe(conv_plan *p, const umt_conv_shape *s) {
+    UMT_CUDNN_TRY(cudnnCreateTensorDescriptor(&p->x));
+    UMT_CUDNN_TRY(cudnnCreateTensorDescriptor(&p->y));
+    UMT_CUDNN_TRY(cudnnCreateFilterDescriptor(&p->w));
+    UMT_CUDNN_TRY(cudnnCreateConvolutionDescriptor(&p->conv));
+    UMT_CUDNN_TRY(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)s->n, (int)s->c,
+                                             (int)s->h, (int)s->w));
+    UMT_CUDNN_TRY(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)s->n, (int)s->k,
+                                             (int)s->p, (int)s->q));
+    UMT_CUDNN_TRY(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)s->k, (int)s->c,
+                                             (int)s->r, (int)s->s));
+    UMT_CUDNN_TRY(cudnnSetConvolution2dDescriptor(p->conv, (int)s->pad, (int)s->pad, (int)s->stride, (int)s->stride,
+                                                  1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    UMT_CUDNN_TRY(cudnnSetConvolutionMathType(p->conv, CUDNN_FMA_MATH));
+    return UMT_OK;
+}
+
+/* Whether a heuristic's candidate meets the conditions above (its workspace is asked apart). */
+static bool acceptable(cudnnStatus_t status, cudnnDeterminism_t determinism, cudnnMathType_t math) {
+    return status == CUDNN_STATUS_SUCCESS && determinism == CUDNN_DETERMINISTIC && math != CUDNN_TENSOR_OP_MATH &&
+           math != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+static umt_status no_algorithm(const char *direction, const umt_conv_shape *s) {
+    return umt_fail(UMT_ERR_UNSUPPORTED,
+                    "conv2d: cuDNN offers no deterministic fp32 %s algorithm within %zu MiB of workspace for "
+                    "n=%lld c=%lld h=%lld w=%lld k=%lld r=%lld s=%lld stride=%lld pad=%lld",
+                    direction, MAX_WORKSPACE_BYTES >> 20, (long long)s->n, (long long)s->c, (long long)s->h,
+                    (long long)s->w, (long long)s->k, (long long)s->r, (long long)s->s, (long long)s->stride,
+                    (long long)s->pad);
+}
+
+/* The three choosers differ only in cuDNN's types and function names. The workspace size is
+ * asked of cuDNN for the candidate rather than read from the heuristic's estimate. */
+static umt_status choose_forward(cudnnHandle_t handle, conv_plan *p, size_t *bytes) {
+    cudnnConvolutionFwdAlgoPerf_t found[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int count = 0;
+    UMT_CUDNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(handle, p->x, p->w, p->conv, p->y,
+                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, found));
+    for (int i = 0; i < count; i++) {
+        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (cudnnGetConvolutionForwardWorkspaceSize(handle, p->x, p->w, p->conv, p->y, found[i].algo, bytes) !=
+                CUDNN_STATUS_SUCCESS ||
+            *bytes > MAX_WORKSPACE_BYTES) {
+            continue;
+        }
+        p->forward = found[i].algo;
+        return UMT_OK;
+    }
+    return no_algorithm("forward", &p->shape);
+}
+
+static umt_status choose_backward_data(cudnnHandle_t handle, conv_plan *p, size_t *bytes) {
+    cudnnConvolutionBwdDataAlgoPerf_t found[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int count = 0;
+    UMT_CUDNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, p->w, p->y, p->conv, p->x,
+                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, found));
+    for (int i = 0; i < count; i++) {
+        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (cudnnGetConvolutionBackwardDataWorkspaceSize(handle, p->w, p->y, p->conv, p->x, found[i].algo, bytes) !=
+                CUDNN_STATUS_SUCCESS ||
+            *bytes > MAX_WORKSPACE_BYTES) {
+            continue;
+        }
+        p->backward_data = found[i].algo;
+        return UMT_OK;
+    }
+    return no_algorithm("backward data", &p->shape);
+}
+
+static umt_status choose_backward_filter(cudnnHandle_t handle, conv_plan *p, size_t *bytes) {
+    cudnnConvolutionBwdFilterAlgoPerf_t found[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int count = 0;
+    UMT_CUDNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, p->x, p->y, p->conv, p->w,
+                                                                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
+                                                                found));
+    for (int i = 0; i < count; i++) {
+        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, p->x, p->y, p->conv, p->w, found[i].algo, bytes) !=
+                CUDNN_STATUS_SUCCESS ||
+            *bytes > MAX_WORKSPACE_BYTES) {
+            continue;
+        }
+        p->backward_filter = found[i].algo;
+        return UMT_OK;
+    }
+    return no_algorithm("backward filter", &p->shape);
+}
+
+static umt_status make_plan(cudnnHandle_t handle, const umt_conv_shape *s, conv_plan *p) {
+    size_t forward_bytes = 0, data_bytes = 0, filter_bytes = 0;
+    p->shape = *s;
+    UMT_TRY(describe(p, s));
+    UMT_TRY(choose_forward(handle, p, &forward_bytes));
+    UMT_TRY(choose_backward_data(handle, p, &data_bytes));
+    UMT_TRY(choose_backward_filter(handle, p, &filter_bytes));
+    p->workspace_bytes = forward_bytes > data_bytes ? forward_bytes : data_bytes;
+    if (filter_bytes > p->workspace_bytes) p->workspace_bytes = filter_bytes;
+    p->used = true;
+    return UMT_OK;
+}
+
+/* An empty slot, or else the next one in turn, given up. */
+static conv_plan *free_slot(void) {
+    for (int i = 0; i < PLAN_SLOTS; i++) {
+        if (!plans[i].used) return &plans[i];
+    }
+    conv_plan *slot = &plans[next_given_up];
+    next_given_up = (next_given_up + 1) % PLAN_SLOTS;
+    release_plan(slot);
+    return slot;
+}
+
+/* The plan for a checked shape, made on first use. umt_conv_shape is all int64_t (no padding
+ * bytes), so memcmp compares its fields. */
+static umt_status plan_for(const char *op, const umt_conv_shape *s, const conv_plan **out) {
+    UMT_TRY(check_conv_shape(op, s));
+    UMT_TRY(check_cudnn_limits(op, s));
+    for (int i = 0; i < PLAN_SLOTS; i++) {
+        if (plans[i].used && memcmp(&plans[i].shape, s, sizeof *s) == 0) {
+            *out = &plans[i];
+            return UMT_OK;
+        }
+    }
+    cudnnHandle_t handle = umt_cuda_cudnn_handle();
+    if (!handle) return umt_fail(UMT_ERR_STATE, "%s: the cuda backend is not started", op);
+    conv_plan *plan = free_slot();
+    umt_status status = make_plan(handle, s, plan);
+    if (status != UMT_OK) {
+        release_plan(plan);
+        return status;
+    }
+    *out = plan;
+    return UMT_OK;
+}
+
+/* The plan for a call, whose workspace must hold the plan's (the CPU's words). */
+static umt_status plan_for_call(const char *op, const umt_conv_shape *s, const void *workspace,
+                                size_t workspace_bytes, const conv_plan **out) {
+    UMT_TRY(plan_for(op, s, out));
+    size_t needed = (*out)->workspace_bytes;
+    if (workspace_bytes < needed || (needed > 0 && workspace == NULL)) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: workspace %p of %zu bytes, expected at least %zu bytes", op,
+                        workspace, workspace_bytes, needed);
+    }
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Convolution, forward and backward                                                           */
+
+extern "C" umt_status umt_cuda_conv2d_workspace_bytes(const umt_conv_shape *shape, size_t *bytes) {
+    const conv_plan *plan;
+    UMT_TRY(plan_for("conv2d_workspace_bytes", shape, &plan));
+    *bytes = plan->workspace_bytes;
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_conv2d_forward(const umt_conv_shape *shape, const float *x, const float *w, float *y,
+                                              void *workspace, size_t workspace_bytes) {
+    const conv_plan *p;
+    UMT_TRY(plan_for_call("conv2d_forward", shape, workspace, workspace_bytes, &p));
+    const float one = 1.0f, zero = 0.0f;
+    UMT_CUDNN_TRY(cudnnConvolutionForward(umt_cuda_cudnn_handle(), &one, p->x, x, p->w, w, p->conv, p->forward,
+                                          workspace, workspace_bytes, &zero, p->y, y));
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_conv2d_backward_data(const umt_conv_shape *shape, const float *w, const float *dy,
+                                                    float *dx, void *workspace, size_t workspace_bytes) {
+    const conv_plan *p;
+    UMT_TRY(plan_for_call("conv2d_backward_data", shape, workspace, workspace_bytes, &p));
+    const float one = 1.0f;
+    UMT_CUDNN_TRY(cudnnConvolutionBackwardData(umt_cuda_cudnn_handle(), &one, p->w, w, p->y, dy, p->conv,
+                                               p->backward_data, workspace, workspace_bytes, &one, p->x, dx));
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_conv2d_backward_filter(const umt_conv_shape *shape, const float *x, const float *dy,
+                                                      float *dw, void *workspace, size_t workspace_bytes) {
+    const conv_plan *p;
+    UMT_TRY(plan_for_call("conv2d_backward_filter", shape, workspace, workspace_bytes, &p));
+    const float one = 1.0f;
+    UMT_CUDNN_TRY(cudnnConvolutionBackwardFilter(umt_cuda_cudnn_handle(), &one, p->x, x, p->y, dy, p->conv,
+                                                 p->backward_filter, workspace, workspace_bytes, &one, p->w, dw));
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Per-channel bias                                                                            */
+
+static umt_status check_channel_sizes(const char *op, int64_t n, int64_t k, int64_t hw) {
+    if (n < 0 || k < 0 || hw < 0) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: n=%lld k=%lld hw=%lld, expected sizes >= 0", op, (long long)n,
+                        (long long)k, (long long)hw);
+    }
+    return UMT_OK;
+}
+
+static __global__ void add_channel_bias_kernel(const float *x, const float *bias, float *y, int64_t n, int64_t k,
+                                               int64_t hw) {
+    FOR_EACH_INDEX(i, n * k * hw) y[i] = x[i] + bias[(i / hw) % k];
+}
+
+/* The sum of v over the block's BIAS_THREADS threads, returned to every thread: a fixed tree
+ * over shared memory, so the result does not depend on thread timing. */
+static __device__ double block_sum(double v) {
+    __shared__ double partial[BIAS_THREADS];
+    partial[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = BIAS_THREADS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        __syncthreads();
+    }
+    double total = partial[0];
+    /* The next call (the next channel) overwrites partial. */
+    __syncthreads();
+    return total;
+}
+
+/* One block per channel; its threads stride over the channel's n*hw terms, in double as on the
+ * CPU, and the block adds the total to dbias once. */
+static __global__ void sum_channel_bias_kernel(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw) {
+    for (int64_t ch = blockIdx.x; ch < k; ch += gridDim.x) {
+        double sum = 0.0;
+        for (int64_t e = threadIdx.x; e < n * hw; e += BIAS_THREADS) sum += dy[((e / hw) * k + ch) * hw + e % hw];
+        sum = block_sum(sum);
+        if (threadIdx.x == 0) dbias[ch] = (float)((double)dbias[ch] + sum);
+    }
+}
+
+extern "C" umt_status umt_cuda_add_channel_bias(const float *x, const float *bias, float *y, int64_t n, int64_t k,
+                                                int64_t hw) {
+    UMT_TRY(check_channel_sizes("add_channel_bias", n, k, hw));
+    if (n == 0 || k == 0 || hw == 0) return UMT_OK;
+    add_channel_bias_kernel<<<blocks_for(n * k * hw), THREADS, 0, umt_cuda_stream()>>>(x, bias, y, n, k, hw);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_sum_channel_bias(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw) {
+    UMT_TRY(check_channel_sizes("sum_channel_bias", n, k, hw));
+    if (k == 0) return UMT_OK;
+    unsigned int blocks = k < MAX_BLOCKS ? (unsigned int)k : (unsigned int)MAX_BLOCKS;
+    sum_channel_bias_kernel<<<blocks, BIAS_THREADS, 0, umt_cuda_stream()>>>(dy, dbias, n, k, hw);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}

@@ -1,0 +1,177 @@
+/*
+ * kernels/cuda/pool.cu — max and average pooling over square windows (no padding), each next to
+ * its backward. Our kernels, not cuDNN's, so that every result equals the CPU's bit for bit
+ * (kernels/cpu/pool.c is the reference).
+ *
+ * Forwards give one output to a thread. Max pooling scans its window rows then columns and
+ * keeps the first maximum, except that a NaN beats any number and the first NaN wins (the CPU's
+ * rule, PyTorch's NaN propagation); argmax is the pick's index within its h*w plane.
+ *
+ * Backwards gather instead of scattering: one thread per input element walks the windows that
+ * cover it in output order (rows, then columns), adding each contribution to dx in turn. That is
+ * the order in which the CPU's scatter reaches the element, so overlapping windows (stride <
+ * window) give the CPU's sums exactly, with no atomics and the same bits on every run. For max
+ * pooling a window contributes when its argmax is this element. An argmax outside its window is
+ * never matched, so a corrupt argmax loses its gradient where the CPU refuses it; argmax comes
+ * from max_pool_forward, and checking it here would cost a wait for the GPU on every call.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.h"
+
+/* The CPU's shape check, in its words. */
+static umt_status check_pool_shape(const char *op, const umt_pool_shape *s) {
+    if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->window < 1 || s->stride < 1) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
+                        "%s: n=%lld c=%lld h=%lld w=%lld window=%lld stride=%lld, expected all >= 1", op,
+                        (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->window,
+                        (long long)s->stride);
+    }
+    if (s->window > s->h || s->window > s->w) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: window %lld larger than the input %lldx%lld", op,
+                        (long long)s->window, (long long)s->h, (long long)s->w);
+    }
+    int64_t p = (s->h - s->window) / s->stride + 1, q = (s->w - s->window) / s->stride + 1;
+    if (s->p != p || s->q != q) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: output %lldx%lld, expected %lldx%lld for this input and window",
+                        op, (long long)s->p, (long long)s->q, (long long)p, (long long)q);
+    }
+    if (s->h > INT32_MAX / s->w) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: plane %lldx%lld has more than INT32_MAX elements", op,
+                        (long long)s->h, (long long)s->w);
+    }
+    return UMT_OK;
+}
+
+/* One thread per element of n (n >= 1 once the shape is checked). The kernels take the shape by
+ * value, so it travels in the launch's parameters. */
+#define LAUNCH_OVER(n, kernel, ...)                                                                                \
+    do {                                                                                                           \
+        kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(__VA_ARGS__);                                     \
+        UMT_CUDA_LAUNCHED();                                                                                       \
+    } while (0)
+
+/* The first and last output index (in one dimension) whose window covers input index i; first >
+ * last when none does (the input's tail that no window reaches). */
+static __device__ void covering(int64_t i, int64_t window, int64_t stride, int64_t outputs, int64_t *first,
+                                int64_t *last) {
+    *first = i < window ? 0 : (i - window) / stride + 1;
+    *last = i / stride < outputs - 1 ? i / stride : outputs - 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Max pooling                                                                                 */
+
+static __device__ bool takes_over(float value, float best) { return value > best || (isnan(value) && !isnan(best)); }
+
+static __global__ void max_pool_forward_kernel(umt_pool_shape s, const float *x, float *y, int32_t *argmax) {
+    FOR_EACH_INDEX(out, s.n * s.c * s.p * s.q) {
+        int64_t plane = out / (s.p * s.q), oy = out / s.q % s.p, ox = out % s.q;
+        const float *x_plane = x + plane * s.h * s.w;
+        int64_t y0 = oy * s.stride, x0 = ox * s.stride;
+        int64_t best_index = y0 * s.w + x0;
+        float best = x_plane[best_index];
+        for (int64_t i = 0; i < s.window; i++) {
+            for (int64_t j = 0; j < s.window; j++) {
+                int64_t at = (y0 + i) * s.w + x0 + j;
+                if (takes_over(x_plane[at], best)) {
+                    best = x_plane[at];
+                    best_index = at;
+                }
+            }
+        }
+        y[out] = best;
+        argmax[out] = (int32_t)best_index;
+    }
+}
+
+static __global__ void max_pool_backward_kernel(umt_pool_shape s, const int32_t *argmax, const float *dy,
+                                                float *dx) {
+    FOR_EACH_INDEX(in, s.n * s.c * s.h * s.w) {
+        int64_t plane = in / (s.h * s.w), iy = in / s.w % s.h, ix = in % s.w;
+        int64_t oy_first, oy_last, ox_first, ox_last;
+        covering(iy, s.window, s.stride, s.p, &oy_first, &oy_last);
+        covering(ix, s.window, s.stride, s.q, &ox_first, &ox_last);
+        const int32_t *plane_argmax = argmax + plane * s.p * s.q;
+        const float *plane_dy = dy + plane * s.p * s.q;
+        int32_t self = (int32_t)(iy * s.w + ix);
+        float sum = dx[in];
+        bool picked = false;
+        for (int64_t oy = oy_first; oy <= oy_last; oy++) {
+            for (int64_t ox = ox_first; ox <= ox_last; ox++) {
+                if (plane_argmax[oy * s.q + ox] == self) {
+                    sum = __fadd_rn(sum, plane_dy[oy * s.q + ox]);
+                    picked = true;
+                }
+            }
+        }
+        if (picked) dx[in] = sum;
+    }
+}
+
+extern "C" umt_status umt_cuda_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y,
+                                                int32_t *argmax) {
+    UMT_TRY(check_pool_shape("max_pool_forward", shape));
+    LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_kernel, *shape, x, y, argmax);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_max_pool_backward(const umt_pool_shape *shape, const int32_t *argmax, const float *dy,
+                                                 float *dx) {
+    UMT_TRY(check_pool_shape("max_pool_backward", shape));
+    LAUNCH_OVER(shape->n * shape->c * shape->h * shape->w, max_pool_backward_kernel, *shape, argmax, dy, dx);
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Average pooling                                                                             */
+
+/* The window's sum in double, divided by its area in double, as on the CPU. */
+static __global__ void avg_pool_forward_kernel(umt_pool_shape s, const float *x, float *y) {
+    double area = (double)(s.window * s.window);
+    FOR_EACH_INDEX(out, s.n * s.c * s.p * s.q) {
+        int64_t plane = out / (s.p * s.q), oy = out / s.q % s.p, ox = out % s.q;
+        double sum = 0.0;
+        for (int64_t i = 0; i < s.window; i++) {
+            const float *row = x + plane * s.h * s.w + (oy * s.stride + i) * s.w + ox * s.stride;
+            for (int64_t j = 0; j < s.window; j++) sum += row[j];
+        }
+        y[out] = (float)(sum / area);
+    }
+}
+
+/* Every covering window adds its dy / area (a float division, as on the CPU). */
+static __global__ void avg_pool_backward_kernel(umt_pool_shape s, const float *dy, float *dx) {
+    float area = (float)(s.window * s.window);
+    FOR_EACH_INDEX(in, s.n * s.c * s.h * s.w) {
+        int64_t plane = in / (s.h * s.w), iy = in / s.w % s.h, ix = in % s.w;
+        int64_t oy_first, oy_last, ox_first, ox_last;
+        covering(iy, s.window, s.stride, s.p, &oy_first, &oy_last);
+        covering(ix, s.window, s.stride, s.q, &ox_first, &ox_last);
+        if (oy_first > oy_last || ox_first > ox_last) continue;
+        const float *plane_dy = dy + plane * s.p * s.q;
+        float sum = dx[in];
+        for (int64_t oy = oy_first; oy <= oy_last; oy++) {
+            for (int64_t ox = ox_first; ox <= ox_last; ox++) {
+                sum = __fadd_rn(sum, __fdiv_rn(plane_dy[oy * s.q + ox], area));
+            }
+        }
+        dx[in] = sum;
+    }
+}
+
+extern "C" umt_status umt_cuda_avg_pool_forward(const umt_pool_shape *shape, const float *x, float *y) {
+    UMT_TRY(check_pool_shape("avg_pool_forward", shape));
+    LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, avg_pool_forward_kernel, *shape, x, y);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_avg_pool_backward(const umt_pool_shape *shape, const float *dy, float *dx) {
+    UMT_TRY(check_pool_shape("avg_pool_backward", shape));
+    LAUNCH_OVER(shape->n * shape->c * shape->h * shape->w, avg_pool_backward_kernel, *shape, dy, dx);
+    return UMT_OK;
+}
