@@ -227,9 +227,7 @@ float umt_optimizer_lr(const umt_optimizer *opt) { return opt ? opt->options.lr 
 int64_t umt_optimizer_steps(const umt_optimizer *opt) { return opt ? opt->steps : 0; }
 
 /* ----------------------------------------------------------------------------------------- */
-/* What checkpoints see (core/optim.h; included here so the compiler checks these definitions
- * against the declarations checkpoint.c uses) */
-
+/* What checkpoints see (core/optim.h) */
 
 umt_context *umt_optimizer_context(const umt_optimizer *opt) { return opt ? opt->ctx : NULL; }
 
