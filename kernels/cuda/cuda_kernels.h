@@ -3,7 +3,7 @@
  * umt_backend slots as kernels/cpu/ (core/backend.h documents each slot).
  *
  * One process drives one GPU (data parallelism runs one process per GPU), so the backend's
- * state is one compute stream and one cuBLAS handle for the process, made by
+ * state is one compute stream, one cuBLAS handle and one cuDNN handle for the process, made by
  * umt_cuda_backend_start. Every kernel runs on that stream, in order; functions that return a
  * host value (download, count_correct) wait for it. Pointers handed to the slots are device or
  * managed memory, except where a slot says host.
