@@ -35,6 +35,8 @@ struct umt_context {
     umt_tensor **buffers; /* named model state that is not trained (running statistics) */
     int buffer_count;
     int buffer_slots;
+    void *timer_start;    /* umt_timer_start's CUDA event (CPU: unused) */
+    double timer_start_s; /* umt_timer_start's clock reading (CPU) */
     void *conv_workspace; /* one growing block of the workspace pool, shared by conv calls */
     size_t conv_workspace_bytes;
     umt_owned *owned;

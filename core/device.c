@@ -2,6 +2,7 @@
 #include "core/device.h"
 
 #include <string.h>
+#include <time.h>
 
 #include "core/context.h"
 #include "core/error.h"
@@ -64,6 +65,7 @@ umt_status umt_device_start(umt_context *ctx) {
 
 void umt_device_stop(umt_context *ctx) {
 #ifdef UMT_WITH_CUDA
+    if (ctx->timer_start) cudaEventDestroy((cudaEvent_t)ctx->timer_start);
     if (ctx->options.device == UMT_DEVICE_CUDA && ctx->backend) umt_cuda_backend_stop();
 #else
     (void)ctx;
@@ -75,5 +77,48 @@ umt_status umt_synchronize(umt_context *ctx) {
 #ifdef UMT_WITH_CUDA
     if (ctx->options.device == UMT_DEVICE_CUDA) return umt_cuda_synchronize();
 #endif
+    return UMT_OK;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Timing on the device's own clock */
+
+static double clock_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+umt_status umt_timer_start(umt_context *ctx) {
+    if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_timer_start: ctx is NULL");
+#ifdef UMT_WITH_CUDA
+    if (ctx->options.device == UMT_DEVICE_CUDA) {
+        if (!ctx->timer_start) UMT_CUDA_TRY(cudaEventCreate((cudaEvent_t *)&ctx->timer_start));
+        UMT_CUDA_TRY(cudaEventRecord((cudaEvent_t)ctx->timer_start, umt_cuda_stream()));
+        return UMT_OK;
+    }
+#endif
+    ctx->timer_start_s = clock_seconds();
+    return UMT_OK;
+}
+
+umt_status umt_timer_stop(umt_context *ctx, double *elapsed_ms) {
+    if (!ctx || !elapsed_ms) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_timer_stop: NULL argument");
+#ifdef UMT_WITH_CUDA
+    if (ctx->options.device == UMT_DEVICE_CUDA) {
+        if (!ctx->timer_start) return umt_fail(UMT_ERR_STATE, "umt_timer_stop: umt_timer_start was not called");
+        cudaEvent_t stop;
+        float ms = 0;
+        UMT_CUDA_TRY(cudaEventCreate(&stop));
+        cudaError_t e = cudaEventRecord(stop, umt_cuda_stream());
+        if (e == cudaSuccess) e = cudaEventSynchronize(stop);
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, (cudaEvent_t)ctx->timer_start, stop);
+        cudaEventDestroy(stop);
+        UMT_CUDA_TRY(e);
+        *elapsed_ms = ms;
+        return UMT_OK;
+    }
+#endif
+    *elapsed_ms = 1e3 * (clock_seconds() - ctx->timer_start_s);
     return UMT_OK;
 }

@@ -140,18 +140,18 @@ static int train_epoch(run_state *r, const options *o, int epoch) {
 }
 
 /* Steady-state training speed: the dataset is already in the (GPU) dataset pool; warm-up steps
- * first, then `steps` steps queued back to back and timed once the device has finished. */
+ * first, then `steps` steps queued back to back, timed by the device (CUDA events). */
 static int bench(run_state *r, const options *o) {
     int64_t n = umt_dataset_size(r->train), batch = o->batch_size < n ? o->batch_size : n;
     if (example_check(program, umt_permutation(r->ctx, n, r->order))) return -1;
     for (int i = 0; i < 20; ++i)
         if (!train_step(r, r->order + (i * batch) % (n - batch + 1), batch)) return example_check(program, umt_last_status());
-    if (example_check(program, umt_synchronize(r->ctx))) return -1;
-    double start = example_seconds();
+    double ms = 0;
+    if (example_check(program, umt_timer_start(r->ctx))) return -1;
     for (int i = 0; i < o->bench_steps; ++i)
         if (!train_step(r, r->order + (i * batch) % (n - batch + 1), batch)) return example_check(program, umt_last_status());
-    if (example_check(program, umt_synchronize(r->ctx))) return -1;
-    double seconds = example_seconds() - start;
+    if (example_check(program, umt_timer_stop(r->ctx, &ms))) return -1;
+    double seconds = ms / 1e3;
     printf("bench: batch %lld, %d steps in %.3f s: %.0f images/s (%.3f ms/step)\n", (long long)batch, o->bench_steps,
            seconds, (double)batch * o->bench_steps / seconds, 1e3 * seconds / o->bench_steps);
     umt_memory_report(r->ctx);

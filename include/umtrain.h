@@ -125,6 +125,12 @@ void umt_context_destroy(umt_context *ctx);
 /* Waits until the device has finished all queued work (a no-op on the CPU). */
 umt_status umt_synchronize(umt_context *ctx);
 
+/* Device time between two points of the queued work: umt_timer_start marks a point on the
+ * device's stream (a CUDA event; the CPU uses its clock), umt_timer_stop marks a second one,
+ * waits for it and gives the milliseconds between them. One timer per context. */
+umt_status umt_timer_start(umt_context *ctx);
+umt_status umt_timer_stop(umt_context *ctx, double *elapsed_ms);
+
 /* The device budget and the managed/device bytes held now (both 0 on the CPU). */
 umt_status umt_device_budget(const umt_context *ctx, size_t *budget_bytes, size_t *used_bytes);
 

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -194,6 +195,20 @@ static void test_memory_modes_and_devices_parse_by_name(void **state) {
     assert_int_equal(umt_device_parse("tpu", &device), UMT_ERR_INVALID_ARGUMENT);
 }
 
+static void test_timer_measures_elapsed_time_and_needs_a_start(void **state) {
+    (void)state;
+    umt_context *ctx;
+    assert_int_equal(umt_context_create(NULL, &ctx), UMT_OK);
+    double ms = -1;
+    assert_int_equal(umt_timer_start(ctx), UMT_OK);
+    struct timespec pause = {0, 20 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    assert_int_equal(umt_timer_stop(ctx, &ms), UMT_OK);
+    assert_true(ms >= 19.0 && ms < 5000.0);
+    assert_int_equal(umt_timer_stop(ctx, NULL), UMT_ERR_INVALID_ARGUMENT);
+    umt_context_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_pool_has_a_policy_row_with_its_own_name),
@@ -207,6 +222,7 @@ int main(void) {
         cmocka_unit_test(test_budget_is_free_memory_less_headroom_and_the_variable_only_lowers_it),
         cmocka_unit_test(test_placement_follows_the_table_device_and_mode),
         cmocka_unit_test(test_memory_modes_and_devices_parse_by_name),
+        cmocka_unit_test(test_timer_measures_elapsed_time_and_needs_a_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

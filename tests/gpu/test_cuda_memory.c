@@ -169,6 +169,24 @@ static void test_every_memory_mode_and_the_cpu_train_to_the_same_losses(void **s
     }
 }
 
+static void test_device_timer_sees_queued_work(void **state) {
+    (void)state;
+    umt_context *ctx = cuda_context(UMT_MEM_MANAGED, 1);
+    umt_tensor *a = umt_tensor_new_2d(ctx, UMT_POOL_DATASET, UMT_F32, 2048, 2048);
+    assert_int_equal(umt_tensor_uniform(ctx, a, -1.0f, 1.0f), UMT_OK);
+    double ms = -1;
+    assert_int_equal(umt_timer_stop(ctx, &ms), UMT_ERR_STATE);
+    assert_int_equal(umt_timer_start(ctx), UMT_OK);
+    for (int i = 0; i < 10; ++i) {
+        umt_step_begin(ctx);
+        assert_non_null(umt_matmul(ctx, a, a)); /* ~17 GFLOP each in fp32 */
+    }
+    assert_int_equal(umt_timer_stop(ctx, &ms), UMT_OK);
+    print_message("10 fp32 matmuls of 2048^3: %.3f ms\n", ms);
+    assert_true(ms > 0.1 && ms < 10000.0);
+    umt_context_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_request_past_the_budget_is_refused_and_allocates_nothing),
@@ -176,6 +194,7 @@ int main(void) {
         cmocka_unit_test(test_managed_mode_advises_and_prefetches_each_pool_as_the_table_says),
         cmocka_unit_test(test_plain_mode_is_managed_without_advice_and_device_mode_is_cudamalloc),
         cmocka_unit_test(test_every_memory_mode_and_the_cpu_train_to_the_same_losses),
+        cmocka_unit_test(test_device_timer_sees_queued_work),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
