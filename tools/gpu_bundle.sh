@@ -3,8 +3,10 @@
 # libraries a bare GPU machine lacks, into gpu_bundle/ (git-ignored). On the GPU machine,
 #     bash gpu_bundle/run_all.sh
 # runs every GPU test, the trainer and the benchmarks, and prints a summary table last.
+# UMT_BUNDLE_DIR puts the bundle elsewhere (an absolute path, or relative to the repo root).
 set -euo pipefail
 cd "$(dirname "$0")/.." || exit 1
+bundle="${UMT_BUNDLE_DIR:-gpu_bundle}"
 tools/setup.sh
 tools/fetch_mnist.sh data/mnist
 
@@ -12,19 +14,19 @@ gpu_targets=(//tests/gpu:all //examples:mnist_mlp //examples:mnist_cnn //example
 echo "gpu_bundle: bazel build --config=cuda ${gpu_targets[*]}"
 bazel build --config=cuda "${gpu_targets[@]}"
 
-rm -rf gpu_bundle
-mkdir -p gpu_bundle/bin gpu_bundle/lib gpu_bundle/data
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/data"
 for t in $(bazel query 'kind(cc_test, //tests/gpu:all)' 2>/dev/null); do
-    cp "bazel-bin/tests/gpu/${t##*:}" gpu_bundle/bin/
+    cp "bazel-bin/tests/gpu/${t##*:}" "$bundle"/bin/
 done
 cp bazel-bin/examples/mnist_mlp bazel-bin/examples/mnist_cnn bazel-bin/examples/predict \
-    bazel-bin/bench/mlp_mem_modes gpu_bundle/bin/
+    bazel-bin/bench/mlp_mem_modes "$bundle"/bin/
 # cmocka and stb are not on the GPU machine's image; CUDA, cuBLAS, cuDNN and zlib are.
 for lib in libcmocka.so.0 libstb.so.0; do
-    cp -L "$(ldconfig -p | awk -v lib="$lib" '$1 == lib {print $NF; exit}')" gpu_bundle/lib/
+    cp -L "$(ldconfig -p | awk -v lib="$lib" '$1 == lib {print $NF; exit}')" "$bundle"/lib/
 done
 # Compressed, the four MNIST files travel in 12 MB instead of 55 (the IDX reader inflates them).
-for f in data/mnist/*-ubyte; do gzip -9 -c "$f" > "gpu_bundle/data/$(basename "$f").gz"; done
-cp tools/gpu_run_all.sh gpu_bundle/run_all.sh
-cp bench/torch_ref.py gpu_bundle/
-du -sh gpu_bundle
+for f in data/mnist/*-ubyte; do gzip -9 -c "$f" > "$bundle/data/$(basename "$f").gz"; done
+cp tools/gpu_run_all.sh "$bundle"/run_all.sh
+cp bench/torch_ref.py "$bundle"/
+du -sh "$bundle"
