@@ -16,26 +16,33 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/optim_step.h"
 #include "umtrain.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The shape of a 2-D convolution, NCHW, f32, dilation 1, no groups:
- * x [n,c,h,w] * w [k,c,r,s] -> y [n,k,p,q], p = (h + 2*pad - r)/stride + 1, q likewise. */
+/* The shape of a 2-D convolution, dilation 1, no groups:
+ * x [n,c,h,w] * w [k,c,r,s] -> y [n,k,p,q], p = (h + 2*pad - r)/stride + 1, q likewise.
+ * The f32 slots take NCHW f32 (dtype and nhwc left zero); the _lp slots read dtype and nhwc. */
 typedef struct {
     int64_t n, c, h, w; /* input */
     int64_t k, r, s;    /* filters: k of c x r x s */
     int64_t p, q;       /* output height and width */
     int64_t stride, pad;
+    umt_dtype dtype;    /* of x, w, y and their gradients (_lp slots: bf16 or f16) */
+    bool nhwc;          /* x, y stored N,H,W,C and w K,R,S,C (_lp slots) */
 } umt_conv_shape;
 
-/* The shape of a 2-D pooling window over x [n,c,h,w] -> y [n,c,p,q], no padding. */
+/* The shape of a 2-D pooling window over x [n,c,h,w] -> y [n,c,p,q], no padding; dtype and
+ * nhwc as in umt_conv_shape (read by the _lp slots only). */
 typedef struct {
     int64_t n, c, h, w;
     int64_t p, q;
     int64_t window, stride;
+    umt_dtype dtype;
+    bool nhwc;
 } umt_pool_shape;
 
 typedef struct umt_backend {
@@ -139,6 +146,48 @@ typedef struct umt_backend {
                                      const float *save_inv_std, float *dx, float *dgamma, float *dbeta, int64_t n,
                                      int64_t c, int64_t hw);
 
+    /* --- mixed precision (core/precision.c). Activations and their gradients are bf16 or f16
+     *     (dtype), 4-D ones NHWC where nhwc says so; parameters, their gradients, biases and
+     *     every accumulation stay f32. These slots exist on CUDA only: the CPU table leaves
+     *     them NULL, and core/precision.c refuses a low precision there. --- */
+    /* Zeroes bytes bytes at x (both backends: gradients of any dtype start from it). */
+    umt_status (*zero)(void *x, size_t bytes);
+    /* dst (=, or += when accumulate) src, converting dtypes and, for n images of c channels of
+     * hw pixels, the layout: one slot for casts, layout changes and their backwards. */
+    umt_status (*recast)(const void *src, umt_dtype src_dtype, bool src_nhwc, void *dst, umt_dtype dst_dtype,
+                         bool dst_nhwc, int64_t n, int64_t c, int64_t hw, bool accumulate);
+    /* C = alpha op(A) op(B) + beta C with A, B of ab_dtype and C of c_dtype (f32 or ab_dtype),
+     * products on tensor cores, accumulation in f32 */
+    umt_status (*gemm_lp)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
+                          int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
+                          umt_dtype ab_dtype, umt_dtype c_dtype);
+    umt_status (*add_rows_lp)(umt_dtype dtype, const void *x, const float *bias, void *out, int64_t rows,
+                              int64_t cols);
+    umt_status (*sum_rows_lp)(umt_dtype dtype, const void *dy, float *dbias, int64_t rows, int64_t cols);
+    umt_status (*relu_lp)(umt_dtype dtype, const void *x, void *y, int64_t n);
+    umt_status (*relu_backward_lp)(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n);
+    umt_status (*dropout_forward_lp)(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n, float p,
+                                     uint64_t seed);
+    umt_status (*dropout_backward_lp)(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx, int64_t n,
+                                      float p);
+    /* Convolution on bf16/f16 NHWC tensors; dw is an f32 gradient (accumulated) */
+    umt_status (*conv2d_forward_lp)(const umt_conv_shape *shape, const void *x, const void *w, void *y,
+                                    void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_backward_data_lp)(const umt_conv_shape *shape, const void *w, const void *dy, void *dx,
+                                          void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_backward_filter_lp)(const umt_conv_shape *shape, const void *x, const void *dy, float *dw,
+                                            void *workspace, size_t workspace_bytes);
+    umt_status (*add_channel_bias_lp)(umt_dtype dtype, bool nhwc, const void *x, const float *bias, void *y,
+                                      int64_t n, int64_t k, int64_t hw);
+    umt_status (*sum_channel_bias_lp)(umt_dtype dtype, bool nhwc, const void *dy, float *dbias, int64_t n,
+                                      int64_t k, int64_t hw);
+    /* Pooling as above; argmax indexes the window's first maximum in its (h, w) plane */
+    umt_status (*max_pool_forward_lp)(const umt_pool_shape *shape, const void *x, void *y, int32_t *argmax);
+    umt_status (*max_pool_backward_lp)(const umt_pool_shape *shape, const int32_t *argmax, const void *dy,
+                                       void *dx);
+    umt_status (*avg_pool_forward_lp)(const umt_pool_shape *shape, const void *x, void *y);
+    umt_status (*avg_pool_backward_lp)(const umt_pool_shape *shape, const void *dy, void *dx);
+
     /* --- optimizer updates, in place over n elements (PyTorch's update rules) --- */
     umt_status (*sgd_update)(float *param, const float *grad, float *velocity, int64_t n, float lr, float momentum,
                              float weight_decay);
@@ -147,6 +196,23 @@ typedef struct umt_backend {
                               float beta2, float eps, float weight_decay, bool decoupled, int64_t step);
     umt_status (*adadelta_update)(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,
                                   float lr, float rho, float eps, float weight_decay);
+
+    /* --- fused optimizer steps (core/optim_step.h tells the story): the same rules as above,
+     *     each in one pass that may also scale or clip the gradient, skip the step and write
+     *     the parameter's low-precision copy; a zero fusion is the plain update, bit for bit --- */
+    /* partials[0..UMT_GRAD_SUMSQ_PARTIALS) = a fixed split of sum(grad^2), in double */
+    umt_status (*grad_sumsq)(const float *grad, int64_t n, double *partials);
+    /* One thread: sums partials[0..count) in a fixed order, then umt_step_finish(scalars) */
+    umt_status (*step_prepare)(umt_step_scalars *scalars, const double *partials, int64_t count,
+                               umt_step_options options);
+    umt_status (*sgd_update_fused)(float *param, const float *grad, float *velocity, int64_t n, float lr,
+                                   float momentum, float weight_decay, umt_update_fusion fusion);
+    umt_status (*adam_update_fused)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                                    float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                                    int64_t step, umt_update_fusion fusion);
+    umt_status (*adadelta_update_fused)(float *param, const float *grad, float *square_avg, float *delta_avg,
+                                        int64_t n, float lr, float rho, float eps, float weight_decay,
+                                        umt_update_fusion fusion);
 } umt_backend;
 
 /* Dropout's draw for element i: a counter-based hash of (seed, i) -> uniform in [0, 1),

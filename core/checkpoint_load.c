@@ -323,7 +323,7 @@ static umt_status apply(umt_context *ctx, umt_optimizer *opt, const char *path, 
                                 umt_last_error());
         }
     memcpy(ctx->rng.s, ck->rng, sizeof ck->rng);
-    if (opt) umt_optimizer_set_steps(opt, ck->optimizer_steps);
+    if (opt) UMT_TRY(umt_optimizer_set_steps(opt, ck->optimizer_steps));
     return UMT_OK;
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/precision.h"
 #include "core/tensor.h"
 
 umt_context_options umt_context_defaults(void) {
@@ -27,6 +28,7 @@ umt_status umt_context_create(const umt_context_options *options, umt_context **
     umt_memory_init(&ctx->memory, opts.device, opts.memory_mode, opts.cuda_device);
     umt_rng_seed(&ctx->rng, opts.seed);
     umt_status st = umt_device_start(ctx);
+    if (st == UMT_OK) st = umt_precision_check(ctx);
     if (st != UMT_OK) {
         umt_context_destroy(ctx);
         return st;
@@ -224,6 +226,7 @@ umt_status umt_tensor_uniform(umt_context *ctx, umt_tensor *t, float low, float 
     float *host = malloc((size_t)t->numel * sizeof *host);
     if (!host) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_tensor_uniform: no memory for %lld values", (long long)t->numel);
     for (int64_t i = 0; i < t->numel; ++i) host[i] = low + (high - low) * umt_rng_uniform(&ctx->rng);
+    t->lowp_stale = true;
     umt_status st = ctx->backend->upload(t->data, host, t->bytes);
     free(host);
     return st;

@@ -11,11 +11,16 @@
 #include "core/backend.h"
 #include "core/context.h"
 #include "core/error.h"
+#include "core/precision.h"
 #include "core/tape.h"
 #include "core/tensor.h"
 
 /* An f32 output of the given shape in the activations pool. */
 umt_tensor *umt_op_output(umt_context *ctx, int ndim, const int64_t *shape);
+/* The same in dtype, stored NHWC if nhwc (4-D only; core/precision.h). */
+umt_tensor *umt_op_output_typed(umt_context *ctx, umt_dtype dtype, bool nhwc, int ndim, const int64_t *shape);
+/* An output like x: its dtype, layout and shape. */
+umt_tensor *umt_op_output_like(umt_context *ctx, const umt_tensor *x);
 
 /* out if the kernel succeeded and the node was recorded; NULL otherwise (the message says why). */
 umt_tensor *umt_op_finish(umt_context *ctx, umt_status kernel_status, const char *op, umt_backward_fn backward,
@@ -27,9 +32,9 @@ umt_tensor *umt_op_finish_with(umt_context *ctx, umt_status kernel_status, const
                                int64_t param0, int64_t param1, float fparam);
 
 /* Input i's gradient if it takes one, else NULL (backward functions skip NULL gradients). */
-static inline float *umt_input_grad(const umt_node *node, int i) {
+static inline void *umt_input_grad(const umt_node *node, int i) {
     umt_tensor *t = node->inputs[i];
-    return t->requires_grad ? (float *)t->grad->data : NULL;
+    return t->requires_grad ? t->grad->data : NULL;
 }
 
 #endif /* UMT_CORE_OPS_H */

@@ -32,7 +32,9 @@ static umt_status batchnorm_backward(umt_context *ctx, const umt_node *node) {
 
 umt_tensor *umt_batch_norm(umt_context *ctx, umt_tensor *x, umt_tensor *gamma, umt_tensor *beta,
                            umt_tensor *running_mean, umt_tensor *running_var, float momentum, float eps) {
-    if (!x || !gamma || !beta || !running_mean || !running_var) return NULL;
+    if (!gamma || !beta || !running_mean || !running_var) return NULL;
+    /* Batch statistics are reductions: f32 NCHW under every precision (core/precision.h). */
+    if (!(x = umt_to_f32(ctx, x))) return NULL;
     if (check_batchnorm(x, gamma, beta, running_mean, running_var) != UMT_OK) return NULL;
     int64_t n = x->shape[0], c = x->shape[1], hw = x->numel / (n * c);
     umt_tensor *y = umt_op_output(ctx, x->ndim, x->shape);

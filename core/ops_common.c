@@ -5,6 +5,16 @@ umt_tensor *umt_op_output(umt_context *ctx, int ndim, const int64_t *shape) {
     return umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, ndim, shape);
 }
 
+umt_tensor *umt_op_output_typed(umt_context *ctx, umt_dtype dtype, bool nhwc, int ndim, const int64_t *shape) {
+    umt_tensor *t = umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, dtype, ndim, shape);
+    if (t) t->nhwc = nhwc && ndim == 4;
+    return t;
+}
+
+umt_tensor *umt_op_output_like(umt_context *ctx, const umt_tensor *x) {
+    return umt_op_output_typed(ctx, x->dtype, x->nhwc, x->ndim, x->shape);
+}
+
 umt_tensor *umt_op_finish(umt_context *ctx, umt_status kernel_status, const char *op, umt_backward_fn backward,
                           umt_tensor *out, umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2) {
     if (kernel_status != UMT_OK) {

@@ -7,13 +7,16 @@ static umt_conv_shape conv_shape(const umt_tensor *x, const umt_tensor *w, int64
                         .k = w->shape[0], .r = w->shape[2], .s = w->shape[3], .stride = stride, .pad = padding};
     s.p = (s.h + 2 * padding - s.r) / stride + 1;
     s.q = (s.w + 2 * padding - s.s) / stride + 1;
+    /* f32 NCHW unless x is a bf16/f16 NHWC activation (core/precision.h) */
+    s.dtype = x->dtype;
+    s.nhwc = x->nhwc;
     return s;
 }
 
 static umt_status check_conv(const umt_tensor *x, const umt_tensor *w, const umt_tensor *bias, int64_t stride,
                              int64_t padding) {
     char sx[64], sw[64];
-    UMT_TRY(umt_check_tensor("umt_conv2d", "x", x, UMT_F32, 4));
+    UMT_TRY(umt_check_tensor("umt_conv2d", "x", x, UMT_ANY_FLOAT, 4));
     UMT_TRY(umt_check_tensor("umt_conv2d", "weight", w, UMT_F32, 4));
     if (x->shape[1] != w->shape[1])
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_conv2d: x %s has %lld channels, weight %s expects %lld",
@@ -33,6 +36,19 @@ static umt_status check_conv(const umt_tensor *x, const umt_tensor *w, const umt
     return UMT_OK;
 }
 
+/* Under bf16/fp16: NHWC tensors, the weight's compute copy, an f32 weight gradient. */
+static umt_status conv_backward_lp(umt_context *ctx, const umt_node *node, const umt_conv_shape *s, void *workspace,
+                                   size_t bytes) {
+    const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
+    void *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
+    float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
+    const umt_backend *be = ctx->backend;
+    if (dx) UMT_TRY(be->conv2d_backward_data_lp(s, w->lowp->data, y->grad->data, dx, workspace, bytes));
+    if (dw) UMT_TRY(be->conv2d_backward_filter_lp(s, x->data, y->grad->data, dw, workspace, bytes));
+    if (dbias) UMT_TRY(be->sum_channel_bias_lp(s->dtype, s->nhwc, y->grad->data, dbias, s->n, s->k, s->p * s->q));
+    return UMT_OK;
+}
+
 static umt_status conv_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
     umt_conv_shape s = conv_shape(x, w, node->params[0], node->params[1]);
@@ -42,6 +58,7 @@ static umt_status conv_backward(umt_context *ctx, const umt_node *node) {
     void *workspace = NULL;
     UMT_TRY(ctx->backend->conv2d_workspace_bytes(&s, &bytes));
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
+    if (umt_dtype_is_lowp(s.dtype)) return conv_backward_lp(ctx, node, &s, workspace, bytes);
     if (dx) UMT_TRY(ctx->backend->conv2d_backward_data(&s, w->data, y->grad->data, dx, workspace, bytes));
     if (dw) UMT_TRY(ctx->backend->conv2d_backward_filter(&s, x->data, y->grad->data, dw, workspace, bytes));
     if (dbias) UMT_TRY(ctx->backend->sum_channel_bias(y->grad->data, dbias, s.n, s.k, s.p * s.q));
@@ -52,14 +69,24 @@ umt_tensor *umt_conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_
                        int64_t padding) {
     if (!x || !weight) return NULL;
     if (check_conv(x, weight, bias, stride, padding) != UMT_OK) return NULL;
+    /* Under bf16/fp16 the input becomes NHWC in the compute dtype: once, at the first conv. */
+    if (!(x = umt_to_compute(ctx, x))) return NULL;
+    const umt_tensor *w = umt_weight_for_compute(ctx, weight);
+    if (!w) return NULL;
     umt_conv_shape s = conv_shape(x, weight, stride, padding);
-    umt_tensor *y = umt_op_output(ctx, 4, (int64_t[]){s.n, s.k, s.p, s.q});
+    umt_tensor *y = umt_op_output_typed(ctx, s.dtype, s.nhwc, 4, (int64_t[]){s.n, s.k, s.p, s.q});
     if (!y) return NULL;
+    const umt_backend *be = ctx->backend;
+    bool lowp = umt_dtype_is_lowp(s.dtype);
     size_t bytes = 0;
     void *workspace = NULL;
-    umt_status st = ctx->backend->conv2d_workspace_bytes(&s, &bytes);
+    umt_status st = be->conv2d_workspace_bytes(&s, &bytes);
     if (st == UMT_OK) st = umt_context_workspace(ctx, bytes, &workspace);
-    if (st == UMT_OK) st = ctx->backend->conv2d_forward(&s, x->data, weight->data, y->data, workspace, bytes);
-    if (st == UMT_OK && bias) st = ctx->backend->add_channel_bias(y->data, bias->data, y->data, s.n, s.k, s.p * s.q);
+    if (st == UMT_OK)
+        st = lowp ? be->conv2d_forward_lp(&s, x->data, w->data, y->data, workspace, bytes)
+                  : be->conv2d_forward(&s, x->data, w->data, y->data, workspace, bytes);
+    if (st == UMT_OK && bias)
+        st = lowp ? be->add_channel_bias_lp(s.dtype, s.nhwc, y->data, bias->data, y->data, s.n, s.k, s.p * s.q)
+                  : be->add_channel_bias(y->data, bias->data, y->data, s.n, s.k, s.p * s.q);
     return umt_op_finish_with(ctx, st, "umt_conv2d", conv_backward, y, NULL, x, weight, bias, stride, padding, 0.0f);
 }

@@ -3,25 +3,31 @@
 
 static umt_status dropout_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
+    if (umt_dtype_is_lowp(y->dtype))
+        return ctx->backend->dropout_backward_lp(y->dtype, node->saved->data, y->grad->data, umt_input_grad(node, 0),
+                                                 y->numel, node->fparam);
     return ctx->backend->dropout_backward(node->saved->data, y->grad->data, umt_input_grad(node, 0), y->numel,
                                           node->fparam);
 }
 
 umt_tensor *umt_dropout(umt_context *ctx, umt_tensor *x, float p) {
     if (!x) return NULL;
-    if (umt_check_tensor("umt_dropout", "x", x, UMT_F32, 0) != UMT_OK) return NULL;
+    if (umt_check_tensor("umt_dropout", "x", x, UMT_ANY_FLOAT, 0) != UMT_OK) return NULL;
     if (!(p >= 0.0f && p < 1.0f)) {
         umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dropout: p = %g (expected 0 <= p < 1)", p);
         return NULL;
     }
     /* Evaluation, or nothing to drop: the identity, with nothing to record. */
     if (!ctx->training || p == 0.0f) return x;
-    umt_tensor *y = umt_op_output(ctx, x->ndim, x->shape);
+    umt_tensor *y = umt_op_output_like(ctx, x);
     umt_tensor *mask = y ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_U8, x->ndim, x->shape) : NULL;
     if (!mask) return NULL;
     /* One draw from the context's RNG per call: the run is reproducible from its seed, and the
      * kernel derives every element's draw from it on whichever device it runs. */
     uint64_t seed = umt_rng_next(&ctx->rng);
-    umt_status st = ctx->backend->dropout_forward(x->data, y->data, mask->data, x->numel, p, seed);
+    /* The mask follows x's storage order; the draw depends only on the element's index. */
+    umt_status st = umt_dtype_is_lowp(x->dtype)
+                        ? ctx->backend->dropout_forward_lp(x->dtype, x->data, y->data, mask->data, x->numel, p, seed)
+                        : ctx->backend->dropout_forward(x->data, y->data, mask->data, x->numel, p, seed);
     return umt_op_finish_with(ctx, st, "umt_dropout", dropout_backward, y, mask, x, NULL, NULL, 0, 0, p);
 }

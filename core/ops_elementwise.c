@@ -26,8 +26,13 @@ static umt_status add_backward(umt_context *ctx, const umt_node *node) {
     return ctx->backend->sum_rows(out->grad->data, db, a->numel / b->numel, b->numel);
 }
 
+/* add and mul compute in f32 whatever the precision (bf16/fp16 inputs are converted first): they
+ * are rare in the models here, and their f32 kernels are the reference ones. */
 umt_tensor *umt_add(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
     if (!a || !b) return NULL;
+    a = umt_to_f32(ctx, a);
+    b = a ? umt_to_f32(ctx, b) : NULL;
+    if (!b) return NULL;
     if (umt_check_tensor("umt_add", "a", a, UMT_F32, 0) != UMT_OK || umt_check_tensor("umt_add", "b", b, UMT_F32, 0) != UMT_OK)
         return NULL;
     bool broadcast = b->ndim == 1 && b->shape[0] == a->shape[a->ndim - 1] && !same_shape(a, b);
@@ -55,6 +60,9 @@ static umt_status mul_backward(umt_context *ctx, const umt_node *node) {
 
 umt_tensor *umt_mul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
     if (!a || !b) return NULL;
+    a = umt_to_f32(ctx, a);
+    b = a ? umt_to_f32(ctx, b) : NULL;
+    if (!b) return NULL;
     if (umt_check_tensor("umt_mul", "a", a, UMT_F32, 0) != UMT_OK || umt_check_tensor("umt_mul", "b", b, UMT_F32, 0) != UMT_OK)
         return NULL;
     if (!same_shape(a, b)) {
@@ -72,15 +80,18 @@ umt_tensor *umt_mul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
 
 static umt_status relu_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
+    if (umt_dtype_is_lowp(y->dtype))
+        return ctx->backend->relu_backward_lp(y->dtype, y->data, y->grad->data, umt_input_grad(node, 0), y->numel);
     return ctx->backend->relu_backward(y->data, y->grad->data, umt_input_grad(node, 0), y->numel);
 }
 
 umt_tensor *umt_relu(umt_context *ctx, umt_tensor *x) {
     if (!x) return NULL;
-    if (umt_check_tensor("umt_relu", "x", x, UMT_F32, 0) != UMT_OK) return NULL;
-    umt_tensor *y = umt_op_output(ctx, x->ndim, x->shape);
+    if (umt_check_tensor("umt_relu", "x", x, UMT_ANY_FLOAT, 0) != UMT_OK) return NULL;
+    umt_tensor *y = umt_op_output_like(ctx, x);
     if (!y) return NULL;
-    umt_status st = ctx->backend->relu(x->data, y->data, x->numel);
+    umt_status st = umt_dtype_is_lowp(x->dtype) ? ctx->backend->relu_lp(x->dtype, x->data, y->data, x->numel)
+                                                : ctx->backend->relu(x->data, y->data, x->numel);
     return umt_op_finish(ctx, st, "umt_relu", relu_backward, y, NULL, x, NULL, NULL);
 }
 
@@ -89,11 +100,17 @@ umt_tensor *umt_relu(umt_context *ctx, umt_tensor *x) {
 
 static umt_status reshape_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
+    if (umt_dtype_is_lowp(y->dtype))
+        return ctx->backend->recast(y->grad->data, y->dtype, false, umt_input_grad(node, 0), y->dtype, false, 1, 1,
+                                    y->numel, true);
     return ctx->backend->accumulate(umt_input_grad(node, 0), y->grad->data, 1.0f, y->numel);
 }
 
 umt_tensor *umt_reshape(umt_context *ctx, umt_tensor *x, int ndim, const int64_t *shape) {
     if (!x) return NULL;
+    /* Shapes are NCHW whatever the storage, so an NHWC tensor is put in NCHW order first: the
+     * flattened features then mean the same under every precision (and in checkpoints). */
+    if (x->nhwc && !(x = umt_recast(ctx, x, x->dtype, false))) return NULL;
     umt_tensor *y = umt_tensor_view(ctx, x, ndim, shape);
     if (!y) return NULL;
     return umt_op_finish(ctx, UMT_OK, "umt_reshape", reshape_backward, y, NULL, x, NULL, NULL);

@@ -11,7 +11,8 @@ static umt_status mean_backward(umt_context *ctx, const umt_node *node) {
 }
 
 umt_tensor *umt_mean(umt_context *ctx, umt_tensor *x) {
-    if (!x) return NULL;
+    /* Reductions and losses run in f32 whatever the precision (core/precision.h). */
+    if (!(x = umt_to_f32(ctx, x))) return NULL;
     if (umt_check_tensor("umt_mean", "x", x, UMT_F32, 0) != UMT_OK) return NULL;
     umt_tensor *out = umt_op_output(ctx, 1, scalar_shape);
     if (!out) return NULL;
@@ -28,7 +29,7 @@ static umt_status log_softmax_backward(umt_context *ctx, const umt_node *node) {
 }
 
 umt_tensor *umt_log_softmax(umt_context *ctx, umt_tensor *x) {
-    if (!x) return NULL;
+    if (!(x = umt_to_f32(ctx, x))) return NULL;
     if (umt_check_tensor("umt_log_softmax", "x", x, UMT_F32, 2) != UMT_OK) return NULL;
     umt_tensor *y = umt_op_output(ctx, 2, x->shape);
     if (!y) return NULL;
@@ -57,7 +58,7 @@ static umt_status nll_backward(umt_context *ctx, const umt_node *node) {
 }
 
 umt_tensor *umt_nll_loss(umt_context *ctx, umt_tensor *log_probs, umt_tensor *labels) {
-    if (!log_probs || !labels) return NULL;
+    if (!labels || !(log_probs = umt_to_f32(ctx, log_probs))) return NULL;
     if (check_scores_labels("umt_nll_loss", log_probs, labels) != UMT_OK) return NULL;
     umt_tensor *loss = umt_op_output(ctx, 1, scalar_shape);
     if (!loss) return NULL;
@@ -72,7 +73,7 @@ static umt_status xent_backward(umt_context *ctx, const umt_node *node) {
 }
 
 umt_tensor *umt_softmax_cross_entropy(umt_context *ctx, umt_tensor *logits, umt_tensor *labels) {
-    if (!logits || !labels) return NULL;
+    if (!labels || !(logits = umt_to_f32(ctx, logits))) return NULL;
     if (check_scores_labels("umt_softmax_cross_entropy", logits, labels) != UMT_OK) return NULL;
     /* The probabilities are kept for backward: (p - onehot) is the whole gradient. */
     umt_tensor *probs = umt_op_output(ctx, 2, logits->shape);

@@ -1,11 +1,31 @@
 /* core/ops_matmul.c — matmul and linear, forward and backward, on the backend's GEMM. */
 #include "core/ops.h"
 
+/* What a product reads of operand t: a parameter's compute copy under bf16/fp16, else t. */
+static const void *operand(const umt_tensor *t) { return t->is_parameter && t->lowp ? t->lowp->data : t->data; }
+
 /* ----------------------------------------------------------------------------------------- */
 /* matmul: C[M,N] = A[M,K] B[K,N] */
 
+/* Under bf16/fp16: the same products on tensor cores; each gradient in its own dtype (f32 for a
+ * parameter's, the compute dtype for an activation's). */
+static umt_status matmul_backward_lp(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *a = node->inputs[0], *b = node->inputs[1], *c = node->output;
+    int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
+    const void *dc = c->grad->data;
+    void *da = umt_input_grad(node, 0), *db = umt_input_grad(node, 1);
+    if (da)
+        UMT_TRY(ctx->backend->gemm_lp(false, true, m, k, n, 1.0f, dc, n, operand(b), n, 1.0f, da, k, c->dtype,
+                                      a->grad->dtype));
+    if (db)
+        UMT_TRY(ctx->backend->gemm_lp(true, false, k, n, m, 1.0f, operand(a), k, dc, n, 1.0f, db, n, c->dtype,
+                                      b->grad->dtype));
+    return UMT_OK;
+}
+
 static umt_status matmul_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *a = node->inputs[0], *b = node->inputs[1], *c = node->output;
+    if (umt_dtype_is_lowp(c->dtype)) return matmul_backward_lp(ctx, node);
     int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
     const float *dc = c->grad->data;
     float *da = umt_input_grad(node, 0), *db = umt_input_grad(node, 1);
@@ -15,11 +35,19 @@ static umt_status matmul_backward(umt_context *ctx, const umt_node *node) {
     return UMT_OK;
 }
 
+/* A product's operand in the compute dtype: a parameter's compute copy is made ready (the tape
+ * keeps the parameter itself), anything else is converted by a recorded recast. */
+static umt_tensor *as_operand(umt_context *ctx, umt_tensor *t) {
+    if (t->is_parameter) return umt_weight_for_compute(ctx, t) ? t : NULL;
+    return umt_to_compute(ctx, t);
+}
+
 umt_tensor *umt_matmul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
     if (!a || !b) return NULL;
-    if (umt_check_tensor("umt_matmul", "a", a, UMT_F32, 2) != UMT_OK ||
-        umt_check_tensor("umt_matmul", "b", b, UMT_F32, 2) != UMT_OK)
+    if (umt_check_tensor("umt_matmul", "a", a, UMT_ANY_FLOAT, 2) != UMT_OK ||
+        umt_check_tensor("umt_matmul", "b", b, UMT_ANY_FLOAT, 2) != UMT_OK)
         return NULL;
+    if (!(a = as_operand(ctx, a)) || !(b = as_operand(ctx, b))) return NULL;
     if (a->shape[1] != b->shape[0]) {
         char sa[64], sb[64];
         umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_matmul: a %s and b %s: inner dimensions differ",
@@ -27,17 +55,38 @@ umt_tensor *umt_matmul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
         return NULL;
     }
     int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
-    umt_tensor *c = umt_op_output(ctx, 2, (int64_t[]){m, n});
+    umt_dtype dtype = umt_compute_dtype(ctx);
+    umt_tensor *c = umt_op_output_typed(ctx, dtype, false, 2, (int64_t[]){m, n});
     if (!c) return NULL;
-    umt_status st = ctx->backend->gemm(false, false, m, n, k, 1.0f, a->data, k, b->data, n, 0.0f, c->data, n);
+    umt_status st = umt_dtype_is_lowp(dtype)
+                        ? ctx->backend->gemm_lp(false, false, m, n, k, 1.0f, operand(a), k, operand(b), n, 0.0f,
+                                                c->data, n, dtype, dtype)
+                        : ctx->backend->gemm(false, false, m, n, k, 1.0f, a->data, k, b->data, n, 0.0f, c->data, n);
     return umt_op_finish(ctx, st, "umt_matmul", matmul_backward, c, NULL, a, b, NULL);
 }
 
 /* ----------------------------------------------------------------------------------------- */
 /* linear: y[B,out] = x[B,in] Wᵀ + bias, W [out,in] as PyTorch stores it */
 
+static umt_status linear_backward_lp(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
+    int64_t batch = x->shape[0], in = x->shape[1], out = w->shape[0];
+    const void *dy = y->grad->data;
+    void *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
+    float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
+    if (dx)
+        UMT_TRY(ctx->backend->gemm_lp(false, false, batch, in, out, 1.0f, dy, out, operand(w), in, 1.0f, dx, in,
+                                      y->dtype, x->grad->dtype));
+    if (dw)
+        UMT_TRY(ctx->backend->gemm_lp(true, false, out, in, batch, 1.0f, dy, out, operand(x), in, 1.0f, dw, in,
+                                      y->dtype, w->grad->dtype));
+    if (dbias) UMT_TRY(ctx->backend->sum_rows_lp(y->dtype, dy, dbias, batch, out));
+    return UMT_OK;
+}
+
 static umt_status linear_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
+    if (umt_dtype_is_lowp(y->dtype)) return linear_backward_lp(ctx, node);
     int64_t batch = x->shape[0], in = x->shape[1], out = w->shape[0];
     const float *dy = y->grad->data;
     float *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
@@ -50,8 +99,8 @@ static umt_status linear_backward(umt_context *ctx, const umt_node *node) {
 }
 
 static umt_status check_linear(const umt_tensor *x, const umt_tensor *w, const umt_tensor *bias) {
-    UMT_TRY(umt_check_tensor("umt_linear", "x", x, UMT_F32, 2));
-    UMT_TRY(umt_check_tensor("umt_linear", "weight", w, UMT_F32, 2));
+    UMT_TRY(umt_check_tensor("umt_linear", "x", x, UMT_ANY_FLOAT, 2));
+    UMT_TRY(umt_check_tensor("umt_linear", "weight", w, UMT_ANY_FLOAT, 2));
     char sx[64], sw[64];
     if (x->shape[1] != w->shape[1])
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_linear: x %s has %lld features, weight %s expects %lld",
@@ -68,10 +117,20 @@ static umt_status check_linear(const umt_tensor *x, const umt_tensor *w, const u
 umt_tensor *umt_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias) {
     if (!x || !weight) return NULL;
     if (check_linear(x, weight, bias) != UMT_OK) return NULL;
+    if (!(x = as_operand(ctx, x)) || !(weight = as_operand(ctx, weight))) return NULL;
     int64_t batch = x->shape[0], in = x->shape[1], out = weight->shape[0];
-    umt_tensor *y = umt_op_output(ctx, 2, (int64_t[]){batch, out});
+    umt_dtype dtype = umt_compute_dtype(ctx);
+    umt_tensor *y = umt_op_output_typed(ctx, dtype, false, 2, (int64_t[]){batch, out});
     if (!y) return NULL;
-    umt_status st = ctx->backend->gemm(false, true, batch, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
-    if (st == UMT_OK && bias) st = ctx->backend->add_rows(y->data, bias->data, y->data, batch, out);
+    umt_status st;
+    if (umt_dtype_is_lowp(dtype)) {
+        /* The bias stays f32 (a master read directly): adding it costs one pass either way. */
+        st = ctx->backend->gemm_lp(false, true, batch, out, in, 1.0f, operand(x), in, operand(weight), in, 0.0f,
+                                   y->data, out, dtype, dtype);
+        if (st == UMT_OK && bias) st = ctx->backend->add_rows_lp(dtype, y->data, bias->data, y->data, batch, out);
+    } else {
+        st = ctx->backend->gemm(false, true, batch, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
+        if (st == UMT_OK && bias) st = ctx->backend->add_rows(y->data, bias->data, y->data, batch, out);
+    }
     return umt_op_finish(ctx, st, "umt_linear", linear_backward, y, NULL, x, weight, bias);
 }

@@ -3,7 +3,7 @@
 
 static umt_status check_pool(const char *op, const umt_tensor *x, int64_t window, int64_t stride) {
     char sx[64];
-    UMT_TRY(umt_check_tensor(op, "x", x, UMT_F32, 4));
+    UMT_TRY(umt_check_tensor(op, "x", x, UMT_ANY_FLOAT, 4));
     if (window < 1 || stride < 1 || window > x->shape[2] || window > x->shape[3])
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: window %lld, stride %lld on x %s (expected 1 <= window <= H, W)",
                         op, (long long)window, (long long)stride, umt_shape_string(x, sx, sizeof sx));
@@ -13,7 +13,7 @@ static umt_status check_pool(const char *op, const umt_tensor *x, int64_t window
 static umt_pool_shape pool_shape(const umt_tensor *x, int64_t window, int64_t stride) {
     return (umt_pool_shape){.n = x->shape[0], .c = x->shape[1], .h = x->shape[2], .w = x->shape[3],
                             .p = (x->shape[2] - window) / stride + 1, .q = (x->shape[3] - window) / stride + 1,
-                            .window = window, .stride = stride};
+                            .window = window, .stride = stride, .dtype = x->dtype, .nhwc = x->nhwc};
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -21,6 +21,9 @@ static umt_pool_shape pool_shape(const umt_tensor *x, int64_t window, int64_t st
 
 static umt_status max_pool_backward(umt_context *ctx, const umt_node *node) {
     umt_pool_shape s = pool_shape(node->inputs[0], node->params[0], node->params[1]);
+    if (umt_dtype_is_lowp(s.dtype))
+        return ctx->backend->max_pool_backward_lp(&s, node->saved->data, node->output->grad->data,
+                                                  umt_input_grad(node, 0));
     return ctx->backend->max_pool_backward(&s, node->saved->data, node->output->grad->data, umt_input_grad(node, 0));
 }
 
@@ -29,10 +32,11 @@ umt_tensor *umt_max_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int6
     if (check_pool("umt_max_pool2d", x, window, stride) != UMT_OK) return NULL;
     umt_pool_shape s = pool_shape(x, window, stride);
     int64_t out_shape[4] = {s.n, s.c, s.p, s.q};
-    umt_tensor *y = umt_op_output(ctx, 4, out_shape);
-    umt_tensor *argmax = y ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, 4, out_shape) : NULL;
+    umt_tensor *y = umt_op_output_typed(ctx, x->dtype, x->nhwc, 4, out_shape);
+    umt_tensor *argmax = y ? umt_op_output_typed(ctx, UMT_I32, x->nhwc, 4, out_shape) : NULL;
     if (!argmax) return NULL;
-    umt_status st = ctx->backend->max_pool_forward(&s, x->data, y->data, argmax->data);
+    umt_status st = umt_dtype_is_lowp(s.dtype) ? ctx->backend->max_pool_forward_lp(&s, x->data, y->data, argmax->data)
+                                               : ctx->backend->max_pool_forward(&s, x->data, y->data, argmax->data);
     return umt_op_finish_with(ctx, st, "umt_max_pool2d", max_pool_backward, y, argmax, x, NULL, NULL, window, stride,
                               0.0f);
 }
@@ -42,6 +46,8 @@ umt_tensor *umt_max_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int6
 
 static umt_status avg_pool_backward(umt_context *ctx, const umt_node *node) {
     umt_pool_shape s = pool_shape(node->inputs[0], node->params[0], node->params[1]);
+    if (umt_dtype_is_lowp(s.dtype))
+        return ctx->backend->avg_pool_backward_lp(&s, node->output->grad->data, umt_input_grad(node, 0));
     return ctx->backend->avg_pool_backward(&s, node->output->grad->data, umt_input_grad(node, 0));
 }
 
@@ -49,9 +55,10 @@ umt_tensor *umt_avg_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int6
     if (!x) return NULL;
     if (check_pool("umt_avg_pool2d", x, window, stride) != UMT_OK) return NULL;
     umt_pool_shape s = pool_shape(x, window, stride);
-    umt_tensor *y = umt_op_output(ctx, 4, (int64_t[]){s.n, s.c, s.p, s.q});
+    umt_tensor *y = umt_op_output_typed(ctx, x->dtype, x->nhwc, 4, (int64_t[]){s.n, s.c, s.p, s.q});
     if (!y) return NULL;
-    umt_status st = ctx->backend->avg_pool_forward(&s, x->data, y->data);
+    umt_status st = umt_dtype_is_lowp(s.dtype) ? ctx->backend->avg_pool_forward_lp(&s, x->data, y->data)
+                                               : ctx->backend->avg_pool_forward(&s, x->data, y->data);
     return umt_op_finish_with(ctx, st, "umt_avg_pool2d", avg_pool_backward, y, NULL, x, NULL, NULL, window, stride,
                               0.0f);
 }

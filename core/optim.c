@@ -7,14 +7,21 @@
  * every gradient first, then calls the backend's update kernel once per parameter: the
  * arithmetic lives in kernels/ (kernels/cpu/optim.c states each rule), and this file only
  * decides what is updated with what.
+ *
+ * Each update is the fused kernel: it also rewrites the parameter's low-precision copy, if the
+ * context's precision gave it one. With loss scaling or clipping on, the optimizer also owns
+ * the step scalars (core/optim_step.h) in the optim pool, and a step first gathers the
+ * gradients' sum of squares and lets the device decide the step: nothing waits for the host.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/backend.h"
 #include "core/context.h"
 #include "core/error.h"
 #include "core/optim.h"
+#include "core/optim_step.h"
 #include "core/tensor.h"
 
 /* State tensors per parameter: SGD velocity | Adam m, v | Adadelta square_avg, delta_avg. */
@@ -28,9 +35,13 @@ typedef struct {
 struct umt_optimizer {
     umt_context *ctx;
     umt_optimizer_options options;
-    int64_t steps;
+    int64_t steps; /* calls to umt_optimizer_step, skipped steps included */
     int slot_count;
     umt_optim_slot *slots;
+    /* Only with loss scaling or clipping (else NULL): one umt_step_scalars, and
+     * UMT_GRAD_SUMSQ_PARTIALS doubles per slot for the sum of squares. */
+    umt_tensor *scalars;
+    umt_tensor *partials;
 };
 
 /* ----------------------------------------------------------------------------------------- */
@@ -58,6 +69,9 @@ umt_optimizer_options umt_optimizer_defaults(umt_optimizer_kind kind) {
     umt_optimizer_options o = {
         .kind = kind, .lr = 1e-3f, .weight_decay = 0.0f, .momentum = 0.0f,
         .beta1 = 0.9f, .beta2 = 0.999f, .rho = 0.9f, .eps = 1e-8f,
+        /* PyTorch's GradScaler: init_scale 2^16, growth_interval 2000; clipping off. */
+        .max_grad_norm = 0.0f, .loss_scaling = false, .loss_scale_init = 65536.0f,
+        .loss_scale_growth_interval = 2000,
     };
     switch (kind) {
     case UMT_OPT_SGD: o.lr = 1e-2f; break;
@@ -93,6 +107,22 @@ static umt_status check_unit_interval(const char *name, float value) {
     return UMT_OK;
 }
 
+/* Clipping and loss scaling; the scaler's fields are read only when it is on. */
+static umt_status check_step_options(const umt_optimizer_options *o) {
+    if (!(o->max_grad_norm >= 0.0f && isfinite(o->max_grad_norm)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
+                        "umt_optimizer_create: max_grad_norm %g (expected finite >= 0; 0 turns clipping off)",
+                        o->max_grad_norm);
+    if (!o->loss_scaling) return UMT_OK;
+    if (!(o->loss_scale_init > 0.0f && isfinite(o->loss_scale_init)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: loss_scale_init %g (expected finite > 0)",
+                        o->loss_scale_init);
+    if (o->loss_scale_growth_interval < 1)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: loss_scale_growth_interval %d (expected >= 1)",
+                        o->loss_scale_growth_interval);
+    return UMT_OK;
+}
+
 static umt_status check_options(const umt_optimizer_options *o) {
     if ((unsigned)o->kind >= (unsigned)KIND_COUNT)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: kind %d (expected 0..%d)", (int)o->kind,
@@ -102,6 +132,7 @@ static umt_status check_options(const umt_optimizer_options *o) {
     if (!(o->weight_decay >= 0.0f && isfinite(o->weight_decay)))
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: weight_decay %g (expected finite >= 0)",
                         o->weight_decay);
+    UMT_TRY(check_step_options(o));
     if (o->kind == UMT_OPT_SGD) return check_unit_interval("momentum", o->momentum);
     if (o->kind == UMT_OPT_ADADELTA) {
         UMT_TRY(check_unit_interval("rho", o->rho));
@@ -122,6 +153,8 @@ static void release(void *object) {
     umt_optimizer *opt = object;
     for (int i = 0; i < opt->slot_count; ++i)
         for (int s = 0; s < UMT_OPTIM_MAX_STATE; ++s) umt_tensor_free(opt->slots[i].state[s]);
+    umt_tensor_free(opt->scalars);
+    umt_tensor_free(opt->partials);
     free(opt->slots);
     free(opt);
 }
@@ -143,6 +176,24 @@ static umt_status alloc_state(umt_optimizer *opt) {
     return UMT_OK;
 }
 
+/* A byte tensor in the optim pool (the scalars block and the partial sums have no dtype). */
+static umt_tensor *alloc_bytes(umt_context *ctx, size_t bytes) {
+    int64_t shape[1] = {(int64_t)bytes};
+    return umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_U8, 1, shape);
+}
+
+/* The step scalars and the partial sums, when loss scaling or clipping is on. */
+static umt_status alloc_step_scalars(umt_optimizer *opt) {
+    const umt_optimizer_options *o = &opt->options;
+    if (!o->loss_scaling && o->max_grad_norm == 0.0f) return UMT_OK;
+    opt->scalars = alloc_bytes(opt->ctx, sizeof(umt_step_scalars));
+    if (!opt->scalars) return umt_last_status();
+    opt->partials = alloc_bytes(opt->ctx, (size_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS * sizeof(double));
+    if (!opt->partials) return umt_last_status();
+    umt_step_scalars initial = umt_step_scalars_initial(o->loss_scaling, o->loss_scale_init);
+    return opt->ctx->backend->upload(opt->scalars->data, &initial, sizeof initial);
+}
+
 umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *options, umt_optimizer **out) {
     if (!ctx || !options || !out)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: %s is NULL",
@@ -162,6 +213,7 @@ umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *o
     *opt = (umt_optimizer){.ctx = ctx, .options = *options, .slot_count = count, .slots = slots};
     for (int i = 0; i < count; ++i) slots[i].param = umt_parameter_at(ctx, i);
     umt_status st = alloc_state(opt);
+    if (st == UMT_OK) st = alloc_step_scalars(opt);
     if (st == UMT_OK) st = umt_context_own(ctx, opt, release);
     if (st != UMT_OK) {
         release(opt);
@@ -188,15 +240,47 @@ static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *sl
     float *s0 = slot->state[0] ? slot->state[0]->data : NULL;
     float *s1 = slot->state[1] ? slot->state[1]->data : NULL;
     int64_t n = slot->param->numel;
+    const umt_tensor *lowp = slot->param->lowp;
+    umt_update_fusion fusion = {
+        .scalars = opt->scalars ? opt->scalars->data : NULL,
+        .lowp = lowp ? lowp->data : NULL,
+        .lowp_dtype = lowp ? lowp->dtype : UMT_F32,
+    };
+    if (lowp && lowp->nhwc) { /* a conv weight's copy is K,R,S,C (core/precision.c) */
+        fusion.lowp_channels = lowp->shape[1];
+        fusion.lowp_pixels = lowp->shape[2] * lowp->shape[3];
+    }
     switch (o->kind) {
-    case UMT_OPT_SGD: return be->sgd_update(p, g, s0, n, o->lr, o->momentum, o->weight_decay);
+    case UMT_OPT_SGD: return be->sgd_update_fused(p, g, s0, n, o->lr, o->momentum, o->weight_decay, fusion);
     case UMT_OPT_ADAM:
     case UMT_OPT_ADAMW:
-        return be->adam_update(p, g, s0, s1, n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
-                               o->kind == UMT_OPT_ADAMW, step);
-    case UMT_OPT_ADADELTA: return be->adadelta_update(p, g, s0, s1, n, o->lr, o->rho, o->eps, o->weight_decay);
+        return be->adam_update_fused(p, g, s0, s1, n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+                                     o->kind == UMT_OPT_ADAMW, step, fusion);
+    case UMT_OPT_ADADELTA:
+        return be->adadelta_update_fused(p, g, s0, s1, n, o->lr, o->rho, o->eps, o->weight_decay, fusion);
     }
     return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_step: kind %d", (int)o->kind);
+}
+
+/* On the device, in stream order: every gradient's share of the sum of squares, then the one
+ * thread that decides the step (skip, multiplier, Adam's factors, the loss scale). */
+static umt_status prepare_step(const umt_optimizer *opt) {
+    const umt_backend *be = opt->ctx->backend;
+    const umt_optimizer_options *o = &opt->options;
+    double *partials = opt->partials->data;
+    for (int i = 0; i < opt->slot_count; ++i) {
+        const umt_tensor *grad = opt->slots[i].param->grad;
+        UMT_TRY(be->grad_sumsq(grad->data, grad->numel, partials + (size_t)i * UMT_GRAD_SUMSQ_PARTIALS));
+    }
+    umt_step_options options = {
+        .max_grad_norm = o->max_grad_norm,
+        .loss_scaling = o->loss_scaling,
+        .growth_interval = o->loss_scale_growth_interval,
+        .adam = o->kind == UMT_OPT_ADAM || o->kind == UMT_OPT_ADAMW,
+        .lr = o->lr, .beta1 = o->beta1, .beta2 = o->beta2,
+    };
+    return be->step_prepare(opt->scalars->data, partials, (int64_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS,
+                            options);
 }
 
 umt_status umt_optimizer_step(umt_optimizer *opt) {
@@ -211,7 +295,12 @@ umt_status umt_optimizer_step(umt_optimizer *opt) {
         if (!p->grad || p->grad->numel != p->numel)
             return umt_fail(UMT_ERR_STATE, "umt_optimizer_step: parameter %s has no gradient of its shape",
                             p->name ? p->name : "(unnamed)");
+        if (p->lowp && p->lowp->numel != p->numel)
+            return umt_fail(UMT_ERR_STATE, "umt_optimizer_step: parameter %s has a low-precision copy of %lld "
+                            "elements (expected %lld)", p->name ? p->name : "(unnamed)", (long long)p->lowp->numel,
+                            (long long)p->numel);
     }
+    if (opt->scalars) UMT_TRY(prepare_step(opt));
     int64_t step = opt->steps + 1;
     for (int i = 0; i < opt->slot_count; ++i) UMT_TRY(update_slot(opt, &opt->slots[i], step));
     opt->steps = step;
@@ -225,6 +314,32 @@ void umt_optimizer_set_lr(umt_optimizer *opt, float lr) {
 float umt_optimizer_lr(const umt_optimizer *opt) { return opt ? opt->options.lr : 0.0f; }
 
 int64_t umt_optimizer_steps(const umt_optimizer *opt) { return opt ? opt->steps : 0; }
+
+umt_status umt_optimizer_read_scalars(const umt_optimizer *opt, umt_step_scalars *out) {
+    if (!opt || !out)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_read_scalars: %s is NULL", opt ? "out" : "opt");
+    if (!opt->scalars) {
+        *out = umt_step_scalars_initial(false, 1.0f);
+        out->applied_steps = opt->steps;
+        return UMT_OK;
+    }
+    return opt->ctx->backend->download(out, opt->scalars->data, sizeof *out);
+}
+
+int64_t umt_optimizer_skipped_steps(const umt_optimizer *opt) {
+    umt_step_scalars s;
+    return umt_optimizer_read_scalars(opt, &s) == UMT_OK ? s.skipped_steps : -1;
+}
+
+float umt_optimizer_loss_scale(const umt_optimizer *opt) {
+    umt_step_scalars s;
+    return umt_optimizer_read_scalars(opt, &s) == UMT_OK ? s.loss_scale : NAN;
+}
+
+const float *umt_optimizer_loss_scale_on_device(const umt_optimizer *opt) {
+    if (!opt || !opt->scalars || !opt->options.loss_scaling) return NULL;
+    return &((const umt_step_scalars *)opt->scalars->data)->loss_scale;
+}
 
 /* ----------------------------------------------------------------------------------------- */
 /* What checkpoints see (core/optim.h) */
@@ -250,6 +365,11 @@ umt_tensor *umt_optimizer_state_at(const umt_optimizer *opt, int i, const char *
     return slot->state[i % per_slot];
 }
 
-void umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps) {
-    if (opt) opt->steps = steps;
+umt_status umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps) {
+    if (!opt) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_set_steps: opt is NULL");
+    opt->steps = steps;
+    if (!opt->scalars) return UMT_OK;
+    /* Adam's bias correction counts the device's applied steps: they restart from here. */
+    umt_step_scalars *device = opt->scalars->data;
+    return opt->ctx->backend->upload(&device->applied_steps, &steps, sizeof steps);
 }

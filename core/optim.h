@@ -1,5 +1,6 @@
 /*
- * core/optim.h — what checkpoints (core/checkpoint.c) may see of an optimizer.
+ * core/optim.h — what the rest of core/ may see of an optimizer: checkpoints (core/checkpoint.c)
+ * and the scaled backward (core/tape.c).
  *
  * The optimizer's struct stays private to core/optim.c; a checkpoint needs only its kind, its
  * step count and its state tensors, one after another: parameter by parameter (in the order the
@@ -10,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "core/optim_step.h"
 #include "umtrain.h"
 
 umt_context *umt_optimizer_context(const umt_optimizer *opt);
@@ -23,7 +25,16 @@ int umt_optimizer_state_count(const umt_optimizer *opt);
  * within that parameter go to *param_name and *state_index. NULL for an i out of range. */
 umt_tensor *umt_optimizer_state_at(const umt_optimizer *opt, int i, const char **param_name, int *state_index);
 
-/* Sets the steps taken so far (Adam's bias correction counts from it). */
-void umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps);
+/* Sets the steps taken so far (Adam's bias correction counts from it; with step scalars, the
+ * device's count of applied steps is set to it too: an upload). */
+umt_status umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps);
+
+/* --- The step scalars (core/optim_step.h), for umt_backward_scaled and for tests --- */
+
+/* A copy of the step scalars (a synchronising download). Without loss scaling or clipping the
+ * optimizer has none: *out is then the initial block (scale 1) with applied_steps = steps. */
+umt_status umt_optimizer_read_scalars(const umt_optimizer *opt, umt_step_scalars *out);
+/* Device address of the current loss scale (one f32), or NULL without loss scaling. */
+const float *umt_optimizer_loss_scale_on_device(const umt_optimizer *opt);
 
 #endif /* UMT_CORE_OPTIM_H */

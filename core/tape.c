@@ -5,6 +5,7 @@
 
 #include "core/context.h"
 #include "core/error.h"
+#include "core/optim.h"
 #include "core/tensor.h"
 
 umt_status umt_tape_record(umt_context *ctx, const char *op, umt_backward_fn backward, umt_tensor *out,
@@ -87,8 +88,9 @@ static void announce_finished_parameters(umt_context *ctx, const umt_node *node)
     }
 }
 
-umt_status umt_backward(umt_context *ctx, umt_tensor *loss) {
-    if (!ctx || !loss) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward: %s is NULL", ctx ? "loss" : "ctx");
+/* Backward from loss, its gradient seeded with 1, or with the f32 at seed_on_device (a copy in
+ * stream order: the host never reads it). */
+static umt_status backward_from(umt_context *ctx, umt_tensor *loss, const float *seed_on_device) {
     if (loss->numel != 1 || loss->dtype != UMT_F32)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward: loss has %lld elements of %s (expected one f32)",
                         (long long)loss->numel, umt_dtype_name(loss->dtype));
@@ -98,7 +100,10 @@ umt_status umt_backward(umt_context *ctx, umt_tensor *loss) {
         return umt_fail(UMT_ERR_STATE, "umt_backward: the tape is empty (backward already ran since the forward pass)");
     umt_tensor *seed = umt_tensor_grad_or_zeros(ctx, loss);
     if (!seed) return UMT_ERR_OUT_OF_MEMORY;
-    UMT_TRY(ctx->backend->fill(seed->data, 1, 1.0f));
+    if (seed_on_device)
+        UMT_TRY(ctx->backend->copy(seed->data, seed_on_device, sizeof(float)));
+    else
+        UMT_TRY(ctx->backend->fill(seed->data, 1, 1.0f));
 
     for (int n = ctx->tape.count - 1; n >= 0; --n) {
         const umt_node *node = &ctx->tape.nodes[n];
@@ -118,4 +123,18 @@ umt_status umt_backward(umt_context *ctx, umt_tensor *loss) {
     /* The tape has been consumed: a second backward needs a new forward. */
     umt_tape_clear(&ctx->tape);
     return UMT_OK;
+}
+
+umt_status umt_backward(umt_context *ctx, umt_tensor *loss) {
+    if (!ctx || !loss) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward: %s is NULL", ctx ? "loss" : "ctx");
+    return backward_from(ctx, loss, NULL);
+}
+
+umt_status umt_backward_scaled(umt_context *ctx, umt_tensor *loss, const umt_optimizer *opt) {
+    if (!ctx || !loss || !opt)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward_scaled: %s is NULL",
+                        !ctx ? "ctx" : !loss ? "loss" : "opt");
+    if (umt_optimizer_context(opt) != ctx)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward_scaled: the optimizer belongs to another context");
+    return backward_from(ctx, loss, umt_optimizer_loss_scale_on_device(opt));
 }

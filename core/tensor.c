@@ -143,6 +143,7 @@ void umt_tensor_free(umt_tensor *t) {
     if (t->is_parameter) {
         forget_named(t->ctx->parameters, &t->ctx->parameter_count, t);
         umt_tensor_free(t->grad);
+        umt_tensor_free(t->lowp);
     }
     if (t->owns_storage) umt_memory_free(&t->ctx->memory, t->pool, t->data);
     unlink_header(t);
@@ -152,8 +153,10 @@ void umt_tensor_free(umt_tensor *t) {
 
 umt_tensor *umt_tensor_grad_or_zeros(umt_context *ctx, umt_tensor *t) {
     if (t->grad) return t->grad;
-    umt_tensor *g = umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, t->ndim, t->shape);
-    if (!g || ctx->backend->fill(g->data, g->numel, 0.0f) != UMT_OK) return NULL;
+    /* An activation's gradient has its dtype and layout (bf16 NHWC under bf16, say). */
+    umt_tensor *g = umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, t->dtype, t->ndim, t->shape);
+    if (!g || ctx->backend->zero(g->data, g->bytes) != UMT_OK) return NULL;
+    g->nhwc = t->nhwc;
     t->grad = g;
     return g;
 }
@@ -181,7 +184,15 @@ const char *umt_shape_string(const umt_tensor *t, char *buf, size_t size) {
 umt_status umt_check_tensor(const char *op, const char *arg, const umt_tensor *t, umt_dtype dtype, int ndim) {
     char buf[64];
     if (!t) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, arg);
-    if (t->dtype != dtype)
+    if (dtype == UMT_ANY_FLOAT) {
+        if (t->dtype != UMT_F32 && t->dtype != UMT_BF16 && t->dtype != UMT_F16)
+            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s (expected f32, bf16 or f16)", op, arg,
+                            umt_dtype_name(t->dtype));
+        /* Only the CUDA backend has kernels for half types (core/backend.h, mixed precision). */
+        if (t->dtype != UMT_F32 && !t->ctx->backend->gemm_lp)
+            return umt_fail(UMT_ERR_UNSUPPORTED, "%s: %s is %s, which the %s backend cannot compute on", op, arg,
+                            umt_dtype_name(t->dtype), t->ctx->backend->name);
+    } else if (t->dtype != dtype)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s (expected %s)", op, arg, umt_dtype_name(t->dtype),
                         umt_dtype_name(dtype));
     if (ndim && t->ndim != ndim)
@@ -202,6 +213,7 @@ static umt_status check_bytes(const char *op, const umt_tensor *t, const void *h
 
 umt_status umt_tensor_copy_from_host(umt_tensor *t, const void *src, size_t bytes) {
     UMT_TRY(check_bytes("umt_tensor_copy_from_host", t, src, bytes));
+    t->lowp_stale = true; /* a parameter's compute copy no longer matches (core/precision.c) */
     return t->ctx->backend->upload(t->data, src, bytes);
 }
 
@@ -212,6 +224,7 @@ umt_status umt_tensor_copy_to_host(const umt_tensor *t, void *dst, size_t bytes)
 
 umt_status umt_tensor_fill(umt_tensor *t, float value) {
     UMT_TRY(umt_check_tensor("umt_tensor_fill", "t", t, UMT_F32, 0));
+    t->lowp_stale = true;
     return t->ctx->backend->fill(t->data, t->numel, value);
 }
 

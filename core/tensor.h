@@ -27,8 +27,12 @@ struct umt_tensor {
     bool owns_storage;  /* false for views */
     bool requires_grad; /* a gradient flows into this tensor in backward */
     bool is_parameter;
+    bool nhwc;          /* 4-D activations under bf16/fp16: stored N,H,W,C (shape still reads N,C,H,W) */
+    bool lowp_stale;    /* parameters: the master was written from the host since lowp was made */
     char *name;         /* parameters only */
     umt_tensor *grad;   /* parameters: in the grads pool; others: activations, made in backward */
+    umt_tensor *lowp;   /* parameters under bf16/fp16 precision: the compute copy (weights pool), which
+                         * the optimizer's update kernel rewrites from the fp32 master; else NULL */
     int pending_uses;   /* parameters: tape uses whose backward has not run yet this step */
     int arena_slot;     /* activations: the allocation's slot in the arena plan (memory/plan.h) */
     umt_tensor *next;   /* the context's list this header is on */
@@ -44,7 +48,9 @@ umt_tensor *umt_tensor_grad_or_zeros(umt_context *ctx, umt_tensor *t);
 /* Writes "[2,3,4]" into buf, for error messages. */
 const char *umt_shape_string(const umt_tensor *t, char *buf, size_t size);
 
-/* Shape/dtype checks that name the op and the argument on failure. */
+/* Shape/dtype checks that name the op and the argument on failure; dtype UMT_ANY_FLOAT accepts
+ * f32, and bf16/f16 where the backend computes on them; ndim 0 accepts any rank. */
+#define UMT_ANY_FLOAT UMT_DTYPE_COUNT
 umt_status umt_check_tensor(const char *op, const char *arg, const umt_tensor *t, umt_dtype dtype, int ndim);
 
 #endif /* UMT_CORE_TENSOR_H */

@@ -38,6 +38,7 @@ typedef struct {
     int log_every;
     umt_device device;
     umt_memory_mode memory_mode;
+    const char *precision; /* NULL: umt_precision_default */
 } options;
 
 static void usage(FILE *out) {
@@ -45,10 +46,11 @@ static void usage(FILE *out) {
             "usage: mnist_mlp [--epochs N] [--batch-size N] [--lr F] [--optimizer sgd|adam|adamw|adadelta]\n"
             "                 [--momentum F] [--weight-decay F] [--schedule constant|step|cosine] [--gamma F]\n"
             "                 [--seed N] [--data-dir DIR] [--hidden N] [--train-limit N] [--log-every N]\n"
-            "                 [--device cpu|cuda] [--mem managed|managed-plain|device]\n"
+            "                 [--device cpu|cuda] [--mem managed|managed-plain|device] [--precision fp32|bf16|fp16]\n"
             "defaults: 2 epochs, batch 64, sgd lr 0.05 momentum 0.9 (other optimizers: PyTorch's default lr),\n"
             "          step schedule with gamma 0.2 (lr x0.2 per epoch), seed 1, data/mnist, hidden 256,\n"
-            "          cuda when a GPU is present (else cpu), managed memory\n");
+            "          cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16 tensor\n"
+            "          cores (else fp32)\n");
 }
 
 static int parse_options(int argc, char **argv, options *o) {
@@ -83,6 +85,7 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--data-dir")) o->data_dir = value;
         else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device));
         else if (!strcmp(flag, "--mem")) bad = example_check(program, umt_memory_mode_parse(value, &o->memory_mode));
+        else if (!strcmp(flag, "--precision")) o->precision = value;
         else {
             fprintf(stderr, "mnist_mlp: unknown flag %s\n", flag);
             usage(stderr);
@@ -139,7 +142,7 @@ static int train_epoch(umt_context *ctx, const options *o, const mlp *m, umt_opt
             return fail("batch");
         umt_tensor *loss = umt_softmax_cross_entropy(ctx, mlp_forward(ctx, m, images), labels);
         if (!loss) return fail("forward");
-        if (umt_backward(ctx, loss) || umt_optimizer_step(opt)) return fail("backward/update");
+        if (umt_backward_scaled(ctx, loss, opt) || umt_optimizer_step(opt)) return fail("backward/update");
         float value = 0;
         umt_tensor_get_f32(loss, 0, &value);
         loss_sum += value;
@@ -166,7 +169,8 @@ static int run(umt_context *ctx, const options *o) {
     printf("mnist_mlp: %lld training and %lld test images, 784-%lld-10, %s, batch %lld, seed %llu, %s",
            (long long)umt_dataset_size(train), (long long)umt_dataset_size(test), (long long)o->hidden, o->optimizer,
            (long long)o->batch_size, (unsigned long long)o->seed, o->device == UMT_DEVICE_CUDA ? "cuda" : "cpu");
-    printf(o->device == UMT_DEVICE_CUDA ? " (%s memory)\n" : "\n", umt_memory_mode_name(o->memory_mode));
+    printf(o->device == UMT_DEVICE_CUDA ? " (%s memory)" : "", umt_memory_mode_name(o->memory_mode));
+    printf(", %s\n", umt_precision_name(umt_context_precision(ctx)));
     mlp m = {umt_linear_layer_new(ctx, "fc1", 784, o->hidden, true), umt_linear_layer_new(ctx, "fc2", o->hidden, 10, true)};
     if (!m.fc1 || !m.fc2) return fail("model");
 
@@ -177,6 +181,7 @@ static int run(umt_context *ctx, const options *o) {
     /* Without --lr: the optimizer's own default, but 0.05 for SGD (its default 0.01 is slow for 2 epochs). */
     oo.lr = o->lr > 0 ? o->lr : kind == UMT_OPT_SGD ? 0.05f : oo.lr;
     oo.weight_decay = o->weight_decay > 0 ? o->weight_decay : oo.weight_decay;
+    oo.loss_scaling = umt_context_precision(ctx) == UMT_PRECISION_FP16; /* fp16 gradients underflow otherwise */
     umt_optimizer *opt;
     if (umt_optimizer_create(ctx, &oo, &opt)) return fail("optimizer");
 
@@ -201,6 +206,8 @@ int main(int argc, char **argv) {
     co.seed = o.seed;
     co.device = o.device;
     co.memory_mode = o.memory_mode;
+    co.precision = umt_precision_default(o.device, co.cuda_device);
+    if (o.precision && example_check(program, umt_precision_parse(o.precision, &co.precision))) return 2;
     umt_context *ctx;
     if (umt_context_create(&co, &ctx)) return fail("context");
     int rc = run(ctx, &o);

@@ -77,6 +77,21 @@ typedef enum { UMT_MEM_MANAGED = 0, UMT_MEM_MANAGED_PLAIN, UMT_MEM_DEVICE } umt_
 umt_status umt_memory_mode_parse(const char *name, umt_memory_mode *out);
 const char *umt_memory_mode_name(umt_memory_mode mode);
 
+/* The arithmetic of forward and backward passes:
+ *   fp32 — everything in f32 (the default of a context);
+ *   bf16 — activations, their gradients and compute copies of the weights in bfloat16, NHWC
+ *          convolutions, tensor-core products with f32 accumulation; f32 masters, parameter
+ *          gradients, losses, reductions and optimizer state (CUDA only);
+ *   fp16 — the same in IEEE half; it needs loss scaling (umt_optimizer_options.loss_scaling). */
+typedef enum { UMT_PRECISION_FP32 = 0, UMT_PRECISION_BF16, UMT_PRECISION_FP16 } umt_precision;
+
+/* "fp32", "bf16", "fp16" -> precision; UMT_ERR_INVALID_ARGUMENT otherwise. */
+umt_status umt_precision_parse(const char *name, umt_precision *out);
+const char *umt_precision_name(umt_precision precision);
+/* bf16 on a GPU that has bf16 tensor cores (compute capability 8.0 or newer), else fp32: what
+ * trainers use when no precision is asked for. */
+umt_precision umt_precision_default(umt_device device, int cuda_device);
+
 /* "2G", "64M", "512K", "1048576" (binary units, optional "iB"/"B") -> bytes. */
 umt_status umt_parse_bytes(const char *text, size_t *out);
 
@@ -109,9 +124,10 @@ typedef struct {
     uint64_t seed;               /* seeds the context's RNG: parameter init, shuffles, dropout */
     umt_memory_mode memory_mode; /* CUDA only */
     int cuda_device;             /* CUDA only: which GPU */
+    umt_precision precision;     /* bf16 and fp16: CUDA only */
 } umt_context_options;
 
-/* Options with defaults: umt_default_device(), seed 1, managed memory, GPU 0. */
+/* Options with defaults: umt_default_device(), seed 1, managed memory, GPU 0, fp32. */
 umt_context_options umt_context_defaults(void);
 
 /* On CUDA, the device budget is set here: the GPU's free memory (cudaMemGetInfo) less a
@@ -122,6 +138,8 @@ umt_status umt_context_create(const umt_context_options *options, umt_context **
 /* Frees every tensor, layer and optimizer made from the context, and its pools. With
  * UMT_MEM_REPORT=1 in the environment, prints the pool report first. NULL is ok. */
 void umt_context_destroy(umt_context *ctx);
+/* The precision the context computes in (its options' precision). */
+umt_precision umt_context_precision(const umt_context *ctx);
 /* Waits until the device has finished all queued work (a no-op on the CPU). */
 umt_status umt_synchronize(umt_context *ctx);
 
@@ -302,10 +320,22 @@ typedef struct {
     float beta1, beta2; /* Adam, AdamW */
     float rho;          /* Adadelta */
     float eps;          /* Adam, AdamW, Adadelta */
+    /* Gradient clipping by global norm (PyTorch's clip_grad_norm_): every gradient is
+     * multiplied by min(1, max_grad_norm / (norm + 1e-6)), norm the L2 norm of all of them
+     * together, computed on the device. 0 turns clipping off. */
+    float max_grad_norm;
+    /* Dynamic loss scaling (PyTorch's GradScaler), for fp16: umt_backward_scaled multiplies
+     * the loss gradient by the scale; the step divides it out, and skips the update when a
+     * gradient is inf or NaN, halving the scale; after loss_scale_growth_interval clean steps
+     * in a row the scale doubles. All on the device: no step waits for the host. */
+    bool loss_scaling;
+    float loss_scale_init;          /* the first scale (> 0; PyTorch: 65536) */
+    int loss_scale_growth_interval; /* clean steps before the scale doubles (>= 1; PyTorch: 2000) */
 } umt_optimizer_options;
 
 /* PyTorch's defaults for the kind (SGD lr 0.01; Adam lr 1e-3; AdamW lr 1e-3 wd 1e-2;
- * Adadelta lr 1.0 rho 0.9 eps 1e-6). */
+ * Adadelta lr 1.0 rho 0.9 eps 1e-6); no clipping; loss scaling off, and when turned on,
+ * GradScaler's scale 65536 and growth interval 2000. */
 umt_optimizer_options umt_optimizer_defaults(umt_optimizer_kind kind);
 /* "sgd", "adam", "adamw", "adadelta" -> kind; UMT_ERR_INVALID_ARGUMENT for anything else. */
 umt_status umt_optimizer_kind_parse(const char *name, umt_optimizer_kind *out);
@@ -314,8 +344,19 @@ umt_status umt_optimizer_kind_parse(const char *name, umt_optimizer_kind *out);
  * Parameters made later are not covered; do not free a covered parameter while it lives. */
 umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *options,
                                 umt_optimizer **out);
-/* One update of every parameter from its gradient. */
+/* One update of every parameter from its gradient. A parameter with a bf16/f16 compute copy
+ * (a context of that precision) has the copy rewritten in the same pass. With loss scaling or
+ * clipping on, an inf or NaN gradient skips the whole step (nothing moves, not even Adam's
+ * step count); it still counts in umt_optimizer_steps. */
 umt_status umt_optimizer_step(umt_optimizer *opt);
+/* umt_backward with the loss gradient seeded with opt's current loss scale instead of 1 (read
+ * on the device: no wait). Without loss scaling it is umt_backward. opt must belong to ctx. */
+umt_status umt_backward_scaled(umt_context *ctx, umt_tensor *loss, const umt_optimizer *opt);
+/* Steps skipped for an inf or NaN gradient, and the current loss scale (1 without loss
+ * scaling). Both read the device: they wait for queued work, so ask once per epoch, not per
+ * step. -1 and NaN when the read fails (umt_last_error says why). */
+int64_t umt_optimizer_skipped_steps(const umt_optimizer *opt);
+float umt_optimizer_loss_scale(const umt_optimizer *opt);
 void umt_optimizer_set_lr(umt_optimizer *opt, float lr);
 float umt_optimizer_lr(const umt_optimizer *opt);
 /* Steps taken so far. */

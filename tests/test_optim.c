@@ -4,7 +4,10 @@
  * Each update test sets a parameter and its gradient, takes one or two steps and compares with
  * values worked out from the update rule (PyTorch's torch.optim formulas), written as literals;
  * where the literal alone would hide the rule, the working is in the comment next to it.
- * Then: option validation, kind parsing, defaults, where the state lives, and clean-up.
+ * Then: option validation, kind parsing, defaults, where the state lives, and clean-up; then
+ * the mixed-precision step (core/optim_step.h): the fused low-precision copy against the plain
+ * update and a convert, clipping against hand-worked numbers, and the loss scaler with injected
+ * infs and NaNs.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -15,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "core/optim.h"
 #include "core/tensor.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "umtrain.h"
@@ -432,6 +436,315 @@ static void test_context_destroy_frees_an_optimizer_left_alive(void **state) {
 }
 
 /* ----------------------------------------------------------------------------------------- */
+/* Mixed-precision steps: the fused low-precision copy, clipping, loss scaling */
+
+/* A fixed pseudo-random float in [lo, hi) (a 32-bit LCG): inputs that exercise rounding. */
+static float draw(uint32_t *state, float lo, float hi) {
+    *state = *state * 1664525u + 1013904223u;
+    return lo + (hi - lo) * (float)(*state >> 8) / (float)(1u << 24);
+}
+
+/* The update of one kind through the CPU kernels, plain (fused == false) or fused with a copy
+ * of lowp_dtype, on n fixed inputs; the parameter and state after three steps go to out. */
+enum { FUSED_N = 257 };
+typedef struct {
+    float param[FUSED_N], s0[FUSED_N], s1[FUSED_N];
+    uint16_t lowp[FUSED_N];
+} update_result;
+
+static void run_kernel_steps(umt_optimizer_kind kind, umt_dtype lowp_dtype, bool fused, update_result *out) {
+    uint32_t seed = 12345u;
+    float grad[FUSED_N];
+    for (int i = 0; i < FUSED_N; ++i) {
+        out->param[i] = draw(&seed, -3.0f, 3.0f);
+        out->s0[i] = 0.0f;
+        out->s1[i] = 0.0f;
+        out->lowp[i] = 0xffffu;
+    }
+    umt_update_fusion fusion = {.lowp = fused ? out->lowp : NULL, .lowp_dtype = lowp_dtype};
+    for (int64_t step = 1; step <= 3; ++step) {
+        for (int i = 0; i < FUSED_N; ++i) grad[i] = draw(&seed, -1.0f, 1.0f);
+        umt_status st = UMT_OK;
+        switch (kind) {
+        case UMT_OPT_SGD:
+            st = umt_cpu_sgd_update_fused(out->param, grad, out->s0, FUSED_N, 0.1f, 0.9f, 1e-2f, fusion);
+            break;
+        case UMT_OPT_ADAM:
+        case UMT_OPT_ADAMW:
+            st = umt_cpu_adam_update_fused(out->param, grad, out->s0, out->s1, FUSED_N, 1e-2f, 0.9f, 0.999f, 1e-8f,
+                                           1e-2f, kind == UMT_OPT_ADAMW, step, fusion);
+            break;
+        case UMT_OPT_ADADELTA:
+            st = umt_cpu_adadelta_update_fused(out->param, grad, out->s0, out->s1, FUSED_N, 1.0f, 0.9f, 1e-6f, 1e-2f,
+                                               fusion);
+            break;
+        }
+        assert_int_equal(st, UMT_OK);
+    }
+}
+
+static void test_fused_update_with_a_lowp_copy_equals_the_plain_update_then_a_convert(void **state) {
+    (void)state;
+    const umt_dtype dtypes[] = {UMT_BF16, UMT_F16};
+    for (int kind = UMT_OPT_SGD; kind <= UMT_OPT_ADADELTA; ++kind)
+        for (int d = 0; d < 2; ++d) {
+            update_result plain, fused;
+            run_kernel_steps((umt_optimizer_kind)kind, dtypes[d], false, &plain);
+            run_kernel_steps((umt_optimizer_kind)kind, dtypes[d], true, &fused);
+            /* The same master and state, bit for bit; the copy is the master, converted. */
+            assert_memory_equal(fused.param, plain.param, sizeof plain.param);
+            assert_memory_equal(fused.s0, plain.s0, sizeof plain.s0);
+            assert_memory_equal(fused.s1, plain.s1, sizeof plain.s1);
+            assert_int_equal(umt_cpu_convert(plain.param, UMT_F32, plain.lowp, dtypes[d], FUSED_N), UMT_OK);
+            assert_memory_equal(fused.lowp, plain.lowp, sizeof plain.lowp);
+        }
+    /* A copy must be a 16-bit float: said, not written. */
+    float p = 1.0f, g = 0.5f;
+    umt_update_fusion bad = {.lowp = &g, .lowp_dtype = UMT_I32};
+    assert_int_equal(umt_cpu_sgd_update_fused(&p, &g, NULL, 1, 0.1f, 0.0f, 0.0f, bad), UMT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(umt_last_error(), "i32"));
+    assert_float_equal(p, 1.0, 0.0);
+}
+
+static void test_optimizer_step_rewrites_the_parameters_bf16_copy(void **state) {
+    (void)state;
+    fixture f = make_fixture(3, (float[]){1.0f, -2.0f, 0.3f}, (float[]){0.5f, 0.25f, -0.125f});
+    /* White-box: a bf16 context would give the parameter its copy; here it is lent by hand. */
+    umt_tensor *lowp = umt_tensor_new_1d(f.ctx, UMT_POOL_WEIGHTS, UMT_BF16, 3);
+    assert_non_null(lowp);
+    f.param->lowp = lowp;
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_ADAMW);
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    float master[3];
+    uint16_t copy[3], expected[3];
+    assert_int_equal(umt_tensor_copy_to_host(f.param, master, sizeof master), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(lowp, copy, sizeof copy), UMT_OK);
+    for (int i = 0; i < 3; ++i) expected[i] = umt_f32_to_bf16(master[i]);
+    assert_memory_equal(copy, expected, sizeof copy);
+    f.param->lowp = NULL;
+    umt_context_destroy(f.ctx);
+}
+
+/* A context with parameters a [2] and b [1] and the given values and gradients. */
+static umt_context *two_parameter_context(const float a[2], const float b[1], const float ga[2], const float gb[1],
+                                          umt_tensor **pa, umt_tensor **pb) {
+    umt_context *ctx = NULL;
+    umt_context_options options = umt_context_defaults();
+    assert_int_equal(umt_context_create(&options, &ctx), UMT_OK);
+    *pa = umt_parameter_new(ctx, "a", 1, (int64_t[]){2});
+    *pb = umt_parameter_new(ctx, "b", 1, (int64_t[]){1});
+    assert_non_null(*pa);
+    assert_non_null(*pb);
+    assert_int_equal(umt_tensor_copy_from_host(*pa, a, 2 * sizeof(float)), UMT_OK);
+    assert_int_equal(umt_tensor_copy_from_host(*pb, b, sizeof(float)), UMT_OK);
+    assert_int_equal(umt_tensor_copy_from_host((*pa)->grad, ga, 2 * sizeof(float)), UMT_OK);
+    assert_int_equal(umt_tensor_copy_from_host((*pb)->grad, gb, sizeof(float)), UMT_OK);
+    return ctx;
+}
+
+static void test_clipping_scales_every_gradient_by_max_norm_over_the_global_norm(void **state) {
+    (void)state;
+    umt_tensor *a, *b;
+    /* Gradients (3, 0) and (4): global norm 5 across both parameters. */
+    umt_context *ctx = two_parameter_context((float[]){1.0f, 1.0f}, (float[]){1.0f}, (float[]){3.0f, 0.0f},
+                                             (float[]){4.0f}, &a, &b);
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_SGD);
+    o.lr = 1.0f;
+    o.max_grad_norm = 1.0f;
+    umt_optimizer *opt = make_optimizer(ctx, o);
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    umt_step_scalars s;
+    assert_int_equal(umt_optimizer_read_scalars(opt, &s), UMT_OK);
+    assert_float_equal(s.grad_norm, 5.0, 1e-6);
+    /* coefficient 1 / (5 + 1e-6): p = 1 - g * coefficient */
+    float got[3];
+    assert_int_equal(umt_tensor_copy_to_host(a, got, 2 * sizeof(float)), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(b, got + 2, sizeof(float)), UMT_OK);
+    assert_float_equal(got[0], 1.0 - 3.0 / 5.000001, 1e-7);
+    assert_float_equal(got[1], 1.0, 0.0);
+    assert_float_equal(got[2], 1.0 - 4.0 / 5.000001, 1e-7);
+    /* Under max_grad_norm the gradients go through untouched: p -= g exactly. */
+    umt_optimizer_destroy(opt);
+    o.max_grad_norm = 5.5f;
+    opt = make_optimizer(ctx, o);
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(a, got, 2 * sizeof(float)), UMT_OK);
+    assert_float_equal(got[0], (1.0f - 3.0f / 5.000001f) - 3.0f, 1e-6);
+    assert_int_equal(umt_optimizer_skipped_steps(opt), 0);
+    assert_float_equal(umt_optimizer_loss_scale(opt), 1.0, 0.0);
+    umt_context_destroy(ctx);
+}
+
+static umt_optimizer_options scaled_options(umt_optimizer_kind kind, float init, int growth_interval) {
+    umt_optimizer_options o = umt_optimizer_defaults(kind);
+    o.loss_scaling = true;
+    o.loss_scale_init = init;
+    o.loss_scale_growth_interval = growth_interval;
+    return o;
+}
+
+static void test_loss_scaler_skips_a_step_with_an_inf_or_nan_gradient_and_halves_the_scale(void **state) {
+    (void)state;
+    /* The gradients carry the scale 1024; unscaled they are the momentum test's (0.5, 0.25). */
+    fixture f = make_fixture(2, (float[]){1.0f, -2.0f}, (float[]){512.0f, 256.0f});
+    umt_optimizer_options o = scaled_options(UMT_OPT_SGD, 1024.0f, 2000);
+    o.lr = 0.1f;
+    o.momentum = 0.9f;
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 2, (double[]){0.95, -2.025});
+    assert_float_equal(umt_optimizer_loss_scale(opt), 1024.0, 0.0);
+    float before[2], velocity_before[2], after[2], velocity_after[2];
+    const char *name;
+    int index;
+    umt_tensor *velocity = umt_optimizer_state_at(opt, 0, &name, &index);
+    assert_int_equal(umt_tensor_copy_to_host(f.param, before, sizeof before), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(velocity, velocity_before, sizeof velocity_before), UMT_OK);
+    const float poisons[2] = {INFINITY, NAN};
+    for (int k = 0; k < 2; ++k) {
+        set_grads(&f, 2, (float[]){1.0f, poisons[k]});
+        assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+        assert_int_equal(umt_tensor_copy_to_host(f.param, after, sizeof after), UMT_OK);
+        assert_int_equal(umt_tensor_copy_to_host(velocity, velocity_after, sizeof velocity_after), UMT_OK);
+        assert_memory_equal(after, before, sizeof before);
+        assert_memory_equal(velocity_after, velocity_before, sizeof velocity_before);
+        assert_int_equal(umt_optimizer_skipped_steps(opt), k + 1);
+        assert_float_equal(umt_optimizer_loss_scale(opt), 1024.0 / (2 << k), 0.0);
+    }
+    assert_int_equal(umt_optimizer_steps(opt), 3);
+    /* Scale 256 now: gradients (128, 64) are (0.5, 0.25) again, and the step resumes. */
+    set_grads(&f, 2, (float[]){128.0f, 64.0f});
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_param(&f, 2, (double[]){0.855, -2.0725});
+    umt_context_destroy(f.ctx);
+}
+
+static void test_a_skipped_step_does_not_advance_adams_bias_correction(void **state) {
+    (void)state;
+    const float unscaled[3] = {0.3f, -2.0f, 0.01f}, values[3] = {1.0f, -1.0f, 0.5f};
+    fixture plain = make_fixture(3, values, unscaled);
+    fixture scaled = make_fixture(3, values, (float[]){INFINITY, 0.0f, 0.0f});
+    umt_optimizer *reference = make_optimizer(plain.ctx, umt_optimizer_defaults(UMT_OPT_ADAM));
+    umt_optimizer *opt = make_optimizer(scaled.ctx, scaled_options(UMT_OPT_ADAM, 8.0f, 2000));
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK); /* skipped: the scale drops to 4 */
+    set_grads(&scaled, 3, (float[]){4 * unscaled[0], 4 * unscaled[1], 4 * unscaled[2]});
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_int_equal(umt_optimizer_step(reference), UMT_OK);
+    /* Adam's first step on both sides (a power-of-two scale divides out exactly). */
+    float want[3], got[3];
+    assert_int_equal(umt_tensor_copy_to_host(plain.param, want, sizeof want), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(scaled.param, got, sizeof got), UMT_OK);
+    assert_memory_equal(got, want, sizeof want);
+    umt_step_scalars s;
+    assert_int_equal(umt_optimizer_read_scalars(opt, &s), UMT_OK);
+    assert_int_equal(s.applied_steps, 1);
+    assert_int_equal(s.skipped_steps, 1);
+    assert_int_equal(umt_optimizer_steps(opt), 2);
+    umt_context_destroy(plain.ctx);
+    umt_context_destroy(scaled.ctx);
+}
+
+static void test_loss_scale_doubles_after_growth_interval_clean_steps_in_a_row(void **state) {
+    (void)state;
+    fixture f = make_fixture(1, (float[]){1.0f}, (float[]){0.0f});
+    umt_optimizer *opt = make_optimizer(f.ctx, scaled_options(UMT_OPT_SGD, 8.0f, 3));
+    /* clean, clean, clean -> 16; inf -> 8 and the count restarts; three clean -> 16 again */
+    const float grads[] = {0, 0, 0, 0, INFINITY, 0, 0, 0};
+    const double scales[] = {8, 8, 16, 16, 8, 8, 8, 16};
+    for (int i = 0; i < 8; ++i) {
+        set_grads(&f, 1, &grads[i]);
+        assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+        assert_float_equal(umt_optimizer_loss_scale(opt), scales[i], 0.0);
+    }
+    assert_int_equal(umt_optimizer_skipped_steps(opt), 1);
+    umt_context_destroy(f.ctx);
+}
+
+/* Gradients of mean(w * x) for w = (1,1,1,1), x = (1,2,3,4): x / 4, from umt_backward or from
+ * umt_backward_scaled with opt. */
+static void gradients_of_mean_product(umt_context *ctx, umt_tensor *w, const umt_optimizer *opt, float out[4]) {
+    assert_int_equal(umt_step_begin(ctx), UMT_OK);
+    assert_int_equal(umt_zero_grad(ctx), UMT_OK);
+    umt_tensor *x = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 4);
+    assert_non_null(x);
+    assert_int_equal(umt_tensor_copy_from_host(x, (float[]){1, 2, 3, 4}, 4 * sizeof(float)), UMT_OK);
+    umt_tensor *loss = umt_mean(ctx, umt_mul(ctx, w, x));
+    assert_non_null(loss);
+    assert_int_equal(opt ? umt_backward_scaled(ctx, loss, opt) : umt_backward(ctx, loss), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(umt_tensor_grad(w), out, 4 * sizeof(float)), UMT_OK);
+}
+
+static void test_backward_scaled_multiplies_every_gradient_by_the_loss_scale(void **state) {
+    (void)state;
+    fixture f = make_fixture(4, (float[]){1, 1, 1, 1}, (float[]){0, 0, 0, 0});
+    umt_optimizer *scaler = make_optimizer(f.ctx, scaled_options(UMT_OPT_SGD, 1024.0f, 2000));
+    umt_optimizer_options clip_only = umt_optimizer_defaults(UMT_OPT_SGD);
+    clip_only.max_grad_norm = 1.0f;
+    umt_optimizer *clipper = make_optimizer(f.ctx, clip_only);
+    float plain[4], scaled[4], unscaled[4];
+    gradients_of_mean_product(f.ctx, f.param, NULL, plain);
+    gradients_of_mean_product(f.ctx, f.param, scaler, scaled);
+    gradients_of_mean_product(f.ctx, f.param, clipper, unscaled);
+    for (int i = 0; i < 4; ++i) {
+        assert_float_equal(plain[i], (i + 1) / 4.0, 0.0);
+        assert_float_equal(scaled[i], 1024.0 * plain[i], 0.0);
+    }
+    /* Without loss scaling it is umt_backward. */
+    assert_memory_equal(unscaled, plain, sizeof plain);
+    /* An optimizer of another context is refused. */
+    fixture other = make_fixture(1, (float[]){1}, (float[]){0});
+    umt_optimizer *foreign = make_optimizer(other.ctx, scaled_options(UMT_OPT_SGD, 2.0f, 1));
+    assert_int_equal(umt_step_begin(f.ctx), UMT_OK);
+    umt_tensor *loss = umt_mean(f.ctx, f.param);
+    assert_int_equal(umt_backward_scaled(f.ctx, loss, foreign), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "another context"));
+    umt_context_destroy(other.ctx);
+    umt_context_destroy(f.ctx);
+}
+
+static void test_step_options_are_checked_naming_the_option(void **state) {
+    (void)state;
+    fixture f = make_fixture(1, (float[]){1.0f}, (float[]){0.5f});
+    struct {
+        float max_grad_norm, init;
+        int interval;
+        const char *name;
+    } cases[] = {
+        {-1.0f, 65536.0f, 2000, "max_grad_norm"}, {NAN, 65536.0f, 2000, "max_grad_norm"},
+        {INFINITY, 65536.0f, 2000, "max_grad_norm"}, {0.0f, 0.0f, 2000, "loss_scale_init"},
+        {0.0f, INFINITY, 2000, "loss_scale_init"}, {0.0f, 65536.0f, 0, "loss_scale_growth_interval"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        umt_optimizer_options o = scaled_options(UMT_OPT_SGD, cases[i].init, cases[i].interval);
+        o.max_grad_norm = cases[i].max_grad_norm;
+        umt_optimizer *opt = NULL;
+        assert_int_equal(umt_optimizer_create(f.ctx, &o, &opt), UMT_ERR_INVALID_ARGUMENT);
+        assert_null(opt);
+        assert_non_null(strstr(umt_last_error(), cases[i].name));
+    }
+    /* The scaler's fields are not read while it is off. */
+    umt_optimizer_options off = umt_optimizer_defaults(UMT_OPT_SGD);
+    off.loss_scale_init = 0.0f;
+    off.loss_scale_growth_interval = 0;
+    umt_optimizer *opt = make_optimizer(f.ctx, off);
+    assert_int_equal(umt_optimizer_skipped_steps(opt), 0);
+    assert_float_equal(umt_optimizer_loss_scale(opt), 1.0, 0.0);
+    umt_context_destroy(f.ctx);
+}
+
+static void test_defaults_turn_clipping_and_scaling_off_with_gradscalers_values_ready(void **state) {
+    (void)state;
+    for (int kind = UMT_OPT_SGD; kind <= UMT_OPT_ADADELTA; ++kind) {
+        umt_optimizer_options o = umt_optimizer_defaults((umt_optimizer_kind)kind);
+        assert_float_equal(o.max_grad_norm, 0.0, 0.0);
+        assert_false(o.loss_scaling);
+        assert_float_equal(o.loss_scale_init, 65536.0, 0.0);
+        assert_int_equal(o.loss_scale_growth_interval, 2000);
+    }
+}
+
+/* ----------------------------------------------------------------------------------------- */
 /* Schedules */
 
 static void test_lr_step_multiplies_by_gamma_every_step_size_epochs(void **state) {
@@ -476,6 +789,15 @@ int main(void) {
         cmocka_unit_test(test_defaults_are_pytorchs),
         cmocka_unit_test(test_optimizer_state_lives_in_the_optim_pool_sized_by_kind),
         cmocka_unit_test(test_context_destroy_frees_an_optimizer_left_alive),
+        cmocka_unit_test(test_fused_update_with_a_lowp_copy_equals_the_plain_update_then_a_convert),
+        cmocka_unit_test(test_optimizer_step_rewrites_the_parameters_bf16_copy),
+        cmocka_unit_test(test_clipping_scales_every_gradient_by_max_norm_over_the_global_norm),
+        cmocka_unit_test(test_loss_scaler_skips_a_step_with_an_inf_or_nan_gradient_and_halves_the_scale),
+        cmocka_unit_test(test_a_skipped_step_does_not_advance_adams_bias_correction),
+        cmocka_unit_test(test_loss_scale_doubles_after_growth_interval_clean_steps_in_a_row),
+        cmocka_unit_test(test_backward_scaled_multiplies_every_gradient_by_the_loss_scale),
+        cmocka_unit_test(test_step_options_are_checked_naming_the_option),
+        cmocka_unit_test(test_defaults_turn_clipping_and_scaling_off_with_gradscalers_values_ready),
         cmocka_unit_test(test_lr_step_multiplies_by_gamma_every_step_size_epochs),
         cmocka_unit_test(test_lr_cosine_runs_from_base_to_min_through_the_midpoint),
     };

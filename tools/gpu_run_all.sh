@@ -37,20 +37,32 @@ for mode in managed managed-plain device; do
 done
 grep -A12 '^pool' "$logs/mnist_mlp_managed.log"
 
-# The MNIST CNN: 5 epochs with the example's recipe (accuracy after each), then --bench.
-log="$logs/mnist_cnn.log"
-UMT_MEM_REPORT=1 bin/mnist_cnn --device cuda --data-dir data --epochs 5 --save /tmp/umt_cnn.ckpt > "$log" 2>&1
-rc=$?
-accs=$(grep 'test accuracy' "$log" | awk '{print $NF}' | tr '\n' ' ')
-row "mnist_cnn 5 epochs" "${accs:-none}(exit $rc)"
-for batch in 64 512 4096; do
-    bin/mnist_cnn --device cuda --data-dir data --bench 200 --batch-size "$batch" > "$logs/cnn_bench_$batch.log" 2>&1
-    row "mnist_cnn --bench 200 --batch-size $batch" "$(grep '^bench:' "$logs/cnn_bench_$batch.log" | cut -d: -f2-)"
+# The MNIST CNN: 5 epochs with the example's recipe in each precision (accuracy after each
+# epoch, and fp16's skipped steps), then --bench in fp32 and bf16 with the activation peak.
+for precision in fp32 bf16 fp16; do
+    log="$logs/mnist_cnn_$precision.log"
+    UMT_MEM_REPORT=1 bin/mnist_cnn --device cuda --data-dir data --epochs 5 --precision "$precision" \
+        --save "/tmp/umt_cnn_$precision.ckpt" > "$log" 2>&1
+    rc=$?
+    accs=$(grep 'test accuracy' "$log" | awk '{print $NF}' | tr '\n' ' ')
+    skipped=$(grep 'steps skipped' "$log" | tail -n 1 | sed 's/.*scale \([^,]*\), \([0-9]*\) steps.*/, scale \1, \2 skipped/')
+    row "mnist_cnn 5 epochs $precision" "${accs:-none}(exit $rc)$skipped"
+    [[ $rc -ne 0 ]] && tail -n 5 "$log"
+done
+for precision in fp32 bf16; do
+    for batch in 64 512 4096; do
+        log="$logs/cnn_bench_${precision}_$batch.log"
+        bin/mnist_cnn --device cuda --data-dir data --bench 200 --batch-size "$batch" --precision "$precision" > "$log" 2>&1
+        peak=$(awk '$1 == "activations" && NF == 5 {print $4}' "$log" | head -n 1)
+        row "mnist_cnn --bench 200 -b $batch $precision" "$(grep '^bench:' "$log" | cut -d: -f2- | sed 's/.*s: //') act peak ${peak:-?}"
+    done
 done
 
-# PyTorch on the same GPU, same network and timing, for the ratio (fp32, no TF32).
-python3 torch_ref.py --steps 200 > "$logs/torch_ref.log" 2>&1
-while read -r line; do row "${line%%:*}" "${line#*: }"; done < <(grep '^torch eager' "$logs/torch_ref.log")
+# PyTorch on the same GPU, same network and timing, for the ratio: fp32 (no TF32), bf16 autocast.
+for dtype in fp32 bf16; do
+    python3 torch_ref.py --steps 200 --dtype "$dtype" > "$logs/torch_ref_$dtype.log" 2>&1
+    while read -r line; do row "${line%%:*}" "${line#*: }"; done < <(grep '^torch eager' "$logs/torch_ref_$dtype.log")
+done
 
 # A model that needs more than the budget must fail cleanly, naming pool, request and what is left.
 log="$logs/budget_refusal.log"

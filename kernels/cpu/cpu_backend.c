@@ -58,9 +58,18 @@ static const umt_backend cpu_backend = {
     .batchnorm_forward_eval = umt_cpu_batchnorm_forward_eval,
     .batchnorm_backward = umt_cpu_batchnorm_backward,
 
+    /* Mixed precision: zero only; the rest needs the CUDA backend (core/precision.c says so). */
+    .zero = umt_cpu_zero,
+
     .sgd_update = umt_cpu_sgd_update,
     .adam_update = umt_cpu_adam_update,
     .adadelta_update = umt_cpu_adadelta_update,
+
+    .grad_sumsq = umt_cpu_grad_sumsq,
+    .step_prepare = umt_cpu_step_prepare,
+    .sgd_update_fused = umt_cpu_sgd_update_fused,
+    .adam_update_fused = umt_cpu_adam_update_fused,
+    .adadelta_update_fused = umt_cpu_adadelta_update_fused,
 };
 
 const umt_backend *umt_cpu_backend(void) { return &cpu_backend; }

@@ -22,6 +22,7 @@ extern "C" {
 /* memory.c */
 umt_status umt_cpu_fill(float *x, int64_t n, float value);
 umt_status umt_cpu_copy(void *dst, const void *src, size_t bytes);
+umt_status umt_cpu_zero(void *x, size_t bytes);
 umt_status umt_cpu_convert(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype, int64_t n);
 uint16_t umt_f32_to_bf16(float x);
 float umt_bf16_to_f32(uint16_t x);
@@ -106,6 +107,19 @@ umt_status umt_cpu_adam_update(float *param, const float *grad, float *m, float 
                                float beta2, float eps, float weight_decay, bool decoupled, int64_t step);
 umt_status umt_cpu_adadelta_update(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,
                                    float lr, float rho, float eps, float weight_decay);
+umt_status umt_cpu_sgd_update_fused(float *param, const float *grad, float *velocity, int64_t n, float lr,
+                                    float momentum, float weight_decay, umt_update_fusion fusion);
+umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                                     float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                                     int64_t step, umt_update_fusion fusion);
+umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float *square_avg, float *delta_avg,
+                                         int64_t n, float lr, float rho, float eps, float weight_decay,
+                                         umt_update_fusion fusion);
+umt_status umt_cpu_grad_sumsq(const float *grad, int64_t n, double *partials);
+umt_status umt_cpu_step_prepare(umt_step_scalars *scalars, const double *partials, int64_t count,
+                                umt_step_options options);
+/* Shared with the CUDA backend: a low-precision copy must be bf16 or f16. */
+umt_status umt_update_fusion_check(const char *op, umt_update_fusion fusion);
 
 #ifdef __cplusplus
 }

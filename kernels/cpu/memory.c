@@ -107,6 +107,11 @@ umt_status umt_cpu_fill(float *x, int64_t n, float value) {
     return UMT_OK;
 }
 
+umt_status umt_cpu_zero(void *x, size_t bytes) {
+    if (bytes > 0) memset(x, 0, bytes);
+    return UMT_OK;
+}
+
 umt_status umt_cpu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes > 0) memcpy(dst, src, bytes);
     return UMT_OK;

@@ -4,31 +4,64 @@
  * Each kernel is PyTorch's update rule for one parameter tensor (torch.optim.SGD, Adam, AdamW,
  * Adadelta, single-tensor path), so a run here can be compared with the same run in PyTorch to
  * within float rounding. g is the gradient, p the parameter; every formula is per element.
+ *
+ * Each rule is written once, in its fused form (core/optim_step.h): with a zero fusion that is
+ * the plain update, which is all the plain slots do. Step scalars are host memory here.
  */
 #include <math.h>
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
+/* Shared with the CUDA backend, so that both refuse a bad copy alike, in the same words. */
+umt_status umt_update_fusion_check(const char *op, umt_update_fusion fusion) {
+    if (fusion.lowp && fusion.lowp_dtype != UMT_BF16 && fusion.lowp_dtype != UMT_F16)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "%s: low-precision copy of dtype %s (expected bf16 or f16)", op,
+                        umt_dtype_name(fusion.lowp_dtype));
+    return UMT_OK;
+}
+
+/* grad[i], times the step's multiplier when there are step scalars (1 / loss scale, clipping). */
+static float gradient_at(const float *grad, int64_t i, const umt_step_scalars *scalars) {
+    return scalars ? grad[i] * scalars->multiplier : grad[i];
+}
+
+/* The new master, rounded to nearest even into the low-precision copy, when there is one. */
+static void store_lowp(umt_update_fusion fusion, int64_t i, float value) {
+    if (!fusion.lowp) return;
+    uint16_t *lowp = fusion.lowp;
+    int64_t at = umt_lowp_index(i, fusion.lowp_channels, fusion.lowp_pixels);
+    lowp[at] = fusion.lowp_dtype == UMT_BF16 ? umt_f32_to_bf16(value) : umt_f32_to_f16(value);
+}
+
 /* SGD, dampening 0, no Nesterov:
  *   g' = g + weight_decay * p
  *   v  = momentum * v + g'      (PyTorch starts v at g'; a zeroed v gives the same value)
  *   p  = p - lr * v
  * With momentum 0 there is no velocity: p = p - lr * g', and velocity may be NULL. */
-umt_status umt_cpu_sgd_update(float *param, const float *grad, float *velocity, int64_t n, float lr, float momentum,
-                              float weight_decay) {
+umt_status umt_cpu_sgd_update_fused(float *param, const float *grad, float *velocity, int64_t n, float lr,
+                                    float momentum, float weight_decay, umt_update_fusion fusion) {
     if (momentum != 0.0f && !velocity)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "sgd_update: momentum %g needs a velocity buffer (got NULL)",
                         momentum);
+    UMT_TRY(umt_update_fusion_check("sgd_update", fusion));
+    if (fusion.scalars && fusion.scalars->found_inf) return UMT_OK;
     for (int64_t i = 0; i < n; ++i) {
-        float g = grad[i] + weight_decay * param[i];
+        float g = gradient_at(grad, i, fusion.scalars);
+        g += weight_decay * param[i];
         if (momentum != 0.0f) {
             velocity[i] = momentum * velocity[i] + g;
             g = velocity[i];
         }
         param[i] -= lr * g;
+        store_lowp(fusion, i, param[i]);
     }
     return UMT_OK;
+}
+
+umt_status umt_cpu_sgd_update(float *param, const float *grad, float *velocity, int64_t n, float lr, float momentum,
+                              float weight_decay) {
+    return umt_cpu_sgd_update_fused(param, grad, velocity, n, lr, momentum, weight_decay, (umt_update_fusion){0});
 }
 
 /* Adam (decoupled = false) and AdamW (decoupled = true), step counting from 1:
@@ -39,17 +72,22 @@ umt_status umt_cpu_sgd_update(float *param, const float *grad, float *velocity, 
  *   p = p - lr * mhat / (sqrt(vhat) + eps),  mhat = m / (1 - beta1^step), vhat = v / (1 - beta2^step)
  * The last line is evaluated as PyTorch does, p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),
  * so that eps enters at the same place and rounding follows the same path. */
-umt_status umt_cpu_adam_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
-                               float beta2, float eps, float weight_decay, bool decoupled, int64_t step) {
+umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                                     float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                                     int64_t step, umt_update_fusion fusion) {
     if (step < 1) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "adam_update: step %lld (expected >= 1)", (long long)step);
-    /* The corrections depend on the step only: computed once, in double, as PyTorch does on the host. */
+    UMT_TRY(umt_update_fusion_check("adam_update", fusion));
+    const umt_step_scalars *s = fusion.scalars;
+    if (s && s->found_inf) return UMT_OK;
+    /* The corrections depend on the step only: computed once, in double, as PyTorch does on the
+     * host; with step scalars, from the steps really applied (core/optim_step.h, same formula). */
     double bias_correction1 = 1.0 - pow(beta1, (double)step);
     double bias_correction2 = 1.0 - pow(beta2, (double)step);
-    float step_size = (float)(lr / bias_correction1);
-    float bias_correction2_sqrt = (float)sqrt(bias_correction2);
+    float step_size = s ? s->adam_step_size : (float)(lr / bias_correction1);
+    float bias_correction2_sqrt = s ? s->adam_bias_correction2_sqrt : (float)sqrt(bias_correction2);
     float decay = decoupled ? 1.0f - lr * weight_decay : 1.0f;
     for (int64_t i = 0; i < n; ++i) {
-        float g = grad[i];
+        float g = gradient_at(grad, i, s);
         if (decoupled)
             param[i] *= decay;
         else
@@ -58,8 +96,15 @@ umt_status umt_cpu_adam_update(float *param, const float *grad, float *m, float 
         v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
         float denom = sqrtf(v[i]) / bias_correction2_sqrt + eps;
         param[i] -= step_size * m[i] / denom;
+        store_lowp(fusion, i, param[i]);
     }
     return UMT_OK;
+}
+
+umt_status umt_cpu_adam_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
+                               float beta2, float eps, float weight_decay, bool decoupled, int64_t step) {
+    return umt_cpu_adam_update_fused(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, decoupled, step,
+                                     (umt_update_fusion){0});
 }
 
 /* Adadelta:
@@ -69,15 +114,46 @@ umt_status umt_cpu_adam_update(float *param, const float *grad, float *m, float 
  *   acc   = rho * acc + (1 - rho) * delta^2
  *   p     = p - lr * delta
  * (square_avg holds sq, delta_avg holds acc.) */
-umt_status umt_cpu_adadelta_update(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,
-                                   float lr, float rho, float eps, float weight_decay) {
+umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float *square_avg, float *delta_avg,
+                                         int64_t n, float lr, float rho, float eps, float weight_decay,
+                                         umt_update_fusion fusion) {
+    UMT_TRY(umt_update_fusion_check("adadelta_update", fusion));
+    if (fusion.scalars && fusion.scalars->found_inf) return UMT_OK;
     for (int64_t i = 0; i < n; ++i) {
-        float g = grad[i] + weight_decay * param[i];
+        float g = gradient_at(grad, i, fusion.scalars);
+        g += weight_decay * param[i];
         square_avg[i] = rho * square_avg[i] + (1.0f - rho) * g * g;
         float std = sqrtf(square_avg[i] + eps);
         float delta = sqrtf(delta_avg[i] + eps) / std * g;
         delta_avg[i] = rho * delta_avg[i] + (1.0f - rho) * delta * delta;
         param[i] -= lr * delta;
+        store_lowp(fusion, i, param[i]);
     }
+    return UMT_OK;
+}
+
+umt_status umt_cpu_adadelta_update(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,
+                                   float lr, float rho, float eps, float weight_decay) {
+    return umt_cpu_adadelta_update_fused(param, grad, square_avg, delta_avg, n, lr, rho, eps, weight_decay,
+                                         (umt_update_fusion){0});
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* The step scalars (core/optim_step.h) */
+
+/* One sequential sum, in double, in partials[0]; the other partials are zero. */
+umt_status umt_cpu_grad_sumsq(const float *grad, int64_t n, double *partials) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += (double)grad[i] * grad[i];
+    partials[0] = sum;
+    for (int k = 1; k < UMT_GRAD_SUMSQ_PARTIALS; ++k) partials[k] = 0.0;
+    return UMT_OK;
+}
+
+umt_status umt_cpu_step_prepare(umt_step_scalars *scalars, const double *partials, int64_t count,
+                                umt_step_options options) {
+    double sumsq = 0.0;
+    for (int64_t i = 0; i < count; ++i) sumsq += partials[i];
+    umt_step_finish(scalars, sumsq, options);
     return UMT_OK;
 }

@@ -152,9 +152,34 @@ static const umt_backend cuda_backend = {
     .batchnorm_forward_eval = umt_cuda_batchnorm_forward_eval,
     .batchnorm_backward = umt_cuda_batchnorm_backward,
 
+    .zero = umt_cuda_zero,
+    .recast = umt_cuda_recast,
+    .gemm_lp = umt_cuda_gemm_lp,
+    .add_rows_lp = umt_cuda_add_rows_lp,
+    .sum_rows_lp = umt_cuda_sum_rows_lp,
+    .relu_lp = umt_cuda_relu_lp,
+    .relu_backward_lp = umt_cuda_relu_backward_lp,
+    .dropout_forward_lp = umt_cuda_dropout_forward_lp,
+    .dropout_backward_lp = umt_cuda_dropout_backward_lp,
+    .conv2d_forward_lp = umt_cuda_conv2d_forward_lp,
+    .conv2d_backward_data_lp = umt_cuda_conv2d_backward_data_lp,
+    .conv2d_backward_filter_lp = umt_cuda_conv2d_backward_filter_lp,
+    .add_channel_bias_lp = umt_cuda_add_channel_bias_lp,
+    .sum_channel_bias_lp = umt_cuda_sum_channel_bias_lp,
+    .max_pool_forward_lp = umt_cuda_max_pool_forward_lp,
+    .max_pool_backward_lp = umt_cuda_max_pool_backward_lp,
+    .avg_pool_forward_lp = umt_cuda_avg_pool_forward_lp,
+    .avg_pool_backward_lp = umt_cuda_avg_pool_backward_lp,
+
     .sgd_update = umt_cuda_sgd_update,
     .adam_update = umt_cuda_adam_update,
     .adadelta_update = umt_cuda_adadelta_update,
+
+    .grad_sumsq = umt_cuda_grad_sumsq,
+    .step_prepare = umt_cuda_step_prepare,
+    .sgd_update_fused = umt_cuda_sgd_update_fused,
+    .adam_update_fused = umt_cuda_adam_update_fused,
+    .adadelta_update_fused = umt_cuda_adadelta_update_fused,
 };
 
 extern "C" const umt_backend *umt_cuda_backend(void) { return &cuda_backend; }

@@ -19,6 +19,13 @@
  * descriptors live as long as their plan, and the backend's stop destroys every plan.
  *
  * Forward overwrites y (cuDNN beta 0: y is not read); both backwards accumulate (beta 1).
+ *
+ * Mixed precision (the _lp entry points, core/precision.h): x, w, y in bf16 or f16 and NHWC
+ * (w as K,R,S,C), the layout in which cuDNN's tensor-core kernels read half types without
+ * transposing; products on tensor cores, accumulation in f32 (CUDNN_DATA_FLOAT compute). The
+ * weight gradient is an f32 master's, but cuDNN writes dw in the filter's dtype and layout, so
+ * it goes to a half-precision scratch behind the algorithm's workspace (same call, beta 0) and
+ * is then added to the f32 gradient in K,C,R,S order by one recast.
  */
 #include <limits.h>
 #include <string.h>
@@ -30,7 +37,7 @@
 #include "kernels/cuda/launch.h"
 
 /* BIAS_THREADS must be a power of two (block_sum halves it). */
-enum { PLAN_SLOTS = 32, BIAS_THREADS = 256 };
+enum { PLAN_SLOTS = 32, BIAS_THREADS = 256, SCRATCH_ALIGNMENT = 256 };
 static const size_t MAX_WORKSPACE_BYTES = (size_t)256 << 20;
 
 typedef struct {
@@ -42,7 +49,8 @@ typedef struct {
     cudnnConvolutionFwdAlgo_t forward;
     cudnnConvolutionBwdDataAlgo_t backward_data;
     cudnnConvolutionBwdFilterAlgo_t backward_filter;
-    size_t workspace_bytes; /* the largest of the three algorithms' */
+    size_t algorithm_bytes; /* the largest of the three algorithms' workspaces */
+    size_t workspace_bytes; /* that, and under mixed precision the dw scratch behind it */
 } conv_plan;
 
 static conv_plan plans[PLAN_SLOTS];
@@ -102,34 +110,43 @@ extern "C" void umt_cuda_conv_forget_plans(void) {
     next_given_up = 0;
 }
 
+static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
+
+static cudnnDataType_t cudnn_dtype(umt_dtype dtype) {
+    return dtype == UMT_BF16 ? CUDNN_DATA_BFLOAT16 : dtype == UMT_F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+}
+
 static umt_status describe(conv_plan *p, const umt_conv_shape *s) {
+    cudnnDataType_t type = cudnn_dtype(s->dtype);
+    cudnnTensorFormat_t format = s->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     UMT_CUDNN_TRY(cudnnCreateTensorDescriptor(&p->x));
     UMT_CUDNN_TRY(cudnnCreateTensorDescriptor(&p->y));
     UMT_CUDNN_TRY(cudnnCreateFilterDescriptor(&p->w));
     UMT_CUDNN_TRY(cudnnCreateConvolutionDescriptor(&p->conv));
-    UMT_CUDNN_TRY(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)s->n, (int)s->c,
-                                             (int)s->h, (int)s->w));
-    UMT_CUDNN_TRY(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)s->n, (int)s->k,
-                                             (int)s->p, (int)s->q));
-    UMT_CUDNN_TRY(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)s->k, (int)s->c,
-                                             (int)s->r, (int)s->s));
+    UMT_CUDNN_TRY(cudnnSetTensor4dDescriptor(p->x, format, type, (int)s->n, (int)s->c, (int)s->h, (int)s->w));
+    UMT_CUDNN_TRY(cudnnSetTensor4dDescriptor(p->y, format, type, (int)s->n, (int)s->k, (int)s->p, (int)s->q));
+    UMT_CUDNN_TRY(cudnnSetFilter4dDescriptor(p->w, type, format, (int)s->k, (int)s->c, (int)s->r, (int)s->s));
+    /* Sums in f32 for every dtype (cuDNN's "pseudo half" configurations). */
     UMT_CUDNN_TRY(cudnnSetConvolution2dDescriptor(p->conv, (int)s->pad, (int)s->pad, (int)s->stride, (int)s->stride,
                                                   1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    UMT_CUDNN_TRY(cudnnSetConvolutionMathType(p->conv, CUDNN_FMA_MATH));
+    UMT_CUDNN_TRY(cudnnSetConvolutionMathType(p->conv, is_half(s->dtype) ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
     return UMT_OK;
 }
 
-/* Whether a heuristic's candidate meets the conditions above (its workspace is asked apart). */
-static bool acceptable(cudnnStatus_t status, cudnnDeterminism_t determinism, cudnnMathType_t math) {
-    return status == CUDNN_STATUS_SUCCESS && determinism == CUDNN_DETERMINISTIC && math != CUDNN_TENSOR_OP_MATH &&
-           math != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+/* Whether a heuristic's candidate meets the conditions above (its workspace is asked apart):
+ * tensor cores are what half types are for, and what fp32 must avoid. */
+static bool acceptable(const conv_plan *p, cudnnStatus_t status, cudnnDeterminism_t determinism,
+                       cudnnMathType_t math) {
+    bool tensor_ops = math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    return status == CUDNN_STATUS_SUCCESS && determinism == CUDNN_DETERMINISTIC &&
+           (is_half(p->shape.dtype) || !tensor_ops);
 }
 
 static umt_status no_algorithm(const char *direction, const umt_conv_shape *s) {
     return umt_fail(UMT_ERR_UNSUPPORTED,
-                    "conv2d: cuDNN offers no deterministic fp32 %s algorithm within %zu MiB of workspace for "
+                    "conv2d: cuDNN offers no deterministic %s %s algorithm within %zu MiB of workspace for "
                     "n=%lld c=%lld h=%lld w=%lld k=%lld r=%lld s=%lld stride=%lld pad=%lld",
-                    direction, MAX_WORKSPACE_BYTES >> 20, (long long)s->n, (long long)s->c, (long long)s->h,
+                    umt_dtype_name(s->dtype), direction, MAX_WORKSPACE_BYTES >> 20, (long long)s->n, (long long)s->c, (long long)s->h,
                     (long long)s->w, (long long)s->k, (long long)s->r, (long long)s->s, (long long)s->stride,
                     (long long)s->pad);
 }
@@ -142,7 +159,7 @@ static umt_status choose_forward(cudnnHandle_t handle, conv_plan *p, size_t *byt
     UMT_CUDNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(handle, p->x, p->w, p->conv, p->y,
                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, found));
     for (int i = 0; i < count; i++) {
-        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionForwardWorkspaceSize(handle, p->x, p->w, p->conv, p->y, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
             *bytes > MAX_WORKSPACE_BYTES) {
@@ -160,7 +177,7 @@ static umt_status choose_backward_data(cudnnHandle_t handle, conv_plan *p, size_
     UMT_CUDNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, p->w, p->y, p->conv, p->x,
                                                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, found));
     for (int i = 0; i < count; i++) {
-        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionBackwardDataWorkspaceSize(handle, p->w, p->y, p->conv, p->x, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
             *bytes > MAX_WORKSPACE_BYTES) {
@@ -179,7 +196,7 @@ static umt_status choose_backward_filter(cudnnHandle_t handle, conv_plan *p, siz
                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
                                                                 found));
     for (int i = 0; i < count; i++) {
-        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, p->x, p->y, p->conv, p->w, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
             *bytes > MAX_WORKSPACE_BYTES) {
@@ -191,6 +208,14 @@ static umt_status choose_backward_filter(cudnnHandle_t handle, conv_plan *p, siz
     return no_algorithm("backward filter", &p->shape);
 }
 
+/* Mixed precision: the half-precision dw scratch sits behind the algorithms' workspace, at an
+ * offset aligned as cuDNN wants its buffers. */
+static size_t filter_scratch_bytes(const umt_conv_shape *s) { return (size_t)(s->k * s->c * s->r * s->s) * 2; }
+
+static size_t filter_scratch_offset(const conv_plan *p) {
+    return (p->algorithm_bytes + SCRATCH_ALIGNMENT - 1) / SCRATCH_ALIGNMENT * SCRATCH_ALIGNMENT;
+}
+
 static umt_status make_plan(cudnnHandle_t handle, const umt_conv_shape *s, conv_plan *p) {
     size_t forward_bytes = 0, data_bytes = 0, filter_bytes = 0;
     p->shape = *s;
@@ -198,10 +223,19 @@ static umt_status make_plan(cudnnHandle_t handle, const umt_conv_shape *s, conv_
     UMT_TRY(choose_forward(handle, p, &forward_bytes));
     UMT_TRY(choose_backward_data(handle, p, &data_bytes));
     UMT_TRY(choose_backward_filter(handle, p, &filter_bytes));
-    p->workspace_bytes = forward_bytes > data_bytes ? forward_bytes : data_bytes;
-    if (filter_bytes > p->workspace_bytes) p->workspace_bytes = filter_bytes;
+    p->algorithm_bytes = forward_bytes > data_bytes ? forward_bytes : data_bytes;
+    if (filter_bytes > p->algorithm_bytes) p->algorithm_bytes = filter_bytes;
+    p->workspace_bytes = p->algorithm_bytes;
+    if (is_half(s->dtype)) p->workspace_bytes = filter_scratch_offset(p) + filter_scratch_bytes(s);
     p->used = true;
     return UMT_OK;
+}
+
+/* Two shapes are the same convolution (field by field: the struct has padding bytes). */
+static bool same_shape(const umt_conv_shape *a, const umt_conv_shape *b) {
+    return a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w && a->k == b->k && a->r == b->r &&
+           a->s == b->s && a->p == b->p && a->q == b->q && a->stride == b->stride && a->pad == b->pad &&
+           a->dtype == b->dtype && a->nhwc == b->nhwc;
 }
 
 /* An empty slot, or else the next one in turn, given up. */
@@ -215,13 +249,12 @@ static conv_plan *free_slot(void) {
     return slot;
 }
 
-/* The plan for a checked shape, made on first use. umt_conv_shape is all int64_t (no padding
- * bytes), so memcmp compares its fields. */
+/* The plan for a checked shape, made on first use. */
 static umt_status plan_for(const char *op, const umt_conv_shape *s, const conv_plan **out) {
     UMT_TRY(check_conv_shape(op, s));
     UMT_TRY(check_cudnn_limits(op, s));
     for (int i = 0; i < PLAN_SLOTS; i++) {
-        if (plans[i].used && memcmp(&plans[i].shape, s, sizeof *s) == 0) {
+        if (plans[i].used && same_shape(&plans[i].shape, s)) {
             *out = &plans[i];
             return UMT_OK;
         }
@@ -288,6 +321,51 @@ extern "C" umt_status umt_cuda_conv2d_backward_filter(const umt_conv_shape *shap
     UMT_CUDNN_TRY(cudnnConvolutionBackwardFilter(umt_cuda_cudnn_handle(), &one, p->x, x, p->y, dy, p->conv,
                                                  p->backward_filter, workspace, workspace_bytes, &one, p->w, dw));
     return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Mixed precision                                                                             */
+
+static umt_status plan_for_call_lp(const char *op, const umt_conv_shape *s, const void *workspace,
+                                   size_t workspace_bytes, const conv_plan **out) {
+    if (!is_half(s->dtype) || !s->nhwc)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s %s tensors (expected bf16 or f16, NHWC)", op,
+                        umt_dtype_name(s->dtype), s->nhwc ? "NHWC" : "NCHW");
+    return plan_for_call(op, s, workspace, workspace_bytes, out);
+}
+
+extern "C" umt_status umt_cuda_conv2d_forward_lp(const umt_conv_shape *shape, const void *x, const void *w, void *y,
+                                                 void *workspace, size_t workspace_bytes) {
+    const conv_plan *p;
+    UMT_TRY(plan_for_call_lp("conv2d_forward_lp", shape, workspace, workspace_bytes, &p));
+    const float one = 1.0f, zero = 0.0f;
+    UMT_CUDNN_TRY(cudnnConvolutionForward(umt_cuda_cudnn_handle(), &one, p->x, x, p->w, w, p->conv, p->forward,
+                                          workspace, p->algorithm_bytes, &zero, p->y, y));
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_conv2d_backward_data_lp(const umt_conv_shape *shape, const void *w, const void *dy,
+                                                       void *dx, void *workspace, size_t workspace_bytes) {
+    const conv_plan *p;
+    UMT_TRY(plan_for_call_lp("conv2d_backward_data_lp", shape, workspace, workspace_bytes, &p));
+    const float one = 1.0f;
+    UMT_CUDNN_TRY(cudnnConvolutionBackwardData(umt_cuda_cudnn_handle(), &one, p->w, w, p->y, dy, p->conv,
+                                               p->backward_data, workspace, p->algorithm_bytes, &one, p->x, dx));
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *shape, const void *x, const void *dy,
+                                                         float *dw, void *workspace, size_t workspace_bytes) {
+    const conv_plan *p;
+    UMT_TRY(plan_for_call_lp("conv2d_backward_filter_lp", shape, workspace, workspace_bytes, &p));
+    const float one = 1.0f, zero = 0.0f;
+    void *scratch = (char *)workspace + filter_scratch_offset(p);
+    UMT_CUDNN_TRY(cudnnConvolutionBackwardFilter(umt_cuda_cudnn_handle(), &one, p->x, x, p->y, dy, p->conv,
+                                                 p->backward_filter, workspace, p->algorithm_bytes, &zero, p->w,
+                                                 scratch));
+    /* K,R,S,C half -> += into K,C,R,S f32: k "images" of c channels of r*s pixels. */
+    const umt_conv_shape *s = shape;
+    return umt_cuda_recast(scratch, s->dtype, true, dw, UMT_F32, false, s->k, s->c, s->r * s->s, true);
 }
 
 /* ------------------------------------------------------------------------------------------ */

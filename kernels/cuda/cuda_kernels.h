@@ -99,6 +99,39 @@ umt_status umt_cuda_avg_pool_backward(const umt_pool_shape *shape, const float *
 umt_status umt_cuda_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed);
 umt_status umt_cuda_dropout_backward(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
 
+/* Mixed precision (core/precision.h): lowp.cu, and the _lp entry points of gemm.cu, conv.cu
+ * and pool.cu */
+umt_status umt_cuda_zero(void *x, size_t bytes);
+umt_status umt_cuda_recast(const void *src, umt_dtype src_dtype, bool src_nhwc, void *dst, umt_dtype dst_dtype,
+                           bool dst_nhwc, int64_t n, int64_t c, int64_t hw, bool accumulate);
+umt_status umt_cuda_gemm_lp(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
+                            int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
+                            umt_dtype ab_dtype, umt_dtype c_dtype);
+umt_status umt_cuda_add_rows_lp(umt_dtype dtype, const void *x, const float *bias, void *out, int64_t rows,
+                                int64_t cols);
+umt_status umt_cuda_sum_rows_lp(umt_dtype dtype, const void *dy, float *dbias, int64_t rows, int64_t cols);
+umt_status umt_cuda_relu_lp(umt_dtype dtype, const void *x, void *y, int64_t n);
+umt_status umt_cuda_relu_backward_lp(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n);
+umt_status umt_cuda_dropout_forward_lp(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n, float p,
+                                       uint64_t seed);
+umt_status umt_cuda_dropout_backward_lp(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx, int64_t n,
+                                        float p);
+umt_status umt_cuda_conv2d_forward_lp(const umt_conv_shape *shape, const void *x, const void *w, void *y,
+                                      void *workspace, size_t workspace_bytes);
+umt_status umt_cuda_conv2d_backward_data_lp(const umt_conv_shape *shape, const void *w, const void *dy, void *dx,
+                                            void *workspace, size_t workspace_bytes);
+umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *shape, const void *x, const void *dy, float *dw,
+                                              void *workspace, size_t workspace_bytes);
+umt_status umt_cuda_add_channel_bias_lp(umt_dtype dtype, bool nhwc, const void *x, const float *bias, void *y,
+                                        int64_t n, int64_t k, int64_t hw);
+umt_status umt_cuda_sum_channel_bias_lp(umt_dtype dtype, bool nhwc, const void *dy, float *dbias, int64_t n,
+                                        int64_t k, int64_t hw);
+umt_status umt_cuda_max_pool_forward_lp(const umt_pool_shape *shape, const void *x, void *y, int32_t *argmax);
+umt_status umt_cuda_max_pool_backward_lp(const umt_pool_shape *shape, const int32_t *argmax, const void *dy,
+                                         void *dx);
+umt_status umt_cuda_avg_pool_forward_lp(const umt_pool_shape *shape, const void *x, void *y);
+umt_status umt_cuda_avg_pool_backward_lp(const umt_pool_shape *shape, const void *dy, void *dx);
+
 /* batchnorm.cu (cuDNN spatial batch norm) */
 umt_status umt_cuda_batchnorm_forward_train(const float *x, const float *gamma, const float *beta, float *y,
                                             float *running_mean, float *running_var, float *save_mean,
@@ -118,6 +151,17 @@ umt_status umt_cuda_adam_update(float *param, const float *grad, float *m, float
                                 float beta1, float beta2, float eps, float weight_decay, bool decoupled, int64_t step);
 umt_status umt_cuda_adadelta_update(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,
                                     float lr, float rho, float eps, float weight_decay);
+umt_status umt_cuda_sgd_update_fused(float *param, const float *grad, float *velocity, int64_t n, float lr,
+                                     float momentum, float weight_decay, umt_update_fusion fusion);
+umt_status umt_cuda_adam_update_fused(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                                      float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                                      int64_t step, umt_update_fusion fusion);
+umt_status umt_cuda_adadelta_update_fused(float *param, const float *grad, float *square_avg, float *delta_avg,
+                                          int64_t n, float lr, float rho, float eps, float weight_decay,
+                                          umt_update_fusion fusion);
+umt_status umt_cuda_grad_sumsq(const float *grad, int64_t n, double *partials);
+umt_status umt_cuda_step_prepare(umt_step_scalars *scalars, const double *partials, int64_t count,
+                                 umt_step_options options);
 
 #ifdef __cplusplus
 }

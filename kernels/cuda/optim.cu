@@ -1,33 +1,64 @@
 /*
- * kernels/cuda/optim.cu — optimizer updates, in place, one thread per element.
+ * kernels/cuda/optim.cu — optimizer updates, in place, one thread per element, and the step
+ * scalars' two kernels (core/optim_step.h).
  *
  * The formulas, and the order of every operation, are those of kernels/cpu/optim.c (PyTorch's
  * single-tensor update rules; the formulas are written out there). Multiplies and adds go
  * through the __f*_rn intrinsics so that nvcc cannot fuse them into FMAs: each operation is
  * rounded as on the CPU, and a run on the GPU follows the CPU's bit for bit. The step-dependent
- * Adam corrections are computed on the host, in double, exactly as the CPU file does.
+ * Adam corrections are computed on the host, in double, exactly as the CPU file does, or, with
+ * step scalars, by step_prepare on the device from the steps really applied.
+ *
+ * Each rule is one kernel in its fused form: the gradient times the step's multiplier, nothing
+ * written when the step is skipped, and the low-precision copy rewritten from the new master in
+ * the same pass. A zero fusion takes none of those branches, so it is the plain update.
  */
 #include <math.h>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 
+/* ------------------------------------------------------------------------------------------ */
+/* Per-element helpers of the fused forms                                                      */
+
+/* The step is skipped (an inf or NaN gradient): every thread returns before writing. */
+static __device__ bool step_skipped(const umt_step_scalars *scalars) { return scalars && scalars->found_inf; }
+
+/* grad[i], times the multiplier when there are step scalars; a plain read otherwise. */
+static __device__ float gradient_at(const float *grad, int64_t i, const umt_step_scalars *scalars) {
+    return scalars ? __fmul_rn(grad[i], scalars->multiplier) : grad[i];
+}
+
+static __device__ void store_lowp(const umt_update_fusion &fusion, int64_t i, float value) {
+    if (fusion.lowp)
+        umt_dev_store_from_f32(fusion.lowp, fusion.lowp_dtype,
+                               umt_lowp_index(i, fusion.lowp_channels, fusion.lowp_pixels), value);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The update rules                                                                            */
 
 static __global__ void sgd_kernel(float *param, const float *grad, float *velocity, int64_t n, float lr,
-                                  float momentum, float weight_decay) {
+                                  float momentum, float weight_decay, umt_update_fusion fusion) {
+    if (step_skipped(fusion.scalars)) return;
     FOR_EACH_INDEX(i, n) {
-        float g = __fadd_rn(grad[i], __fmul_rn(weight_decay, param[i]));
+        float p = param[i];
+        float g = __fadd_rn(gradient_at(grad, i, fusion.scalars), __fmul_rn(weight_decay, p));
         if (momentum != 0.0f) {
             velocity[i] = __fadd_rn(__fmul_rn(momentum, velocity[i]), g);
             g = velocity[i];
         }
-        param[i] = __fsub_rn(param[i], __fmul_rn(lr, g));
+        p = __fsub_rn(p, __fmul_rn(lr, g));
+        param[i] = p;
+        store_lowp(fusion, i, p);
     }
 }
 
-/* The host-computed, step-dependent factors of one Adam step. */
+/* The step-dependent factors of one Adam step (host-computed, unless step scalars give them). */
 typedef struct {
     float step_size;             /* lr / (1 - beta1^step) */
     float bias_correction2_sqrt; /* sqrt(1 - beta2^step) */
@@ -35,50 +66,74 @@ typedef struct {
 } adam_factors;
 
 static __global__ void adam_kernel(float *param, const float *grad, float *m, float *v, int64_t n, float beta1,
-                                   float beta2, float eps, float weight_decay, bool decoupled, adam_factors f) {
+                                   float beta2, float eps, float weight_decay, bool decoupled, adam_factors f,
+                                   umt_update_fusion fusion) {
+    const umt_step_scalars *s = fusion.scalars;
+    if (step_skipped(s)) return;
+    if (s) {
+        f.step_size = s->adam_step_size;
+        f.bias_correction2_sqrt = s->adam_bias_correction2_sqrt;
+    }
     float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
     FOR_EACH_INDEX(i, n) {
-        float g = grad[i];
+        float p = param[i];
+        float g = gradient_at(grad, i, s);
         if (decoupled)
-            param[i] = __fmul_rn(param[i], f.decay);
+            p = __fmul_rn(p, f.decay);
         else
-            g = __fadd_rn(g, __fmul_rn(weight_decay, param[i]));
-        m[i] = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_minus_beta1, g));
-        v[i] = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v[i]), f.bias_correction2_sqrt), eps);
-        param[i] = __fsub_rn(param[i], __fdiv_rn(__fmul_rn(f.step_size, m[i]), denom));
+            g = __fadd_rn(g, __fmul_rn(weight_decay, p));
+        float m_i = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_minus_beta1, g));
+        float v_i = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
+        m[i] = m_i;
+        v[i] = v_i;
+        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v_i), f.bias_correction2_sqrt), eps);
+        p = __fsub_rn(p, __fdiv_rn(__fmul_rn(f.step_size, m_i), denom));
+        param[i] = p;
+        store_lowp(fusion, i, p);
     }
 }
 
 static __global__ void adadelta_kernel(float *param, const float *grad, float *square_avg, float *delta_avg,
-                                       int64_t n, float lr, float rho, float eps, float weight_decay) {
+                                       int64_t n, float lr, float rho, float eps, float weight_decay,
+                                       umt_update_fusion fusion) {
+    if (step_skipped(fusion.scalars)) return;
     float one_minus_rho = 1.0f - rho;
     FOR_EACH_INDEX(i, n) {
-        float g = __fadd_rn(grad[i], __fmul_rn(weight_decay, param[i]));
-        square_avg[i] = __fadd_rn(__fmul_rn(rho, square_avg[i]), __fmul_rn(__fmul_rn(one_minus_rho, g), g));
-        float std_dev = __fsqrt_rn(__fadd_rn(square_avg[i], eps));
+        float p = param[i];
+        float g = __fadd_rn(gradient_at(grad, i, fusion.scalars), __fmul_rn(weight_decay, p));
+        float sq = __fadd_rn(__fmul_rn(rho, square_avg[i]), __fmul_rn(__fmul_rn(one_minus_rho, g), g));
+        float std_dev = __fsqrt_rn(__fadd_rn(sq, eps));
         float delta = __fmul_rn(__fdiv_rn(__fsqrt_rn(__fadd_rn(delta_avg[i], eps)), std_dev), g);
+        square_avg[i] = sq;
         delta_avg[i] = __fadd_rn(__fmul_rn(rho, delta_avg[i]), __fmul_rn(__fmul_rn(one_minus_rho, delta), delta));
-        param[i] = __fsub_rn(param[i], __fmul_rn(lr, delta));
+        p = __fsub_rn(p, __fmul_rn(lr, delta));
+        param[i] = p;
+        store_lowp(fusion, i, p);
     }
 }
 
-extern "C" umt_status umt_cuda_sgd_update(float *param, const float *grad, float *velocity, int64_t n, float lr,
-                                          float momentum, float weight_decay) {
+/* ------------------------------------------------------------------------------------------ */
+/* Launchers: the fused forms, and the plain ones as a zero fusion                             */
+
+extern "C" umt_status umt_cuda_sgd_update_fused(float *param, const float *grad, float *velocity, int64_t n,
+                                                float lr, float momentum, float weight_decay,
+                                                umt_update_fusion fusion) {
     if (momentum != 0.0f && !velocity)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "sgd_update: momentum %g needs a velocity buffer (got NULL)",
                         momentum);
+    UMT_TRY(umt_update_fusion_check("sgd_update", fusion));
     if (n <= 0) return UMT_OK;
     sgd_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(param, grad, velocity, n, lr, momentum,
-                                                                 weight_decay);
+                                                                 weight_decay, fusion);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
 
-extern "C" umt_status umt_cuda_adam_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
-                                           float beta1, float beta2, float eps, float weight_decay, bool decoupled,
-                                           int64_t step) {
+extern "C" umt_status umt_cuda_adam_update_fused(float *param, const float *grad, float *m, float *v, int64_t n,
+                                                 float lr, float beta1, float beta2, float eps, float weight_decay,
+                                                 bool decoupled, int64_t step, umt_update_fusion fusion) {
     if (step < 1) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "adam_update: step %lld (expected >= 1)", (long long)step);
+    UMT_TRY(umt_update_fusion_check("adam_update", fusion));
     if (n <= 0) return UMT_OK;
     double bias_correction1 = 1.0 - pow(beta1, (double)step);
     double bias_correction2 = 1.0 - pow(beta2, (double)step);
@@ -87,16 +142,87 @@ extern "C" umt_status umt_cuda_adam_update(float *param, const float *grad, floa
     f.bias_correction2_sqrt = (float)sqrt(bias_correction2);
     f.decay = decoupled ? 1.0f - lr * weight_decay : 1.0f;
     adam_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(param, grad, m, v, n, beta1, beta2, eps,
-                                                                  weight_decay, decoupled, f);
+                                                                  weight_decay, decoupled, f, fusion);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
 
-extern "C" umt_status umt_cuda_adadelta_update(float *param, const float *grad, float *square_avg, float *delta_avg,
-                                               int64_t n, float lr, float rho, float eps, float weight_decay) {
+extern "C" umt_status umt_cuda_adadelta_update_fused(float *param, const float *grad, float *square_avg,
+                                                     float *delta_avg, int64_t n, float lr, float rho, float eps,
+                                                     float weight_decay, umt_update_fusion fusion) {
+    UMT_TRY(umt_update_fusion_check("adadelta_update", fusion));
     if (n <= 0) return UMT_OK;
     adadelta_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(param, grad, square_avg, delta_avg, n, lr, rho,
-                                                                      eps, weight_decay);
+                                                                      eps, weight_decay, fusion);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_sgd_update(float *param, const float *grad, float *velocity, int64_t n, float lr,
+                                          float momentum, float weight_decay) {
+    umt_update_fusion none = {};
+    return umt_cuda_sgd_update_fused(param, grad, velocity, n, lr, momentum, weight_decay, none);
+}
+
+extern "C" umt_status umt_cuda_adam_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                                           float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                                           int64_t step) {
+    umt_update_fusion none = {};
+    return umt_cuda_adam_update_fused(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, decoupled, step,
+                                      none);
+}
+
+extern "C" umt_status umt_cuda_adadelta_update(float *param, const float *grad, float *square_avg, float *delta_avg,
+                                               int64_t n, float lr, float rho, float eps, float weight_decay) {
+    umt_update_fusion none = {};
+    return umt_cuda_adadelta_update_fused(param, grad, square_avg, delta_avg, n, lr, rho, eps, weight_decay, none);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The step scalars: a deterministic two-pass sum of squares, then one thread's decision      */
+
+/* Adds the block's values in shared memory as a fixed binary tree; thread 0 returns the sum.
+ * The same n always adds the same numbers in the same order: the sum is reproducible. */
+static __device__ double block_sum(double value) {
+    __shared__ double shared[THREADS];
+    shared[threadIdx.x] = value;
+    __syncthreads();
+    for (int half = THREADS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+        __syncthreads();
+    }
+    return shared[0];
+}
+
+/* Exactly UMT_GRAD_SUMSQ_PARTIALS blocks: block b's grid-stride share, squared and summed in
+ * double (each square of a float is exact there), into partials[b]. */
+static __global__ void grad_sumsq_kernel(const float *grad, int64_t n, double *partials) {
+    double sum = 0.0;
+    FOR_EACH_INDEX(i, n) sum += (double)grad[i] * (double)grad[i];
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+/* One block: each thread a strided share of the partials, then the tree, then thread 0 alone
+ * makes the step's decision (core/optim_step.h). */
+static __global__ void step_prepare_kernel(umt_step_scalars *scalars, const double *partials, int64_t count,
+                                           umt_step_options options) {
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < count; i += THREADS) sum += partials[i];
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) umt_step_finish(scalars, sum, options);
+}
+
+extern "C" umt_status umt_cuda_grad_sumsq(const float *grad, int64_t n, double *partials) {
+    /* n = 0 still writes its partials (zeros), so the finishing sum never reads stale ones. */
+    grad_sumsq_kernel<<<UMT_GRAD_SUMSQ_PARTIALS, THREADS, 0, umt_cuda_stream()>>>(grad, n, partials);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_step_prepare(umt_step_scalars *scalars, const double *partials, int64_t count,
+                                            umt_step_options options) {
+    step_prepare_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>(scalars, partials, count, options);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }

@@ -21,6 +21,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 
 /* The CPU's shape check, in its words. */
@@ -173,5 +174,134 @@ extern "C" umt_status umt_cuda_avg_pool_forward(const umt_pool_shape *shape, con
 extern "C" umt_status umt_cuda_avg_pool_backward(const umt_pool_shape *shape, const float *dy, float *dx) {
     UMT_TRY(check_pool_shape("avg_pool_backward", shape));
     LAUNCH_OVER(shape->n * shape->c * shape->h * shape->w, avg_pool_backward_kernel, *shape, dy, dx);
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Mixed precision: bf16/f16 values, NCHW or NHWC storage (core/precision.h)                   */
+/*                                                                                             */
+/* The same windows, picks and gathering order as above; values are widened to f32 to compare  */
+/* and sum, and rounded once at the store. Thread t takes element t of the storage order, so a  */
+/* warp reads neighbouring channels of one pixel under NHWC: coalesced either way.              */
+
+/* Storage offset of (image, channel, row, column) in a tensor of c channels of h x w pixels. */
+static __device__ int64_t offset_of(bool nhwc, int64_t n, int64_t ch, int64_t row, int64_t col, int64_t c,
+                                    int64_t h, int64_t w) {
+    return nhwc ? ((n * h + row) * w + col) * c + ch : ((n * c + ch) * h + row) * w + col;
+}
+
+/* The inverse: storage index i -> (image, channel, row, column). */
+static __device__ void coordinates_of(bool nhwc, int64_t i, int64_t c, int64_t h, int64_t w, int64_t *n,
+                                      int64_t *ch, int64_t *row, int64_t *col) {
+    if (nhwc) {
+        *ch = i % c, *col = i / c % w, *row = i / (c * w) % h, *n = i / (c * w * h);
+    } else {
+        *col = i % w, *row = i / w % h, *ch = i / (w * h) % c, *n = i / (w * h * c);
+    }
+}
+
+static __global__ void max_pool_forward_lp_kernel(umt_pool_shape s, const void *x, void *y, int32_t *argmax) {
+    FOR_EACH_INDEX(out, s.n * s.c * s.p * s.q) {
+        int64_t n, ch, oy, ox;
+        coordinates_of(s.nhwc, out, s.c, s.p, s.q, &n, &ch, &oy, &ox);
+        int64_t y0 = oy * s.stride, x0 = ox * s.stride, best_index = y0 * s.w + x0;
+        float best = umt_dev_load_as_f32(x, s.dtype, offset_of(s.nhwc, n, ch, y0, x0, s.c, s.h, s.w));
+        for (int64_t i = 0; i < s.window; i++) {
+            for (int64_t j = 0; j < s.window; j++) {
+                float v = umt_dev_load_as_f32(x, s.dtype, offset_of(s.nhwc, n, ch, y0 + i, x0 + j, s.c, s.h, s.w));
+                if (takes_over(v, best)) {
+                    best = v;
+                    best_index = (y0 + i) * s.w + x0 + j;
+                }
+            }
+        }
+        /* The pick is a value of x: storing it back into the same dtype is exact. */
+        umt_dev_store_from_f32(y, s.dtype, out, best);
+        argmax[out] = (int32_t)best_index;
+    }
+}
+
+static __global__ void max_pool_backward_lp_kernel(umt_pool_shape s, const int32_t *argmax, const void *dy, void *dx) {
+    FOR_EACH_INDEX(in, s.n * s.c * s.h * s.w) {
+        int64_t n, ch, iy, ix, oy_first, oy_last, ox_first, ox_last;
+        coordinates_of(s.nhwc, in, s.c, s.h, s.w, &n, &ch, &iy, &ix);
+        covering(iy, s.window, s.stride, s.p, &oy_first, &oy_last);
+        covering(ix, s.window, s.stride, s.q, &ox_first, &ox_last);
+        int32_t self = (int32_t)(iy * s.w + ix);
+        float sum = 0.0f;
+        bool picked = false;
+        for (int64_t oy = oy_first; oy <= oy_last; oy++) {
+            for (int64_t ox = ox_first; ox <= ox_last; ox++) {
+                int64_t o = offset_of(s.nhwc, n, ch, oy, ox, s.c, s.p, s.q);
+                if (argmax[o] == self) {
+                    sum += umt_dev_load_as_f32(dy, s.dtype, o);
+                    picked = true;
+                }
+            }
+        }
+        if (picked) umt_dev_store_from_f32(dx, s.dtype, in, umt_dev_load_as_f32(dx, s.dtype, in) + sum);
+    }
+}
+
+static __global__ void avg_pool_forward_lp_kernel(umt_pool_shape s, const void *x, void *y) {
+    float area = (float)(s.window * s.window);
+    FOR_EACH_INDEX(out, s.n * s.c * s.p * s.q) {
+        int64_t n, ch, oy, ox;
+        coordinates_of(s.nhwc, out, s.c, s.p, s.q, &n, &ch, &oy, &ox);
+        float sum = 0.0f;
+        for (int64_t i = 0; i < s.window; i++)
+            for (int64_t j = 0; j < s.window; j++)
+                sum += umt_dev_load_as_f32(
+                    x, s.dtype, offset_of(s.nhwc, n, ch, oy * s.stride + i, ox * s.stride + j, s.c, s.h, s.w));
+        umt_dev_store_from_f32(y, s.dtype, out, sum / area);
+    }
+}
+
+static __global__ void avg_pool_backward_lp_kernel(umt_pool_shape s, const void *dy, void *dx) {
+    float area = (float)(s.window * s.window);
+    FOR_EACH_INDEX(in, s.n * s.c * s.h * s.w) {
+        int64_t n, ch, iy, ix, oy_first, oy_last, ox_first, ox_last;
+        coordinates_of(s.nhwc, in, s.c, s.h, s.w, &n, &ch, &iy, &ix);
+        covering(iy, s.window, s.stride, s.p, &oy_first, &oy_last);
+        covering(ix, s.window, s.stride, s.q, &ox_first, &ox_last);
+        if (oy_first > oy_last || ox_first > ox_last) continue;
+        float sum = 0.0f;
+        for (int64_t oy = oy_first; oy <= oy_last; oy++)
+            for (int64_t ox = ox_first; ox <= ox_last; ox++)
+                sum += umt_dev_load_as_f32(dy, s.dtype, offset_of(s.nhwc, n, ch, oy, ox, s.c, s.p, s.q));
+        umt_dev_store_from_f32(dx, s.dtype, in, umt_dev_load_as_f32(dx, s.dtype, in) + sum / area);
+    }
+}
+
+/* The f32 checks, plus a half dtype. */
+static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
+    if (s->dtype != UMT_BF16 && s->dtype != UMT_F16)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: dtype %s (expected bf16 or f16)", op, umt_dtype_name(s->dtype));
+    return check_pool_shape(op, s);
+}
+
+extern "C" umt_status umt_cuda_max_pool_forward_lp(const umt_pool_shape *shape, const void *x, void *y,
+                                                   int32_t *argmax) {
+    UMT_TRY(check_pool_shape_lp("max_pool_forward_lp", shape));
+    LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_lp_kernel, *shape, x, y, argmax);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_max_pool_backward_lp(const umt_pool_shape *shape, const int32_t *argmax, const void *dy,
+                                                    void *dx) {
+    UMT_TRY(check_pool_shape_lp("max_pool_backward_lp", shape));
+    LAUNCH_OVER(shape->n * shape->c * shape->h * shape->w, max_pool_backward_lp_kernel, *shape, argmax, dy, dx);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_avg_pool_forward_lp(const umt_pool_shape *shape, const void *x, void *y) {
+    UMT_TRY(check_pool_shape_lp("avg_pool_forward_lp", shape));
+    LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, avg_pool_forward_lp_kernel, *shape, x, y);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_avg_pool_backward_lp(const umt_pool_shape *shape, const void *dy, void *dx) {
+    UMT_TRY(check_pool_shape_lp("avg_pool_backward_lp", shape));
+    LAUNCH_OVER(shape->n * shape->c * shape->h * shape->w, avg_pool_backward_lp_kernel, *shape, dy, dx);
     return UMT_OK;
 }

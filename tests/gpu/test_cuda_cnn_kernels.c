@@ -214,7 +214,7 @@ static workspaces workspaces_for(const umt_conv_shape *s) {
 
 /* d: n, c, h, w, k, r, s, stride, pad. */
 static umt_conv_shape conv_shape(const int64_t *d) {
-    umt_conv_shape s = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], 0, 0, d[7], d[8]};
+    umt_conv_shape s = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], 0, 0, d[7], d[8], UMT_F32, false};
     s.p = (s.h + 2 * s.pad - s.r) / s.stride + 1;
     s.q = (s.w + 2 * s.pad - s.s) / s.stride + 1;
     return s;
@@ -331,7 +331,8 @@ static const int64_t pool_shapes[][6] = {{64, 64, 24, 24, 2, 2}, {3, 5, 9, 11, 3
 #define POOL_SHAPE_COUNT (sizeof pool_shapes / sizeof pool_shapes[0])
 
 static umt_pool_shape pool_shape(const int64_t *d) {
-    umt_pool_shape s = {d[0], d[1], d[2], d[3], (d[2] - d[4]) / d[5] + 1, (d[3] - d[4]) / d[5] + 1, d[4], d[5]};
+    umt_pool_shape s = {d[0], d[1], d[2], d[3], (d[2] - d[4]) / d[5] + 1, (d[3] - d[4]) / d[5] + 1, d[4], d[5],
+                        UMT_F32, false};
     CONTEXT("pool x %lldx%lldx%lldx%lld, window %lld, stride %lld", (long long)s.n, (long long)s.c, (long long)s.h,
             (long long)s.w, (long long)s.window, (long long)s.stride);
     return s;
@@ -534,8 +535,8 @@ static void test_bad_arguments_fail_with_the_cpu_status_and_message(void **state
     SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, conv2d_backward_data(&too_large, b, b, b, b, sizeof b));
     SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, add_channel_bias(b, b, b, -1, 2, 2));
     SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, sum_channel_bias(b, b, 2, -3, 2));
-    umt_pool_shape window = {1, 1, 2, 2, 1, 1, 3, 1}, stride = {1, 1, 4, 4, 2, 2, 2, 0};
-    umt_pool_shape output = {1, 1, 4, 4, 3, 3, 2, 2};
+    umt_pool_shape window = {1, 1, 2, 2, 1, 1, 3, 1, UMT_F32, false}, stride = {1, 1, 4, 4, 2, 2, 2, 0, UMT_F32, false};
+    umt_pool_shape output = {1, 1, 4, 4, 3, 3, 2, 2, UMT_F32, false};
     int32_t argmax[4] = {0};
     SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, max_pool_forward(&window, b, b, argmax));
     SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, max_pool_backward(&output, argmax, b, b));

@@ -1,0 +1,128 @@
+/* core/precision.c — the mixed-precision policy (see core/precision.h). */
+#include "core/precision.h"
+
+#include <string.h>
+
+#include "core/context.h"
+#include "core/ops.h"
+
+#ifdef UMT_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+static const char *const precision_names[] = {"fp32", "bf16", "fp16"};
+#define PRECISION_COUNT ((int)(sizeof precision_names / sizeof precision_names[0]))
+
+umt_status umt_precision_parse(const char *name, umt_precision *out) {
+    for (int p = 0; name && p < PRECISION_COUNT; ++p)
+        if (!strcmp(name, precision_names[p])) return *out = (umt_precision)p, UMT_OK;
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "precision '%s': expected fp32, bf16 or fp16", name ? name : "(null)");
+}
+
+const char *umt_precision_name(umt_precision precision) {
+    return (unsigned)precision < (unsigned)PRECISION_COUNT ? precision_names[precision] : "invalid-precision";
+}
+
+umt_precision umt_precision_default(umt_device device, int cuda_device) {
+#ifdef UMT_WITH_CUDA
+    int major = 0;
+    /* Ampere (8.0) brought bf16 tensor cores; older GPUs would emulate it slowly. */
+    if (device == UMT_DEVICE_CUDA &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cuda_device) == cudaSuccess && major >= 8)
+        return UMT_PRECISION_BF16;
+#else
+    (void)device;
+    (void)cuda_device;
+#endif
+    return UMT_PRECISION_FP32;
+}
+
+umt_status umt_precision_check(const umt_context *ctx) {
+    umt_precision p = ctx->options.precision;
+    if ((unsigned)p >= (unsigned)PRECISION_COUNT)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: precision %d (expected 0..%d)", (int)p,
+                        PRECISION_COUNT - 1);
+    if (p != UMT_PRECISION_FP32 && !ctx->backend->gemm_lp)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "umt_context_create: precision %s needs the CUDA backend (%s has fp32 only)",
+                        umt_precision_name(p), ctx->backend->name);
+    return UMT_OK;
+}
+
+umt_precision umt_context_precision(const umt_context *ctx) { return ctx->options.precision; }
+
+umt_dtype umt_compute_dtype(const umt_context *ctx) {
+    switch (ctx->options.precision) {
+    case UMT_PRECISION_BF16: return UMT_BF16;
+    case UMT_PRECISION_FP16: return UMT_F16;
+    case UMT_PRECISION_FP32: break;
+    }
+    return UMT_F32;
+}
+
+void umt_recast_dims(const umt_tensor *t, int64_t *n, int64_t *c, int64_t *hw) {
+    if (t->ndim == 4) {
+        *n = t->shape[0], *c = t->shape[1], *hw = t->shape[2] * t->shape[3];
+    } else {
+        *n = 1, *c = 1, *hw = t->numel;
+    }
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* recast: a dtype and/or layout change, and back in backward */
+
+static umt_status recast_backward(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *x = node->inputs[0], *y = node->output;
+    int64_t n, c, hw;
+    umt_recast_dims(x, &n, &c, &hw);
+    return ctx->backend->recast(y->grad->data, y->dtype, y->nhwc, x->grad->data, x->dtype, x->nhwc, n, c, hw, true);
+}
+
+umt_tensor *umt_recast(umt_context *ctx, umt_tensor *x, umt_dtype dtype, bool nhwc) {
+    if (!x) return NULL;
+    nhwc = nhwc && x->ndim == 4;
+    if (x->dtype == dtype && x->nhwc == nhwc) return x;
+    if (!ctx->backend->recast) {
+        umt_fail(UMT_ERR_UNSUPPORTED, "recast %s -> %s: not on the %s backend", umt_dtype_name(x->dtype),
+                 umt_dtype_name(dtype), ctx->backend->name);
+        return NULL;
+    }
+    umt_tensor *y = umt_op_output_typed(ctx, dtype, nhwc, x->ndim, x->shape);
+    if (!y) return NULL;
+    int64_t n, c, hw;
+    umt_recast_dims(x, &n, &c, &hw);
+    umt_status st = ctx->backend->recast(x->data, x->dtype, x->nhwc, y->data, dtype, nhwc, n, c, hw, false);
+    return umt_op_finish(ctx, st, "recast", recast_backward, y, NULL, x, NULL, NULL);
+}
+
+umt_tensor *umt_to_compute(umt_context *ctx, umt_tensor *x) {
+    umt_dtype dtype = umt_compute_dtype(ctx);
+    return umt_recast(ctx, x, dtype, umt_dtype_is_lowp(dtype));
+}
+
+umt_tensor *umt_to_f32(umt_context *ctx, umt_tensor *x) { return umt_recast(ctx, x, UMT_F32, false); }
+
+/* ----------------------------------------------------------------------------------------- */
+/* Compute copies of weights */
+
+umt_tensor *umt_weight_for_compute(umt_context *ctx, umt_tensor *w) {
+    umt_dtype dtype = umt_compute_dtype(ctx);
+    if (!w || !umt_dtype_is_lowp(dtype) || w->dtype != UMT_F32) return w;
+    if (!w->lowp) {
+        /* In the weights pool beside its master: it lives as long, and is read every step. */
+        w->lowp = umt_tensor_alloc(ctx, UMT_POOL_WEIGHTS, dtype, w->ndim, w->shape);
+        if (!w->lowp) return NULL;
+        w->lowp->nhwc = w->ndim == 4;
+        w->lowp_stale = true;
+    }
+    if (w->lowp_stale) {
+        int64_t n, c, hw;
+        umt_recast_dims(w, &n, &c, &hw);
+        umt_status st = ctx->backend->recast(w->data, UMT_F32, false, w->lowp->data, dtype, w->lowp->nhwc, n, c, hw, false);
+        if (st != UMT_OK) {
+            umt_fail(st, "compute copy of %s: %s", w->name ? w->name : "a parameter", umt_last_error());
+            return NULL;
+        }
+        w->lowp_stale = false;
+    }
+    return w->lowp;
+}

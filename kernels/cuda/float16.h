@@ -1,0 +1,62 @@
+/*
+ * kernels/cuda/float16.h — f32 <-> bf16 / f16 element conversions in device code (CUDA sources
+ * only), shared by the convert kernel (memory.cu) and the fused optimizer updates (optim.cu).
+ *
+ * They match kernels/cpu/memory.c bit for bit. Numbers go through the hardware's
+ * round-to-nearest-even conversions (__float2bfloat16_rn, __float2half_rn), which handle
+ * overflow to infinity and f16 subnormals as the CPU code does. NaNs are built by hand with
+ * the CPU's rule (keep sign and top payload, set the quiet bit), because the hardware returns a
+ * canonical NaN whatever the input was (0x7fff for bf16 on an H200: seen in tests/gpu).
+ */
+#ifndef UMT_KERNELS_CUDA_FLOAT16_H
+#define UMT_KERNELS_CUDA_FLOAT16_H
+
+#include <stdint.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "umtrain.h"
+
+static __device__ inline bool umt_dev_f32_is_nan(uint32_t bits) { return (bits & 0x7fffffffu) > 0x7f800000u; }
+
+static __device__ inline uint16_t umt_dev_f32_to_bf16(float x) {
+    uint32_t bits = __float_as_uint(x);
+    if (umt_dev_f32_is_nan(bits)) return (uint16_t)((bits >> 16) | 0x0040u);
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+static __device__ inline uint16_t umt_dev_f32_to_f16(float x) {
+    uint32_t bits = __float_as_uint(x);
+    if (umt_dev_f32_is_nan(bits)) return (uint16_t)(((bits >> 16) & 0x8000u) | 0x7e00u | ((bits >> 13) & 0x3ffu));
+    return __half_as_ushort(__float2half_rn(x));
+}
+
+/* bf16 is the top half of an f32: the shift is the exact widening, NaN payload included. */
+static __device__ inline float umt_dev_bf16_to_f32(uint16_t x) { return __uint_as_float((uint32_t)x << 16); }
+
+static __device__ inline float umt_dev_f16_to_f32(uint16_t x) {
+    bool is_nan = (x & 0x7c00u) == 0x7c00u && (x & 0x3ffu) != 0;
+    if (is_nan) return __uint_as_float(((uint32_t)(x & 0x8000u) << 16) | 0x7f800000u | ((uint32_t)(x & 0x3ffu) << 13));
+    return __half2float(__ushort_as_half(x));
+}
+
+/* Element i of a float array of the given dtype, widened to f32 (always exact). */
+static __device__ inline float umt_dev_load_as_f32(const void *src, umt_dtype dtype, int64_t i) {
+    switch (dtype) {
+    case UMT_BF16: return umt_dev_bf16_to_f32(((const uint16_t *)src)[i]);
+    case UMT_F16: return umt_dev_f16_to_f32(((const uint16_t *)src)[i]);
+    default: return ((const float *)src)[i];
+    }
+}
+
+/* Stores x into element i of a float array of the given dtype, rounding to nearest even. */
+static __device__ inline void umt_dev_store_from_f32(void *dst, umt_dtype dtype, int64_t i, float x) {
+    switch (dtype) {
+    case UMT_BF16: ((uint16_t *)dst)[i] = umt_dev_f32_to_bf16(x); break;
+    case UMT_F16: ((uint16_t *)dst)[i] = umt_dev_f32_to_f16(x); break;
+    default: ((float *)dst)[i] = x; break;
+    }
+}
+
+#endif /* UMT_KERNELS_CUDA_FLOAT16_H */

@@ -1,0 +1,278 @@
+/*
+ * kernels/cuda/lowp.cu — the elementwise kernels of mixed precision (core/precision.h): casts
+ * and layout changes, bias rows and channels, ReLU and dropout on bf16/f16 activations.
+ *
+ * Every value is widened to f32 (exact), computed on in f32, and rounded to nearest even once,
+ * at the store (kernels/cuda/float16.h). Biases and bias gradients are f32 masters and f32
+ * gradients. The dtype switches inside the loads and stores are uniform across the grid, so
+ * they cost no divergence. Semantics match the f32 slots of core/backend.h; the GPU tests check
+ * them against the CPU's f32 kernels on the same (rounded) inputs.
+ */
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/float16.h"
+#include "kernels/cuda/launch.h"
+
+/* sum_rows_lp's block: 32 columns by 16 row groups, as sum_rows in elementwise.cu; and its grid's
+ * second dimension: up to ROW_CHUNKS blocks share a column tile when there are many rows. */
+enum { SUM_COLUMNS = 32, SUM_ROW_GROUPS = 16, ROW_CHUNKS = 128, MAX_CHUNKED_COLUMNS = 1024 };
+
+/* The chunks' partial sums. A bias gradient under NHWC is a sum over n*h*w rows (millions) of
+ * few columns (the channels): one block per column tile would leave the GPU idle, so the rows
+ * are cut into chunks summed by separate blocks, and a second kernel adds the chunks' partials
+ * in chunk order — deterministic, without atomics. One stream runs every kernel in order, so
+ * one static buffer (512 KiB of module memory, not a pool) serves every call. */
+static __device__ float row_chunk_partials[ROW_CHUNKS * MAX_CHUNKED_COLUMNS];
+
+#define LAUNCH_OVER(n, kernel, ...)                                                                                \
+    do {                                                                                                           \
+        if ((n) > 0) {                                                                                             \
+            kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(__VA_ARGS__);                                 \
+            UMT_CUDA_LAUNCHED();                                                                                   \
+        }                                                                                                          \
+    } while (0)
+
+static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
+static bool is_float(umt_dtype dtype) { return dtype == UMT_F32 || is_half(dtype); }
+
+static umt_status check_half(const char *op, umt_dtype dtype) {
+    if (is_half(dtype)) return UMT_OK;
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: dtype %s (expected bf16 or f16)", op, umt_dtype_name(dtype));
+}
+
+extern "C" umt_status umt_cuda_zero(void *x, size_t bytes) {
+    if (bytes == 0) return UMT_OK;
+    UMT_CUDA_TRY(cudaMemsetAsync(x, 0, bytes, umt_cuda_stream()));
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* recast: one thread per destination element, in the destination's storage order            */
+
+static __global__ void recast_kernel(const void *src, umt_dtype src_dtype, bool src_nhwc, void *dst,
+                                     umt_dtype dst_dtype, bool dst_nhwc, int64_t n, int64_t c, int64_t hw,
+                                     bool accumulate) {
+    FOR_EACH_INDEX(j, n * c * hw) {
+        int64_t image, channel, pixel;
+        if (dst_nhwc) {
+            channel = j % c, pixel = j / c % hw, image = j / (c * hw);
+        } else {
+            pixel = j % hw, channel = j / hw % c, image = j / (hw * c);
+        }
+        int64_t i = src_nhwc ? (image * hw + pixel) * c + channel : (image * c + channel) * hw + pixel;
+        float v = umt_dev_load_as_f32(src, src_dtype, i);
+        if (accumulate) v += umt_dev_load_as_f32(dst, dst_dtype, j);
+        umt_dev_store_from_f32(dst, dst_dtype, j, v);
+    }
+}
+
+extern "C" umt_status umt_cuda_recast(const void *src, umt_dtype src_dtype, bool src_nhwc, void *dst,
+                                      umt_dtype dst_dtype, bool dst_nhwc, int64_t n, int64_t c, int64_t hw,
+                                      bool accumulate) {
+    if (!is_float(src_dtype) || !is_float(dst_dtype))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "recast: %s -> %s (expected f32, bf16 or f16 on both sides)",
+                        umt_dtype_name(src_dtype), umt_dtype_name(dst_dtype));
+    if (n < 0 || c < 0 || hw < 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "recast: n=%lld c=%lld hw=%lld (expected >= 0)", (long long)n,
+                        (long long)c, (long long)hw);
+    LAUNCH_OVER(n * c * hw, recast_kernel, src, src_dtype, src_nhwc, dst, dst_dtype, dst_nhwc, n, c, hw, accumulate);
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Bias over rows (linear layers; NHWC channels are rows of c values too)                     */
+
+static __global__ void add_rows_lp_kernel(umt_dtype dtype, const void *x, const float *bias, void *out, int64_t rows,
+                                          int64_t cols) {
+    FOR_EACH_INDEX(i, rows * cols) umt_dev_store_from_f32(out, dtype, i, umt_dev_load_as_f32(x, dtype, i) + bias[i % cols]);
+}
+
+/* dbias[c] += sum over r of dy[r, c], tiled as elementwise.cu's sum_rows (deterministic). */
+static __global__ void sum_rows_lp_kernel(umt_dtype dtype, const void *dy, float *dbias, int64_t rows, int64_t cols) {
+    __shared__ float partial[SUM_ROW_GROUPS][SUM_COLUMNS];
+    for (int64_t first = (int64_t)blockIdx.x * SUM_COLUMNS; first < cols; first += (int64_t)gridDim.x * SUM_COLUMNS) {
+        int64_t c = first + threadIdx.x;
+        float sum = 0.0f;
+        if (c < cols)
+            for (int64_t r = threadIdx.y; r < rows; r += SUM_ROW_GROUPS) sum += umt_dev_load_as_f32(dy, dtype, r * cols + c);
+        partial[threadIdx.y][threadIdx.x] = sum;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < cols) {
+            float total = 0.0f;
+            for (int group = 0; group < SUM_ROW_GROUPS; group++) total += partial[group][threadIdx.x];
+            dbias[c] += total;
+        }
+        __syncthreads();
+    }
+}
+
+/* Block (tile, chunk) sums rows [chunk * rows_per_chunk, +rows_per_chunk) of its 32 columns. */
+static __global__ void sum_row_chunks_lp_kernel(umt_dtype dtype, const void *dy, int64_t rows, int64_t cols,
+                                                int64_t rows_per_chunk) {
+    __shared__ float partial[SUM_ROW_GROUPS][SUM_COLUMNS];
+    int64_t c = (int64_t)blockIdx.x * SUM_COLUMNS + threadIdx.x;
+    int64_t first = (int64_t)blockIdx.y * rows_per_chunk;
+    int64_t last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
+    float sum = 0.0f;
+    if (c < cols)
+        for (int64_t r = first + threadIdx.y; r < last; r += SUM_ROW_GROUPS) sum += umt_dev_load_as_f32(dy, dtype, r * cols + c);
+    partial[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        float total = 0.0f;
+        for (int group = 0; group < SUM_ROW_GROUPS; group++) total += partial[group][threadIdx.x];
+        row_chunk_partials[blockIdx.y * cols + c] = total;
+    }
+}
+
+static __global__ void add_row_chunks_kernel(float *dbias, int64_t cols, int chunks) {
+    FOR_EACH_INDEX(c, cols) {
+        float total = 0.0f;
+        for (int chunk = 0; chunk < chunks; chunk++) total += row_chunk_partials[chunk * cols + c];
+        dbias[c] += total;
+    }
+}
+
+extern "C" umt_status umt_cuda_add_rows_lp(umt_dtype dtype, const void *x, const float *bias, void *out, int64_t rows,
+                                           int64_t cols) {
+    UMT_TRY(check_half("add_rows_lp", dtype));
+    if (rows <= 0 || cols <= 0) return UMT_OK;
+    LAUNCH_OVER(rows * cols, add_rows_lp_kernel, dtype, x, bias, out, rows, cols);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_sum_rows_lp(umt_dtype dtype, const void *dy, float *dbias, int64_t rows, int64_t cols) {
+    UMT_TRY(check_half("sum_rows_lp", dtype));
+    if (rows <= 0 || cols <= 0) return UMT_OK;
+    int64_t tiles = (cols + SUM_COLUMNS - 1) / SUM_COLUMNS;
+    /* Chunk the rows when the column tiles alone would not fill the GPU and the partials fit. */
+    if (tiles < 64 && cols <= MAX_CHUNKED_COLUMNS && rows >= 4 * ROW_CHUNKS * SUM_ROW_GROUPS) {
+        int64_t rows_per_chunk = (rows + ROW_CHUNKS - 1) / ROW_CHUNKS;
+        int chunks = (int)((rows + rows_per_chunk - 1) / rows_per_chunk);
+        sum_row_chunks_lp_kernel<<<dim3((unsigned int)tiles, (unsigned int)chunks), dim3(SUM_COLUMNS, SUM_ROW_GROUPS),
+                                   0, umt_cuda_stream()>>>(dtype, dy, rows, cols, rows_per_chunk);
+        UMT_CUDA_LAUNCHED();
+        LAUNCH_OVER(cols, add_row_chunks_kernel, dbias, cols, chunks);
+        return UMT_OK;
+    }
+    dim3 block(SUM_COLUMNS, SUM_ROW_GROUPS);
+    sum_rows_lp_kernel<<<tiles < MAX_BLOCKS ? (unsigned int)tiles : (unsigned int)MAX_BLOCKS, block, 0,
+                         umt_cuda_stream()>>>(dtype, dy, dbias, rows, cols);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Bias over channels: NHWC is a matrix of n*hw rows by k columns; NCHW sums planes            */
+
+static __global__ void add_channel_bias_nchw_lp_kernel(umt_dtype dtype, const void *x, const float *bias, void *y,
+                                                       int64_t n, int64_t k, int64_t hw) {
+    FOR_EACH_INDEX(i, n * k * hw) umt_dev_store_from_f32(y, dtype, i, umt_dev_load_as_f32(x, dtype, i) + bias[i / hw % k]);
+}
+
+/* One block per channel: its threads stride over the channel's n planes, then a tree in
+ * shared memory (fixed order: deterministic). */
+static __global__ void sum_channel_bias_nchw_lp_kernel(umt_dtype dtype, const void *dy, float *dbias, int64_t n,
+                                                       int64_t k, int64_t hw) {
+    __shared__ float partial[THREADS];
+    int64_t channel = blockIdx.x;
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x)
+        sum += umt_dev_load_as_f32(dy, dtype, (i / hw * k + channel) * hw + i % hw);
+    partial[threadIdx.x] = sum;
+    __syncthreads();
+    for (int half = THREADS / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) dbias[channel] += partial[0];
+}
+
+extern "C" umt_status umt_cuda_add_channel_bias_lp(umt_dtype dtype, bool nhwc, const void *x, const float *bias,
+                                                   void *y, int64_t n, int64_t k, int64_t hw) {
+    if (nhwc) return umt_cuda_add_rows_lp(dtype, x, bias, y, n * hw, k);
+    UMT_TRY(check_half("add_channel_bias_lp", dtype));
+    LAUNCH_OVER(n * k * hw, add_channel_bias_nchw_lp_kernel, dtype, x, bias, y, n, k, hw);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_sum_channel_bias_lp(umt_dtype dtype, bool nhwc, const void *dy, float *dbias, int64_t n,
+                                                   int64_t k, int64_t hw) {
+    if (nhwc) return umt_cuda_sum_rows_lp(dtype, dy, dbias, n * hw, k);
+    UMT_TRY(check_half("sum_channel_bias_lp", dtype));
+    if (n <= 0 || k <= 0 || hw <= 0) return UMT_OK;
+    if (k > 0x7fffffff) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "sum_channel_bias_lp: %lld channels", (long long)k);
+    sum_channel_bias_nchw_lp_kernel<<<(unsigned int)k, THREADS, 0, umt_cuda_stream()>>>(dtype, dy, dbias, n, k, hw);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* ReLU and dropout                                                                            */
+
+/* "x < 0 ? 0 : x" lets a NaN through, as the f32 kernel does. */
+static __global__ void relu_lp_kernel(umt_dtype dtype, const void *x, void *y, int64_t n) {
+    FOR_EACH_INDEX(i, n) {
+        float v = umt_dev_load_as_f32(x, dtype, i);
+        umt_dev_store_from_f32(y, dtype, i, v < 0.0f ? 0.0f : v);
+    }
+}
+
+static __global__ void relu_backward_lp_kernel(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n) {
+    FOR_EACH_INDEX(i, n) {
+        if (umt_dev_load_as_f32(y, dtype, i) > 0.0f)
+            umt_dev_store_from_f32(dx, dtype, i, umt_dev_load_as_f32(dx, dtype, i) + umt_dev_load_as_f32(dy, dtype, i));
+    }
+}
+
+/* The draw is umt_dropout_keep's (core/backend.h): the f32 kernel's, element for element. */
+static __global__ void dropout_forward_lp_kernel(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n,
+                                                 float p, float scale, uint64_t seed) {
+    FOR_EACH_INDEX(i, n) {
+        bool keep = umt_dropout_keep(seed, (uint64_t)i, p);
+        mask[i] = keep ? 1 : 0;
+        umt_dev_store_from_f32(y, dtype, i, keep ? umt_dev_load_as_f32(x, dtype, i) * scale : 0.0f);
+    }
+}
+
+static __global__ void dropout_backward_lp_kernel(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx,
+                                                  int64_t n, float scale) {
+    FOR_EACH_INDEX(i, n) {
+        if (mask[i])
+            umt_dev_store_from_f32(dx, dtype, i,
+                                   umt_dev_load_as_f32(dx, dtype, i) + umt_dev_load_as_f32(dy, dtype, i) * scale);
+    }
+}
+
+extern "C" umt_status umt_cuda_relu_lp(umt_dtype dtype, const void *x, void *y, int64_t n) {
+    UMT_TRY(check_half("relu_lp", dtype));
+    LAUNCH_OVER(n, relu_lp_kernel, dtype, x, y, n);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_relu_backward_lp(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n) {
+    UMT_TRY(check_half("relu_backward_lp", dtype));
+    LAUNCH_OVER(n, relu_backward_lp_kernel, dtype, y, dy, dx, n);
+    return UMT_OK;
+}
+
+static umt_status check_dropout(const char *op, umt_dtype dtype, float p) {
+    UMT_TRY(check_half(op, dtype));
+    if (!(p >= 0.0f && p < 1.0f)) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: p = %g (expected 0 <= p < 1)", op, p);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_dropout_forward_lp(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n,
+                                                  float p, uint64_t seed) {
+    UMT_TRY(check_dropout("dropout_forward_lp", dtype, p));
+    LAUNCH_OVER(n, dropout_forward_lp_kernel, dtype, x, y, mask, n, p, 1.0f / (1.0f - p), seed);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_dropout_backward_lp(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx,
+                                                   int64_t n, float p) {
+    UMT_TRY(check_dropout("dropout_backward_lp", dtype, p));
+    LAUNCH_OVER(n, dropout_backward_lp_kernel, dtype, mask, dy, dx, n, 1.0f / (1.0f - p));
+    return UMT_OK;
+}

@@ -1,0 +1,709 @@
+/*
+ * tests/gpu/test_cuda_lowp.c — the mixed-precision slots of the CUDA backend (core/backend.h,
+ * "mixed precision") against the CPU backend's f32 slots, for bf16 and f16.
+ *
+ * Each case draws f32 values and rounds them to the half dtype with the CPU's convert. The CUDA
+ * _lp slot gets the half values, NHWC where the case says so (convolution weights K,R,S,C); the
+ * CPU f32 slot gets the same rounded values as f32, NCHW (transposed on the host). The CUDA
+ * result is transposed back, widened to f32 and compared with the CPU's:
+ *   - within 1e-2 (bf16) or 2e-3 (f16) of the reference's scale, plus 1e-6: the scale is |value|
+ *     for elementwise results and the sum of |terms| for products and reductions (the CPU slot
+ *     run on absolute values, onto |initial value| where the output accumulates);
+ *   - bit for bit where the result is exact: recast (casts, layout changes, accumulation, round
+ *     trips), ReLU, max pooling's picks and argmax (distinct values), dropout's masks, its zeros,
+ *     and the elements an accumulating backward must leave alone.
+ * Outputs start poisoned (0xFF bytes: NaN in every float dtype, -1 as int32); outputs that
+ * accumulate start from random values.
+ *
+ * The seed is printed once; UMT_TEST_SEED=<seed> repeats a run. Needs a GPU (tag "gpu"):
+ *     bazel test --config=cuda //tests/gpu:test_cuda_lowp
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "core/backend.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "umtrain.h"
+
+enum { CUBLAS_WORKSPACE_BYTES = 32 << 20 };
+static const umt_dtype HALVES[2] = {UMT_BF16, UMT_F16};
+static const double FLOOR = 1e-6;
+
+#define CUDA_OK(call)                                                                                              \
+    do {                                                                                                           \
+        cudaError_t error_ = (call);                                                                               \
+        if (error_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(error_));                          \
+    } while (0)
+
+#define EXPECT_OK(call)                                                                                            \
+    do {                                                                                                           \
+        if ((call) != UMT_OK) fail_msg("%s: %s failed: %s", context, #call, umt_last_error());                     \
+    } while (0)
+
+static const umt_backend *cpu, *gpu;
+static uint32_t run_seed, rng_state;
+static void *cublas_workspace;
+
+/* The case under test (slot family, dtype, layout, shape), named by every failure message. */
+static char context[200];
+#define CONTEXT(...) snprintf(context, sizeof context, __VA_ARGS__)
+
+static const char *layout_name(bool nhwc) { return nhwc ? "NHWC" : "NCHW"; }
+
+/* The bounds: a few units of each dtype's rounding (2^-9 for bf16, 2^-12 for f16). */
+static double tolerance(umt_dtype dtype) { return dtype == UMT_BF16 ? 1e-2 : 2e-3; }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Random numbers: each test starts from the run's seed and its own position in the run.       */
+
+static uint32_t random_u32(void) { /* xorshift32 */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 17;
+    rng_state ^= rng_state << 5;
+    return rng_state;
+}
+
+static int seed_next_test(void **state) {
+    static uint32_t test_index;
+    (void)state;
+    rng_state = run_seed ^ (++test_index * 0x9e3779b9u);
+    if (!rng_state) rng_state = 1u;
+    return 0;
+}
+
+static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(random_u32() >> 8) / (float)(1u << 24); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Buffers, freed after each test                                                              */
+
+static void **host_blocks, **device_blocks;
+static size_t host_count, device_count;
+
+static void remember(void ***blocks, size_t *count, void *p) {
+    void **grown = realloc(*blocks, (*count + 1) * sizeof *grown);
+    assert_non_null(p);
+    assert_non_null(grown);
+    *blocks = grown;
+    grown[(*count)++] = p;
+}
+
+static void *host_alloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    remember(&host_blocks, &host_count, p);
+    return p;
+}
+
+static int release_buffers(void **state) {
+    (void)state;
+    for (size_t i = 0; i < host_count; i++) free(host_blocks[i]);
+    for (size_t i = 0; i < device_count; i++) cudaFree(device_blocks[i]);
+    host_count = device_count = 0;
+    return 0;
+}
+
+static void *uploaded(const void *host, size_t bytes) {
+    void *p = NULL;
+    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
+    remember(&device_blocks, &device_count, p);
+    CUDA_OK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+    /* A pageable upload may still be in flight on return; the backend's stream must not race it. */
+    CUDA_OK(cudaDeviceSynchronize());
+    return p;
+}
+
+static void *downloaded(const void *device, size_t bytes) {
+    void *copy = host_alloc(bytes);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(copy, device, bytes, cudaMemcpyDeviceToHost));
+    return copy;
+}
+
+static void *poison(size_t bytes) {
+    void *p = host_alloc(bytes);
+    memset(p, 0xff, bytes);
+    return p;
+}
+
+static float *absolute(const float *v, int64_t n) {
+    float *out = host_alloc((size_t)n * sizeof *out);
+    for (int64_t i = 0; i < n; i++) out[i] = fabsf(v[i]);
+    return out;
+}
+
+static float *copy_of(const float *v, int64_t n) {
+    float *out = host_alloc((size_t)n * sizeof *out);
+    memcpy(out, v, (size_t)n * sizeof *out);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Layouts: n images of c channels of hw pixels (flat tensors are 1 x 1 x numel)               */
+
+typedef struct {
+    int64_t n, c, hw;
+} dims;
+
+static int64_t numel(dims d) { return d.n * d.c * d.hw; }
+static dims flat(int64_t count) { return (dims){1, 1, count}; }
+
+/* dst = src moved between NCHW and NHWC storage (or copied), elements of size bytes. */
+static void permute(const void *src, bool src_nhwc, void *dst, bool dst_nhwc, dims d, size_t size) {
+    for (int64_t image = 0; image < d.n; image++) {
+        for (int64_t channel = 0; channel < d.c; channel++) {
+            for (int64_t pixel = 0; pixel < d.hw; pixel++) {
+                int64_t nchw = (image * d.c + channel) * d.hw + pixel, nhwc = (image * d.hw + pixel) * d.c + channel;
+                memcpy((char *)dst + (size_t)(dst_nhwc ? nhwc : nchw) * size,
+                       (const char *)src + (size_t)(src_nhwc ? nhwc : nchw) * size, size);
+            }
+        }
+    }
+}
+
+/* Device storage in NCHW order, on the host. */
+static void *downloaded_nchw(const void *device, bool nhwc, dims d, size_t size) {
+    void *stored = downloaded(device, (size_t)numel(d) * size), *ordered = host_alloc((size_t)numel(d) * size);
+    permute(stored, nhwc, ordered, false, d, size);
+    return ordered;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pairs: one tensor as the CPU sees it (ref: f32, NCHW, on the host) and as CUDA sees it      */
+/* (dev: dtype, layout, on the device), holding the same values.                               */
+
+typedef struct {
+    float *ref;
+    void *dev;
+    umt_dtype dtype;
+    bool nhwc;
+    dims d;
+} pair;
+
+/* values rounded to dtype: ref gets them widened back, dev gets them stored in the layout. */
+static pair pair_of(const float *values, umt_dtype dtype, bool nhwc, dims d) {
+    int64_t count = numel(d);
+    size_t size = umt_dtype_size(dtype);
+    pair p = {host_alloc((size_t)count * sizeof(float)), NULL, dtype, nhwc, d};
+    void *stored = host_alloc((size_t)count * size), *ordered = host_alloc((size_t)count * size);
+    EXPECT_OK(cpu->convert(values, UMT_F32, stored, dtype, count));
+    EXPECT_OK(cpu->convert(stored, dtype, p.ref, UMT_F32, count));
+    permute(stored, false, ordered, nhwc, d, size);
+    p.dev = uploaded(ordered, (size_t)count * size);
+    return p;
+}
+
+static pair pair_random(umt_dtype dtype, bool nhwc, dims d, float lo, float hi) {
+    float *values = host_alloc((size_t)numel(d) * sizeof *values);
+    for (int64_t i = 0; i < numel(d); i++) values[i] = uniform(lo, hi);
+    return pair_of(values, dtype, nhwc, d);
+}
+
+/* 0xFF bytes on both sides: a NaN in f32, bf16 and f16 alike. */
+static pair pair_poisoned(umt_dtype dtype, bool nhwc, dims d) {
+    int64_t count = numel(d);
+    pair p = {poison((size_t)count * sizeof(float)), NULL, dtype, nhwc, d};
+    p.dev = uploaded(poison((size_t)count * umt_dtype_size(dtype)), (size_t)count * umt_dtype_size(dtype));
+    return p;
+}
+
+/* The CUDA side's values as f32 in NCHW order. */
+static float *result_of(pair p) {
+    float *out = host_alloc((size_t)numel(p.d) * sizeof *out);
+    EXPECT_OK(cpu->convert(downloaded_nchw(p.dev, p.nhwc, p.d, umt_dtype_size(p.dtype)), p.dtype, out, UMT_F32,
+                           numel(p.d)));
+    return out;
+}
+
+static void fail_at(const char *what, pair p, int64_t i, double got, double want, const char *detail) {
+    int64_t image = i / (p.d.c * p.d.hw), channel = i / p.d.hw % p.d.c, pixel = i % p.d.hw;
+    fail_msg("%s: %s (%s %s) at image %lld, channel %lld, pixel %lld (NCHW index %lld): cuda %.9g, cpu %.9g (%s, "
+             "seed %u)",
+             context, what, umt_dtype_name(p.dtype), layout_name(p.nhwc), (long long)image, (long long)channel,
+             (long long)pixel, (long long)i, got, want, detail, run_seed);
+}
+
+/* |cuda - cpu| <= tolerance(dtype) * scale[i] + FLOOR, scale[i] = |cpu| when scale is NULL. A
+ * NaN on either side fails: these inputs are finite. */
+static void expect_close(const char *what, pair p, const float *scale, umt_dtype dtype) {
+    const float *got = result_of(p);
+    for (int64_t i = 0; i < numel(p.d); i++) {
+        double bound = tolerance(dtype) * (scale ? scale[i] : fabsf(p.ref[i])) + FLOOR;
+        if (isnan(got[i]) || isnan(p.ref[i]) || !(fabs((double)got[i] - p.ref[i]) <= bound)) {
+            char detail[64];
+            snprintf(detail, sizeof detail, "bound %.3g", bound);
+            fail_at(what, p, i, got[i], p.ref[i], detail);
+        }
+    }
+}
+
+/* The CUDA side holds exactly ref rounded to its dtype (the CPU's convert), bit for bit. */
+static void expect_exact(const char *what, pair p) {
+    int64_t count = numel(p.d);
+    size_t size = umt_dtype_size(p.dtype);
+    const uint8_t *got = downloaded_nchw(p.dev, p.nhwc, p.d, size);
+    uint8_t *want = host_alloc((size_t)count * size);
+    EXPECT_OK(cpu->convert(p.ref, UMT_F32, want, p.dtype, count));
+    for (int64_t i = 0; i < count; i++) {
+        if (memcmp(got + (size_t)i * size, want + (size_t)i * size, size) != 0) {
+            float got_value;
+            EXPECT_OK(cpu->convert(got + (size_t)i * size, p.dtype, &got_value, UMT_F32, 1));
+            fail_at(what, p, i, got_value, p.ref[i], "expected the same bits");
+        }
+    }
+}
+
+/* Elements where keep[i] is false must still hold before[i] exactly (the CPU's before). */
+static void expect_untouched(const char *what, pair p, const float *before, const bool *keep) {
+    const float *got = result_of(p);
+    for (int64_t i = 0; i < numel(p.d); i++) {
+        if (!keep[i] && memcmp(&got[i], &before[i], sizeof(float)) != 0)
+            fail_at(what, p, i, got[i], before[i], "expected this element left alone");
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* zero and recast                                                                             */
+
+/* Both tables' zero clear exactly the bytes asked for: the poison after them stays. */
+static void test_zero_clears_exactly_the_bytes_asked_for(void **state) {
+    (void)state;
+    enum { SIZE = 64, CLEARED = 37 };
+    CONTEXT("zero %d of %d bytes", CLEARED, SIZE);
+    uint8_t *host = poison(SIZE);
+    void *device = uploaded(host, SIZE);
+    EXPECT_OK(cpu->zero(host, CLEARED));
+    EXPECT_OK(gpu->zero(device, CLEARED));
+    EXPECT_OK(gpu->zero(device, 0));
+    const uint8_t *got = downloaded(device, SIZE);
+    for (int i = 0; i < SIZE; i++) {
+        uint8_t want = i < CLEARED ? 0x00 : 0xff;
+        if (got[i] != want || host[i] != want)
+            fail_msg("zero: byte %d: cuda %02x, cpu %02x, expected %02x", i, got[i], host[i], want);
+    }
+}
+
+static const umt_dtype FLOATS[3] = {UMT_F32, UMT_BF16, UMT_F16};
+
+/* One recast: src (random in its dtype) into dst (poisoned, or random when accumulating). The
+ * device widens to f32, adds dst there when accumulating, and rounds once; the host does the
+ * same sum in f32 and rounds it with the CPU's convert: bit for bit, in every element's place. */
+static void check_recast(dims d, umt_dtype src_dtype, bool src_nhwc, umt_dtype dst_dtype, bool dst_nhwc,
+                         bool accumulate) {
+    CONTEXT("recast %s %s -> %s %s, n %lld c %lld hw %lld%s", umt_dtype_name(src_dtype), layout_name(src_nhwc),
+            umt_dtype_name(dst_dtype), layout_name(dst_nhwc), (long long)d.n, (long long)d.c, (long long)d.hw,
+            accumulate ? ", accumulating" : "");
+    pair src = pair_random(src_dtype, src_nhwc, d, -4, 4);
+    pair dst = accumulate ? pair_random(dst_dtype, dst_nhwc, d, -4, 4) : pair_poisoned(dst_dtype, dst_nhwc, d);
+    EXPECT_OK(gpu->recast(src.dev, src_dtype, src_nhwc, dst.dev, dst_dtype, dst_nhwc, d.n, d.c, d.hw, accumulate));
+    for (int64_t i = 0; i < numel(d); i++) dst.ref[i] = accumulate ? dst.ref[i] + src.ref[i] : src.ref[i];
+    expect_exact("recast", dst);
+}
+
+static void test_recast_converts_moves_and_accumulates_every_element_bit_for_bit(void **state) {
+    (void)state;
+    static const dims shapes[] = {{3, 5, 7}, {2, 64, 9}, {4, 1, 10}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int from = 0; from < 3; from++)
+            for (int to = 0; to < 3; to++)
+                for (int layouts = 0; layouts < 4; layouts++)
+                    for (int accumulate = 0; accumulate < 2; accumulate++)
+                        check_recast(shapes[i], FLOATS[from], layouts & 1, FLOATS[to], layouts & 2, accumulate);
+}
+
+/* f32 NCHW -> half NHWC -> f32 NCHW on the device gives the CPU convert's rounding exactly. */
+static void test_recast_round_trip_equals_the_cpu_rounding(void **state) {
+    (void)state;
+    dims d = {2, 32, 25};
+    for (int t = 0; t < 2; t++) {
+        CONTEXT("recast round trip f32 NCHW -> %s NHWC -> f32 NCHW", umt_dtype_name(HALVES[t]));
+        pair source = pair_random(UMT_F32, false, d, -100, 100);
+        pair middle = pair_poisoned(HALVES[t], true, d), back = pair_poisoned(UMT_F32, false, d);
+        EXPECT_OK(gpu->recast(source.dev, UMT_F32, false, middle.dev, HALVES[t], true, d.n, d.c, d.hw, false));
+        EXPECT_OK(gpu->recast(middle.dev, HALVES[t], true, back.dev, UMT_F32, false, d.n, d.c, d.hw, false));
+        uint8_t *rounded = host_alloc((size_t)numel(d) * 2);
+        EXPECT_OK(cpu->convert(source.ref, UMT_F32, rounded, HALVES[t], numel(d)));
+        EXPECT_OK(cpu->convert(rounded, HALVES[t], back.ref, UMT_F32, numel(d)));
+        expect_exact("recast round trip", back);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* gemm_lp                                                                                     */
+
+/* C = 1.5 op(A) op(B) + beta C; A and B stored with padded rows (ld = columns + pad). */
+static void check_gemm(umt_dtype dtype, const int64_t *shape, bool trans_a, bool trans_b, umt_dtype c_dtype,
+                       float beta) {
+    int64_t m = shape[0], n = shape[1], k = shape[2], pad = shape[3];
+    const float alpha = 1.5f;
+    CONTEXT("gemm_lp %s x %s -> C %s, m %lld n %lld k %lld, trans_a %d trans_b %d, beta %g", umt_dtype_name(dtype),
+            umt_dtype_name(dtype), umt_dtype_name(c_dtype), (long long)m, (long long)n, (long long)k, trans_a, trans_b,
+            (double)beta);
+    int64_t a_rows = trans_a ? k : m, lda = (trans_a ? m : k) + pad;
+    int64_t b_rows = trans_b ? n : k, ldb = (trans_b ? k : n) + pad;
+    pair a = pair_random(dtype, false, flat(a_rows * lda), -1, 1);
+    pair b = pair_random(dtype, false, flat(b_rows * ldb), -1, 1);
+    /* beta 0: C poisoned, since neither side may read it. */
+    dims cd = flat(m * n);
+    pair c = beta != 0.0f ? pair_random(c_dtype, false, cd, -1, 1) : pair_poisoned(c_dtype, false, cd);
+    float *scale = absolute(c.ref, m * n); /* |beta C|, NaN-free: beta is 0 or 1 */
+    for (int64_t i = 0; i < m * n; i++) scale[i] = beta != 0.0f ? scale[i] : 0.0f;
+    EXPECT_OK(cpu->gemm(trans_a, trans_b, m, n, k, alpha, absolute(a.ref, a_rows * lda), lda,
+                        absolute(b.ref, b_rows * ldb), ldb, 1.0f, scale, n));
+    EXPECT_OK(cpu->gemm(trans_a, trans_b, m, n, k, alpha, a.ref, lda, b.ref, ldb, beta, c.ref, n));
+    EXPECT_OK(gpu->gemm_lp(trans_a, trans_b, m, n, k, alpha, a.dev, lda, b.dev, ldb, beta, c.dev, n, dtype, c_dtype));
+    expect_close("gemm_lp C", c, scale, dtype);
+}
+
+static void test_gemm_lp_matches_the_cpu_for_every_transpose_output_dtype_and_beta(void **state) {
+    (void)state;
+    static const int64_t shapes[][4] = {{64, 32, 96, 0}, {7, 13, 5, 3}, {1, 1, 1, 0}, {10, 128, 300, 1}};
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            for (int trans = 0; trans < 4; trans++)
+                for (int c_half = 0; c_half < 2; c_half++)
+                    for (int beta = 0; beta < 2; beta++)
+                        check_gemm(HALVES[t], shapes[i], trans & 1, trans & 2, c_half ? HALVES[t] : UMT_F32,
+                                   (float)beta);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Bias over rows and over channels                                                            */
+
+/* out = x + bias (then in place), dbias += column sums. */
+static void check_rows(umt_dtype dtype, int64_t rows, int64_t cols) {
+    CONTEXT("add_rows_lp / sum_rows_lp %s, rows %lld cols %lld", umt_dtype_name(dtype), (long long)rows,
+            (long long)cols);
+    dims d = flat(rows * cols);
+    pair x = pair_random(dtype, false, d, -2, 2), out = pair_poisoned(dtype, false, d);
+    pair bias = pair_random(UMT_F32, false, flat(cols), -1, 1);
+    float *scale = absolute(x.ref, rows * cols);
+    for (int64_t i = 0; i < rows * cols; i++) scale[i] += fabsf(bias.ref[i % cols]);
+    EXPECT_OK(cpu->add_rows(x.ref, bias.ref, out.ref, rows, cols));
+    EXPECT_OK(gpu->add_rows_lp(dtype, x.dev, bias.dev, out.dev, rows, cols));
+    expect_close("add_rows_lp", out, scale, dtype);
+    EXPECT_OK(cpu->add_rows(x.ref, bias.ref, x.ref, rows, cols));
+    EXPECT_OK(gpu->add_rows_lp(dtype, x.dev, bias.dev, x.dev, rows, cols));
+    expect_close("add_rows_lp in place", x, scale, dtype);
+
+    pair dy = pair_random(dtype, false, d, -1, 1), dbias = pair_random(UMT_F32, false, flat(cols), -1, 1);
+    float *sum_scale = absolute(dbias.ref, cols);
+    EXPECT_OK(cpu->sum_rows(absolute(dy.ref, rows * cols), sum_scale, rows, cols));
+    EXPECT_OK(cpu->sum_rows(dy.ref, dbias.ref, rows, cols));
+    EXPECT_OK(gpu->sum_rows_lp(dtype, dy.dev, dbias.dev, rows, cols));
+    expect_close("sum_rows_lp", dbias, sum_scale, dtype);
+}
+
+static void test_row_bias_kernels_match_the_cpu(void **state) {
+    (void)state;
+    /* The last two take sum_rows_lp's chunked path (many rows, few columns: NHWC bias sums). */
+    static const int64_t shapes[][2] = {{64, 100}, {3, 7}, {1, 1}, {300, 33}, {40000, 64}, {8193, 3}};
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_rows(HALVES[t], shapes[i][0], shapes[i][1]);
+}
+
+static void check_channel_bias(umt_dtype dtype, bool nhwc, dims d) {
+    int64_t n = d.n, k = d.c, hw = d.hw;
+    CONTEXT("add_channel_bias_lp / sum_channel_bias_lp %s %s, n %lld k %lld hw %lld", umt_dtype_name(dtype),
+            layout_name(nhwc), (long long)n, (long long)k, (long long)hw);
+    pair x = pair_random(dtype, nhwc, d, -2, 2), y = pair_poisoned(dtype, nhwc, d);
+    pair bias = pair_random(UMT_F32, false, flat(k), -1, 1);
+    float *scale = absolute(x.ref, numel(d));
+    for (int64_t i = 0; i < numel(d); i++) scale[i] += fabsf(bias.ref[i / hw % k]);
+    EXPECT_OK(cpu->add_channel_bias(x.ref, bias.ref, y.ref, n, k, hw));
+    EXPECT_OK(gpu->add_channel_bias_lp(dtype, nhwc, x.dev, bias.dev, y.dev, n, k, hw));
+    expect_close("add_channel_bias_lp", y, scale, dtype);
+    EXPECT_OK(cpu->add_channel_bias(x.ref, bias.ref, x.ref, n, k, hw));
+    EXPECT_OK(gpu->add_channel_bias_lp(dtype, nhwc, x.dev, bias.dev, x.dev, n, k, hw));
+    expect_close("add_channel_bias_lp in place", x, scale, dtype);
+
+    pair dy = pair_random(dtype, nhwc, d, -1, 1), dbias = pair_random(UMT_F32, false, flat(k), -1, 1);
+    float *sum_scale = absolute(dbias.ref, k);
+    EXPECT_OK(cpu->sum_channel_bias(absolute(dy.ref, numel(d)), sum_scale, n, k, hw));
+    EXPECT_OK(cpu->sum_channel_bias(dy.ref, dbias.ref, n, k, hw));
+    EXPECT_OK(gpu->sum_channel_bias_lp(dtype, nhwc, dy.dev, dbias.dev, n, k, hw));
+    expect_close("sum_channel_bias_lp", dbias, sum_scale, dtype);
+}
+
+static void test_channel_bias_kernels_match_the_cpu_in_both_layouts(void **state) {
+    (void)state;
+    static const dims shapes[] = {{4, 32, 36}, {2, 5, 7}, {1, 1, 1}, {3, 64, 1}, {2, 3, 700}};
+    for (int t = 0; t < 2; t++)
+        for (int nhwc = 0; nhwc < 2; nhwc++)
+            for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+                check_channel_bias(HALVES[t], nhwc, shapes[i]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* ReLU and dropout                                                                            */
+
+/* x holds -0.0 and 0.0 at its start: ReLU passes both through as the f32 kernel does. */
+static void check_relu(umt_dtype dtype, int64_t n) {
+    CONTEXT("relu_lp / relu_backward_lp %s, n %lld", umt_dtype_name(dtype), (long long)n);
+    float *values = host_alloc((size_t)n * sizeof *values);
+    for (int64_t i = 0; i < n; i++) values[i] = i == 0 ? -0.0f : i == 1 ? 0.0f : uniform(-2, 2);
+    pair x = pair_of(values, dtype, false, flat(n)), y = pair_poisoned(dtype, false, flat(n));
+    EXPECT_OK(cpu->relu(x.ref, y.ref, n));
+    EXPECT_OK(gpu->relu_lp(dtype, x.dev, y.dev, n));
+    expect_exact("relu_lp", y);
+
+    pair dy = pair_random(dtype, false, flat(n), -1, 1), dx = pair_random(dtype, false, flat(n), -1, 1);
+    float *before = copy_of(dx.ref, n), *scale = absolute(dx.ref, n);
+    bool *passed = host_alloc((size_t)n * sizeof *passed);
+    for (int64_t i = 0; i < n; i++) {
+        passed[i] = y.ref[i] > 0.0f;
+        scale[i] += fabsf(dy.ref[i]);
+    }
+    EXPECT_OK(cpu->relu_backward(y.ref, dy.ref, dx.ref, n));
+    EXPECT_OK(gpu->relu_backward_lp(dtype, y.dev, dy.dev, dx.dev, n));
+    expect_close("relu_backward_lp", dx, scale, dtype);
+    expect_untouched("relu_backward_lp where y <= 0", dx, before, passed);
+}
+
+static void test_relu_matches_the_cpu_exactly_and_its_backward_within_tolerance(void **state) {
+    (void)state;
+    static const int64_t sizes[] = {2, 1000, 4099};
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) check_relu(HALVES[t], sizes[i]);
+}
+
+static void check_dropout(umt_dtype dtype, int64_t n, float p) {
+    uint64_t seed = (uint64_t)random_u32() << 32 | random_u32();
+    CONTEXT("dropout_forward_lp / dropout_backward_lp %s, n %lld, p %g, seed %llu", umt_dtype_name(dtype),
+            (long long)n, (double)p, (unsigned long long)seed);
+    pair x = pair_random(dtype, false, flat(n), -2, 2), y = pair_poisoned(dtype, false, flat(n));
+    uint8_t *mask = poison((size_t)n), *mask_dev = uploaded(mask, (size_t)n);
+    EXPECT_OK(cpu->dropout_forward(x.ref, y.ref, mask, n, p, seed));
+    EXPECT_OK(gpu->dropout_forward_lp(dtype, x.dev, y.dev, mask_dev, n, p, seed));
+    const uint8_t *got_mask = downloaded(mask_dev, (size_t)n);
+    bool *kept = host_alloc((size_t)n * sizeof *kept);
+    for (int64_t i = 0; i < n; i++) {
+        if (got_mask[i] != mask[i])
+            fail_msg("%s: dropout_forward_lp mask[%lld]: cuda %u, cpu %u (seed %u)", context, (long long)i,
+                     got_mask[i], mask[i], run_seed);
+        kept[i] = mask[i] != 0;
+    }
+    expect_close("dropout_forward_lp y", y, NULL, dtype);
+    /* Dropped elements must be +0 exactly: bit-compared with zeros wherever the mask is 0. */
+    float *zeros = host_alloc((size_t)n * sizeof *zeros);
+    memset(zeros, 0, (size_t)n * sizeof *zeros);
+    expect_untouched("dropout_forward_lp dropped element", y, zeros, kept);
+
+    pair dy = pair_random(dtype, false, flat(n), -1, 1), dx = pair_random(dtype, false, flat(n), -1, 1);
+    float *before = copy_of(dx.ref, n), *scale = absolute(dx.ref, n);
+    for (int64_t i = 0; i < n; i++) scale[i] += fabsf(dy.ref[i]) / (1.0f - p);
+    EXPECT_OK(cpu->dropout_backward(mask, dy.ref, dx.ref, n, p));
+    EXPECT_OK(gpu->dropout_backward_lp(dtype, mask_dev, dy.dev, dx.dev, n, p));
+    expect_close("dropout_backward_lp", dx, scale, dtype);
+    expect_untouched("dropout_backward_lp where dropped", dx, before, kept);
+}
+
+static void test_dropout_keeps_the_cpus_elements_and_scales_them_within_tolerance(void **state) {
+    (void)state;
+    static const int64_t sizes[] = {7, 1000, 65537};
+    static const float ps[] = {0.0f, 0.25f, 0.5f};
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+            for (size_t j = 0; j < sizeof ps / sizeof ps[0]; j++) check_dropout(HALVES[t], sizes[i], ps[j]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Convolution: x, y NHWC, w K,R,S,C in the half dtype; dw an f32 gradient in K,C,R,S order    */
+
+/* d: n, c, h, w, k, r, s, stride, pad. */
+static umt_conv_shape conv_shape(const int64_t *d) {
+    umt_conv_shape s = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], 0, 0, d[7], d[8], UMT_F32, false};
+    s.p = (s.h + 2 * s.pad - s.r) / s.stride + 1;
+    s.q = (s.w + 2 * s.pad - s.s) / s.stride + 1;
+    return s;
+}
+
+/* Forward, then both backwards onto random gradients. Scales: the CPU's own kernels on |inputs|
+ * (sum |a*b| = sum |a|*|b|), onto |initial value| for the accumulating backwards. */
+static void check_conv(umt_dtype dtype, const int64_t *shape) {
+    umt_conv_shape f = conv_shape(shape), h = f;
+    h.dtype = dtype;
+    h.nhwc = true;
+    CONTEXT("conv2d_*_lp %s, x %lldx%lldx%lldx%lld, w %lldx%lldx%lld, stride %lld, pad %lld", umt_dtype_name(dtype),
+            (long long)f.n, (long long)f.c, (long long)f.h, (long long)f.w, (long long)f.k, (long long)f.r,
+            (long long)f.s, (long long)f.stride, (long long)f.pad);
+    dims xd = {f.n, f.c, f.h * f.w}, wd = {f.k, f.c, f.r * f.s}, yd = {f.n, f.k, f.p * f.q};
+    size_t cpu_bytes = 0, gpu_bytes = 0;
+    EXPECT_OK(cpu->conv2d_workspace_bytes(&f, &cpu_bytes));
+    EXPECT_OK(gpu->conv2d_workspace_bytes(&h, &gpu_bytes));
+    void *cpu_ws = host_alloc(cpu_bytes), *gpu_ws = uploaded(poison(gpu_bytes), gpu_bytes);
+
+    pair x = pair_random(dtype, true, xd, -1, 1), w = pair_random(dtype, true, wd, -1, 1);
+    pair y = pair_poisoned(dtype, true, yd), dy = pair_random(dtype, true, yd, -1, 1);
+    pair dx = pair_random(dtype, true, xd, -1, 1), dw = pair_random(UMT_F32, false, wd, -1, 1);
+    const float *abs_x = absolute(x.ref, numel(xd)), *abs_w = absolute(w.ref, numel(wd));
+    const float *abs_dy = absolute(dy.ref, numel(yd));
+    float *y_scale = host_alloc((size_t)numel(yd) * sizeof(float));
+    float *dx_scale = absolute(dx.ref, numel(xd)), *dw_scale = absolute(dw.ref, numel(wd));
+    EXPECT_OK(cpu->conv2d_forward(&f, abs_x, abs_w, y_scale, cpu_ws, cpu_bytes));
+    EXPECT_OK(cpu->conv2d_backward_data(&f, abs_w, abs_dy, dx_scale, cpu_ws, cpu_bytes));
+    EXPECT_OK(cpu->conv2d_backward_filter(&f, abs_x, abs_dy, dw_scale, cpu_ws, cpu_bytes));
+
+    EXPECT_OK(cpu->conv2d_forward(&f, x.ref, w.ref, y.ref, cpu_ws, cpu_bytes));
+    EXPECT_OK(gpu->conv2d_forward_lp(&h, x.dev, w.dev, y.dev, gpu_ws, gpu_bytes));
+    expect_close("conv2d_forward_lp y", y, y_scale, dtype);
+    EXPECT_OK(cpu->conv2d_backward_data(&f, w.ref, dy.ref, dx.ref, cpu_ws, cpu_bytes));
+    EXPECT_OK(gpu->conv2d_backward_data_lp(&h, w.dev, dy.dev, dx.dev, gpu_ws, gpu_bytes));
+    expect_close("conv2d_backward_data_lp dx", dx, dx_scale, dtype);
+    EXPECT_OK(cpu->conv2d_backward_filter(&f, x.ref, dy.ref, dw.ref, cpu_ws, cpu_bytes));
+    EXPECT_OK(gpu->conv2d_backward_filter_lp(&h, x.dev, dy.dev, (float *)dw.dev, gpu_ws, gpu_bytes));
+    expect_close("conv2d_backward_filter_lp dw (f32, K,C,R,S)", dw, dw_scale, dtype);
+}
+
+/* n, c, h, w, k, r, s, stride, pad: MNIST's first layer (c = 1) and a c = 32, k = 64 layer, each
+ * at stride 1 and 2 with padding 0 and 1. */
+static const int64_t conv_shapes[][9] = {
+    {4, 1, 12, 12, 32, 3, 3, 1, 0},  {4, 1, 12, 12, 32, 3, 3, 1, 1},  {4, 1, 12, 12, 32, 3, 3, 2, 0},
+    {4, 1, 12, 12, 32, 3, 3, 2, 1},  {2, 32, 10, 10, 64, 3, 3, 1, 0}, {2, 32, 10, 10, 64, 3, 3, 1, 1},
+    {2, 32, 9, 9, 64, 3, 3, 2, 0},   {2, 32, 9, 9, 64, 3, 3, 2, 1},
+};
+
+static void test_conv2d_lp_and_its_backwards_match_the_cpu_within_tolerance_of_the_sum_of_terms(void **state) {
+    (void)state;
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof conv_shapes / sizeof conv_shapes[0]; i++) check_conv(HALVES[t], conv_shapes[i]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pooling                                                                                     */
+
+/* Each channel plane (at most 512 pixels) holds distinct multiples of 1/64 in [-4, 4), exact in
+ * bf16 and f16: no window has a tie, so the argmax is the one maximum on both sides. */
+static pair distinct_input(umt_dtype dtype, bool nhwc, dims d) {
+    float *values = host_alloc((size_t)numel(d) * sizeof *values);
+    int32_t pool[512];
+    assert_true(d.hw <= 512);
+    for (int64_t plane = 0; plane < d.n * d.c; plane++) {
+        for (int32_t i = 0; i < 512; i++) pool[i] = i - 256;
+        for (int64_t i = 0; i < d.hw; i++) { /* a partial Fisher-Yates shuffle */
+            int64_t j = i + (int64_t)(random_u32() % (uint32_t)(512 - i));
+            int32_t t = pool[i];
+            pool[i] = pool[j];
+            pool[j] = t;
+            values[plane * d.hw + i] = (float)pool[i] / 64.0f;
+        }
+    }
+    return pair_of(values, dtype, nhwc, d);
+}
+
+static void check_max_pool(const umt_pool_shape *f, const umt_pool_shape *h, dims xd, dims yd) {
+    umt_dtype dtype = h->dtype;
+    pair x = distinct_input(dtype, h->nhwc, xd), y = pair_poisoned(dtype, h->nhwc, yd);
+    int32_t *argmax = poison((size_t)numel(yd) * 4), *argmax_dev = uploaded(argmax, (size_t)numel(yd) * 4);
+    EXPECT_OK(cpu->max_pool_forward(f, x.ref, y.ref, argmax));
+    EXPECT_OK(gpu->max_pool_forward_lp(h, x.dev, y.dev, argmax_dev));
+    expect_exact("max_pool_forward_lp y", y);
+    const int32_t *got = downloaded_nchw(argmax_dev, h->nhwc, yd, sizeof(int32_t));
+    for (int64_t i = 0; i < numel(yd); i++)
+        if (got[i] != argmax[i]) fail_at("max_pool_forward_lp argmax", y, i, got[i], argmax[i], "expected the same");
+
+    pair dy = pair_random(dtype, h->nhwc, yd, -1, 1), dx = pair_random(dtype, h->nhwc, xd, -1, 1);
+    float *scale = absolute(dx.ref, numel(xd));
+    EXPECT_OK(cpu->max_pool_backward(f, argmax, absolute(dy.ref, numel(yd)), scale));
+    EXPECT_OK(cpu->max_pool_backward(f, argmax, dy.ref, dx.ref));
+    EXPECT_OK(gpu->max_pool_backward_lp(h, argmax_dev, dy.dev, dx.dev));
+    expect_close("max_pool_backward_lp dx", dx, scale, dtype);
+}
+
+static void check_avg_pool(const umt_pool_shape *f, const umt_pool_shape *h, dims xd, dims yd) {
+    umt_dtype dtype = h->dtype;
+    pair x = pair_random(dtype, h->nhwc, xd, -1, 1), y = pair_poisoned(dtype, h->nhwc, yd);
+    float *y_scale = host_alloc((size_t)numel(yd) * sizeof(float));
+    EXPECT_OK(cpu->avg_pool_forward(f, absolute(x.ref, numel(xd)), y_scale));
+    EXPECT_OK(cpu->avg_pool_forward(f, x.ref, y.ref));
+    EXPECT_OK(gpu->avg_pool_forward_lp(h, x.dev, y.dev));
+    expect_close("avg_pool_forward_lp y", y, y_scale, dtype);
+
+    pair dy = pair_random(dtype, h->nhwc, yd, -1, 1), dx = pair_random(dtype, h->nhwc, xd, -1, 1);
+    float *dx_scale = absolute(dx.ref, numel(xd));
+    EXPECT_OK(cpu->avg_pool_backward(f, absolute(dy.ref, numel(yd)), dx_scale));
+    EXPECT_OK(cpu->avg_pool_backward(f, dy.ref, dx.ref));
+    EXPECT_OK(gpu->avg_pool_backward_lp(h, dy.dev, dx.dev));
+    expect_close("avg_pool_backward_lp dx", dx, dx_scale, dtype);
+}
+
+/* n, c, h, w, window, stride: MNIST's pool, overlapping windows with an uncovered tail, stride 1
+ * (each input in up to nine windows), a single element, a window as large as the input. */
+static const int64_t pool_shapes[][6] = {
+    {2, 16, 12, 12, 2, 2}, {2, 5, 9, 11, 3, 2}, {2, 3, 6, 5, 3, 1}, {1, 1, 1, 1, 1, 1}, {2, 3, 5, 5, 5, 1},
+};
+
+static void test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows(void **state) {
+    (void)state;
+    for (int t = 0; t < 2; t++) {
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            for (size_t i = 0; i < sizeof pool_shapes / sizeof pool_shapes[0]; i++) {
+                const int64_t *d = pool_shapes[i];
+                umt_pool_shape f = {d[0], d[1], d[2], d[3], (d[2] - d[4]) / d[5] + 1, (d[3] - d[4]) / d[5] + 1,
+                                    d[4], d[5], UMT_F32, false};
+                umt_pool_shape h = f;
+                h.dtype = HALVES[t];
+                h.nhwc = nhwc;
+                CONTEXT("*_pool_*_lp %s %s, x %lldx%lldx%lldx%lld, window %lld, stride %lld", umt_dtype_name(h.dtype),
+                        layout_name(h.nhwc), (long long)f.n, (long long)f.c, (long long)f.h, (long long)f.w,
+                        (long long)f.window, (long long)f.stride);
+                dims xd = {f.n, f.c, f.h * f.w}, yd = {f.n, f.c, f.p * f.q};
+                check_max_pool(&f, &h, xd, yd);
+                check_avg_pool(&f, &h, xd, yd);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int start_backend(void **state) {
+    (void)state;
+    const char *fixed = getenv("UMT_TEST_SEED");
+    run_seed = fixed ? (uint32_t)strtoul(fixed, NULL, 10) : (uint32_t)time(NULL) ^ (uint32_t)getpid();
+    print_message("seed %u (UMT_TEST_SEED=%u repeats this run)\n", run_seed, run_seed);
+    cpu = umt_cpu_backend();
+    gpu = umt_cuda_backend();
+    if (cudaMalloc(&cublas_workspace, CUBLAS_WORKSPACE_BYTES) != cudaSuccess) return -1;
+    if (umt_cuda_backend_start(0, cublas_workspace, CUBLAS_WORKSPACE_BYTES) != UMT_OK) {
+        print_message("umt_cuda_backend_start: %s\n", umt_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+static int stop_backend(void **state) {
+    (void)state;
+    umt_cuda_backend_stop();
+    cudaFree(cublas_workspace);
+    free(host_blocks);
+    free(device_blocks);
+    return 0;
+}
+
+#define TEST(f) cmocka_unit_test_setup_teardown(f, seed_next_test, release_buffers)
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        TEST(test_zero_clears_exactly_the_bytes_asked_for),
+        TEST(test_recast_converts_moves_and_accumulates_every_element_bit_for_bit),
+        TEST(test_recast_round_trip_equals_the_cpu_rounding),
+        TEST(test_gemm_lp_matches_the_cpu_for_every_transpose_output_dtype_and_beta),
+        TEST(test_row_bias_kernels_match_the_cpu),
+        TEST(test_channel_bias_kernels_match_the_cpu_in_both_layouts),
+        TEST(test_relu_matches_the_cpu_exactly_and_its_backward_within_tolerance),
+        TEST(test_dropout_keeps_the_cpus_elements_and_scales_them_within_tolerance),
+        TEST(test_conv2d_lp_and_its_backwards_match_the_cpu_within_tolerance_of_the_sum_of_terms),
+        TEST(test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows),
+    };
+    return cmocka_run_group_tests(tests, start_backend, stop_backend);
+}

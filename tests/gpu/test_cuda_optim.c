@@ -1,0 +1,469 @@
+/*
+ * tests/gpu/test_cuda_optim.c — the mixed-precision optimizer step (core/optim_step.h) on the
+ * GPU against the CPU reference, on fresh random inputs: the fused updates with their bf16/f16
+ * copies, the deterministic sum of squares and the step's decision (clipping, loss scaling,
+ * skipping on inf/NaN, growth), then the same through the public API on a CUDA context.
+ *
+ * Each kernel runs through the CPU table on host buffers and through the CUDA table on device
+ * copies of the same values. Where the plain updates are bit-exact (no clipping: the multiplier
+ * is 1 / a power of two), everything must match bit for bit; with clipping, the two sums of
+ * squares add in different orders, so the multiplier and what follows from it match within
+ * 1e-6 relative (the parameters within 1e-5 relative + 1e-6).
+ *
+ * The seed is printed once; UMT_TEST_SEED=<seed> repeats a run. Needs a GPU (tag "gpu"):
+ *     bazel test --config=cuda //tests/gpu:test_cuda_optim
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "core/backend.h"
+#include "core/optim.h"
+#include "core/optim_step.h"
+#include "core/tensor.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "umtrain.h"
+
+#define CUDA_OK(call)                                                                                              \
+    do {                                                                                                           \
+        cudaError_t error_ = (call);                                                                               \
+        if (error_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(error_));                          \
+    } while (0)
+
+#define EXPECT_OK(call)                                                                                            \
+    do {                                                                                                           \
+        if ((call) != UMT_OK) fail_msg("%s failed: %s", #call, umt_last_error());                                  \
+    } while (0)
+
+static const umt_backend *cpu, *gpu;
+static umt_context *gpu_context; /* holds the CUDA backend (its stream) for the kernel tests */
+static uint32_t run_seed, rng_state;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Random numbers and twins (the same bytes on the host and on the device)                     */
+
+static uint32_t random_u32(void) { /* xorshift32 */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 17;
+    rng_state ^= rng_state << 5;
+    return rng_state;
+}
+
+static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(random_u32() >> 8) / (float)(1u << 24); }
+
+typedef struct {
+    void *host, *device;
+    size_t bytes;
+} twin;
+
+enum { MAX_BLOCKS_HELD = 256 };
+static void *host_blocks[MAX_BLOCKS_HELD], *device_blocks[MAX_BLOCKS_HELD];
+static int block_count;
+
+static twin twin_of(const void *values, size_t bytes) {
+    assert_true(block_count < MAX_BLOCKS_HELD);
+    twin t = {malloc(bytes), NULL, bytes};
+    assert_non_null(t.host);
+    memcpy(t.host, values, bytes);
+    CUDA_OK(cudaMalloc(&t.device, bytes));
+    host_blocks[block_count] = t.host;
+    device_blocks[block_count++] = t.device;
+    CUDA_OK(cudaMemcpy(t.device, values, bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());
+    return t;
+}
+
+static twin twin_random(int64_t n, float lo, float hi) {
+    float *values = malloc((size_t)n * sizeof *values);
+    assert_non_null(values);
+    for (int64_t i = 0; i < n; i++) values[i] = uniform(lo, hi);
+    twin t = twin_of(values, (size_t)n * sizeof *values);
+    free(values);
+    return t;
+}
+
+/* Sets both sides of an f32 twin to the same fresh random values, times scale. */
+static void refill(twin t, float lo, float hi, float scale) {
+    float *host = t.host;
+    for (size_t i = 0; i < t.bytes / sizeof(float); i++) host[i] = uniform(lo, hi) * scale;
+    CUDA_OK(cudaMemcpy(t.device, t.host, t.bytes, cudaMemcpyHostToDevice));
+}
+
+static void *downloaded(twin t, void *out) {
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(out, t.device, t.bytes, cudaMemcpyDeviceToHost));
+    return out;
+}
+
+static void expect_same_bytes(const char *what, twin t) {
+    uint8_t *got = malloc(t.bytes);
+    assert_non_null(got);
+    downloaded(t, got);
+    const uint8_t *want = t.host;
+    for (size_t i = 0; i < t.bytes; i++)
+        if (got[i] != want[i])
+            fail_msg("%s: byte %zu: cuda %02x, cpu %02x (seed %u)", what, i, got[i], want[i], run_seed);
+    free(got);
+}
+
+static void expect_close(const char *what, twin t) {
+    float *got = malloc(t.bytes);
+    assert_non_null(got);
+    downloaded(t, got);
+    const float *want = t.host;
+    for (size_t i = 0; i < t.bytes / sizeof(float); i++) {
+        double bound = 1e-5 * fabs(want[i]) + 1e-6;
+        if (!(fabs((double)got[i] - want[i]) <= bound))
+            fail_msg("%s[%zu]: cuda %.9g, cpu %.9g (seed %u)", what, i, got[i], want[i], run_seed);
+    }
+    free(got);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* One "optimizer" of a few parameters, run on both sides through the backend slots            */
+
+enum { MAX_PARAMS = 3 };
+
+typedef struct {
+    umt_optimizer_kind kind;
+    int count;
+    int64_t n[MAX_PARAMS];
+    twin param[MAX_PARAMS], grad[MAX_PARAMS], s0[MAX_PARAMS], s1[MAX_PARAMS], lowp[MAX_PARAMS];
+    umt_dtype lowp_dtype;
+    twin scalars, partials;
+    umt_step_options options;
+} rig;
+
+static rig make_rig(umt_optimizer_kind kind, int count, const int64_t *n, umt_step_options options) {
+    rig r = {.kind = kind, .count = count, .options = options};
+    r.lowp_dtype = (random_u32() & 1) ? UMT_BF16 : UMT_F16;
+    for (int i = 0; i < count; i++) {
+        r.n[i] = n[i];
+        r.param[i] = twin_random(n[i], -1, 1);
+        r.grad[i] = twin_random(n[i], -1, 1);
+        r.s0[i] = twin_random(n[i], 0, 1); /* non-negative: Adam's v and Adadelta's averages */
+        r.s1[i] = twin_random(n[i], 0, 1);
+        uint16_t *poison = malloc((size_t)n[i] * 2);
+        memset(poison, 0xff, (size_t)n[i] * 2);
+        r.lowp[i] = twin_of(poison, (size_t)n[i] * 2);
+        free(poison);
+    }
+    umt_step_scalars initial = umt_step_scalars_initial(options.loss_scaling, 1024.0f);
+    r.scalars = twin_of(&initial, sizeof initial);
+    double *zeros = calloc((size_t)count * UMT_GRAD_SUMSQ_PARTIALS, sizeof *zeros);
+    r.partials = twin_of(zeros, (size_t)count * UMT_GRAD_SUMSQ_PARTIALS * sizeof *zeros);
+    free(zeros);
+    return r;
+}
+
+/* Which side the pointers name: P(t) is the host side for the CPU, the device side for CUDA. */
+static bool on_device;
+#define P(t) ((void *)(on_device ? (t).device : (t).host))
+
+/* One step of the rig through one backend: sums of squares, the decision, the updates. */
+static void step_on(const umt_backend *be, rig *r, int64_t step) {
+    on_device = be == gpu;
+    for (int i = 0; i < r->count; i++)
+        EXPECT_OK(be->grad_sumsq(P(r->grad[i]), r->n[i], (double *)P(r->partials) + i * UMT_GRAD_SUMSQ_PARTIALS));
+    EXPECT_OK(be->step_prepare(P(r->scalars), P(r->partials), (int64_t)r->count * UMT_GRAD_SUMSQ_PARTIALS,
+                               r->options));
+    for (int i = 0; i < r->count; i++) {
+        umt_update_fusion fusion = {.scalars = P(r->scalars), .lowp = P(r->lowp[i]), .lowp_dtype = r->lowp_dtype};
+        switch (r->kind) {
+        case UMT_OPT_SGD:
+            EXPECT_OK(be->sgd_update_fused(P(r->param[i]), P(r->grad[i]), P(r->s0[i]), r->n[i], 0.1f, 0.9f, 1e-2f,
+                                           fusion));
+            break;
+        case UMT_OPT_ADAM:
+        case UMT_OPT_ADAMW:
+            EXPECT_OK(be->adam_update_fused(P(r->param[i]), P(r->grad[i]), P(r->s0[i]), P(r->s1[i]), r->n[i], 1e-3f,
+                                            0.9f, 0.999f, 1e-8f, 1e-2f, r->kind == UMT_OPT_ADAMW, step, fusion));
+            break;
+        case UMT_OPT_ADADELTA:
+            EXPECT_OK(be->adadelta_update_fused(P(r->param[i]), P(r->grad[i]), P(r->s0[i]), P(r->s1[i]), r->n[i],
+                                                1.0f, 0.9f, 1e-6f, 1e-2f, fusion));
+            break;
+        }
+    }
+}
+
+static void step_both(rig *r, int64_t step) {
+    step_on(cpu, r, step);
+    step_on(gpu, r, step);
+}
+
+#define SAME_BITS(field) assert_memory_equal(&got.field, &want.field, sizeof got.field)
+
+/* Relative closeness of two floats; equal infinities and two NaNs count as close. */
+static bool close_enough(float got, float want) {
+    return got == want || (isnan(got) && isnan(want)) || fabsf(got - want) <= 1e-6f * fabsf(want);
+}
+
+/* The step scalars of both sides, field by field: exactly, but grad_norm (and, with clipping,
+ * the multiplier) within 1e-6 relative, since the sums add in different orders. The multiplier
+ * of a skipped step is meaningless and not compared. */
+static void expect_same_scalars(const rig *r) {
+    umt_step_scalars got, want;
+    memcpy(&want, r->scalars.host, sizeof want);
+    downloaded(r->scalars, &got);
+    if (!close_enough(got.grad_norm, want.grad_norm))
+        fail_msg("grad_norm: cuda %.9g, cpu %.9g (seed %u)", got.grad_norm, want.grad_norm, run_seed);
+    assert_int_equal(got.found_inf, want.found_inf);
+    if (!want.found_inf) {
+        bool clipped = r->options.max_grad_norm > 0.0f;
+        if (clipped ? !close_enough(got.multiplier, want.multiplier) : got.multiplier != want.multiplier)
+            fail_msg("multiplier: cuda %.9g, cpu %.9g (seed %u)", got.multiplier, want.multiplier, run_seed);
+    }
+    SAME_BITS(loss_scale);
+    SAME_BITS(growth_count);
+    SAME_BITS(skipped_steps);
+    SAME_BITS(applied_steps);
+    SAME_BITS(adam_step_size);
+    SAME_BITS(adam_bias_correction2_sqrt);
+}
+
+static void expect_same_updates(const rig *r, bool exact) {
+    static const char *const names[] = {"param", "state 0", "state 1"};
+    for (int i = 0; i < r->count; i++) {
+        const twin outs[] = {r->param[i], r->s0[i], r->s1[i]};
+        for (int k = 0; k < 3; k++) exact ? expect_same_bytes(names[k], outs[k]) : expect_close(names[k], outs[k]);
+        /* The copy is the master rounded once: comparable exactly when the masters are. */
+        if (exact) expect_same_bytes("lowp copy", r->lowp[i]);
+    }
+}
+
+static umt_step_options scaling_options(umt_optimizer_kind kind, float max_grad_norm, int growth_interval) {
+    umt_step_options o = {.max_grad_norm = max_grad_norm, .loss_scaling = true, .growth_interval = growth_interval,
+                          .adam = kind == UMT_OPT_ADAM || kind == UMT_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f,
+                          .beta2 = 0.999f};
+    return o;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The kernels                                                                                 */
+
+static void test_fused_scaled_updates_and_lowp_copies_match_the_cpu_bit_for_bit(void **state) {
+    (void)state;
+    static const int64_t sizes[] = {1, 7, 1000, 65537};
+    for (int kind = UMT_OPT_SGD; kind <= UMT_OPT_ADADELTA; kind++)
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            rig r = make_rig((umt_optimizer_kind)kind, 1, &sizes[s], scaling_options((umt_optimizer_kind)kind, 0, 2));
+            for (int64_t step = 1; step <= 3; step++) {
+                /* Gradients carry the scale (1024, then 2048 after two clean steps): exact. */
+                umt_step_scalars *host = r.scalars.host;
+                refill(r.grad[0], -1, 1, host->loss_scale);
+                step_both(&r, step);
+                expect_same_scalars(&r);
+            }
+            expect_same_updates(&r, true);
+        }
+}
+
+static void test_clipped_updates_over_several_parameters_match_the_cpu(void **state) {
+    (void)state;
+    const int64_t n[MAX_PARAMS] = {1000, 65537, 7};
+    for (int kind = UMT_OPT_SGD; kind <= UMT_OPT_ADADELTA; kind++) {
+        /* Norm about sqrt(66544 / 3) * 1024 unscaled ~ 149: a max of 1 clips hard. */
+        umt_step_options options = scaling_options((umt_optimizer_kind)kind, 1.0f, 2000);
+        rig r = make_rig((umt_optimizer_kind)kind, MAX_PARAMS, n, options);
+        for (int64_t step = 1; step <= 3; step++) {
+            for (int i = 0; i < MAX_PARAMS; i++) refill(r.grad[i], -1, 1, 1024.0f);
+            step_both(&r, step);
+            expect_same_scalars(&r);
+        }
+        umt_step_scalars *host = r.scalars.host;
+        assert_true(host->multiplier < 1.0f / 1024.0f / 10.0f);
+        expect_same_updates(&r, false);
+    }
+}
+
+static void test_an_inf_or_nan_gradient_skips_the_step_on_the_gpu_as_on_the_cpu(void **state) {
+    (void)state;
+    const int64_t n[MAX_PARAMS] = {1000, 65537, 7};
+    const float poisons[2] = {INFINITY, NAN};
+    for (int kind = UMT_OPT_SGD; kind <= UMT_OPT_ADADELTA; kind++)
+        for (int k = 0; k < 2; k++) {
+            umt_step_options options = scaling_options((umt_optimizer_kind)kind, 1.0f, 2000);
+        rig r = make_rig((umt_optimizer_kind)kind, MAX_PARAMS, n, options);
+            /* The lowp copies start poisoned: a skipped step must not write them either. */
+            int which = (int)(random_u32() % MAX_PARAMS);
+            int64_t at = (int64_t)(random_u32() % (uint32_t)n[which]);
+            ((float *)r.grad[which].host)[at] = poisons[k];
+            CUDA_OK(cudaMemcpy(r.grad[which].device, r.grad[which].host, r.grad[which].bytes, cudaMemcpyHostToDevice));
+            void *saved[MAX_PARAMS][4];
+            for (int i = 0; i < MAX_PARAMS; i++) {
+                const twin outs[4] = {r.param[i], r.s0[i], r.s1[i], r.lowp[i]};
+                for (int o = 0; o < 4; o++) {
+                    saved[i][o] = malloc(outs[o].bytes);
+                    memcpy(saved[i][o], outs[o].host, outs[o].bytes);
+                }
+            }
+            step_both(&r, 1);
+            expect_same_scalars(&r);
+            umt_step_scalars *host = r.scalars.host;
+            assert_int_equal(host->found_inf, 1);
+            assert_int_equal(host->skipped_steps, 1);
+            assert_int_equal(host->applied_steps, 0);
+            assert_float_equal(host->loss_scale, 512.0, 0.0);
+            for (int i = 0; i < MAX_PARAMS; i++) {
+                const twin outs[4] = {r.param[i], r.s0[i], r.s1[i], r.lowp[i]};
+                for (int o = 0; o < 4; o++) {
+                    assert_memory_equal(outs[o].host, saved[i][o], outs[o].bytes); /* the CPU wrote nothing */
+                    expect_same_bytes("skipped step's buffer", outs[o]);          /* nor did the GPU */
+                    free(saved[i][o]);
+                }
+            }
+        }
+}
+
+static void test_loss_scale_growth_and_backoff_match_the_cpu(void **state) {
+    (void)state;
+    const int64_t n = 4096;
+    rig r = make_rig(UMT_OPT_ADAM, 1, &n, scaling_options(UMT_OPT_ADAM, 0, 2));
+    /* clean x3 (1024 -> 2048 after two), inf (-> 1024), clean x2 (-> 2048) */
+    const bool poisoned[6] = {false, false, false, true, false, false};
+    const float scales[6] = {1024, 2048, 2048, 1024, 1024, 2048};
+    for (int step = 0; step < 6; step++) {
+        umt_step_scalars *host = r.scalars.host;
+        refill(r.grad[0], -1, 1, host->loss_scale);
+        if (poisoned[step]) {
+            ((float *)r.grad[0].host)[random_u32() % n] = INFINITY;
+            CUDA_OK(cudaMemcpy(r.grad[0].device, r.grad[0].host, r.grad[0].bytes, cudaMemcpyHostToDevice));
+        }
+        step_both(&r, step + 1);
+        expect_same_scalars(&r);
+        assert_float_equal(host->loss_scale, scales[step], 0.0);
+    }
+    umt_step_scalars *host = r.scalars.host;
+    assert_int_equal(host->applied_steps, 5);
+    assert_int_equal(host->skipped_steps, 1);
+    expect_same_updates(&r, true);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Through the public API on a CUDA context, against a CPU context                             */
+
+/* w [n] with the given values, x fixed: grads of mean(w * x), plain or scaled with opt. */
+static umt_tensor *linear_model(umt_context *ctx, const float *values, int64_t n) {
+    umt_tensor *w = umt_parameter_new(ctx, "w", 1, &n);
+    assert_non_null(w);
+    EXPECT_OK(umt_tensor_copy_from_host(w, values, (size_t)n * sizeof(float)));
+    return w;
+}
+
+static void backward_of_mean_product(umt_context *ctx, umt_tensor *w, const float *x_values, int64_t n,
+                                     const umt_optimizer *opt) {
+    EXPECT_OK(umt_step_begin(ctx));
+    EXPECT_OK(umt_zero_grad(ctx));
+    umt_tensor *x = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, n);
+    assert_non_null(x);
+    EXPECT_OK(umt_tensor_copy_from_host(x, x_values, (size_t)n * sizeof(float)));
+    umt_tensor *loss = umt_mean(ctx, umt_mul(ctx, w, x));
+    assert_non_null(loss);
+    EXPECT_OK(opt ? umt_backward_scaled(ctx, loss, opt) : umt_backward(ctx, loss));
+}
+
+static void test_scaled_backward_and_clipped_step_on_a_cuda_context_match_the_cpu(void **state) {
+    (void)state;
+    enum { N = 5000 };
+    static float values[N], x[N], plain[N], scaled[N], on_gpu[N], on_cpu[N];
+    for (int i = 0; i < N; i++) {
+        values[i] = uniform(-1, 1);
+        x[i] = uniform(-100, 100);
+    }
+    umt_context_options o = umt_context_defaults();
+    o.device = UMT_DEVICE_CPU;
+    umt_context *host_ctx = NULL;
+    EXPECT_OK(umt_context_create(&o, &host_ctx));
+    umt_tensor *w_gpu = linear_model(gpu_context, values, N), *w_cpu = linear_model(host_ctx, values, N);
+    umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_ADAMW);
+    oo.loss_scaling = true;
+    oo.max_grad_norm = 0.5f;
+    umt_optimizer *opt_gpu = NULL, *opt_cpu = NULL;
+    EXPECT_OK(umt_optimizer_create(gpu_context, &oo, &opt_gpu));
+    EXPECT_OK(umt_optimizer_create(host_ctx, &oo, &opt_cpu));
+    /* The seed is the scale, 65536: every gradient is 2^16 times umt_backward's, exactly. */
+    backward_of_mean_product(gpu_context, w_gpu, x, N, NULL);
+    EXPECT_OK(umt_tensor_copy_to_host(umt_tensor_grad(w_gpu), plain, sizeof plain));
+    backward_of_mean_product(gpu_context, w_gpu, x, N, opt_gpu);
+    EXPECT_OK(umt_tensor_copy_to_host(umt_tensor_grad(w_gpu), scaled, sizeof scaled));
+    for (int i = 0; i < N; i++)
+        if (scaled[i] != 65536.0f * plain[i]) fail_msg("grad[%d]: %.9g, expected 65536 x %.9g", i, scaled[i], plain[i]);
+    backward_of_mean_product(host_ctx, w_cpu, x, N, opt_cpu);
+    EXPECT_OK(umt_optimizer_step(opt_gpu));
+    EXPECT_OK(umt_optimizer_step(opt_cpu));
+    EXPECT_OK(umt_tensor_copy_to_host(w_gpu, on_gpu, sizeof on_gpu));
+    EXPECT_OK(umt_tensor_copy_to_host(w_cpu, on_cpu, sizeof on_cpu));
+    for (int i = 0; i < N; i++)
+        if (!(fabsf(on_gpu[i] - on_cpu[i]) <= 1e-5f * fabsf(on_cpu[i]) + 1e-6f))
+            fail_msg("w[%d]: cuda %.9g, cpu %.9g (seed %u)", i, on_gpu[i], on_cpu[i], run_seed);
+    assert_int_equal(umt_optimizer_skipped_steps(opt_gpu), 0);
+    /* An overflowing gradient on the GPU: the step is skipped and the scale halves. */
+    float poison = INFINITY;
+    EXPECT_OK(gpu->upload((float *)umt_tensor_grad(w_gpu)->data + (random_u32() % N), &poison, sizeof poison));
+    EXPECT_OK(umt_optimizer_step(opt_gpu));
+    EXPECT_OK(umt_tensor_copy_to_host(w_gpu, plain, sizeof plain));
+    assert_memory_equal(plain, on_gpu, sizeof plain);
+    assert_int_equal(umt_optimizer_skipped_steps(opt_gpu), 1);
+    assert_float_equal(umt_optimizer_loss_scale(opt_gpu), 32768.0, 0.0);
+    print_message("cuda: skipped %lld, scale %g after an injected inf\n",
+                  (long long)umt_optimizer_skipped_steps(opt_gpu), umt_optimizer_loss_scale(opt_gpu));
+    umt_context_destroy(host_ctx);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int set_up(void **state) {
+    (void)state;
+    static uint32_t test_index;
+    rng_state = run_seed ^ (++test_index * 0x9e3779b9u);
+    if (!rng_state) rng_state = 1u;
+    umt_context_options o = umt_context_defaults();
+    o.device = UMT_DEVICE_CUDA;
+    if (umt_context_create(&o, &gpu_context) != UMT_OK) {
+        print_message("cuda context: %s\n", umt_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+static int tear_down(void **state) {
+    (void)state;
+    for (int i = 0; i < block_count; i++) {
+        free(host_blocks[i]);
+        cudaFree(device_blocks[i]);
+    }
+    block_count = 0;
+    umt_context_destroy(gpu_context);
+    gpu_context = NULL;
+    return 0;
+}
+
+#define TEST(f) cmocka_unit_test_setup_teardown(f, set_up, tear_down)
+
+int main(void) {
+    const char *fixed = getenv("UMT_TEST_SEED");
+    run_seed = fixed ? (uint32_t)strtoul(fixed, NULL, 10) : (uint32_t)time(NULL) ^ (uint32_t)getpid();
+    printf("seed %u (UMT_TEST_SEED=%u repeats this run)\n", run_seed, run_seed);
+    cpu = umt_cpu_backend();
+    gpu = umt_cuda_backend();
+    const struct CMUnitTest tests[] = {
+        TEST(test_fused_scaled_updates_and_lowp_copies_match_the_cpu_bit_for_bit),
+        TEST(test_clipped_updates_over_several_parameters_match_the_cpu),
+        TEST(test_an_inf_or_nan_gradient_skips_the_step_on_the_gpu_as_on_the_cpu),
+        TEST(test_loss_scale_growth_and_backoff_match_the_cpu),
+        TEST(test_scaled_backward_and_clipped_step_on_a_cuda_context_match_the_cpu),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
