@@ -410,7 +410,7 @@ int64_t umt_samples_skipped(const umt_samples *samples);
 const char *umt_samples_first_skip(const umt_samples *samples);
 
 typedef struct {
-    const char *root;     /* root/<class>/*.png|jpg|jpeg|bmp, or root/train/<class>, root/test/<class> */
+    const char *root;     /* root/<class>/<file>.png|jpg|jpeg|bmp, or root/train/<class>, root/test/<class> */
     int channels;         /* 1 (grey) or 3 (colour); 0: what the first readable file has */
     int height, width;    /* every image is resized to this */
     double test_fraction; /* without train/ and test/ folders: this share of each class is test */
