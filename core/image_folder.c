@@ -109,7 +109,7 @@ static umt_status list_dir(const char *dir, bool dirs, char ***out, int *count) 
         free_names(names, n);
         return status;
     }
-    qsort(names, (size_t)n, sizeof *names, compare_names);
+    if (n > 1) qsort(names, (size_t)n, sizeof *names, compare_names);
     *out = names;
     *count = n;
     return UMT_OK;
