@@ -27,9 +27,8 @@ struct umt_dataset {
 /* ----------------------------------------------------------------------------------------- */
 /* Loading */
 
-/* The checks that involve both files: ranks, sample counts, label range. */
-static umt_status check_pair(const char *images_path, const umt_idx *images, const char *labels_path,
-                             const umt_idx *labels, int num_classes) {
+umt_status umt_idx_check_pair(const char *images_path, const umt_idx *images, const char *labels_path,
+                              const umt_idx *labels, int num_classes) {
     if (images->ndim != 2 && images->ndim != 3)
         return umt_fail(UMT_ERR_FORMAT, "%s: images file has rank %d, expected 3 [N,H,W] or 2 [N,D]", images_path,
                         images->ndim);
@@ -99,7 +98,7 @@ umt_status umt_dataset_load_idx(umt_context *ctx, const char *images_path, const
     umt_status status = umt_idx_read(images_path, &images);
     if (status != UMT_OK) return status;
     status = umt_idx_read(labels_path, &labels);
-    if (status == UMT_OK) status = check_pair(images_path, &images, labels_path, &labels, num_classes);
+    if (status == UMT_OK) status = umt_idx_check_pair(images_path, &images, labels_path, &labels, num_classes);
     if (status == UMT_OK) status = make_dataset(ctx, &images, &labels, num_classes, out);
     umt_idx_free(&images);
     umt_idx_free(&labels);

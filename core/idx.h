@@ -36,6 +36,10 @@ typedef struct {
 umt_status umt_idx_read(const char *path, umt_idx *out);
 /* The same with another cap than UMT_IDX_MAX_BYTES (for tests of the cap). */
 umt_status umt_idx_read_capped(const char *path, size_t max_bytes, umt_idx *out);
+/* The checks that involve an images file and its labels file (core/dataset.c): ranks ([N,H,W] or
+ * [N,D] and [N]), equal sample counts, every label < num_classes. */
+umt_status umt_idx_check_pair(const char *images_path, const umt_idx *images, const char *labels_path,
+                              const umt_idx *labels, int num_classes);
 /* Frees what out owns and zeroes it. NULL is ok. */
 void umt_idx_free(umt_idx *idx);
 

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +51,17 @@ int example_load_mnist(const char *program, umt_context *ctx, const char *dir, c
     return -1;
 }
 
+int example_load_mnist_samples(const char *program, const char *dir, const char *split, umt_samples **out) {
+    char images[1024], labels[1024];
+    idx_path(images, sizeof images, dir, split, "images-idx3");
+    idx_path(labels, sizeof labels, dir, split, "labels-idx1");
+    umt_status status = umt_samples_load_idx(images, labels, 10, out);
+    if (status == UMT_OK) return 0;
+    fprintf(stderr, "%s: %s\n", program, umt_last_error());
+    if (status == UMT_ERR_IO) fprintf(stderr, "(tools/fetch_mnist.sh puts MNIST into data/mnist)\n");
+    return -1;
+}
+
 int example_evaluate(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
                      const umt_dataset *test, int64_t batch_size, double *accuracy) {
     bool was_grad = umt_set_grad_enabled(ctx, false), was_training = umt_set_training(ctx, false);
@@ -71,4 +83,51 @@ int example_evaluate(const char *program, umt_context *ctx, example_forward_fn f
     umt_set_training(ctx, was_training);
     *accuracy = 100.0 * (double)correct / (double)n;
     return example_check(program, status);
+}
+
+int example_evaluate_loader(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
+                            umt_loader *test, double *accuracy) {
+    bool was_grad = umt_set_grad_enabled(ctx, false), was_training = umt_set_training(ctx, false);
+    int64_t seen = 0, correct = 0;
+    umt_status status = umt_loader_start_epoch(test, 0, NULL);
+    while (status == UMT_OK) {
+        umt_tensor *images = NULL, *labels = NULL;
+        int64_t right = 0;
+        status = umt_step_begin(ctx);
+        if (status == UMT_OK) status = umt_loader_next(test, &images, &labels);
+        if (status != UMT_OK || !images) break;
+        umt_tensor *scores = forward(ctx, model, images);
+        status = scores ? umt_count_correct(ctx, scores, labels, &right) : umt_last_status();
+        correct += right;
+        seen += umt_tensor_dim(labels, 0);
+    }
+    umt_set_grad_enabled(ctx, was_grad);
+    umt_set_training(ctx, was_training);
+    *accuracy = seen ? 100.0 * (double)correct / (double)seen : 0.0;
+    return example_check(program, status);
+}
+
+example_input_flags example_input_defaults(void) {
+    return (example_input_flags){.data_on = EXAMPLE_DATA_AUTO, .loader = UMT_LOADER_PINNED, .prefetch = 4, .workers = 1};
+}
+
+int example_input_flag(const char *program, example_input_flags *flags, const char *flag, const char *value) {
+    double v = 0;
+    if (!strcmp(flag, "--prefetch")) {
+        int bad = example_number(program, flag, value, 1, 64, &v);
+        flags->prefetch = (int)v;
+        return bad;
+    }
+    if (!strcmp(flag, "--workers")) {
+        int bad = example_number(program, flag, value, 1, 64, &v);
+        flags->workers = (int)v;
+        return bad;
+    }
+    if (!strcmp(flag, "--loader")) return example_check(program, umt_loader_kind_parse(value, &flags->loader));
+    if (strcmp(flag, "--data-on")) return 1;
+    const char *names[] = {"auto", "gpu", "host"};
+    for (int i = 0; i < 3; ++i)
+        if (!strcmp(value, names[i])) return flags->data_on = (example_data_on)i, 0;
+    fprintf(stderr, "%s: --data-on '%s': expected auto, gpu or host\n", program, value);
+    return -1;
 }

@@ -23,10 +23,32 @@ double example_seconds(void);
 /* Loads <dir>/<split>-images-idx3-ubyte[.gz] and the labels beside it (10 classes). */
 int example_load_mnist(const char *program, umt_context *ctx, const char *dir, const char *split, umt_dataset **out);
 
+/* The same files as host-side samples, for the prefetching loader (--data-on host). */
+int example_load_mnist_samples(const char *program, const char *dir, const char *split, umt_samples **out);
+
 /* Test accuracy in batches of batch_size, in evaluation mode with grad disabled; forward maps a
  * normalised image batch to class scores. */
 typedef umt_tensor *(*example_forward_fn)(umt_context *ctx, const void *model, umt_tensor *images);
 int example_evaluate(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
                      const umt_dataset *test, int64_t batch_size, double *accuracy);
+
+/* Test accuracy over one epoch of a loader (which should not shuffle), as example_evaluate. */
+int example_evaluate_loader(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
+                            umt_loader *test, double *accuracy);
+
+/* The input-pipeline flags the trainers share: --data-on, --loader, --prefetch, --workers. */
+typedef enum { EXAMPLE_DATA_AUTO = 0, EXAMPLE_DATA_GPU, EXAMPLE_DATA_HOST } example_data_on;
+typedef struct {
+    example_data_on data_on;
+    umt_loader_kind loader;
+    int prefetch, workers;
+} example_input_flags;
+
+example_input_flags example_input_defaults(void);
+/* 1 when flag is not one of the four, 0 when parsed, -1 (message printed) when its value is bad. */
+int example_input_flag(const char *program, example_input_flags *flags, const char *flag, const char *value);
+/* One line for usage(). */
+#define EXAMPLE_INPUT_USAGE                                                                                       \
+    "                 [--data-on auto|gpu|host] [--loader pinned|pageable-sync] [--prefetch N] [--workers N]\n"
 
 #endif /* UMT_EXAMPLE_COMMON_H */

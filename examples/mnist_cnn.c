@@ -6,6 +6,7 @@
  *   bazel-bin/examples/mnist_cnn --resume cnn.ckpt --epochs 16 --save cnn.ckpt
  *   bazel-bin/examples/mnist_cnn --bench 200 --batch-size 512     # images/s, data on the GPU
  *   bazel-bin/examples/mnist_cnn --precision fp16                  # half precision, loss scaling
+ *   bazel-bin/examples/mnist_cnn --data-on host --batch-size 512  # pinned prefetch from the host
  *
  * The network (examples/mnist_cnn_model.c) and the recipe are the example's: Adadelta lr 1.0,
  * lr x0.7 after every epoch, batch 64, test batch 1000, inputs normalised with mean 0.1307 and
@@ -15,6 +16,12 @@
  *
  * Precision (core/precision.h): bf16 on GPUs that have it, else fp32; fp16 turns on dynamic loss
  * scaling and reports the steps it skipped. --clip-grad-norm clips by the global norm.
+ *
+ * Input: by default MNIST is uploaded once into the GPU's dataset pool and batches are gathered
+ * there (--data-on gpu; "auto" falls back to the host when it does not fit the budget). With
+ * --data-on host, loader threads assemble batches into a pinned staging ring whose copies
+ * overlap compute (--prefetch slots, --workers threads); --loader pageable-sync is the naive
+ * path, for comparison. Each epoch then reports the compute stream's wait for data.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +45,7 @@ typedef struct {
     umt_device device;
     umt_memory_mode memory_mode;
     int log_every, bench_steps;
+    example_input_flags input;
 } options;
 
 static void usage(FILE *out) {
@@ -45,15 +53,18 @@ static void usage(FILE *out) {
                  "                 [--optimizer adadelta|sgd|adam|adamw] [--seed N] [--device cpu|cuda]\n"
                  "                 [--mem managed|managed-plain|device] [--data-dir DIR] [--train-limit N]\n"
                  "                 [--log-every N] [--save PATH] [--resume PATH] [--bench STEPS]\n"
-                 "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F]\n"
+                 "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F]\n" EXAMPLE_INPUT_USAGE
                  "defaults: 5 epochs, batch 64, test batch 1000, adadelta lr 1.0, gamma 0.7, seed 1, data/mnist,\n"
                  "          cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16\n"
-                 "          tensor cores (else fp32), no clipping\n");
+                 "          tensor cores (else fp32), no clipping, data on the GPU when it fits,\n"
+                 "          else pinned prefetch 4 deep with 1 loader thread\n");
 }
 
 static int parse_flag(options *o, const char *flag, const char *value) {
     double v = 0;
-    int bad = 0;
+    int bad = example_input_flag(program, &o->input, flag, value);
+    if (bad <= 0) return bad;
+    bad = 0;
     if (!strcmp(flag, "--epochs")) bad = example_number(program, flag, value, 1, 1000, &v), o->epochs = (int)v;
     else if (!strcmp(flag, "--batch-size")) bad = example_number(program, flag, value, 1, 1 << 20, &v), o->batch_size = (int64_t)v;
     else if (!strcmp(flag, "--test-batch-size")) bad = example_number(program, flag, value, 1, 1 << 20, &v), o->test_batch_size = (int64_t)v;
@@ -82,7 +93,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
 static int parse_options(int argc, char **argv, options *o) {
     *o = (options){.epochs = 5, .batch_size = 64, .test_batch_size = 1000, .lr = 1.0f, .gamma = 0.7f,
                    .optimizer = "adadelta", .data_dir = "data/mnist", .seed = 1, .device = umt_default_device(),
-                   .memory_mode = UMT_MEM_MANAGED, .log_every = 100};
+                   .memory_mode = UMT_MEM_MANAGED, .log_every = 100, .input = example_input_defaults()};
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -105,28 +116,54 @@ typedef struct {
     umt_context *ctx;
     mnist_cnn model;
     umt_optimizer *opt;
-    umt_dataset *train, *test;
+    umt_dataset *train, *test;    /* --data-on gpu */
+    umt_samples *train_host, *test_host;
+    umt_loader *loader, *test_loader; /* --data-on host */
     int64_t *order;
     bool loss_scaling;
 } run_state;
 
-/* One step on samples indices[0..count): forward, NLL loss, backward, update. */
+/* One step on samples indices[0..count) of the resident dataset, or on the loader's next batch:
+ * forward, NLL loss, backward, update. */
 static umt_tensor *train_step(run_state *r, const int64_t *indices, int64_t count) {
-    umt_tensor *images, *labels;
-    if (umt_step_begin(r->ctx) || umt_zero_grad(r->ctx) ||
-        umt_dataset_batch(r->ctx, r->train, indices, count, MNIST_MEAN, MNIST_STD, &images, &labels))
-        return NULL;
+    umt_tensor *images = NULL, *labels = NULL;
+    if (umt_step_begin(r->ctx) || umt_zero_grad(r->ctx)) return NULL;
+    umt_status got = r->loader ? umt_loader_next(r->loader, &images, &labels)
+                               : umt_dataset_batch(r->ctx, r->train, indices, count, MNIST_MEAN, MNIST_STD, &images, &labels);
+    /* An epoch takes as many steps as the loader has batches, so images is there when got is OK. */
+    if (got != UMT_OK || !images) return NULL;
     umt_tensor *loss = umt_nll_loss(r->ctx, mnist_cnn_forward(r->ctx, &r->model, images), labels);
     /* Scaled by the optimizer's loss scale under fp16 (1, a plain backward, otherwise). */
     if (!loss || umt_backward_scaled(r->ctx, loss, r->opt) || umt_optimizer_step(r->opt)) return NULL;
     return loss;
 }
 
+static int64_t train_size(const run_state *r) { return r->loader ? umt_samples_size(r->train_host) : umt_dataset_size(r->train); }
+static int64_t test_size(const run_state *r) { return r->loader ? umt_samples_size(r->test_host) : umt_dataset_size(r->test); }
+
+/* Starts an epoch: the permutation (drawn by the loader itself with data on the host: the same
+ * draw from the same RNG, so both paths see the same order); returns the steps. */
+static int64_t start_epoch(run_state *r, int64_t n, int64_t batch_size) {
+    int64_t steps = (n + batch_size - 1) / batch_size;
+    umt_status status = r->loader ? umt_loader_start_epoch(r->loader, n, &steps) : umt_permutation(r->ctx, n, r->order);
+    return example_check(program, status) ? -1 : steps;
+}
+
+/* The compute stream's wait for data over the epoch just trained (data on the host). */
+static int report_wait(run_state *r, int epoch, double epoch_s, int64_t steps) {
+    umt_loader_stats stats;
+    if (!r->loader) return 0;
+    if (example_check(program, umt_loader_take_stats(r->loader, &stats))) return -1;
+    printf("epoch %d data wait %.1f ms of %.1f ms (%.2f%% of step time), step %.3f ms\n", epoch + 1, stats.wait_ms,
+           1e3 * epoch_s, 100.0 * stats.wait_ms / (1e3 * epoch_s), 1e3 * epoch_s / (double)steps);
+    return 0;
+}
+
 static int train_epoch(run_state *r, const options *o, int epoch) {
-    int64_t n = umt_dataset_size(r->train);
+    int64_t n = train_size(r);
     if (o->train_limit && o->train_limit < n) n = o->train_limit;
-    if (example_check(program, umt_permutation(r->ctx, n, r->order))) return -1;
-    int64_t steps = (n + o->batch_size - 1) / o->batch_size, window_images = 0;
+    int64_t steps = start_epoch(r, n, o->batch_size), window_images = 0;
+    if (steps < 0) return -1;
     double start = example_seconds(), window_start = start, loss_sum = 0;
     for (int64_t step = 0; step < steps; ++step) {
         int64_t first = step * o->batch_size, count = n - first < o->batch_size ? n - first : o->batch_size;
@@ -145,18 +182,23 @@ static int train_epoch(run_state *r, const options *o, int epoch) {
             window_images = 0;
         }
     }
-    printf("epoch %d trained in %.1f s\n", epoch + 1, example_seconds() - start);
+    double seconds = example_seconds() - start;
+    printf("epoch %d trained in %.2f s\n", epoch + 1, seconds);
     if (r->loss_scaling)
         printf("epoch %d loss scale %g, %lld steps skipped so far (inf/NaN gradients)\n", epoch + 1,
                umt_optimizer_loss_scale(r->opt), (long long)umt_optimizer_skipped_steps(r->opt));
-    return 0;
+    return report_wait(r, epoch, seconds, steps);
 }
 
 /* Steady-state training speed: the dataset is already in the (GPU) dataset pool; warm-up steps
  * first, then `steps` steps queued back to back, timed by the device (CUDA events). */
 static int bench(run_state *r, const options *o) {
+    if (r->loader) {
+        fprintf(stderr, "%s: --bench times the resident dataset; with --data-on host, train an epoch instead\n", program);
+        return -1;
+    }
     int64_t n = umt_dataset_size(r->train), batch = o->batch_size < n ? o->batch_size : n;
-    if (example_check(program, umt_permutation(r->ctx, n, r->order))) return -1;
+    if (start_epoch(r, n, batch) < 0) return -1;
     for (int i = 0; i < 20; ++i)
         if (!train_step(r, r->order + (i * batch) % (n - batch + 1), batch)) return example_check(program, umt_last_status());
     double ms = 0;
@@ -192,15 +234,49 @@ static int train(run_state *r, const options *o) {
     for (int epoch = (int)info.epoch; epoch < o->epochs; ++epoch) {
         umt_optimizer_set_lr(r->opt, umt_lr_step(o->lr, o->gamma, 1, epoch));
         double accuracy = 0;
-        if (train_epoch(r, o, epoch) ||
-            example_evaluate(program, r->ctx, mnist_cnn_forward, &r->model, r->test, o->test_batch_size, &accuracy))
-            return -1;
+        if (train_epoch(r, o, epoch)) return -1;
+        int bad = r->test_loader ? example_evaluate_loader(program, r->ctx, mnist_cnn_forward, &r->model, r->test_loader, &accuracy)
+                                 : example_evaluate(program, r->ctx, mnist_cnn_forward, &r->model, r->test, o->test_batch_size, &accuracy);
+        if (bad) return -1;
         printf("epoch %d test accuracy %.2f%%\n", epoch + 1, accuracy);
         fflush(stdout);
         info = (umt_checkpoint_info){.epoch = epoch + 1, .step = umt_optimizer_steps(r->opt)};
         if (o->save && example_check(program, umt_checkpoint_save(r->ctx, r->opt, &info, o->save))) return -1;
     }
     return 0;
+}
+
+/* Data with --data-on host: host samples and two loaders (the test one in order). */
+static int load_host(run_state *r, const options *o) {
+    if (example_load_mnist_samples(program, o->data_dir, "train", &r->train_host) ||
+        example_load_mnist_samples(program, o->data_dir, "t10k", &r->test_host))
+        return -1;
+    umt_loader_options lo = umt_loader_defaults();
+    lo.batch_size = o->batch_size;
+    lo.depth = o->input.prefetch;
+    lo.workers = o->input.workers;
+    lo.kind = o->input.loader;
+    lo.mean = MNIST_MEAN;
+    lo.std = MNIST_STD;
+    if (example_check(program, umt_loader_create(r->ctx, r->train_host, &lo, &r->loader))) return -1;
+    lo.batch_size = o->test_batch_size;
+    lo.shuffle = false;
+    return example_check(program, umt_loader_create(r->ctx, r->test_host, &lo, &r->test_loader));
+}
+
+/* The data where --data-on says; "auto" tries the GPU and falls back to the host only when
+ * the dataset does not fit the device budget. */
+static int load_data(run_state *r, const options *o) {
+    if (o->input.data_on == EXAMPLE_DATA_HOST) return load_host(r, o);
+    if (!example_load_mnist(program, r->ctx, o->data_dir, "train", &r->train) &&
+        !example_load_mnist(program, r->ctx, o->data_dir, "t10k", &r->test))
+        return 0;
+    if (o->input.data_on == EXAMPLE_DATA_GPU || umt_last_status() != UMT_ERR_BUDGET) return -1;
+    umt_dataset_destroy(r->train);
+    umt_dataset_destroy(r->test);
+    r->train = r->test = NULL;
+    printf("%s: MNIST does not fit the device budget: data on the host instead\n", program);
+    return load_host(r, o);
 }
 
 static int setup(run_state *r, const options *o) {
@@ -211,12 +287,10 @@ static int setup(run_state *r, const options *o) {
     co.precision = umt_precision_default(o->device, co.cuda_device);
     if (o->precision && example_check(program, umt_precision_parse(o->precision, &co.precision))) return -1;
     if (example_check(program, umt_context_create(&co, &r->ctx))) return -1;
-    if (example_load_mnist(program, r->ctx, o->data_dir, "train", &r->train) ||
-        example_load_mnist(program, r->ctx, o->data_dir, "t10k", &r->test))
-        return -1;
+    if (load_data(r, o)) return -1;
     if (mnist_cnn_build(r->ctx, &r->model)) return example_check(program, umt_last_status());
     if (make_optimizer(r, o)) return -1;
-    r->order = malloc((size_t)umt_dataset_size(r->train) * sizeof *r->order);
+    r->order = malloc((size_t)train_size(r) * sizeof *r->order);
     if (!r->order) fprintf(stderr, "%s: no memory for the shuffle order\n", program);
     return r->order ? 0 : -1;
 }
@@ -227,13 +301,19 @@ int main(int argc, char **argv) {
     run_state r = {0};
     int rc = setup(&r, &o);
     if (!rc) {
-        printf("%s: %lld training and %lld test images, %s lr %g, batch %lld, seed %llu, %s, %s\n", program,
-               (long long)umt_dataset_size(r.train), (long long)umt_dataset_size(r.test), o.optimizer, o.lr,
-               (long long)o.batch_size, (unsigned long long)o.seed, o.device == UMT_DEVICE_CUDA ? "cuda" : "cpu",
-               umt_precision_name(umt_context_precision(r.ctx)));
+        printf("%s: %lld training and %lld test images, %s lr %g, batch %lld, seed %llu, %s, %s, data on the %s\n",
+               program, (long long)train_size(&r), (long long)test_size(&r), o.optimizer, o.lr, (long long)o.batch_size,
+               (unsigned long long)o.seed, o.device == UMT_DEVICE_CUDA ? "cuda" : "cpu",
+               umt_precision_name(umt_context_precision(r.ctx)), r.loader ? "host" : "device");
+        if (r.loader)
+            printf("%s: loader %s, %d staging slots, %d loader thread(s)\n", program,
+                   o.input.loader == UMT_LOADER_PINNED ? "pinned" : "pageable-sync", o.input.prefetch, o.input.workers);
         rc = o.bench_steps ? bench(&r, &o) : train(&r, &o);
     }
     free(r.order);
     umt_context_destroy(r.ctx);
+    /* After the context, which destroys the loaders reading them. */
+    umt_samples_destroy(r.train_host);
+    umt_samples_destroy(r.test_host);
     return rc ? 1 : 0;
 }

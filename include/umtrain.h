@@ -105,10 +105,12 @@ typedef enum {
     UMT_POOL_DATASET,     /* a whole dataset kept resident */
     UMT_POOL_STAGING,     /* batches on their way in */
     UMT_POOL_OFFLOAD,     /* what does not fit the device budget */
+    UMT_POOL_INPUTS,      /* batches copied in from the staging ring, a few steps deep */
     UMT_POOL_COUNT
 } umt_pool;
 
-/* "weights", "grads", "optim", "activations", "workspace", "dataset", "staging", "offload". */
+/* "weights", "grads", "optim", "activations", "workspace", "dataset", "staging", "offload",
+ * "inputs". */
 const char *umt_pool_name(umt_pool pool);
 
 #define UMT_MAX_DIMS 4
@@ -424,6 +426,89 @@ umt_status umt_images_load(umt_context *ctx, const char *const *paths, int64_t c
 
 /* A seeded random permutation of 0..n-1 from the context's RNG (for shuffling an epoch). */
 umt_status umt_permutation(umt_context *ctx, int64_t n, int64_t *out);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Host-side samples and the prefetching loader (core/samples.c, core/image_folder.c,
+ * core/loader.c) */
+
+/* Labelled samples read on the host, one at a time, by the loader's threads: an IDX pair kept in
+ * host memory, or an image folder decoded file by file. Independent of any context. */
+typedef struct umt_samples umt_samples;
+
+/* The IDX pair of umt_dataset_load_idx (same checks), kept in host memory. */
+umt_status umt_samples_load_idx(const char *images_path, const char *labels_path, int num_classes,
+                                umt_samples **out);
+void umt_samples_destroy(umt_samples *samples);
+int64_t umt_samples_size(const umt_samples *samples);
+int umt_samples_num_classes(const umt_samples *samples);
+/* [C,H,W] of one sample, as umt_dataset_sample_shape. */
+void umt_samples_shape(const umt_samples *samples, int64_t chw[3]);
+/* Image folders: the name of class i (its folder), NULL otherwise. */
+const char *umt_samples_class_name(const umt_samples *samples, int i);
+/* Image folders opened with skip_bad: how many files were skipped, and the message of the
+ * first one (NULL when none). */
+int64_t umt_samples_skipped(const umt_samples *samples);
+const char *umt_samples_first_skip(const umt_samples *samples);
+
+typedef struct {
+    const char *root;     /* root/<class>/<file>.png|jpg|jpeg|bmp, or root/train/<class>, root/test/<class> */
+    int channels;         /* 1 (grey) or 3 (colour); 0: what the first readable file has */
+    int height, width;    /* every image is resized to this */
+    double test_fraction; /* without train/ and test/ folders: this share of each class is test */
+    bool skip_bad;        /* skip (and count) bad files and empty class folders instead of failing */
+} umt_image_folder_options;
+
+/* Scans an image folder: class names are the sub-folders' names, sorted; each file's header is
+ * read (stb_image) and checked. An unreadable or non-image file, a file whose channels do not
+ * match (grey for 1, colour for 3), or an empty class folder is an error naming it, unless
+ * skip_bad. Pixels are decoded later, by the loader's threads. test may be NULL. */
+umt_status umt_image_folder_open(const umt_image_folder_options *options, umt_samples **train,
+                                 umt_samples **test);
+
+typedef enum {
+    UMT_LOADER_PINNED = 0,   /* loader threads, pinned staging ring, copies on a copy stream */
+    UMT_LOADER_PAGEABLE_SYNC /* for comparison: assembled in the caller, pageable, synchronous copy */
+} umt_loader_kind;
+
+/* "pinned", "pageable-sync" -> kind. */
+umt_status umt_loader_kind_parse(const char *name, umt_loader_kind *out);
+
+typedef struct {
+    int64_t batch_size;
+    int depth;            /* staging slots: batches assembled ahead of the one in use (>= 1) */
+    int workers;          /* loader threads (>= 1; pageable-sync uses none) */
+    umt_loader_kind kind;
+    bool shuffle;         /* a new permutation from the context's RNG each epoch */
+    float mean, std;      /* normalisation: (pixel/255 - mean) / std */
+    int crop_padding;     /* > 0: random crop of the original size from the image padded by this */
+    bool flip;            /* random horizontal flip */
+} umt_loader_options;
+
+/* batch 64, depth 4, one worker, pinned, shuffled, mean 0, std 1, no augmentation. */
+umt_loader_options umt_loader_defaults(void);
+
+typedef struct umt_loader umt_loader;
+
+/* A loader over samples (which must outlive it) for the context's device; its staging ring is
+ * taken from the staging (host side) and inputs (device side) pools. */
+umt_status umt_loader_create(umt_context *ctx, const umt_samples *samples, const umt_loader_options *options,
+                             umt_loader **out);
+void umt_loader_destroy(umt_loader *loader);
+/* Starts an epoch over the first `limit` samples (0: all): draws the permutation, wakes the
+ * threads. A previous epoch need not be finished. Returns the number of batches in *batches. */
+umt_status umt_loader_start_epoch(umt_loader *loader, int64_t limit, int64_t *batches);
+/* The next batch of the epoch into new tensors of the activations pool (call after
+ * umt_step_begin): images f32 [n,C,H,W], labels i32 [n]. At the end of the epoch both are NULL.
+ * An error of a loader thread (a file that does not decode) is returned here, naming the file. */
+umt_status umt_loader_next(umt_loader *loader, umt_tensor **images, umt_tensor **labels);
+
+typedef struct {
+    int64_t batches;      /* handed out since the last call */
+    double wait_ms;       /* the compute stream's wait for data (CUDA events; the CPU's clock) */
+} umt_loader_stats;
+
+/* What the loader did since the previous call (waits for the timing events it still needs). */
+umt_status umt_loader_take_stats(umt_loader *loader, umt_loader_stats *out);
 
 #ifdef __cplusplus
 }

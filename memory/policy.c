@@ -8,7 +8,9 @@
  * first step (weights also tell the driver the CPU reads them, so a checkpoint maps pages
  * instead of dragging them over). Activations and workspace are GPU-only scratch. A dataset is
  * written once and read every epoch: read-mostly. Staging and offload exist to be copied
- * asynchronously over the link, which needs page-locked host memory.
+ * asynchronously over the link, which needs page-locked host memory. The inputs pool is where
+those copies land: written only by the copy engine and read only by the GPU, it gains nothing from
+managed memory, so it is plain device memory (no pages to migrate, no advice to give).
  */
 #include "memory/policy.h"
 
@@ -24,6 +26,7 @@ static const umt_pool_policy policies[UMT_POOL_COUNT] = {
     {UMT_POOL_DATASET,     "dataset",     UMT_LIFETIME_RUN,  UMT_PLACE_MANAGED, GPU | UMT_ADVISE_READ_MOSTLY,    true,  "resident datasets"},
     {UMT_POOL_STAGING,     "staging",     UMT_LIFETIME_RUN,  UMT_PLACE_PINNED,  0,                               false, "batches on their way in"},
     {UMT_POOL_OFFLOAD,     "offload",     UMT_LIFETIME_RUN,  UMT_PLACE_PINNED,  0,                               false, "what does not fit the device budget"},
+    {UMT_POOL_INPUTS,      "inputs",      UMT_LIFETIME_RUN,  UMT_PLACE_DEVICE,  0,                               false, "batches copied in from the staging ring"},
 };
 
 const umt_pool_policy *umt_pool_policy_of(umt_pool pool) {

@@ -10,7 +10,8 @@ bundle="${UMT_BUNDLE_DIR:-gpu_bundle}"
 tools/setup.sh
 tools/fetch_mnist.sh data/mnist
 
-gpu_targets=(//tests/gpu:all //examples:mnist_mlp //examples:mnist_cnn //examples:predict //bench:all)
+gpu_targets=(//tests/gpu:all //examples:mnist_mlp //examples:mnist_cnn //examples:predict //examples:image_folder
+             //examples:mnist_to_png //bench:all)
 echo "gpu_bundle: bazel build --config=cuda ${gpu_targets[*]}"
 bazel build --config=cuda "${gpu_targets[@]}"
 
@@ -20,6 +21,7 @@ for t in $(bazel query 'kind(cc_test, //tests/gpu:all)' 2>/dev/null); do
     cp "bazel-bin/tests/gpu/${t##*:}" "$bundle"/bin/
 done
 cp bazel-bin/examples/mnist_mlp bazel-bin/examples/mnist_cnn bazel-bin/examples/predict \
+    bazel-bin/examples/image_folder bazel-bin/examples/mnist_to_png \
     bazel-bin/bench/mlp_mem_modes "$bundle"/bin/
 # cmocka and stb are not on the GPU machine's image; CUDA, cuBLAS, cuDNN and zlib are.
 for lib in libcmocka.so.0 libstb.so.0; do
@@ -28,5 +30,5 @@ done
 # Compressed, the four MNIST files travel in 12 MB instead of 55 (the IDX reader inflates them).
 for f in data/mnist/*-ubyte; do gzip -9 -c "$f" > "$bundle/data/$(basename "$f").gz"; done
 cp tools/gpu_run_all.sh "$bundle"/run_all.sh
-cp bench/torch_ref.py "$bundle"/
+cp bench/torch_ref.py bench/input_pipeline.sh "$bundle"/
 du -sh "$bundle"

@@ -1,0 +1,272 @@
+/*
+ * tests/test_image_folder.c — image folders: PNG, JPEG and BMP files the test writes itself into
+ * class folders, read through the loader (decoded in its threads, resized), the two ways to
+ * split train and test, and bad trees: a corrupt file, a truncated one, a colour file among grey
+ * ones, an empty class folder — each an error naming it, or skipped and counted with skip_bad.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+#include <stb/stb_image_write.h>
+
+#include "umtrain.h"
+
+static char root[64];
+
+static const char *path_of(const char *relative) {
+    static char paths[4][256];
+    static int next;
+    char *p = paths[next++ % 4];
+    snprintf(p, 256, "%s/%s", root, relative);
+    return p;
+}
+
+static void make_dir(const char *relative) { assert_int_equal(mkdir(path_of(relative), 0700), 0); }
+
+/* An 8x8 image of `channels` filled with value (the label is then readable from the pixels). */
+static void write_image(const char *relative, const char *format, int channels, uint8_t value) {
+    uint8_t pixels[64 * 3];
+    memset(pixels, value, sizeof pixels);
+    const char *path = path_of(relative);
+    int ok = !strcmp(format, "png")   ? stbi_write_png(path, 8, 8, channels, pixels, 8 * channels)
+             : !strcmp(format, "bmp") ? stbi_write_bmp(path, 8, 8, channels, pixels)
+                                      : stbi_write_jpg(path, 8, 8, channels, pixels, 100);
+    assert_true(ok);
+}
+
+static void write_bytes(const char *relative, const char *bytes, size_t n) {
+    FILE *f = fopen(path_of(relative), "wb");
+    assert_non_null(f);
+    fwrite(bytes, 1, n, f);
+    fclose(f);
+}
+
+/* root/<a|b>/ with n files each, values 40 (a) and 200 (b): colour ones PNG, JPEG and BMP in
+ * turn; grey ones PNG (stb's JPEG and BMP writers always write three components). */
+static void write_classes(const char *under, int n, int channels) {
+    const char *formats[] = {"png", "bmp", "jpg"};
+    int format_count = channels == 3 ? 3 : 1;
+    for (int c = 0; c < 2; ++c) {
+        char name[128];
+        snprintf(name, sizeof name, "%s%s", under, c ? "b" : "a");
+        make_dir(name);
+        for (int i = 0; i < n; ++i) {
+            const char *format = formats[i % format_count];
+            snprintf(name, sizeof name, "%s%s/%02d.%s", under, c ? "b" : "a", i, format);
+            write_image(name, format, channels, c ? 200 : 40);
+        }
+    }
+}
+
+static int fresh_root(void **state) {
+    (void)state;
+    snprintf(root, sizeof root, "/tmp/umt_folder_XXXXXX");
+    return mkdtemp(root) ? 0 : -1;
+}
+
+static int remove_root(void **state) {
+    (void)state;
+    char command[128];
+    snprintf(command, sizeof command, "rm -rf '%s'", root);
+    return system(command);
+}
+
+static umt_image_folder_options folder_options(int channels) {
+    return (umt_image_folder_options){.root = root, .channels = channels, .height = 4, .width = 4, .test_fraction = 0.25};
+}
+
+/* Reads every sample of samples through a loader (no shuffle) and checks that label c has
+ * pixel value 40 or 200 (JPEG within a few grey levels); returns the count per class. */
+static void read_all(umt_samples *samples, int64_t per_class[2]) {
+    umt_context *ctx;
+    umt_context_options co = umt_context_defaults();
+    co.device = UMT_DEVICE_CPU;
+    assert_int_equal(umt_context_create(&co, &ctx), UMT_OK);
+    umt_loader_options o = umt_loader_defaults();
+    o.batch_size = 5;
+    o.workers = 2;
+    o.shuffle = false;
+    umt_loader *loader;
+    assert_int_equal(umt_loader_create(ctx, samples, &o, &loader), UMT_OK);
+    assert_int_equal(umt_loader_start_epoch(loader, 0, NULL), UMT_OK);
+    per_class[0] = per_class[1] = 0;
+    for (;;) {
+        umt_tensor *x, *y;
+        assert_int_equal(umt_step_begin(ctx), UMT_OK);
+        if (umt_loader_next(loader, &x, &y) != UMT_OK) fail_msg("%s", umt_last_error());
+        if (!x) break;
+        int64_t n = umt_tensor_dim(x, 0);
+        int64_t per_sample = umt_tensor_dim(x, 1) * 16;
+        float pixels[5 * 3 * 16];
+        int32_t labels[5];
+        assert_int_equal(umt_tensor_dim(x, 2), 4);
+        assert_int_equal(umt_tensor_copy_to_host(x, pixels, (size_t)(n * per_sample) * sizeof(float)), UMT_OK);
+        assert_int_equal(umt_tensor_copy_to_host(y, labels, (size_t)n * sizeof(int32_t)), UMT_OK);
+        for (int64_t i = 0; i < n * per_sample; ++i)
+            assert_float_equal(pixels[i] * 255.0f, labels[i / per_sample] ? 200.0f : 40.0f, 3.0f);
+        for (int64_t i = 0; i < n; ++i) per_class[labels[i]]++;
+    }
+    umt_context_destroy(ctx);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Tests */
+
+static void test_train_and_test_folders_are_read_through_the_loader(void **state) {
+    (void)state;
+    make_dir("train");
+    make_dir("test");
+    write_classes("train/", 6, 3);
+    write_classes("test/", 3, 3);
+    write_bytes("train/a/notes.txt", "not an image, not a problem", 27);
+    umt_samples *train, *test;
+    umt_image_folder_options o = folder_options(0);
+    if (umt_image_folder_open(&o, &train, &test) != UMT_OK) fail_msg("%s", umt_last_error());
+    assert_int_equal(umt_samples_size(train), 12);
+    assert_int_equal(umt_samples_size(test), 6);
+    assert_int_equal(umt_samples_num_classes(train), 2);
+    assert_string_equal(umt_samples_class_name(train, 1), "b");
+    int64_t chw[3];
+    umt_samples_shape(test, chw);
+    assert_true(chw[0] == 3 && chw[1] == 4 && chw[2] == 4);
+    int64_t counts[2];
+    read_all(train, counts);
+    assert_true(counts[0] == 6 && counts[1] == 6);
+    read_all(test, counts);
+    assert_true(counts[0] == 3 && counts[1] == 3);
+    assert_int_equal(umt_samples_skipped(train), 0);
+    umt_samples_destroy(train);
+    umt_samples_destroy(test);
+}
+
+static void test_without_split_folders_a_fraction_of_each_class_is_test(void **state) {
+    (void)state;
+    write_classes("", 8, 1);
+    umt_samples *train, *test;
+    umt_image_folder_options o = folder_options(1);
+    assert_int_equal(umt_image_folder_open(&o, &train, &test), UMT_OK);
+    int64_t counts[2];
+    read_all(test, counts);
+    assert_true(counts[0] == 2 && counts[1] == 2);
+    read_all(train, counts);
+    assert_true(counts[0] == 6 && counts[1] == 6);
+    umt_samples_destroy(train);
+    umt_samples_destroy(test);
+}
+
+static void test_a_corrupt_file_stops_or_is_skipped_and_counted(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    write_bytes("b/broken.png", "\x89PNG garbage, no header", 22);
+    umt_samples *train = NULL;
+    umt_image_folder_options o = folder_options(1);
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_FORMAT);
+    assert_non_null(strstr(umt_last_error(), "b/broken.png"));
+    assert_null(train);
+    o.skip_bad = true;
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_OK);
+    assert_int_equal(umt_samples_skipped(train), 1);
+    assert_non_null(strstr(umt_samples_first_skip(train), "b/broken.png"));
+    assert_int_equal(umt_samples_size(train), 6); /* a quarter of three files rounds to no test file */
+    umt_samples_destroy(train);
+}
+
+static void test_a_colour_file_among_grey_ones_names_the_file(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    uint8_t rgb[8 * 8 * 3] = {0};
+    assert_true(stbi_write_png(path_of("a/zz_colour.png"), 8, 8, 3, rgb, 8 * 3));
+    umt_samples *train;
+    umt_image_folder_options o = folder_options(1);
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_FORMAT);
+    assert_non_null(strstr(umt_last_error(), "a/zz_colour.png"));
+    assert_non_null(strstr(umt_last_error(), "colour"));
+    /* With channels from the first file (grey, "a/00.png") the colour file is still wrong. */
+    o.channels = 0;
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_FORMAT);
+    o.channels = 3;
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_FORMAT);
+    assert_non_null(strstr(umt_last_error(), "a/00.png"));
+}
+
+static void test_an_empty_class_folder_is_named(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    make_dir("c");
+    umt_samples *train;
+    umt_image_folder_options o = folder_options(1);
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_FORMAT);
+    assert_non_null(strstr(umt_last_error(), "/c has no readable"));
+    o.skip_bad = true;
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_OK);
+    assert_int_equal(umt_samples_num_classes(train), 3);
+    assert_int_equal(umt_samples_skipped(train), 1);
+    umt_samples_destroy(train);
+}
+
+static void test_a_truncated_file_fails_the_batch_that_decodes_it(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    /* A PNG whose header is intact but whose pixel data is cut off. */
+    uint8_t pixels[64 * 64];
+    for (int i = 0; i < 64 * 64; ++i) pixels[i] = (uint8_t)(i * 37);
+    assert_true(stbi_write_png(path_of("a/01_cut.png"), 64, 64, 1, pixels, 64));
+    FILE *f = fopen(path_of("a/01_cut.png"), "rb");
+    char bytes[4096];
+    size_t n = fread(bytes, 1, sizeof bytes, f);
+    fclose(f);
+    write_bytes("a/01_cut.png", bytes, n < 80 ? n : 80);
+    umt_samples *train;
+    umt_image_folder_options o = folder_options(1);
+    o.test_fraction = 0;
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_OK);
+    umt_context *ctx;
+    umt_context_options co = umt_context_defaults();
+    co.device = UMT_DEVICE_CPU;
+    assert_int_equal(umt_context_create(&co, &ctx), UMT_OK);
+    umt_loader_options lo = umt_loader_defaults();
+    lo.batch_size = 100;
+    umt_loader *loader;
+    umt_tensor *x, *y;
+    assert_int_equal(umt_loader_create(ctx, train, &lo, &loader), UMT_OK);
+    assert_int_equal(umt_loader_start_epoch(loader, 0, NULL), UMT_OK);
+    assert_int_equal(umt_loader_next(loader, &x, &y), UMT_ERR_FORMAT);
+    assert_non_null(strstr(umt_last_error(), "a/01_cut.png"));
+    umt_context_destroy(ctx);
+    umt_samples_destroy(train);
+}
+
+static void test_a_missing_root_and_bad_options_are_refused(void **state) {
+    (void)state;
+    umt_samples *train;
+    umt_image_folder_options o = folder_options(1);
+    o.root = "/nonexistent/umt_folder";
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_IO);
+    assert_non_null(strstr(umt_last_error(), "/nonexistent/umt_folder"));
+    o = folder_options(1);
+    o.channels = 2;
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "channels 2"));
+}
+
+#define FOLDER_TEST(name) cmocka_unit_test_setup_teardown(name, fresh_root, remove_root)
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        FOLDER_TEST(test_train_and_test_folders_are_read_through_the_loader),
+        FOLDER_TEST(test_without_split_folders_a_fraction_of_each_class_is_test),
+        FOLDER_TEST(test_a_corrupt_file_stops_or_is_skipped_and_counted),
+        FOLDER_TEST(test_a_colour_file_among_grey_ones_names_the_file),
+        FOLDER_TEST(test_an_empty_class_folder_is_named),
+        FOLDER_TEST(test_a_truncated_file_fails_the_batch_that_decodes_it),
+        FOLDER_TEST(test_a_missing_root_and_bad_options_are_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
