@@ -29,4 +29,9 @@ typedef umt_tensor *(*example_forward_fn)(umt_context *ctx, const void *model, u
 int example_evaluate(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
                      const umt_dataset *test, int64_t batch_size, double *accuracy);
 
+/* The same on samples [first, first + count) only, giving the number right (one rank's part of
+ * the test set under data parallelism). */
+int example_count_correct(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
+                          const umt_dataset *test, int64_t batch_size, int64_t first, int64_t count, int64_t *correct);
+
 #endif /* UMT_EXAMPLE_COMMON_H */
