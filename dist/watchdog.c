@@ -64,6 +64,8 @@ static bool find_failure(umt_watchdog *w, char *reason, size_t size) {
 static void abort_rank(umt_watchdog *w) {
     fprintf(stderr, "umtrain rank %d: %s; aborting the NCCL communicator\n", w->rank, w->reason);
     fflush(stderr);
+    /* Should the abort itself block (it waits for NCCL's own threads), SIGALRM ends the process. */
+    alarm(GRACE_SECONDS + 10);
     ncclCommAbort(w->comm);
     /* The rank's own waits end now and report the failure; if something still blocks it, the
      * process must not stay behind holding the GPU. */
@@ -72,7 +74,10 @@ static void abort_rank(umt_watchdog *w) {
         pthread_mutex_lock(&w->lock);
         bool stopping = w->stop;
         pthread_mutex_unlock(&w->lock);
-        if (stopping) return;
+        if (stopping) {
+            alarm(0);
+            return;
+        }
     }
     fprintf(stderr, "umtrain rank %d: still blocked %d s after the abort; exiting\n", w->rank, GRACE_SECONDS);
     _exit(HUNG_EXIT_CODE);

@@ -5,7 +5,8 @@
  * thread asks NCCL for an asynchronous error and queries the events in flight; an error, or a
  * collective unfinished after the timeout, makes it print why (naming this rank), abort the
  * communicator (the NCCL kernels then return, so the rank's own waits end) and, if the rank has
- * not ended within a grace period, end the process with exit code 3.
+ * not ended within a grace period, end the process with exit code 3 (SIGALRM, should the abort
+ * itself block).
  */
 #ifndef UMT_DIST_WATCHDOG_H
 #define UMT_DIST_WATCHDOG_H
