@@ -62,26 +62,25 @@ int example_load_mnist_samples(const char *program, const char *dir, const char 
     return -1;
 }
 
-int example_evaluate(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
-                     const umt_dataset *test, int64_t batch_size, double *accuracy) {
+int example_count_correct(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
+                          const umt_dataset *test, int64_t batch_size, int64_t first, int64_t count, int64_t *correct) {
     bool was_grad = umt_set_grad_enabled(ctx, false), was_training = umt_set_training(ctx, false);
-    int64_t n = umt_dataset_size(test), correct = 0, start = 0;
     int64_t *indices = malloc((size_t)batch_size * sizeof *indices);
     umt_status status = indices ? UMT_OK : UMT_ERR_OUT_OF_MEMORY;
-    for (; start < n && status == UMT_OK; start += batch_size) {
-        int64_t count = n - start < batch_size ? n - start : batch_size, right = 0;
-        for (int64_t i = 0; i < count; ++i) indices[i] = start + i;
+    *correct = 0;
+    for (int64_t start = 0; start < count && status == UMT_OK; start += batch_size) {
+        int64_t size = count - start < batch_size ? count - start : batch_size, right = 0;
+        for (int64_t i = 0; i < size; ++i) indices[i] = first + start + i;
         umt_tensor *images = NULL, *labels = NULL;
         status = umt_step_begin(ctx);
-        if (status == UMT_OK) status = umt_dataset_batch(ctx, test, indices, count, MNIST_MEAN, MNIST_STD, &images, &labels);
+        if (status == UMT_OK) status = umt_dataset_batch(ctx, test, indices, size, MNIST_MEAN, MNIST_STD, &images, &labels);
         umt_tensor *scores = status == UMT_OK ? forward(ctx, model, images) : NULL;
         if (status == UMT_OK) status = scores ? umt_count_correct(ctx, scores, labels, &right) : umt_last_status();
-        correct += right;
+        *correct += right;
     }
     free(indices);
     umt_set_grad_enabled(ctx, was_grad);
     umt_set_training(ctx, was_training);
-    *accuracy = 100.0 * (double)correct / (double)n;
     return example_check(program, status);
 }
 
@@ -130,4 +129,12 @@ int example_input_flag(const char *program, example_input_flags *flags, const ch
         if (!strcmp(value, names[i])) return flags->data_on = (example_data_on)i, 0;
     fprintf(stderr, "%s: --data-on '%s': expected auto, gpu or host\n", program, value);
     return -1;
+}
+
+int example_evaluate(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
+                     const umt_dataset *test, int64_t batch_size, double *accuracy) {
+    int64_t n = umt_dataset_size(test), correct = 0;
+    int rc = example_count_correct(program, ctx, forward, model, test, batch_size, 0, n, &correct);
+    *accuracy = 100.0 * (double)correct / (double)n;
+    return rc;
 }

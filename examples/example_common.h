@@ -51,4 +51,9 @@ int example_input_flag(const char *program, example_input_flags *flags, const ch
 #define EXAMPLE_INPUT_USAGE                                                                                       \
     "                 [--data-on auto|gpu|host] [--loader pinned|pageable-sync] [--prefetch N] [--workers N]\n"
 
+/* The same on samples [first, first + count) only, giving the number right (one rank's part of
+ * the test set under data parallelism). */
+int example_count_correct(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
+                          const umt_dataset *test, int64_t batch_size, int64_t first, int64_t count, int64_t *correct);
+
 #endif /* UMT_EXAMPLE_COMMON_H */

@@ -7,6 +7,8 @@
  *   bazel-bin/examples/mnist_cnn --bench 200 --batch-size 512     # images/s, data on the GPU
  *   bazel-bin/examples/mnist_cnn --precision fp16                  # half precision, loss scaling
  *   bazel-bin/examples/mnist_cnn --data-on host --batch-size 512  # pinned prefetch from the host
+ *   bazel-bin/examples/mnist_cnn --gpus 2                         # one process per GPU (NCCL)
+ *   mpirun -np 2 bazel-bin/examples/mnist_cnn                     # the same, ranks from mpirun
  *
  * The network (examples/mnist_cnn_model.c) and the recipe are the example's: Adadelta lr 1.0,
  * lr x0.7 after every epoch, batch 64, test batch 1000, inputs normalised with mean 0.1307 and
@@ -22,12 +24,17 @@
  * --data-on host, loader threads assemble batches into a pinned staging ring whose copies
  * overlap compute (--prefetch slots, --workers threads); --loader pageable-sync is the naive
  * path, for comparison. Each epoch then reports the compute stream's wait for data.
+ *
+ * Data parallelism (dist/umt_dist.h): --batch-size is per GPU, so N GPUs step through the epoch
+ * in global batches of N x batch-size, each rank on its own slice; rank 0 prints and saves, the
+ * test set is split over the ranks and their counts summed.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "examples/example_common.h"
+#include "dist/umt_dist.h"
 #include "examples/mnist_cnn_model.h"
 #include "umtrain.h"
 
@@ -43,9 +50,11 @@ typedef struct {
     const char *optimizer, *data_dir, *save, *resume, *precision;
     uint64_t seed;
     umt_device device;
+    bool device_set;
     umt_memory_mode memory_mode;
-    int log_every, bench_steps;
+    int log_every, bench_steps, gpus;
     example_input_flags input;
+    umt_dist_options dist;
 } options;
 
 static void usage(FILE *out) {
@@ -54,10 +63,19 @@ static void usage(FILE *out) {
                  "                 [--mem managed|managed-plain|device] [--data-dir DIR] [--train-limit N]\n"
                  "                 [--log-every N] [--save PATH] [--resume PATH] [--bench STEPS]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F]\n" EXAMPLE_INPUT_USAGE
+                 "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
                  "defaults: 5 epochs, batch 64, test batch 1000, adadelta lr 1.0, gamma 0.7, seed 1, data/mnist,\n"
                  "          cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16\n"
-                 "          tensor cores (else fp32), no clipping, data on the GPU when it fits,\n"
-                 "          else pinned prefetch 4 deep with 1 loader thread\n");
+                 "          tensor cores (else fp32), no clipping, data on the GPU when it fits (else pinned\n"
+                 "          prefetch 4 deep with 1 loader thread); 1 GPU, buckets of 25 MiB reduced in f32,\n"
+                 "          timeout 300 s. With --gpus N (or under mpirun) --batch-size is per GPU.\n");
+}
+
+static int parse_reduce(options *o, const char *value) {
+    o->dist.reduce_bf16 = !strcmp(value, "bf16");
+    if (o->dist.reduce_bf16 || !strcmp(value, "f32")) return 0;
+    fprintf(stderr, "%s: --reduce '%s': expected f32 or bf16\n", program, value);
+    return -1;
 }
 
 static int parse_flag(options *o, const char *flag, const char *value) {
@@ -74,7 +92,11 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--seed")) bad = example_number(program, flag, value, 0, 1e15, &v), o->seed = (uint64_t)v;
     else if (!strcmp(flag, "--log-every")) bad = example_number(program, flag, value, 1, 1e9, &v), o->log_every = (int)v;
     else if (!strcmp(flag, "--bench")) bad = example_number(program, flag, value, 1, 1e7, &v), o->bench_steps = (int)v;
-    else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device));
+    else if (!strcmp(flag, "--gpus")) bad = example_number(program, flag, value, 1, 64, &v), o->gpus = (int)v;
+    else if (!strcmp(flag, "--bucket-mb")) bad = example_number(program, flag, value, 0.001, 1e5, &v), o->dist.bucket_bytes = (size_t)(v * (1 << 20));
+    else if (!strcmp(flag, "--dist-timeout")) bad = example_number(program, flag, value, 1, 1e6, &v), o->dist.timeout_s = v;
+    else if (!strcmp(flag, "--reduce")) bad = parse_reduce(o, value);
+    else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device)), o->device_set = true;
     else if (!strcmp(flag, "--mem")) bad = example_check(program, umt_memory_mode_parse(value, &o->memory_mode));
     else if (!strcmp(flag, "--clip-grad-norm")) bad = example_number(program, flag, value, 1e-9, 1e9, &v), o->clip_grad_norm = (float)v;
     else if (!strcmp(flag, "--precision")) o->precision = value;
@@ -91,9 +113,11 @@ static int parse_flag(options *o, const char *flag, const char *value) {
 }
 
 static int parse_options(int argc, char **argv, options *o) {
+    /* The device default is settled after the launch: asking whether a GPU exists starts CUDA,
+     * which a forked rank could then no longer use. */
     *o = (options){.epochs = 5, .batch_size = 64, .test_batch_size = 1000, .lr = 1.0f, .gamma = 0.7f,
-                   .optimizer = "adadelta", .data_dir = "data/mnist", .seed = 1, .device = umt_default_device(),
-                   .memory_mode = UMT_MEM_MANAGED, .log_every = 100, .input = example_input_defaults()};
+                   .optimizer = "adadelta", .data_dir = "data/mnist", .seed = 1, .memory_mode = UMT_MEM_MANAGED,
+                   .log_every = 100, .gpus = 1, .input = example_input_defaults(), .dist = umt_dist_defaults()};
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -121,10 +145,12 @@ typedef struct {
     umt_loader *loader, *test_loader; /* --data-on host */
     int64_t *order;
     bool loss_scaling;
+    umt_dist *dist;
+    int rank, ranks; /* only rank 0 prints and saves */
 } run_state;
 
 /* One step on samples indices[0..count) of the resident dataset, or on the loader's next batch:
- * forward, NLL loss, backward, update. */
+ * forward, NLL loss, backward (gradients averaged over the ranks), update. */
 static umt_tensor *train_step(run_state *r, const int64_t *indices, int64_t count) {
     umt_tensor *images = NULL, *labels = NULL;
     if (umt_step_begin(r->ctx) || umt_zero_grad(r->ctx)) return NULL;
@@ -134,7 +160,9 @@ static umt_tensor *train_step(run_state *r, const int64_t *indices, int64_t coun
     if (got != UMT_OK || !images) return NULL;
     umt_tensor *loss = umt_nll_loss(r->ctx, mnist_cnn_forward(r->ctx, &r->model, images), labels);
     /* Scaled by the optimizer's loss scale under fp16 (1, a plain backward, otherwise). */
-    if (!loss || umt_backward_scaled(r->ctx, loss, r->opt) || umt_optimizer_step(r->opt)) return NULL;
+    if (!loss || umt_backward_scaled(r->ctx, loss, r->opt) || umt_dist_finish_gradients(r->dist) ||
+        umt_optimizer_step(r->opt))
+        return NULL;
     return loss;
 }
 
@@ -142,11 +170,30 @@ static int64_t train_size(const run_state *r) { return r->loader ? umt_samples_s
 static int64_t test_size(const run_state *r) { return r->loader ? umt_samples_size(r->test_host) : umt_dataset_size(r->test); }
 
 /* Starts an epoch: the permutation (drawn by the loader itself with data on the host: the same
- * draw from the same RNG, so both paths see the same order); returns the steps. */
-static int64_t start_epoch(run_state *r, int64_t n, int64_t batch_size) {
-    int64_t steps = (n + batch_size - 1) / batch_size;
+ * draw from the same RNG, so both paths see the same order); returns the steps of `global`
+ * samples (the batch times the ranks). */
+static int64_t start_epoch(run_state *r, int64_t n, int64_t global) {
+    int64_t steps = (n + global - 1) / global;
     umt_status status = r->loader ? umt_loader_start_epoch(r->loader, n, &steps) : umt_permutation(r->ctx, n, r->order);
-    return example_check(program, status) ? -1 : steps;
+    if (example_check(program, status)) return -1;
+    /* A last global batch too short to give every rank a sample is left out, on every rank. */
+    if (!umt_dist_batch_usable(n - (steps - 1) * global, r->ranks)) steps--;
+    return steps;
+}
+
+/* The mean loss so far over every rank (a collective: every rank logs at the same steps). */
+static int log_progress(run_state *r, int epoch, int64_t step, int64_t steps, double loss_sum, double *window_start,
+                        int64_t *window_images) {
+    double mean = loss_sum / (double)(step + 1);
+    if (example_check(program, umt_dist_sum(r->dist, &mean, 1))) return -1;
+    double now = example_seconds();
+    if (r->rank == 0)
+        printf("epoch %d step %lld/%lld loss %.4f lr %.4g images/s %.0f\n", epoch + 1, (long long)(step + 1),
+               (long long)steps, mean / r->ranks, umt_optimizer_lr(r->opt), (double)*window_images / (now - *window_start));
+    fflush(stdout);
+    *window_start = now;
+    *window_images = 0;
+    return 0;
 }
 
 /* The compute stream's wait for data over the epoch just trained (data on the host). */
@@ -162,54 +209,69 @@ static int report_wait(run_state *r, int epoch, double epoch_s, int64_t steps) {
 static int train_epoch(run_state *r, const options *o, int epoch) {
     int64_t n = train_size(r);
     if (o->train_limit && o->train_limit < n) n = o->train_limit;
-    int64_t steps = start_epoch(r, n, o->batch_size), window_images = 0;
+    int64_t global = o->batch_size * r->ranks, steps = start_epoch(r, n, global), window_images = 0;
     if (steps < 0) return -1;
     double start = example_seconds(), window_start = start, loss_sum = 0;
     for (int64_t step = 0; step < steps; ++step) {
-        int64_t first = step * o->batch_size, count = n - first < o->batch_size ? n - first : o->batch_size;
-        umt_tensor *loss = train_step(r, r->order + first, count);
+        int64_t first = step * global, count = n - first < global ? n - first : global, offset, part;
+        umt_dist_shard(count, r->rank, r->ranks, &offset, &part);
+        umt_tensor *loss = train_step(r, r->order + first + offset, part);
         float value = 0;
         if (!loss || umt_tensor_get_f32(loss, 0, &value)) return example_check(program, umt_last_status());
         loss_sum += value;
         window_images += count;
-        if ((step + 1) % o->log_every == 0 || step + 1 == steps) {
-            double now = example_seconds();
-            printf("epoch %d step %lld/%lld loss %.4f lr %.4g images/s %.0f\n", epoch + 1, (long long)(step + 1),
-                   (long long)steps, loss_sum / (double)(step + 1), umt_optimizer_lr(r->opt),
-                   (double)window_images / (now - window_start));
-            fflush(stdout);
-            window_start = now;
-            window_images = 0;
-        }
+        if (((step + 1) % o->log_every == 0 || step + 1 == steps) &&
+            log_progress(r, epoch, step, steps, loss_sum, &window_start, &window_images))
+            return -1;
     }
     double seconds = example_seconds() - start;
-    printf("epoch %d trained in %.2f s\n", epoch + 1, seconds);
-    if (r->loss_scaling)
+    if (r->rank == 0) printf("epoch %d trained in %.2f s\n", epoch + 1, seconds);
+    if (r->rank == 0 && r->loss_scaling)
         printf("epoch %d loss scale %g, %lld steps skipped so far (inf/NaN gradients)\n", epoch + 1,
                umt_optimizer_loss_scale(r->opt), (long long)umt_optimizer_skipped_steps(r->opt));
     return report_wait(r, epoch, seconds, steps);
 }
 
+/* Each rank counts its part of the test set; the counts are summed. */
+static int evaluate(run_state *r, const options *o, double *accuracy) {
+    if (r->test_loader)
+        return example_evaluate_loader(program, r->ctx, mnist_cnn_forward, &r->model, r->test_loader, accuracy);
+    int64_t n = umt_dataset_size(r->test), offset, part, correct = 0;
+    umt_dist_shard(n, r->rank, r->ranks, &offset, &part);
+    if (example_count_correct(program, r->ctx, mnist_cnn_forward, &r->model, r->test, o->test_batch_size, offset,
+                              part, &correct))
+        return -1;
+    double total = (double)correct;
+    if (example_check(program, umt_dist_sum(r->dist, &total, 1))) return -1;
+    *accuracy = 100.0 * total / (double)n;
+    return 0;
+}
+
 /* Steady-state training speed: the dataset is already in the (GPU) dataset pool; warm-up steps
- * first, then `steps` steps queued back to back, timed by the device (CUDA events). */
+ * first, then `steps` steps queued back to back, timed by the device (CUDA events). With several
+ * ranks each takes its own window of samples, and the slowest rank's time counts. */
 static int bench(run_state *r, const options *o) {
     if (r->loader) {
         fprintf(stderr, "%s: --bench times the resident dataset; with --data-on host, train an epoch instead\n", program);
         return -1;
     }
     int64_t n = umt_dataset_size(r->train), batch = o->batch_size < n ? o->batch_size : n;
-    if (start_epoch(r, n, batch) < 0) return -1;
-    for (int i = 0; i < 20; ++i)
-        if (!train_step(r, r->order + (i * batch) % (n - batch + 1), batch)) return example_check(program, umt_last_status());
+    if (example_check(program, umt_permutation(r->ctx, n, r->order))) return -1;
+    for (int i = 0; i < 20 + o->bench_steps; ++i) {
+        if (i == 20 && example_check(program, umt_timer_start(r->ctx))) return -1;
+        int64_t window = ((int64_t)i * r->ranks + r->rank) * batch % (n - batch + 1);
+        if (!train_step(r, r->order + window, batch)) return example_check(program, umt_last_status());
+    }
     double ms = 0;
-    if (example_check(program, umt_timer_start(r->ctx))) return -1;
-    for (int i = 0; i < o->bench_steps; ++i)
-        if (!train_step(r, r->order + (i * batch) % (n - batch + 1), batch)) return example_check(program, umt_last_status());
-    if (example_check(program, umt_timer_stop(r->ctx, &ms))) return -1;
+    if (example_check(program, umt_timer_stop(r->ctx, &ms)) || example_check(program, umt_dist_max(r->dist, &ms, 1)))
+        return -1;
     double seconds = ms / 1e3;
-    printf("bench: batch %lld, %d steps in %.3f s: %.0f images/s (%.3f ms/step)\n", (long long)batch, o->bench_steps,
-           seconds, (double)batch * o->bench_steps / seconds, 1e3 * seconds / o->bench_steps);
-    umt_memory_report(r->ctx);
+    if (r->rank == 0) {
+        printf("bench: %d GPU(s), batch %lld per GPU, %d steps in %.3f s: %.0f images/s (%.3f ms/step)\n", r->ranks,
+               (long long)batch, o->bench_steps, seconds, (double)batch * r->ranks * o->bench_steps / seconds,
+               1e3 * seconds / o->bench_steps);
+        umt_memory_report(r->ctx);
+    }
     return 0;
 }
 
@@ -228,20 +290,19 @@ static int train(run_state *r, const options *o) {
     umt_checkpoint_info info = {0, 0};
     if (o->resume) {
         if (example_check(program, umt_checkpoint_load(r->ctx, r->opt, &info, o->resume))) return -1;
-        printf("%s: resumed from %s after epoch %lld (step %lld)\n", program, o->resume, (long long)info.epoch,
-               (long long)info.step);
+        if (r->rank == 0)
+            printf("%s: resumed from %s after epoch %lld (step %lld)\n", program, o->resume, (long long)info.epoch,
+                   (long long)info.step);
     }
     for (int epoch = (int)info.epoch; epoch < o->epochs; ++epoch) {
         umt_optimizer_set_lr(r->opt, umt_lr_step(o->lr, o->gamma, 1, epoch));
         double accuracy = 0;
-        if (train_epoch(r, o, epoch)) return -1;
-        int bad = r->test_loader ? example_evaluate_loader(program, r->ctx, mnist_cnn_forward, &r->model, r->test_loader, &accuracy)
-                                 : example_evaluate(program, r->ctx, mnist_cnn_forward, &r->model, r->test, o->test_batch_size, &accuracy);
-        if (bad) return -1;
-        printf("epoch %d test accuracy %.2f%%\n", epoch + 1, accuracy);
+        if (train_epoch(r, o, epoch) || evaluate(r, o, &accuracy)) return -1;
+        if (r->rank == 0) printf("epoch %d test accuracy %.2f%%\n", epoch + 1, accuracy);
         fflush(stdout);
         info = (umt_checkpoint_info){.epoch = epoch + 1, .step = umt_optimizer_steps(r->opt)};
-        if (o->save && example_check(program, umt_checkpoint_save(r->ctx, r->opt, &info, o->save))) return -1;
+        if (r->rank == 0 && o->save && example_check(program, umt_checkpoint_save(r->ctx, r->opt, &info, o->save)))
+            return -1;
     }
     return 0;
 }
@@ -267,11 +328,17 @@ static int load_host(run_state *r, const options *o) {
 /* The data where --data-on says; "auto" tries the GPU and falls back to the host only when
  * the dataset does not fit the device budget. */
 static int load_data(run_state *r, const options *o) {
+    /* Each rank would need its own slice of the loader's order; not built yet. */
+    if (r->ranks > 1 && o->input.data_on == EXAMPLE_DATA_HOST) {
+        fprintf(stderr, "%s: --data-on host with %d ranks: the host loader feeds one GPU; use --data-on gpu\n",
+                program, r->ranks);
+        return -1;
+    }
     if (o->input.data_on == EXAMPLE_DATA_HOST) return load_host(r, o);
     if (!example_load_mnist(program, r->ctx, o->data_dir, "train", &r->train) &&
         !example_load_mnist(program, r->ctx, o->data_dir, "t10k", &r->test))
         return 0;
-    if (o->input.data_on == EXAMPLE_DATA_GPU || umt_last_status() != UMT_ERR_BUDGET) return -1;
+    if (o->input.data_on == EXAMPLE_DATA_GPU || umt_last_status() != UMT_ERR_BUDGET || r->ranks > 1) return -1;
     umt_dataset_destroy(r->train);
     umt_dataset_destroy(r->test);
     r->train = r->test = NULL;
@@ -279,16 +346,22 @@ static int load_data(run_state *r, const options *o) {
     return load_host(r, o);
 }
 
-static int setup(run_state *r, const options *o) {
+static int setup(run_state *r, const options *o, const umt_dist_process *process) {
     umt_context_options co = umt_context_defaults();
     co.seed = o->seed;
     co.device = o->device;
     co.memory_mode = o->memory_mode;
+    co.cuda_device = process->local_rank;
+    r->rank = process->rank;
+    r->ranks = process->size;
+    /* After the rank's device is known: the default asks that GPU whether it has bf16. */
     co.precision = umt_precision_default(o->device, co.cuda_device);
     if (o->precision && example_check(program, umt_precision_parse(o->precision, &co.precision))) return -1;
     if (example_check(program, umt_context_create(&co, &r->ctx))) return -1;
     if (load_data(r, o)) return -1;
     if (mnist_cnn_build(r->ctx, &r->model)) return example_check(program, umt_last_status());
+    /* After the model: rank 0's initial parameters go to every rank. */
+    if (example_check(program, umt_dist_create(r->ctx, process, &o->dist, &r->dist))) return -1;
     if (make_optimizer(r, o)) return -1;
     r->order = malloc((size_t)train_size(r) * sizeof *r->order);
     if (!r->order) fprintf(stderr, "%s: no memory for the shuffle order\n", program);
@@ -298,22 +371,31 @@ static int setup(run_state *r, const options *o) {
 int main(int argc, char **argv) {
     options o;
     if (parse_options(argc, argv, &o)) return 2;
+    umt_dist_process process;
+    /* First of all: --gpus forks here, before anything starts CUDA. */
+    if (example_check(program, umt_dist_launch(o.gpus, &process))) return 1;
+    if (process.launcher) return process.exit_code;
+    if (!o.device_set) o.device = process.size > 1 ? UMT_DEVICE_CUDA : umt_default_device();
     run_state r = {0};
-    int rc = setup(&r, &o);
+    int rc = setup(&r, &o, &process);
     if (!rc) {
-        printf("%s: %lld training and %lld test images, %s lr %g, batch %lld, seed %llu, %s, %s, data on the %s\n",
-               program, (long long)train_size(&r), (long long)test_size(&r), o.optimizer, o.lr, (long long)o.batch_size,
-               (unsigned long long)o.seed, o.device == UMT_DEVICE_CUDA ? "cuda" : "cpu",
-               umt_precision_name(umt_context_precision(r.ctx)), r.loader ? "host" : "device");
+        if (r.rank == 0)
+            printf("%s: %lld training and %lld test images, %s lr %g, batch %lld x %d GPU(s), seed %llu, %s, %s, "
+                   "data on the %s\n", program, (long long)train_size(&r), (long long)test_size(&r), o.optimizer, o.lr,
+                   (long long)o.batch_size, r.ranks, (unsigned long long)o.seed, o.device == UMT_DEVICE_CUDA ? "cuda" : "cpu",
+                   umt_precision_name(umt_context_precision(r.ctx)), r.loader ? "host" : "device");
         if (r.loader)
             printf("%s: loader %s, %d staging slots, %d loader thread(s)\n", program,
                    o.input.loader == UMT_LOADER_PINNED ? "pinned" : "pageable-sync", o.input.prefetch, o.input.workers);
         rc = o.bench_steps ? bench(&r, &o) : train(&r, &o);
     }
+    if (rc && r.ranks > 1) fprintf(stderr, "%s: rank %d of %d failed\n", program, r.rank, r.ranks);
     free(r.order);
+    umt_dist_destroy(r.dist);
     umt_context_destroy(r.ctx);
     /* After the context, which destroys the loaders reading them. */
     umt_samples_destroy(r.train_host);
     umt_samples_destroy(r.test_host);
+    umt_dist_finish(&process);
     return rc ? 1 : 0;
 }

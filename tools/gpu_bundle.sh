@@ -2,13 +2,25 @@
 # tools/gpu_bundle.sh — builds the CUDA binaries here and bundles them, with MNIST and the
 # libraries a bare GPU machine lacks, into gpu_bundle/ (git-ignored). On the GPU machine,
 #     bash gpu_bundle/run_all.sh
-# runs every GPU test, the trainer and the benchmarks, and prints a summary table last.
+# runs every GPU test, the trainer and the benchmarks, and prints a summary table last;
+#     bash gpu_bundle/run_dist.sh
+# runs the data-parallel checks and benchmark (2+ GPUs).
 # UMT_BUNDLE_DIR puts the bundle elsewhere (an absolute path, or relative to the repo root).
 set -euo pipefail
 cd "$(dirname "$0")/.." || exit 1
 bundle="${UMT_BUNDLE_DIR:-gpu_bundle}"
 tools/setup.sh
 tools/fetch_mnist.sh data/mnist
+
+# The trainer with MPI (--define=umt_mpi=1), when Open MPI's headers are here (libopenmpi-dev);
+# built first, because the build below relinks bazel-bin/examples/mnist_cnn without MPI.
+mpi_binary=""
+if [[ -e /usr/include/x86_64-linux-gnu/mpi/mpi.h ]]; then
+    echo "gpu_bundle: bazel build --config=cuda --define=umt_mpi=1 //examples:mnist_cnn"
+    bazel build --config=cuda --define=umt_mpi=1 //examples:mnist_cnn
+    mpi_binary=$(mktemp)
+    cp -f bazel-bin/examples/mnist_cnn "$mpi_binary"
+fi
 
 gpu_targets=(//tests/gpu:all //examples:mnist_mlp //examples:mnist_cnn //examples:predict //examples:image_folder
              //examples:mnist_to_png //bench:all)
@@ -31,4 +43,10 @@ done
 for f in data/mnist/*-ubyte; do gzip -9 -c "$f" > "$bundle/data/$(basename "$f").gz"; done
 cp tools/gpu_run_all.sh "$bundle"/run_all.sh
 cp bench/torch_ref.py bench/input_pipeline.sh "$bundle"/
+# Data parallelism: tools/gpu_run_dist.sh runs its checks and bench/dist_bench.sh (with DDP).
+cp tools/gpu_run_dist.sh "$bundle"/run_dist.sh
+cp bench/torch_ddp.py "$bundle"/
+mkdir -p "$bundle/bench"
+cp bench/dist_bench.sh "$bundle"/bench/
+if [[ -n $mpi_binary ]]; then mv "$mpi_binary" "$bundle"/bin/mnist_cnn_mpi; chmod +x "$bundle"/bin/mnist_cnn_mpi; fi
 du -sh "$bundle"

@@ -1,0 +1,149 @@
+/*
+ * dist/dist.c — the umt_dist object: the bucket plan, the gradient-ready hook that starts
+ * buckets, and the calls around the optimizer. The NCCL work is dist/engine.c's; on one rank
+ * there is none and every call here is a no-op, on any device.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/context.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "dist/buckets.h"
+#include "dist/umt_dist.h"
+#ifdef UMT_WITH_CUDA
+#include "dist/engine.h"
+#endif
+
+struct umt_dist {
+    umt_context *ctx;
+    int rank, size;
+    umt_bucket_plan plan;
+    /* The hook cannot return a failure: the first one waits here for umt_dist_finish_gradients,
+     * its message copied because later calls on this thread replace umt_last_error(). */
+    umt_status hook_status;
+    char hook_error[512];
+#ifdef UMT_WITH_CUDA
+    umt_engine *engine;
+#endif
+};
+
+umt_dist_options umt_dist_defaults(void) {
+    return (umt_dist_options){.bucket_bytes = (size_t)25 << 20, .reduce_bf16 = false, .timeout_s = 300};
+}
+
+int umt_dist_rank(const umt_dist *dist) { return dist ? dist->rank : 0; }
+int umt_dist_size(const umt_dist *dist) { return dist ? dist->size : 1; }
+
+#ifdef UMT_WITH_CUDA
+static int parameter_index(const umt_context *ctx, const umt_tensor *p) {
+    /* Announcements come in reverse creation order, so search from the end. */
+    for (int i = ctx->parameter_count - 1; i >= 0; --i)
+        if (ctx->parameters[i] == p) return i;
+    return -1;
+}
+
+static void on_grad_ready(umt_tensor *parameter, void *user) {
+    umt_dist *dist = user;
+    if (dist->hook_status != UMT_OK) return;
+    int first = 0;
+    umt_status status = UMT_OK;
+    int count = umt_bucket_plan_announce(&dist->plan, parameter_index(dist->ctx, parameter), &first, &status);
+    if (status == UMT_OK && count > 0) status = umt_engine_start_buckets(dist->engine, &dist->plan, first, count);
+    if (status != UMT_OK) {
+        dist->hook_status = status;
+        snprintf(dist->hook_error, sizeof dist->hook_error, "%s", umt_last_error());
+    }
+}
+
+static umt_status make_plan(umt_dist *dist, const umt_dist_options *options) {
+    umt_context *ctx = dist->ctx;
+    int64_t *numel = malloc((size_t)(ctx->parameter_count ? ctx->parameter_count : 1) * sizeof *numel);
+    if (!numel) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "rank %d: no memory for the bucket plan", dist->rank);
+    for (int i = 0; i < ctx->parameter_count; ++i) numel[i] = ctx->parameters[i]->numel;
+    int64_t cap = (int64_t)(options->bucket_bytes / sizeof(float));
+    umt_status status = umt_bucket_plan_make(numel, ctx->parameter_count, cap > 0 ? cap : 1, &dist->plan);
+    free(numel);
+    return status;
+}
+
+static umt_status create_parallel(umt_dist *dist, const umt_dist_process *process, const umt_dist_options *options) {
+    UMT_TRY(make_plan(dist, options));
+    UMT_TRY(umt_engine_create(dist->ctx, process, options, &dist->plan, &dist->engine));
+    umt_set_grad_ready_hook(dist->ctx, on_grad_ready, dist);
+    return UMT_OK;
+}
+#else
+static umt_status create_parallel(umt_dist *dist, const umt_dist_process *process, const umt_dist_options *options) {
+    (void)dist;
+    (void)options;
+    return umt_fail(UMT_ERR_UNSUPPORTED, "rank %d of %d: this build has no NCCL (build with --config=cuda)",
+                    process->rank, process->size);
+}
+#endif
+
+umt_status umt_dist_create(umt_context *ctx, const umt_dist_process *process, const umt_dist_options *options,
+                           umt_dist **out) {
+    if (!ctx || !process || !out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_create: NULL argument");
+    umt_dist_options o = options ? *options : umt_dist_defaults();
+    if (o.timeout_s <= 0 || o.bucket_bytes == 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_create: timeout %g s, bucket %zu bytes (expected > 0)",
+                        o.timeout_s, o.bucket_bytes);
+    umt_dist *dist = calloc(1, sizeof *dist);
+    if (!dist) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_dist_create: no memory");
+    *dist = (umt_dist){.ctx = ctx, .rank = process->rank, .size = process->size};
+    umt_status status = process->size > 1 ? create_parallel(dist, process, &o) : UMT_OK;
+    if (status != UMT_OK) {
+        umt_dist_destroy(dist);
+        return status;
+    }
+    *out = dist;
+    return UMT_OK;
+}
+
+umt_status umt_dist_finish_gradients(umt_dist *dist) {
+    if (!dist) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_finish_gradients: dist is NULL");
+    if (dist->size == 1) return UMT_OK;
+#ifdef UMT_WITH_CUDA
+    umt_status status = dist->hook_status;
+    dist->hook_status = UMT_OK;
+    if (status != UMT_OK) {
+        umt_bucket_plan_reset(&dist->plan);
+        return umt_fail(status, "%s", dist->hook_error);
+    }
+    /* Buckets whose parameters got no gradient this step still take part: every rank must run
+     * the same collectives. */
+    int first = 0, count = umt_bucket_plan_rest(&dist->plan, &first);
+    if (count > 0) UMT_TRY(umt_engine_start_buckets(dist->engine, &dist->plan, first, count));
+    umt_bucket_plan_reset(&dist->plan);
+    return umt_engine_finish(dist->engine, &dist->plan);
+#else
+    return UMT_OK;
+#endif
+}
+
+static umt_status reduce_host(umt_dist *dist, double *values, int count, bool maximum) {
+    if (!dist || !values) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_sum/max: NULL argument");
+    if (dist->size == 1) return UMT_OK;
+#ifdef UMT_WITH_CUDA
+    return umt_engine_reduce_host(dist->engine, values, count, maximum);
+#else
+    (void)count;
+    (void)maximum;
+    return UMT_OK;
+#endif
+}
+
+umt_status umt_dist_sum(umt_dist *dist, double *values, int count) { return reduce_host(dist, values, count, false); }
+umt_status umt_dist_max(umt_dist *dist, double *values, int count) { return reduce_host(dist, values, count, true); }
+
+void umt_dist_destroy(umt_dist *dist) {
+    if (!dist) return;
+#ifdef UMT_WITH_CUDA
+    if (dist->engine) umt_set_grad_ready_hook(dist->ctx, NULL, NULL);
+    umt_engine_destroy(dist->engine);
+#endif
+    umt_bucket_plan_free(&dist->plan);
+    free(dist);
+}
