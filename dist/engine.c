@@ -90,6 +90,7 @@ static umt_status broadcast_model(umt_engine *e) {
             ncclGroupEnd();
             NCCL_TRY(e, r);
         }
+        t->lowp_stale = true; /* a bf16/fp16 compute copy, if one was made, is refreshed from it */
     }
     NCCL_TRY(e, ncclGroupEnd());
     UMT_CUDA_TRY(cudaStreamSynchronize(e->compute));
