@@ -86,6 +86,8 @@ umt_tensor *umt_softmax_cross_entropy(umt_context *ctx, umt_tensor *logits, umt_
 
 umt_status umt_count_correct(umt_context *ctx, const umt_tensor *scores, const umt_tensor *labels, int64_t *correct) {
     if (!ctx || !correct) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_count_correct: %s is NULL", ctx ? "correct" : "ctx");
+    /* Scores straight from a bf16/fp16 layer are widened first (a no-op for f32). */
+    if (scores && !(scores = umt_to_f32(ctx, (umt_tensor *)scores))) return umt_last_status();
     UMT_TRY(check_scores_labels("umt_count_correct", scores, labels));
     return ctx->backend->count_correct(scores->data, labels->data, scores->shape[0], scores->shape[1], correct);
 }

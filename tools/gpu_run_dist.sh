@@ -36,10 +36,11 @@ run_cnn() { # name, args...
     echo "$name (exit $?): $(grep 'test accuracy' "$logs/$name.log" | awk '{printf "%s ", $NF}')"
     grep 'trained in' "$logs/$name.log" | tail -n 1
 }
-step MNIST CNN: 1 GPU against $gpus GPUs, 5 epochs, the example recipe
+step MNIST CNN: 1 GPU against $gpus GPUs, 5 epochs, the example recipe \(bf16, the default\)
 run_cnn cnn_1gpu_b64 bin/mnist_cnn --device cuda --data-dir data --epochs 5 --log-every 1000
 run_cnn cnn_${gpus}gpu_b$((64 / gpus)) bin/mnist_cnn --gpus "$gpus" --data-dir data --epochs 5 --batch-size $((64 / gpus)) --log-every 1000
 run_cnn cnn_${gpus}gpu_b64 bin/mnist_cnn --gpus "$gpus" --data-dir data --epochs 5 --log-every 1000
+run_cnn cnn_${gpus}gpu_b$((64 / gpus))_fp16 bin/mnist_cnn --gpus "$gpus" --data-dir data --epochs 5 --batch-size $((64 / gpus)) --log-every 1000 --precision fp16
 
 step mpirun -np $gpus
 mpi_flags=(--allow-run-as-root -np "$gpus" -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)
@@ -49,6 +50,6 @@ run_cnn cnn_mpirun_env_b$((64 / gpus)) "$mpirun" "${mpi_flags[@]}" bin/mnist_cnn
 tail -n 3 "$logs/cnn_mpirun_env_b$((64 / gpus)).log"
 run_cnn cnn_${gpus}gpu_b$((64 / gpus))_2ep bin/mnist_cnn --gpus "$gpus" --data-dir data --epochs 2 --batch-size $((64 / gpus)) --log-every 1000
 
-step "benchmark (ours fp32; DDP fp32 and bf16)"
-timeout 200 bash bench/dist_bench.sh bin data . "$gpus" 200 2>&1 | tee "$logs/dist_bench.txt"
+step "benchmark (ours and DDP, fp32 and bf16)"
+timeout 420 bash bench/dist_bench.sh bin data . "$gpus" 100 2>&1 | tee "$logs/dist_bench.txt"
 step done

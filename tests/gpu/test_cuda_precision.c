@@ -2,7 +2,8 @@
  * tests/gpu/test_cuda_precision.c — mixed precision end to end: the MNIST CNN trained on one
  * fixed batch for a few steps under fp32, bf16 and fp16 (fp16 with dynamic loss scaling), from
  * the same seed. The half-precision runs must follow the fp32 run's losses closely, stay finite,
- * and hold a smaller activation peak. (The CPU's refusal of half precision: tests/test_precision.c.)
+ * and hold a smaller activation peak; scores straight from a half-precision layer are counted.
+ * (The CPU's refusal of half precision: tests/test_precision.c.)
  *
  * Dropout is switched off (evaluation mode), because under bf16/fp16 it draws per element of the
  * NHWC storage, so it drops other elements than under fp32. Needs a GPU (tag "gpu"):
@@ -115,9 +116,49 @@ static void test_half_precisions_follow_fp32(void **state) {
                  fp32.activation_peak);
 }
 
+/* Scores straight from a bf16/fp16 linear layer (the MLP's case: no log-softmax before the
+ * argmax) are counted like f32 ones: the same layer from the same seed agrees with fp32 up to
+ * the few samples whose two best scores round together. */
+static int64_t count_with_linear_scores(umt_precision precision) {
+    static float images[BATCH * PIXELS];
+    static int32_t labels[BATCH];
+    make_batch(images, labels);
+    umt_context_options co = umt_context_defaults();
+    co.device = UMT_DEVICE_CUDA;
+    co.seed = 11;
+    co.precision = precision;
+    umt_context *ctx = NULL;
+    EXPECT_OK(umt_context_create(&co, &ctx));
+    umt_layer *fc = umt_linear_layer_new(ctx, "fc", PIXELS, 10, true);
+    EXPECT_OK(umt_step_begin(ctx));
+    umt_tensor *x = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, BATCH, PIXELS);
+    umt_tensor *y = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, BATCH);
+    if (!fc || !x || !y) fail_msg("setup: %s", umt_last_error());
+    EXPECT_OK(umt_tensor_copy_from_host(x, images, sizeof images));
+    EXPECT_OK(umt_tensor_copy_from_host(y, labels, sizeof labels));
+    umt_set_grad_enabled(ctx, false);
+    umt_tensor *scores = umt_layer_forward(ctx, fc, x);
+    if (!scores) fail_msg("forward: %s", umt_last_error());
+    int64_t correct = -1;
+    EXPECT_OK(umt_count_correct(ctx, scores, y, &correct));
+    umt_context_destroy(ctx);
+    return correct;
+}
+
+static void test_count_correct_takes_half_scores(void **state) {
+    (void)state;
+    int64_t full = count_with_linear_scores(UMT_PRECISION_FP32);
+    for (umt_precision p = UMT_PRECISION_BF16; p <= UMT_PRECISION_FP16; ++p) {
+        int64_t half = count_with_linear_scores(p);
+        printf("%s: %lld of %d right, fp32 %lld\n", umt_precision_name(p), (long long)half, BATCH, (long long)full);
+        assert_in_range(half, full > 3 ? full - 3 : 0, full + 3);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_half_precisions_follow_fp32),
+        cmocka_unit_test(test_count_correct_takes_half_scores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
