@@ -33,6 +33,86 @@ static __device__ float row_chunk_partials[ROW_CHUNKS * MAX_CHUNKED_COLUMNS];
         }                                                                                                          \
     } while (0)
 
+/* ------------------------------------------------------------------------------------------ */
+/* Eight halves at a time: the ReLU and bias kernels of a training step move tens of MB each.  */
+/* With the dtype a template argument there is no switch per element, and a 16-byte load or    */
+/* store carries eight values instead of two bytes. Used when n is a multiple of 8 and every   */
+/* pointer 16-byte aligned (the pools align to 256); the scalar kernels take the rest.          */
+
+enum { VECTOR = 8 };
+
+template <umt_dtype D> static __device__ float widen(uint16_t v) {
+    return D == UMT_BF16 ? umt_dev_bf16_to_f32(v) : umt_dev_f16_to_f32(v);
+}
+
+template <umt_dtype D> static __device__ uint16_t narrow(float v) {
+    return D == UMT_BF16 ? umt_dev_f32_to_bf16(v) : umt_dev_f32_to_f16(v);
+}
+
+typedef union {
+    uint4 bits;
+    uint16_t h[VECTOR];
+} halves8;
+
+static bool vectorizable(int64_t n, const void *a, const void *b, const void *c) {
+    return n % VECTOR == 0 && ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % sizeof(uint4) == 0;
+}
+
+#define LAUNCH_VECTORS(n, kernel, ...)                                                                             \
+    do {                                                                                                           \
+        if ((n) > 0) {                                                                                             \
+            kernel<<<blocks_for((n) / VECTOR), THREADS, 0, umt_cuda_stream()>>>(__VA_ARGS__);                      \
+            UMT_CUDA_LAUNCHED();                                                                                   \
+        }                                                                                                          \
+    } while (0)
+
+/* Launches kernel<UMT_BF16> or kernel<UMT_F16> over n / VECTOR vectors. */
+#define LAUNCH_VECTORS_OF(dtype, n, kernel, ...)                                                                   \
+    do {                                                                                                           \
+        if ((dtype) == UMT_BF16)                                                                                   \
+            LAUNCH_VECTORS(n, kernel<UMT_BF16>, __VA_ARGS__);                                                      \
+        else                                                                                                       \
+            LAUNCH_VECTORS(n, kernel<UMT_F16>, __VA_ARGS__);                                                       \
+    } while (0)
+
+template <umt_dtype D> static __global__ void relu_lp_vector_kernel(const uint4 *x, uint4 *y, int64_t vectors) {
+    FOR_EACH_INDEX(v, vectors) {
+        halves8 in, out;
+        in.bits = x[v];
+        for (int e = 0; e < VECTOR; e++) {
+            float f = widen<D>(in.h[e]);
+            out.h[e] = narrow<D>(f < 0.0f ? 0.0f : f); /* the scalar kernel's rounding, NaNs included */
+        }
+        y[v] = out.bits;
+    }
+}
+
+template <umt_dtype D>
+static __global__ void relu_backward_lp_vector_kernel(const uint4 *y, const uint4 *dy, uint4 *dx, int64_t vectors) {
+    FOR_EACH_INDEX(v, vectors) {
+        halves8 yv, dyv, dxv;
+        yv.bits = y[v];
+        dyv.bits = dy[v];
+        dxv.bits = dx[v];
+        for (int e = 0; e < VECTOR; e++)
+            if (widen<D>(yv.h[e]) > 0.0f) dxv.h[e] = narrow<D>(widen<D>(dxv.h[e]) + widen<D>(dyv.h[e]));
+        dx[v] = dxv.bits;
+    }
+}
+
+/* cols is a multiple of VECTOR here, so a vector's eight values share one row. */
+template <umt_dtype D>
+static __global__ void add_rows_lp_vector_kernel(const uint4 *x, const float *bias, uint4 *out, int64_t vectors,
+                                                 int64_t cols) {
+    FOR_EACH_INDEX(v, vectors) {
+        halves8 in, result;
+        in.bits = x[v];
+        int64_t first = v * VECTOR % cols;
+        for (int e = 0; e < VECTOR; e++) result.h[e] = narrow<D>(widen<D>(in.h[e]) + bias[first + e]);
+        out[v] = result.bits;
+    }
+}
+
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
 static bool is_float(umt_dtype dtype) { return dtype == UMT_F32 || is_half(dtype); }
 
@@ -138,6 +218,11 @@ extern "C" umt_status umt_cuda_add_rows_lp(umt_dtype dtype, const void *x, const
                                            int64_t cols) {
     UMT_TRY(check_half("add_rows_lp", dtype));
     if (rows <= 0 || cols <= 0) return UMT_OK;
+    if (cols % VECTOR == 0 && vectorizable(rows * cols, x, out, out)) {
+        LAUNCH_VECTORS_OF(dtype, rows * cols, add_rows_lp_vector_kernel, (const uint4 *)x, bias, (uint4 *)out,
+                          rows * cols / VECTOR, cols);
+        return UMT_OK;
+    }
     LAUNCH_OVER(rows * cols, add_rows_lp_kernel, dtype, x, bias, out, rows, cols);
     return UMT_OK;
 }
@@ -247,12 +332,21 @@ static __global__ void dropout_backward_lp_kernel(umt_dtype dtype, const uint8_t
 
 extern "C" umt_status umt_cuda_relu_lp(umt_dtype dtype, const void *x, void *y, int64_t n) {
     UMT_TRY(check_half("relu_lp", dtype));
+    if (vectorizable(n, x, y, y)) {
+        LAUNCH_VECTORS_OF(dtype, n, relu_lp_vector_kernel, (const uint4 *)x, (uint4 *)y, n / VECTOR);
+        return UMT_OK;
+    }
     LAUNCH_OVER(n, relu_lp_kernel, dtype, x, y, n);
     return UMT_OK;
 }
 
 extern "C" umt_status umt_cuda_relu_backward_lp(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n) {
     UMT_TRY(check_half("relu_backward_lp", dtype));
+    if (vectorizable(n, y, dy, dx)) {
+        LAUNCH_VECTORS_OF(dtype, n, relu_backward_lp_vector_kernel, (const uint4 *)y, (const uint4 *)dy, (uint4 *)dx,
+                          n / VECTOR);
+        return UMT_OK;
+    }
     LAUNCH_OVER(n, relu_backward_lp_kernel, dtype, y, dy, dx, n);
     return UMT_OK;
 }
