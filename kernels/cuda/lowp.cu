@@ -147,6 +147,74 @@ static __global__ void recast_kernel(const void *src, umt_dtype src_dtype, bool 
     }
 }
 
+/* The recasts of a bf16 training step are layout changes of whole activations (flatten of an
+ * NHWC tensor, and its backward) and plain casts: with both dtypes template arguments, a cast
+ * is a straight loop, and a layout change is a transpose of each image's [hw, c] (or [c, hw])
+ * matrix through a shared-memory tile, so that reads and writes are both coalesced. Same
+ * values and roundings as recast_kernel: one widening, the optional add, one rounding. */
+enum { TILE = 32, TILE_ROWS = 8, MAX_GRID_Z = 65535 };
+
+template <umt_dtype S, umt_dtype D>
+static __global__ void cast_kernel(const void *src, void *dst, int64_t count, bool accumulate) {
+    FOR_EACH_INDEX(i, count) {
+        float v = umt_dev_load_as_f32(src, S, i);
+        if (accumulate) v += umt_dev_load_as_f32(dst, D, i);
+        umt_dev_store_from_f32(dst, D, i, v);
+    }
+}
+
+/* Image z's src matrix [rows, cols] -> dst [cols, rows]; block (x, y) moves one 32x32 tile. */
+template <umt_dtype S, umt_dtype D>
+static __global__ void transpose_kernel(const void *src, void *dst, int64_t images, int64_t rows, int64_t cols,
+                                        bool accumulate) {
+    __shared__ float tile[TILE][TILE + 1]; /* +1: no bank conflicts on the transposed read */
+    int64_t col0 = (int64_t)blockIdx.x * TILE, row0 = (int64_t)blockIdx.y * TILE;
+    for (int64_t image = blockIdx.z; image < images; image += gridDim.z) {
+        int64_t base = image * rows * cols;
+        for (int r = threadIdx.y; r < TILE; r += TILE_ROWS) {
+            int64_t row = row0 + r, col = col0 + threadIdx.x;
+            if (row < rows && col < cols) tile[r][threadIdx.x] = umt_dev_load_as_f32(src, S, base + row * cols + col);
+        }
+        __syncthreads();
+        for (int c = threadIdx.y; c < TILE; c += TILE_ROWS) {
+            int64_t col = col0 + c, row = row0 + threadIdx.x;
+            if (row < rows && col < cols) {
+                int64_t at = base + col * rows + row;
+                float v = tile[threadIdx.x][c];
+                if (accumulate) v += umt_dev_load_as_f32(dst, D, at);
+                umt_dev_store_from_f32(dst, D, at, v);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <umt_dtype S, umt_dtype D>
+static umt_status recast_fast(const void *src, bool src_nhwc, void *dst, bool dst_nhwc, int64_t n, int64_t c,
+                              int64_t hw, bool accumulate) {
+    /* The layouts agree when they are the same, or when c or hw is 1. */
+    if (src_nhwc == dst_nhwc || c == 1 || hw == 1) {
+        LAUNCH_OVER(n * c * hw, (cast_kernel<S, D>), src, dst, n * c * hw, accumulate);
+        return UMT_OK;
+    }
+    int64_t rows = src_nhwc ? hw : c, cols = src_nhwc ? c : hw;
+    dim3 grid((unsigned int)((cols + TILE - 1) / TILE), (unsigned int)((rows + TILE - 1) / TILE),
+              (unsigned int)(n < (int64_t)MAX_GRID_Z ? n : (int64_t)MAX_GRID_Z));
+    transpose_kernel<S, D><<<grid, dim3(TILE, TILE_ROWS), 0, umt_cuda_stream()>>>(src, dst, n, rows, cols, accumulate);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+template <umt_dtype S>
+static umt_status recast_from(const void *src, bool src_nhwc, void *dst, umt_dtype dst_dtype, bool dst_nhwc, int64_t n,
+                              int64_t c, int64_t hw, bool accumulate) {
+    switch (dst_dtype) {
+    case UMT_BF16: return recast_fast<S, UMT_BF16>(src, src_nhwc, dst, dst_nhwc, n, c, hw, accumulate);
+    case UMT_F16: return recast_fast<S, UMT_F16>(src, src_nhwc, dst, dst_nhwc, n, c, hw, accumulate);
+    default: return recast_fast<S, UMT_F32>(src, src_nhwc, dst, dst_nhwc, n, c, hw, accumulate);
+    }
+}
+
 extern "C" umt_status umt_cuda_recast(const void *src, umt_dtype src_dtype, bool src_nhwc, void *dst,
                                       umt_dtype dst_dtype, bool dst_nhwc, int64_t n, int64_t c, int64_t hw,
                                       bool accumulate) {
@@ -156,6 +224,15 @@ extern "C" umt_status umt_cuda_recast(const void *src, umt_dtype src_dtype, bool
     if (n < 0 || c < 0 || hw < 0)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "recast: n=%lld c=%lld hw=%lld (expected >= 0)", (long long)n,
                         (long long)c, (long long)hw);
+    if (n == 0 || c == 0 || hw == 0) return UMT_OK;
+    /* The tiles of either side fit a grid's y (65535 at most). */
+    if (c / TILE < MAX_GRID_Z && hw / TILE < MAX_GRID_Z) {
+        switch (src_dtype) {
+        case UMT_BF16: return recast_from<UMT_BF16>(src, src_nhwc, dst, dst_dtype, dst_nhwc, n, c, hw, accumulate);
+        case UMT_F16: return recast_from<UMT_F16>(src, src_nhwc, dst, dst_dtype, dst_nhwc, n, c, hw, accumulate);
+        default: return recast_from<UMT_F32>(src, src_nhwc, dst, dst_dtype, dst_nhwc, n, c, hw, accumulate);
+        }
+    }
     LAUNCH_OVER(n * c * hw, recast_kernel, src, src_dtype, src_nhwc, dst, dst_dtype, dst_nhwc, n, c, hw, accumulate);
     return UMT_OK;
 }

@@ -342,6 +342,50 @@ static __global__ void max_pool_forward_lp_fast_kernel(umt_pool_shape s, const v
     }
 }
 
+/* NHWC with channels in eights: a thread takes eight neighbouring channels of one output pixel,
+ * reading each window position as one 16-byte load; each lane keeps its own first maximum. */
+enum { LANES = 8 };
+
+typedef union {
+    uint4 bits;
+    uint16_t h[LANES];
+} lanes8;
+
+template <umt_dtype D>
+static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const uint4 *x, uint4 *y, int4 *argmax) {
+    int groups = (int)s.c / LANES, w = (int)s.w, q = (int)s.q, p = (int)s.p, window = (int)s.window;
+    int total = (int)(s.n * s.p * s.q) * groups;
+    for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
+        int group = out % groups, pixel = out / groups, ox = pixel % q, oy = pixel / q % p, n = pixel / (q * p);
+        int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride;
+        float best[LANES];
+        int best_index[LANES];
+        for (int i = 0; i < window; i++) {
+            for (int j = 0; j < window; j++) {
+                lanes8 v;
+                v.bits = x[((n * (int)s.h + y0 + i) * w + x0 + j) * groups + group];
+                for (int e = 0; e < LANES; e++) {
+                    float f = umt_dev_load_as_f32(v.h, D, e);
+                    if ((i == 0 && j == 0) || takes_over(f, best[e])) {
+                        best[e] = f;
+                        best_index[e] = (y0 + i) * w + x0 + j;
+                    }
+                }
+            }
+        }
+        lanes8 result;
+        for (int e = 0; e < LANES; e++) umt_dev_store_from_f32(result.h, D, e, best[e]);
+        y[out] = result.bits;
+        argmax[2 * out] = make_int4(best_index[0], best_index[1], best_index[2], best_index[3]);
+        argmax[2 * out + 1] = make_int4(best_index[4], best_index[5], best_index[6], best_index[7]);
+    }
+}
+
+/* Whether the eight-lane kernel applies: NHWC, channels in eights, every pointer 16-byte aligned. */
+static bool lanes_apply(const umt_pool_shape *s, const void *x, const void *y, const void *argmax) {
+    return s->nhwc && s->c % LANES == 0 && ((uintptr_t)x | (uintptr_t)y | (uintptr_t)argmax) % 16 == 0;
+}
+
 template <umt_dtype D>
 static __global__ void max_pool_backward_lp_scatter_kernel(umt_pool_shape s, const int32_t *argmax, const void *dy,
                                                            void *dx) {
@@ -365,6 +409,14 @@ static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
 extern "C" umt_status umt_cuda_max_pool_forward_lp(const umt_pool_shape *shape, const void *x, void *y,
                                                    int32_t *argmax) {
     UMT_TRY(check_pool_shape_lp("max_pool_forward_lp", shape));
+    if (shape->n * shape->c * shape->h * shape->w < INT32_MAX && lanes_apply(shape, x, y, argmax)) {
+        int64_t groups = shape->n * shape->p * shape->q * shape->c / LANES;
+        if (shape->dtype == UMT_BF16)
+            LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_BF16>, *shape, (const uint4 *)x, (uint4 *)y, (int4 *)argmax);
+        else
+            LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_F16>, *shape, (const uint4 *)x, (uint4 *)y, (int4 *)argmax);
+        return UMT_OK;
+    }
     if (shape->n * shape->c * shape->h * shape->w < INT32_MAX) {
         if (shape->dtype == UMT_BF16)
             LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_lp_fast_kernel<UMT_BF16>, *shape, x, y, argmax);

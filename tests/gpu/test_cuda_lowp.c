@@ -311,7 +311,8 @@ static void check_recast(dims d, umt_dtype src_dtype, bool src_nhwc, umt_dtype d
 
 static void test_recast_converts_moves_and_accumulates_every_element_bit_for_bit(void **state) {
     (void)state;
-    static const dims shapes[] = {{3, 5, 7}, {2, 64, 9}, {4, 1, 10}};
+    /* The last two cross the transposes' 32x32 tiles (MNIST's flatten is 64 channels x 144). */
+    static const dims shapes[] = {{3, 5, 7}, {2, 64, 9}, {4, 1, 10}, {3, 64, 144}, {2, 33, 70}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int from = 0; from < 3; from++)
             for (int to = 0; to < 3; to++)
@@ -640,6 +641,8 @@ static void check_avg_pool(const umt_pool_shape *f, const umt_pool_shape *h, dim
  * (each input in up to nine windows), a single element, a window as large as the input. */
 static const int64_t pool_shapes[][6] = {
     {2, 16, 12, 12, 2, 2}, {2, 5, 9, 11, 3, 2}, {2, 3, 6, 5, 3, 1}, {1, 1, 1, 1, 1, 1}, {2, 3, 5, 5, 5, 1},
+    /* channels in eights (NHWC's eight-lane forward): overlapping windows with a tail, MNIST's pool */
+    {2, 8, 7, 7, 3, 2}, {3, 64, 24, 24, 2, 2},
 };
 
 static void test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows(void **state) {
