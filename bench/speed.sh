@@ -26,14 +26,9 @@ steps_for() { python3 -c "print(max(20, int({64: 1000, 512: 400, 4096: 100}.get(
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$logs/speed_gpu.txt"
 : > "$logs/speed_ours.log"
 for batch in $batches; do
-    # GRAPH_MODES="on off": with and without the whole-step CUDA Graph (--graph).
-    for graph in ${GRAPH_MODES:-on off}; do
-        flags=(--device cuda --data-dir "$bundle/data" --bench "$(steps_for "$batch")" --batch-size "$batch"
-               --precision "$precision")
-        [[ $graph != default ]] && flags+=(--graph "$graph")
-        echo "== ours batch $batch graph $graph" >> "$logs/speed_ours.log"
-        timeout 120 "$bundle/bin/mnist_cnn" "${flags[@]}" >> "$logs/speed_ours.log" 2>&1
-    done
+    echo "== ours batch $batch" >> "$logs/speed_ours.log"
+    timeout 120 "$bundle/bin/mnist_cnn" --device cuda --data-dir "$bundle/data" --bench "$(steps_for "$batch")" \
+        --batch-size "$batch" --precision "$precision" >> "$logs/speed_ours.log" 2>&1
 done
 batch_list=$(echo $batches | tr ' ' ',')
 timeout 400 python3 "$bundle/torch_ref.py" --dtype "$precision" --batches "$batch_list" --modes "$modes" --floor \

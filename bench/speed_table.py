@@ -2,10 +2,9 @@
 
     python3 bench/speed_table.py --precision bf16 --gpu NAME ours.log torch.log
 
-ours.log holds `mnist_cnn --bench` outputs, each after a line "== ours batch B graph G";
-torch.log holds bench/torch_ref.py's lines. Prints a markdown table: images/s of umtrain (with
-and without the step graph where both ran) and of each PyTorch mode, our ratio to each, and the
-floor with our percentage of it.
+ours.log holds `mnist_cnn --bench` outputs, each after a line "== ours batch B"; torch.log
+holds bench/torch_ref.py's lines. Prints a markdown table: images/s of umtrain and of each
+PyTorch mode, our ratio to each, and the floor with our percentage of it.
 
 The floor is what the measured GPU could not beat for this network: per image, the FLOPs of a
 training step (forward, data and weight gradients of each convolution and linear layer; conv1
@@ -48,14 +47,14 @@ def bytes_per_image(value_bytes):
 
 
 def parse_ours(path):
-    rates, batch, graph = {}, None, None
+    rates, batch = {}, None
     for line in open(path):
-        m = re.match(r"== ours batch (\d+) graph (\w+)", line)
+        m = re.match(r"== ours batch (\d+)", line)
         if m:
-            batch, graph = int(m.group(1)), m.group(2)
+            batch = int(m.group(1))
         m = re.search(r"^bench: .*: (\d+) images/s", line)
         if m and batch is not None:
-            rates[(batch, graph)] = float(m.group(1))
+            rates[batch] = float(m.group(1))
     return rates
 
 
@@ -94,15 +93,14 @@ def main():
               f"images/s; {nbytes / 1e3:.0f} kB/image at {floor['gbps']:.0f} GB/s = {1 / memory_s / 1e6:.2f}M images/s; "
               f"floor {floor_rate / 1e6:.2f}M images/s")
     modes = sorted({m for m, _ in torch_rates}, key=["eager", "default", "reduce-overhead"].index)
-    batches = sorted({b for b, _ in ours} | {b for _, b in torch_rates})
-    graphs = sorted({g for _, g in ours}, reverse=True)
-    head = [f"umtrain graph {g}" for g in graphs] + [f"torch {m}" for m in modes]
+    batches = sorted(set(ours) | {b for _, b in torch_rates})
+    head = ["umtrain"] + [f"torch {m}" for m in modes]
     head += [f"ours / {m}" for m in modes] + ["% of floor"]
     print("| batch | " + " | ".join(head) + " |")
     print("|---:|" + "---:|" * len(head))
     for b in batches:
-        best = max((ours.get((b, g), 0) for g in graphs), default=0)
-        cells = [f"{ours[(b, g)]:,.0f}" if (b, g) in ours else "-" for g in graphs]
+        best = ours.get(b, 0)
+        cells = [f"{best:,.0f}" if best else "-"]
         cells += [f"{torch_rates[(m, b)]:,.0f}" if (m, b) in torch_rates else "-" for m in modes]
         cells += [f"{best / torch_rates[(m, b)]:.2f}x" if best and (m, b) in torch_rates else "-" for m in modes]
         cells.append(f"{100 * best / floor_rate:.1f}%" if best and floor_rate else "-")

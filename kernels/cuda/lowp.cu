@@ -225,8 +225,9 @@ extern "C" umt_status umt_cuda_recast(const void *src, umt_dtype src_dtype, bool
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "recast: n=%lld c=%lld hw=%lld (expected >= 0)", (long long)n,
                         (long long)c, (long long)hw);
     if (n == 0 || c == 0 || hw == 0) return UMT_OK;
-    /* The tiles of either side fit a grid's y (65535 at most). */
-    if (c / TILE < MAX_GRID_Z && hw / TILE < MAX_GRID_Z) {
+    /* A cast has no grid limit; a transpose's tiles of either side must fit a grid's y. */
+    bool same_layout = src_nhwc == dst_nhwc || c == 1 || hw == 1;
+    if (same_layout || (c / TILE < MAX_GRID_Z && hw / TILE < MAX_GRID_Z)) {
         switch (src_dtype) {
         case UMT_BF16: return recast_from<UMT_BF16>(src, src_nhwc, dst, dst_dtype, dst_nhwc, n, c, hw, accumulate);
         case UMT_F16: return recast_from<UMT_F16>(src, src_nhwc, dst, dst_dtype, dst_nhwc, n, c, hw, accumulate);

@@ -319,6 +319,8 @@ static void test_recast_converts_moves_and_accumulates_every_element_bit_for_bit
                 for (int layouts = 0; layouts < 4; layouts++)
                     for (int accumulate = 0; accumulate < 2; accumulate++)
                         check_recast(shapes[i], FLOATS[from], layouts & 1, FLOATS[to], layouts & 2, accumulate);
+    /* A flatten's gradient: one plane of more than 65535 tiles of 32, accumulated in place. */
+    check_recast((dims){1, 1, 2200000}, UMT_BF16, false, UMT_BF16, false, true);
 }
 
 /* f32 NCHW -> half NHWC -> f32 NCHW on the device gives the CPU convert's rounding exactly. */
@@ -641,8 +643,9 @@ static void check_avg_pool(const umt_pool_shape *f, const umt_pool_shape *h, dim
  * (each input in up to nine windows), a single element, a window as large as the input. */
 static const int64_t pool_shapes[][6] = {
     {2, 16, 12, 12, 2, 2}, {2, 5, 9, 11, 3, 2}, {2, 3, 6, 5, 3, 1}, {1, 1, 1, 1, 1, 1}, {2, 3, 5, 5, 5, 1},
-    /* channels in eights (NHWC's eight-lane forward): overlapping windows with a tail, MNIST's pool */
-    {2, 8, 7, 7, 3, 2}, {3, 64, 24, 24, 2, 2},
+    /* channels in eights (NHWC's eight-lane forward): overlapping windows with a tail, and MNIST's
+     * 64 channels under a 2x2 pool (on 16x16 planes: distinct_input holds at most 512 pixels) */
+    {2, 8, 7, 7, 3, 2}, {3, 64, 16, 16, 2, 2},
 };
 
 static void test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows(void **state) {
