@@ -14,6 +14,9 @@
  * pooling a window contributes when its argmax is this element. An argmax outside its window is
  * never matched, so a corrupt argmax loses its gradient where the CPU refuses it; argmax comes
  * from max_pool_forward, and checking it here would cost a wait for the GPU on every call.
+ * Where windows do not overlap (stride >= window), each input has at most one window, and the
+ * max-pool backwards scatter instead: one thread per output adds its gradient at its pick, the
+ * same single addition (see max_pool_backward_scatter_kernel).
  */
 #include <math.h>
 #include <stdint.h>
