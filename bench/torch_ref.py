@@ -1,13 +1,22 @@
 """bench/torch_ref.py — PyTorch's MNIST example network, timed the way `mnist_cnn --bench` is.
 
     python3 bench/torch_ref.py [--steps 200] [--batches 64,512,4096] [--dtype fp32|bf16]
+                               [--modes eager,default,reduce-overhead] [--floor]
 
 Same network (conv 1->32 3x3, relu, conv 32->64 3x3, relu, max-pool 2, dropout 0.25, flatten,
 linear 9216->128, relu, dropout 0.5, linear 128->10, log-softmax, NLL), Adadelta lr 1.0, data
-already on the GPU (random images and labels), eager mode; 20 warm-up steps, then `steps` steps
-timed with CUDA events. Prints one line per batch size: "torch eager <dtype> batch B: X images/s".
+already on the GPU (random images and labels); 20 warm-up steps, then `steps` steps timed with
+CUDA events. Modes: "eager", or torch.compile with mode "default" or "reduce-overhead" (CUDA
+Graphs) over the whole step (forward, backward and optimizer). Prints one line per mode and
+batch size: "torch <mode> <dtype> batch B: X images/s".
+
+--floor also measures what bounds any implementation on this GPU, in the same process: the
+matrix rate (a bf16 or fp32 8192^3 product, TFLOP/s) and the copy bandwidth (a 1 GiB
+device-to-device copy, bytes read + written per second). Lines: "floor matmul <dtype>: X TFLOP/s",
+"floor copy: X GB/s".
 """
 import argparse
+import time
 
 import torch
 import torch.nn as nn
@@ -32,20 +41,27 @@ class Net(nn.Module):
         return F.log_softmax(self.fc2(self.dropout2(x)), dim=1)
 
 
-def images_per_second(batch, steps, dtype):
+def make_step(model, opt, x, y, dtype):
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            loss = F.nll_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def images_per_second(batch, steps, dtype, mode):
     torch.manual_seed(1)
     model = Net().cuda()
     opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
     x = torch.randn(batch, 1, 28, 28, device="cuda")
     y = torch.randint(0, 10, (batch,), device="cuda")
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
-            loss = F.nll_loss(model(x), y)
-        loss.backward()
-        opt.step()
-
+    step = make_step(model, opt, x, y, dtype)
+    if mode != "eager":
+        step = torch.compile(step, mode=mode, dynamic=False)
     for _ in range(20):
         step()
     torch.cuda.synchronize()
@@ -58,19 +74,52 @@ def images_per_second(batch, steps, dtype):
     return batch * steps / (start.elapsed_time(end) / 1e3)
 
 
+def timed_ms(fn, repeats):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def floor(dtype):
+    size = 8192
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    a = torch.randn(size, size, device="cuda", dtype=torch_dtype)
+    b = torch.randn(size, size, device="cuda", dtype=torch_dtype)
+    ms = timed_ms(lambda: torch.mm(a, b), 20)
+    print(f"floor matmul {dtype}: {2 * size ** 3 / (ms / 1e3) / 1e12:.1f} TFLOP/s", flush=True)
+    del a, b
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = timed_ms(lambda: dst.copy_(src), 20)
+    print(f"floor copy: {2 * src.numel() / (ms / 1e3) / 1e9:.0f} GB/s", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batches", default="64,512,4096")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--modes", default="eager")
+    parser.add_argument("--floor", action="store_true")
     args = parser.parse_args()
     # fp32 means fp32: no TF32 in matrix products or convolutions (umtrain's fp32 uses none).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
-    for batch in (int(b) for b in args.batches.split(",")):
-        rate = images_per_second(batch, args.steps, args.dtype)
-        print(f"torch eager {args.dtype} batch {batch}: {rate:.0f} images/s", flush=True)
+    if args.floor:
+        floor(args.dtype)
+    for mode in args.modes.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            began = time.time()
+            rate = images_per_second(batch, args.steps, args.dtype, mode)
+            print(f"torch {mode} {args.dtype} batch {batch}: {rate:.0f} images/s "
+                  f"(with compile {time.time() - began:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

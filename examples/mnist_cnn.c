@@ -46,7 +46,7 @@ static const char *const program = "mnist_cnn";
 typedef struct {
     int epochs;
     int64_t batch_size, test_batch_size, train_limit;
-    float lr, gamma, clip_grad_norm;
+    float lr, gamma, clip_grad_norm, target_accuracy;
     const char *optimizer, *data_dir, *save, *resume, *precision;
     uint64_t seed;
     umt_device device;
@@ -62,7 +62,8 @@ static void usage(FILE *out) {
                  "                 [--optimizer adadelta|sgd|adam|adamw] [--seed N] [--device cpu|cuda]\n"
                  "                 [--mem managed|managed-plain|device] [--data-dir DIR] [--train-limit N]\n"
                  "                 [--log-every N] [--save PATH] [--resume PATH] [--bench STEPS]\n"
-                 "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F]\n" EXAMPLE_INPUT_USAGE
+                 "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
+                 EXAMPLE_INPUT_USAGE
                  "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
                  "defaults: 5 epochs, batch 64, test batch 1000, adadelta lr 1.0, gamma 0.7, seed 1, data/mnist,\n"
                  "          cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16\n"
@@ -99,6 +100,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device)), o->device_set = true;
     else if (!strcmp(flag, "--mem")) bad = example_check(program, umt_memory_mode_parse(value, &o->memory_mode));
     else if (!strcmp(flag, "--clip-grad-norm")) bad = example_number(program, flag, value, 1e-9, 1e9, &v), o->clip_grad_norm = (float)v;
+    else if (!strcmp(flag, "--target-acc")) bad = example_number(program, flag, value, 0.01, 100, &v), o->target_accuracy = (float)v;
     else if (!strcmp(flag, "--precision")) o->precision = value;
     else if (!strcmp(flag, "--optimizer")) o->optimizer = value;
     else if (!strcmp(flag, "--data-dir")) o->data_dir = value;
@@ -286,7 +288,29 @@ static int make_optimizer(run_state *r, const options *o) {
     return example_check(program, umt_optimizer_create(r->ctx, &oo, &r->opt));
 }
 
+/* --target-acc: the training time up to the first evaluation that reaches the target, on the
+ * host's clock (wall, from the first step: start-up, data loading and the model build left
+ * out) and on the GPU's (CUDA events around the training epochs only, evaluations left out). */
+typedef struct {
+    double wall_start_s, gpu_ms;
+} time_to_accuracy;
+
+static int timed_epoch(run_state *r, const options *o, int epoch, time_to_accuracy *t) {
+    if (!o->target_accuracy) return train_epoch(r, o, epoch);
+    double ms = 0;
+    if (example_check(program, umt_timer_start(r->ctx))) return -1;
+    if (train_epoch(r, o, epoch) || example_check(program, umt_timer_stop(r->ctx, &ms))) return -1;
+    t->gpu_ms += ms;
+    return 0;
+}
+
+static void report_reached(const options *o, const time_to_accuracy *t, int epoch, double accuracy) {
+    printf("target accuracy %.2f%% reached after epoch %d (%.2f%%): training took %.2f s wall, %.2f s of GPU time\n",
+           (double)o->target_accuracy, epoch + 1, accuracy, example_seconds() - t->wall_start_s, t->gpu_ms / 1e3);
+}
+
 static int train(run_state *r, const options *o) {
+    time_to_accuracy timing = {.wall_start_s = example_seconds()};
     umt_checkpoint_info info = {0, 0};
     if (o->resume) {
         if (example_check(program, umt_checkpoint_load(r->ctx, r->opt, &info, o->resume))) return -1;
@@ -297,13 +321,19 @@ static int train(run_state *r, const options *o) {
     for (int epoch = (int)info.epoch; epoch < o->epochs; ++epoch) {
         umt_optimizer_set_lr(r->opt, umt_lr_step(o->lr, o->gamma, 1, epoch));
         double accuracy = 0;
-        if (train_epoch(r, o, epoch) || evaluate(r, o, &accuracy)) return -1;
+        if (timed_epoch(r, o, epoch, &timing) || evaluate(r, o, &accuracy)) return -1;
         if (r->rank == 0) printf("epoch %d test accuracy %.2f%%\n", epoch + 1, accuracy);
+        /* Every rank has the summed accuracy, so all stop together. */
+        bool done = o->target_accuracy && accuracy >= o->target_accuracy;
+        if (done && r->rank == 0) report_reached(o, &timing, epoch, accuracy);
         fflush(stdout);
         info = (umt_checkpoint_info){.epoch = epoch + 1, .step = umt_optimizer_steps(r->opt)};
         if (r->rank == 0 && o->save && example_check(program, umt_checkpoint_save(r->ctx, r->opt, &info, o->save)))
             return -1;
+        if (done) return 0;
     }
+    if (o->target_accuracy && r->rank == 0)
+        printf("target accuracy %.2f%% not reached in %d epochs\n", (double)o->target_accuracy, o->epochs);
     return 0;
 }
 

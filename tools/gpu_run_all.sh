@@ -38,7 +38,7 @@ done
 grep -A12 '^pool' "$logs/mnist_mlp_managed.log"
 
 # The MNIST CNN: 5 epochs with the example's recipe in each precision (accuracy after each
-# epoch, and fp16's skipped steps), then --bench in fp32 and bf16 with the activation peak.
+# epoch, and fp16's skipped steps).
 for precision in fp32 bf16 fp16; do
     log="$logs/mnist_cnn_$precision.log"
     UMT_MEM_REPORT=1 bin/mnist_cnn --device cuda --data-dir data --epochs 5 --precision "$precision" \
@@ -49,20 +49,13 @@ for precision in fp32 bf16 fp16; do
     row "mnist_cnn 5 epochs $precision" "${accs:-none}(exit $rc)$skipped"
     [[ $rc -ne 0 ]] && tail -n 5 "$log"
 done
+# Speed: umtrain against PyTorch (eager and torch.compile) with the floor, in fp32 and bf16
+# (bench/speed.sh; the bf16 table is the one docs/PERF.md and the README show).
 for precision in fp32 bf16; do
-    for batch in 64 512 4096; do
-        log="$logs/cnn_bench_${precision}_$batch.log"
-        bin/mnist_cnn --device cuda --data-dir data --bench 200 --batch-size "$batch" --precision "$precision" > "$log" 2>&1
-        peak=$(awk '$1 == "activations" && NF == 5 {print $4}' "$log" | head -n 1)
-        row "mnist_cnn --bench 200 -b $batch $precision" "$(grep '^bench:' "$log" | cut -d: -f2- | sed 's/.*s: //') act peak ${peak:-?}"
-    done
+    PRECISION=$precision bash bench/speed.sh > "$logs/speed_$precision.txt" 2>&1
+    while read -r line; do row "speed $precision ${line%%|*}" "${line#*|}"; done < <(grep '^| [0-9]' "$logs/speed_$precision.txt")
 done
-
-# PyTorch on the same GPU, same network and timing, for the ratio: fp32 (no TF32), bf16 autocast.
-for dtype in fp32 bf16; do
-    python3 torch_ref.py --steps 200 --dtype "$dtype" > "$logs/torch_ref_$dtype.log" 2>&1
-    while read -r line; do row "${line%%:*}" "${line#*: }"; done < <(grep '^torch eager' "$logs/torch_ref_$dtype.log")
-done
+cat "$logs/speed_bf16.txt"
 
 # A model that needs more than the budget must fail cleanly, naming pool, request and what is left.
 log="$logs/budget_refusal.log"

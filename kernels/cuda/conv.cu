@@ -384,8 +384,8 @@ static __global__ void add_channel_bias_kernel(const float *x, const float *bias
     FOR_EACH_INDEX(i, n * k * hw) y[i] = x[i] + bias[(i / hw) % k];
 }
 
-/* The sum of v over the block's BIAS_THREADS threads, returned to every thread: a fixed tree
- * over shared memory, so the result does not depend on thread timing. */
+/* The sum of v over the block's BIAS_THREADS threads, returned to thread 0: a fixed tree over
+ * shared memory, so the result does not depend on thread timing. */
 static __device__ double block_sum(double v) {
     __shared__ double partial[BIAS_THREADS];
     partial[threadIdx.x] = v;
@@ -394,20 +394,44 @@ static __device__ double block_sum(double v) {
         if ((int)threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
         __syncthreads();
     }
-    double total = partial[0];
-    /* The next call (the next channel) overwrites partial. */
-    __syncthreads();
-    return total;
+    return partial[0];
 }
 
-/* One block per channel; its threads stride over the channel's n*hw terms, in double as on the
- * CPU, and the block adds the total to dbias once. */
-static __global__ void sum_channel_bias_kernel(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw) {
-    for (int64_t ch = blockIdx.x; ch < k; ch += gridDim.x) {
+/* The channel sums' partials: block (channel, chunk) of the first stage writes
+ * partials[chunk * k + channel]; the second stage adds each channel's chunks in chunk order.
+ * A batch's planes of one channel lie hw apart in k-strided runs, so one block per channel
+ * (k blocks: 32 or 64 here) would leave most of the GPU idle; cutting the images into chunks
+ * fills it, and the fixed split keeps the result the same bits on every run (no atomics).
+ * One stream runs every kernel in order, so one static buffer (module memory, 512 KiB, not a
+ * pool) serves every call; shapes with more channels than it holds take one chunk. */
+enum { BIAS_PARTIALS = 1 << 16, BIAS_TARGET_BLOCKS = 1024 };
+static __device__ double bias_partials[BIAS_PARTIALS];
+
+/* Block (channel, chunk): the chunk's images of the channel, each plane read contiguously (no
+ * division per element), summed in double as on the CPU. With one chunk, the block adds its
+ * total to dbias itself. */
+static __global__ void sum_channel_chunks_kernel(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw,
+                                                 int64_t images_per_chunk) {
+    int64_t channel = blockIdx.x, chunk = blockIdx.y, first = chunk * images_per_chunk;
+    int64_t last = first + images_per_chunk < n ? first + images_per_chunk : n;
+    double sum = 0.0;
+    for (int64_t image = first; image < last; image++) {
+        const float *plane = dy + (image * k + channel) * hw;
+        for (int64_t i = threadIdx.x; i < hw; i += BIAS_THREADS) sum += plane[i];
+    }
+    sum = block_sum(sum);
+    if (threadIdx.x != 0) return;
+    if (gridDim.y == 1)
+        dbias[channel] = (float)((double)dbias[channel] + sum);
+    else
+        bias_partials[chunk * k + channel] = sum;
+}
+
+static __global__ void add_channel_chunks_kernel(float *dbias, int64_t k, int chunks) {
+    FOR_EACH_INDEX(channel, k) {
         double sum = 0.0;
-        for (int64_t e = threadIdx.x; e < n * hw; e += BIAS_THREADS) sum += dy[((e / hw) * k + ch) * hw + e % hw];
-        sum = block_sum(sum);
-        if (threadIdx.x == 0) dbias[ch] = (float)((double)dbias[ch] + sum);
+        for (int chunk = 0; chunk < chunks; chunk++) sum += bias_partials[chunk * k + channel];
+        dbias[channel] = (float)((double)dbias[channel] + sum);
     }
 }
 
@@ -423,8 +447,22 @@ extern "C" umt_status umt_cuda_add_channel_bias(const float *x, const float *bia
 extern "C" umt_status umt_cuda_sum_channel_bias(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw) {
     UMT_TRY(check_channel_sizes("sum_channel_bias", n, k, hw));
     if (k == 0) return UMT_OK;
-    unsigned int blocks = k < MAX_BLOCKS ? (unsigned int)k : (unsigned int)MAX_BLOCKS;
-    sum_channel_bias_kernel<<<blocks, BIAS_THREADS, 0, umt_cuda_stream()>>>(dy, dbias, n, k, hw);
+    if (k > MAX_BLOCKS)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "sum_channel_bias: %lld channels (at most %d)", (long long)k, MAX_BLOCKS);
+    /* Enough chunks to give the GPU about BIAS_TARGET_BLOCKS blocks, as the partials allow. */
+    int64_t chunks = (BIAS_TARGET_BLOCKS + k - 1) / k;
+    if (chunks > n) chunks = n;
+    if (chunks * k > BIAS_PARTIALS) chunks = BIAS_PARTIALS / k;
+    if (chunks < 1) chunks = 1;
+    int64_t images_per_chunk = (n + chunks - 1) / chunks;
+    if (images_per_chunk > 0) chunks = (n + images_per_chunk - 1) / images_per_chunk;
+    if (chunks < 1) chunks = 1;
+    dim3 grid((unsigned int)k, (unsigned int)chunks);
+    sum_channel_chunks_kernel<<<grid, BIAS_THREADS, 0, umt_cuda_stream()>>>(dy, dbias, n, k, hw, images_per_chunk);
     UMT_CUDA_LAUNCHED();
+    if (chunks > 1) {
+        add_channel_chunks_kernel<<<blocks_for(k), THREADS, 0, umt_cuda_stream()>>>(dbias, k, (int)chunks);
+        UMT_CUDA_LAUNCHED();
+    }
     return UMT_OK;
 }

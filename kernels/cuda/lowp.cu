@@ -33,6 +33,86 @@ static __device__ float row_chunk_partials[ROW_CHUNKS * MAX_CHUNKED_COLUMNS];
         }                                                                                                          \
     } while (0)
 
+/* ------------------------------------------------------------------------------------------ */
+/* Eight halves at a time: the ReLU and bias kernels of a training step move tens of MB each.  */
+/* With the dtype a template argument there is no switch per element, and a 16-byte load or    */
+/* store carries eight values instead of two bytes. Used when n is a multiple of 8 and every   */
+/* pointer 16-byte aligned (the pools align to 256); the scalar kernels take the rest.          */
+
+enum { VECTOR = 8 };
+
+template <umt_dtype D> static __device__ float widen(uint16_t v) {
+    return D == UMT_BF16 ? umt_dev_bf16_to_f32(v) : umt_dev_f16_to_f32(v);
+}
+
+template <umt_dtype D> static __device__ uint16_t narrow(float v) {
+    return D == UMT_BF16 ? umt_dev_f32_to_bf16(v) : umt_dev_f32_to_f16(v);
+}
+
+typedef union {
+    uint4 bits;
+    uint16_t h[VECTOR];
+} halves8;
+
+static bool vectorizable(int64_t n, const void *a, const void *b, const void *c) {
+    return n % VECTOR == 0 && ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % sizeof(uint4) == 0;
+}
+
+#define LAUNCH_VECTORS(n, kernel, ...)                                                                             \
+    do {                                                                                                           \
+        if ((n) > 0) {                                                                                             \
+            kernel<<<blocks_for((n) / VECTOR), THREADS, 0, umt_cuda_stream()>>>(__VA_ARGS__);                      \
+            UMT_CUDA_LAUNCHED();                                                                                   \
+        }                                                                                                          \
+    } while (0)
+
+/* Launches kernel<UMT_BF16> or kernel<UMT_F16> over n / VECTOR vectors. */
+#define LAUNCH_VECTORS_OF(dtype, n, kernel, ...)                                                                   \
+    do {                                                                                                           \
+        if ((dtype) == UMT_BF16)                                                                                   \
+            LAUNCH_VECTORS(n, kernel<UMT_BF16>, __VA_ARGS__);                                                      \
+        else                                                                                                       \
+            LAUNCH_VECTORS(n, kernel<UMT_F16>, __VA_ARGS__);                                                       \
+    } while (0)
+
+template <umt_dtype D> static __global__ void relu_lp_vector_kernel(const uint4 *x, uint4 *y, int64_t vectors) {
+    FOR_EACH_INDEX(v, vectors) {
+        halves8 in, out;
+        in.bits = x[v];
+        for (int e = 0; e < VECTOR; e++) {
+            float f = widen<D>(in.h[e]);
+            out.h[e] = narrow<D>(f < 0.0f ? 0.0f : f); /* the scalar kernel's rounding, NaNs included */
+        }
+        y[v] = out.bits;
+    }
+}
+
+template <umt_dtype D>
+static __global__ void relu_backward_lp_vector_kernel(const uint4 *y, const uint4 *dy, uint4 *dx, int64_t vectors) {
+    FOR_EACH_INDEX(v, vectors) {
+        halves8 yv, dyv, dxv;
+        yv.bits = y[v];
+        dyv.bits = dy[v];
+        dxv.bits = dx[v];
+        for (int e = 0; e < VECTOR; e++)
+            if (widen<D>(yv.h[e]) > 0.0f) dxv.h[e] = narrow<D>(widen<D>(dxv.h[e]) + widen<D>(dyv.h[e]));
+        dx[v] = dxv.bits;
+    }
+}
+
+/* cols is a multiple of VECTOR here, so a vector's eight values share one row. */
+template <umt_dtype D>
+static __global__ void add_rows_lp_vector_kernel(const uint4 *x, const float *bias, uint4 *out, int64_t vectors,
+                                                 int64_t cols) {
+    FOR_EACH_INDEX(v, vectors) {
+        halves8 in, result;
+        in.bits = x[v];
+        int64_t first = v * VECTOR % cols;
+        for (int e = 0; e < VECTOR; e++) result.h[e] = narrow<D>(widen<D>(in.h[e]) + bias[first + e]);
+        out[v] = result.bits;
+    }
+}
+
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
 static bool is_float(umt_dtype dtype) { return dtype == UMT_F32 || is_half(dtype); }
 
@@ -67,6 +147,74 @@ static __global__ void recast_kernel(const void *src, umt_dtype src_dtype, bool 
     }
 }
 
+/* The recasts of a bf16 training step are layout changes of whole activations (flatten of an
+ * NHWC tensor, and its backward) and plain casts: with both dtypes template arguments, a cast
+ * is a straight loop, and a layout change is a transpose of each image's [hw, c] (or [c, hw])
+ * matrix through a shared-memory tile, so that reads and writes are both coalesced. Same
+ * values and roundings as recast_kernel: one widening, the optional add, one rounding. */
+enum { TILE = 32, TILE_ROWS = 8, MAX_GRID_Z = 65535 };
+
+template <umt_dtype S, umt_dtype D>
+static __global__ void cast_kernel(const void *src, void *dst, int64_t count, bool accumulate) {
+    FOR_EACH_INDEX(i, count) {
+        float v = umt_dev_load_as_f32(src, S, i);
+        if (accumulate) v += umt_dev_load_as_f32(dst, D, i);
+        umt_dev_store_from_f32(dst, D, i, v);
+    }
+}
+
+/* Image z's src matrix [rows, cols] -> dst [cols, rows]; block (x, y) moves one 32x32 tile. */
+template <umt_dtype S, umt_dtype D>
+static __global__ void transpose_kernel(const void *src, void *dst, int64_t images, int64_t rows, int64_t cols,
+                                        bool accumulate) {
+    __shared__ float tile[TILE][TILE + 1]; /* +1: no bank conflicts on the transposed read */
+    int64_t col0 = (int64_t)blockIdx.x * TILE, row0 = (int64_t)blockIdx.y * TILE;
+    for (int64_t image = blockIdx.z; image < images; image += gridDim.z) {
+        int64_t base = image * rows * cols;
+        for (int r = threadIdx.y; r < TILE; r += TILE_ROWS) {
+            int64_t row = row0 + r, col = col0 + threadIdx.x;
+            if (row < rows && col < cols) tile[r][threadIdx.x] = umt_dev_load_as_f32(src, S, base + row * cols + col);
+        }
+        __syncthreads();
+        for (int c = threadIdx.y; c < TILE; c += TILE_ROWS) {
+            int64_t col = col0 + c, row = row0 + threadIdx.x;
+            if (row < rows && col < cols) {
+                int64_t at = base + col * rows + row;
+                float v = tile[threadIdx.x][c];
+                if (accumulate) v += umt_dev_load_as_f32(dst, D, at);
+                umt_dev_store_from_f32(dst, D, at, v);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <umt_dtype S, umt_dtype D>
+static umt_status recast_fast(const void *src, bool src_nhwc, void *dst, bool dst_nhwc, int64_t n, int64_t c,
+                              int64_t hw, bool accumulate) {
+    /* The layouts agree when they are the same, or when c or hw is 1. */
+    if (src_nhwc == dst_nhwc || c == 1 || hw == 1) {
+        LAUNCH_OVER(n * c * hw, (cast_kernel<S, D>), src, dst, n * c * hw, accumulate);
+        return UMT_OK;
+    }
+    int64_t rows = src_nhwc ? hw : c, cols = src_nhwc ? c : hw;
+    dim3 grid((unsigned int)((cols + TILE - 1) / TILE), (unsigned int)((rows + TILE - 1) / TILE),
+              (unsigned int)(n < (int64_t)MAX_GRID_Z ? n : (int64_t)MAX_GRID_Z));
+    transpose_kernel<S, D><<<grid, dim3(TILE, TILE_ROWS), 0, umt_cuda_stream()>>>(src, dst, n, rows, cols, accumulate);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+template <umt_dtype S>
+static umt_status recast_from(const void *src, bool src_nhwc, void *dst, umt_dtype dst_dtype, bool dst_nhwc, int64_t n,
+                              int64_t c, int64_t hw, bool accumulate) {
+    switch (dst_dtype) {
+    case UMT_BF16: return recast_fast<S, UMT_BF16>(src, src_nhwc, dst, dst_nhwc, n, c, hw, accumulate);
+    case UMT_F16: return recast_fast<S, UMT_F16>(src, src_nhwc, dst, dst_nhwc, n, c, hw, accumulate);
+    default: return recast_fast<S, UMT_F32>(src, src_nhwc, dst, dst_nhwc, n, c, hw, accumulate);
+    }
+}
+
 extern "C" umt_status umt_cuda_recast(const void *src, umt_dtype src_dtype, bool src_nhwc, void *dst,
                                       umt_dtype dst_dtype, bool dst_nhwc, int64_t n, int64_t c, int64_t hw,
                                       bool accumulate) {
@@ -76,6 +224,16 @@ extern "C" umt_status umt_cuda_recast(const void *src, umt_dtype src_dtype, bool
     if (n < 0 || c < 0 || hw < 0)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "recast: n=%lld c=%lld hw=%lld (expected >= 0)", (long long)n,
                         (long long)c, (long long)hw);
+    if (n == 0 || c == 0 || hw == 0) return UMT_OK;
+    /* A cast has no grid limit; a transpose's tiles of either side must fit a grid's y. */
+    bool same_layout = src_nhwc == dst_nhwc || c == 1 || hw == 1;
+    if (same_layout || (c / TILE < MAX_GRID_Z && hw / TILE < MAX_GRID_Z)) {
+        switch (src_dtype) {
+        case UMT_BF16: return recast_from<UMT_BF16>(src, src_nhwc, dst, dst_dtype, dst_nhwc, n, c, hw, accumulate);
+        case UMT_F16: return recast_from<UMT_F16>(src, src_nhwc, dst, dst_dtype, dst_nhwc, n, c, hw, accumulate);
+        default: return recast_from<UMT_F32>(src, src_nhwc, dst, dst_dtype, dst_nhwc, n, c, hw, accumulate);
+        }
+    }
     LAUNCH_OVER(n * c * hw, recast_kernel, src, src_dtype, src_nhwc, dst, dst_dtype, dst_nhwc, n, c, hw, accumulate);
     return UMT_OK;
 }
@@ -138,6 +296,11 @@ extern "C" umt_status umt_cuda_add_rows_lp(umt_dtype dtype, const void *x, const
                                            int64_t cols) {
     UMT_TRY(check_half("add_rows_lp", dtype));
     if (rows <= 0 || cols <= 0) return UMT_OK;
+    if (cols % VECTOR == 0 && vectorizable(rows * cols, x, out, out)) {
+        LAUNCH_VECTORS_OF(dtype, rows * cols, add_rows_lp_vector_kernel, (const uint4 *)x, bias, (uint4 *)out,
+                          rows * cols / VECTOR, cols);
+        return UMT_OK;
+    }
     LAUNCH_OVER(rows * cols, add_rows_lp_kernel, dtype, x, bias, out, rows, cols);
     return UMT_OK;
 }
@@ -247,12 +410,21 @@ static __global__ void dropout_backward_lp_kernel(umt_dtype dtype, const uint8_t
 
 extern "C" umt_status umt_cuda_relu_lp(umt_dtype dtype, const void *x, void *y, int64_t n) {
     UMT_TRY(check_half("relu_lp", dtype));
+    if (vectorizable(n, x, y, y)) {
+        LAUNCH_VECTORS_OF(dtype, n, relu_lp_vector_kernel, (const uint4 *)x, (uint4 *)y, n / VECTOR);
+        return UMT_OK;
+    }
     LAUNCH_OVER(n, relu_lp_kernel, dtype, x, y, n);
     return UMT_OK;
 }
 
 extern "C" umt_status umt_cuda_relu_backward_lp(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n) {
     UMT_TRY(check_half("relu_backward_lp", dtype));
+    if (vectorizable(n, y, dy, dx)) {
+        LAUNCH_VECTORS_OF(dtype, n, relu_backward_lp_vector_kernel, (const uint4 *)y, (const uint4 *)dy, (uint4 *)dx,
+                          n / VECTOR);
+        return UMT_OK;
+    }
     LAUNCH_OVER(n, relu_backward_lp_kernel, dtype, y, dy, dx, n);
     return UMT_OK;
 }

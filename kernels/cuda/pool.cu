@@ -14,6 +14,9 @@
  * pooling a window contributes when its argmax is this element. An argmax outside its window is
  * never matched, so a corrupt argmax loses its gradient where the CPU refuses it; argmax comes
  * from max_pool_forward, and checking it here would cost a wait for the GPU on every call.
+ * Where windows do not overlap (stride >= window), each input has at most one window, and the
+ * max-pool backwards scatter instead: one thread per output adds its gradient at its pick, the
+ * same single addition (see max_pool_backward_scatter_kernel).
  */
 #include <math.h>
 #include <stdint.h>
@@ -114,6 +117,33 @@ static __global__ void max_pool_backward_kernel(umt_pool_shape s, const int32_t 
     }
 }
 
+/* Windows that do not overlap (stride >= window, MNIST's 2x2 pool) cover each input at most
+ * once, so each output can add its gradient straight to its pick: one thread per output,
+ * a quarter of the gather's threads, 32-bit index arithmetic (the plane fits INT32_MAX, and
+ * the caller checks the total). The same single addition as the gather: the same bits. A pick
+ * outside its window (a corrupt argmax) is dropped, as the gather drops it. */
+static __device__ bool pick_in_window(int32_t pick, int oy, int ox, int w, int window, int stride, int *row,
+                                      int *col) {
+    *row = pick / w, *col = pick % w;
+    return *row >= oy * stride && *row < oy * stride + window && *col >= ox * stride && *col < ox * stride + window;
+}
+
+static __global__ void max_pool_backward_scatter_kernel(umt_pool_shape s, const int32_t *argmax, const float *dy,
+                                                        float *dx) {
+    int total = (int)(s.n * s.c * s.p * s.q), p = (int)s.p, q = (int)s.q, w = (int)s.w, hw = (int)(s.h * s.w);
+    for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
+        int plane = out / (p * q), oy = out / q % p, ox = out % q, row, col;
+        if (!pick_in_window(argmax[out], oy, ox, w, (int)s.window, (int)s.stride, &row, &col)) continue;
+        float *at = dx + (int64_t)plane * hw + row * w + col;
+        *at = __fadd_rn(*at, dy[out]);
+    }
+}
+
+/* Whether the scatter above applies: windows apart and 32-bit indices everywhere. */
+static bool scatter_applies(const umt_pool_shape *s) {
+    return s->stride >= s->window && s->n * s->c * s->h * s->w < INT32_MAX;
+}
+
 extern "C" umt_status umt_cuda_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y,
                                                 int32_t *argmax) {
     UMT_TRY(check_pool_shape("max_pool_forward", shape));
@@ -124,6 +154,10 @@ extern "C" umt_status umt_cuda_max_pool_forward(const umt_pool_shape *shape, con
 extern "C" umt_status umt_cuda_max_pool_backward(const umt_pool_shape *shape, const int32_t *argmax, const float *dy,
                                                  float *dx) {
     UMT_TRY(check_pool_shape("max_pool_backward", shape));
+    if (scatter_applies(shape)) {
+        LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_backward_scatter_kernel, *shape, argmax, dy, dx);
+        return UMT_OK;
+    }
     LAUNCH_OVER(shape->n * shape->c * shape->h * shape->w, max_pool_backward_kernel, *shape, argmax, dy, dx);
     return UMT_OK;
 }
@@ -273,6 +307,101 @@ static __global__ void avg_pool_backward_lp_kernel(umt_pool_shape s, const void 
     }
 }
 
+/* The paths MNIST takes under bf16: dtype fixed at compile time (no switch per element) and
+ * 32-bit coordinates (scatter_applies' bound). Same windows, picks and roundings as above. */
+template <umt_dtype D> static __device__ float load_f32(const void *x, int i) { return umt_dev_load_as_f32(x, D, i); }
+
+static __device__ int offset32(bool nhwc, int n, int ch, int row, int col, int c, int h, int w) {
+    return nhwc ? ((n * h + row) * w + col) * c + ch : ((n * c + ch) * h + row) * w + col;
+}
+
+static __device__ void coordinates32(bool nhwc, int i, int c, int h, int w, int *n, int *ch, int *row, int *col) {
+    if (nhwc) {
+        *ch = i % c, *col = i / c % w, *row = i / (c * w) % h, *n = i / (c * w * h);
+    } else {
+        *col = i % w, *row = i / w % h, *ch = i / (w * h) % c, *n = i / (w * h * c);
+    }
+}
+
+template <umt_dtype D>
+static __global__ void max_pool_forward_lp_fast_kernel(umt_pool_shape s, const void *x, void *y, int32_t *argmax) {
+    int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, h = (int)s.h, w = (int)s.w, window = (int)s.window;
+    for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
+        int n, ch, oy, ox;
+        coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
+        int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride, best_index = y0 * w + x0;
+        float best = load_f32<D>(x, offset32(s.nhwc, n, ch, y0, x0, c, h, w));
+        for (int i = 0; i < window; i++) {
+            for (int j = 0; j < window; j++) {
+                float v = load_f32<D>(x, offset32(s.nhwc, n, ch, y0 + i, x0 + j, c, h, w));
+                if (takes_over(v, best)) {
+                    best = v;
+                    best_index = (y0 + i) * w + x0 + j;
+                }
+            }
+        }
+        umt_dev_store_from_f32(y, D, out, best);
+        argmax[out] = best_index;
+    }
+}
+
+/* NHWC with channels in eights: a thread takes eight neighbouring channels of one output pixel,
+ * reading each window position as one 16-byte load; each lane keeps its own first maximum. */
+enum { LANES = 8 };
+
+typedef union {
+    uint4 bits;
+    uint16_t h[LANES];
+} lanes8;
+
+template <umt_dtype D>
+static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const uint4 *x, uint4 *y, int4 *argmax) {
+    int groups = (int)s.c / LANES, w = (int)s.w, q = (int)s.q, p = (int)s.p, window = (int)s.window;
+    int total = (int)(s.n * s.p * s.q) * groups;
+    for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
+        int group = out % groups, pixel = out / groups, ox = pixel % q, oy = pixel / q % p, n = pixel / (q * p);
+        int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride;
+        float best[LANES];
+        int best_index[LANES];
+        for (int i = 0; i < window; i++) {
+            for (int j = 0; j < window; j++) {
+                lanes8 v;
+                v.bits = x[((n * (int)s.h + y0 + i) * w + x0 + j) * groups + group];
+                for (int e = 0; e < LANES; e++) {
+                    float f = umt_dev_load_as_f32(v.h, D, e);
+                    if ((i == 0 && j == 0) || takes_over(f, best[e])) {
+                        best[e] = f;
+                        best_index[e] = (y0 + i) * w + x0 + j;
+                    }
+                }
+            }
+        }
+        lanes8 result;
+        for (int e = 0; e < LANES; e++) umt_dev_store_from_f32(result.h, D, e, best[e]);
+        y[out] = result.bits;
+        argmax[2 * out] = make_int4(best_index[0], best_index[1], best_index[2], best_index[3]);
+        argmax[2 * out + 1] = make_int4(best_index[4], best_index[5], best_index[6], best_index[7]);
+    }
+}
+
+/* Whether the eight-lane kernel applies: NHWC, channels in eights, every pointer 16-byte aligned. */
+static bool lanes_apply(const umt_pool_shape *s, const void *x, const void *y, const void *argmax) {
+    return s->nhwc && s->c % LANES == 0 && ((uintptr_t)x | (uintptr_t)y | (uintptr_t)argmax) % 16 == 0;
+}
+
+template <umt_dtype D>
+static __global__ void max_pool_backward_lp_scatter_kernel(umt_pool_shape s, const int32_t *argmax, const void *dy,
+                                                           void *dx) {
+    int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, h = (int)s.h, w = (int)s.w;
+    for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
+        int n, ch, oy, ox, row, col;
+        coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
+        if (!pick_in_window(argmax[out], oy, ox, w, (int)s.window, (int)s.stride, &row, &col)) continue;
+        int at = offset32(s.nhwc, n, ch, row, col, c, h, w);
+        umt_dev_store_from_f32(dx, D, at, load_f32<D>(dx, at) + (0.0f + load_f32<D>(dy, out)));
+    }
+}
+
 /* The f32 checks, plus a half dtype. */
 static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
     if (s->dtype != UMT_BF16 && s->dtype != UMT_F16)
@@ -283,6 +412,21 @@ static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
 extern "C" umt_status umt_cuda_max_pool_forward_lp(const umt_pool_shape *shape, const void *x, void *y,
                                                    int32_t *argmax) {
     UMT_TRY(check_pool_shape_lp("max_pool_forward_lp", shape));
+    if (shape->n * shape->c * shape->h * shape->w < INT32_MAX && lanes_apply(shape, x, y, argmax)) {
+        int64_t groups = shape->n * shape->p * shape->q * shape->c / LANES;
+        if (shape->dtype == UMT_BF16)
+            LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_BF16>, *shape, (const uint4 *)x, (uint4 *)y, (int4 *)argmax);
+        else
+            LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_F16>, *shape, (const uint4 *)x, (uint4 *)y, (int4 *)argmax);
+        return UMT_OK;
+    }
+    if (shape->n * shape->c * shape->h * shape->w < INT32_MAX) {
+        if (shape->dtype == UMT_BF16)
+            LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_lp_fast_kernel<UMT_BF16>, *shape, x, y, argmax);
+        else
+            LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_lp_fast_kernel<UMT_F16>, *shape, x, y, argmax);
+        return UMT_OK;
+    }
     LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_lp_kernel, *shape, x, y, argmax);
     return UMT_OK;
 }
@@ -290,6 +434,13 @@ extern "C" umt_status umt_cuda_max_pool_forward_lp(const umt_pool_shape *shape, 
 extern "C" umt_status umt_cuda_max_pool_backward_lp(const umt_pool_shape *shape, const int32_t *argmax, const void *dy,
                                                     void *dx) {
     UMT_TRY(check_pool_shape_lp("max_pool_backward_lp", shape));
+    if (scatter_applies(shape)) {
+        if (shape->dtype == UMT_BF16)
+            LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_backward_lp_scatter_kernel<UMT_BF16>, *shape, argmax, dy, dx);
+        else
+            LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_backward_lp_scatter_kernel<UMT_F16>, *shape, argmax, dy, dx);
+        return UMT_OK;
+    }
     LAUNCH_OVER(shape->n * shape->c * shape->h * shape->w, max_pool_backward_lp_kernel, *shape, argmax, dy, dx);
     return UMT_OK;
 }

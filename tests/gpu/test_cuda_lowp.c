@@ -311,13 +311,16 @@ static void check_recast(dims d, umt_dtype src_dtype, bool src_nhwc, umt_dtype d
 
 static void test_recast_converts_moves_and_accumulates_every_element_bit_for_bit(void **state) {
     (void)state;
-    static const dims shapes[] = {{3, 5, 7}, {2, 64, 9}, {4, 1, 10}};
+    /* The last two cross the transposes' 32x32 tiles (MNIST's flatten is 64 channels x 144). */
+    static const dims shapes[] = {{3, 5, 7}, {2, 64, 9}, {4, 1, 10}, {3, 64, 144}, {2, 33, 70}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int from = 0; from < 3; from++)
             for (int to = 0; to < 3; to++)
                 for (int layouts = 0; layouts < 4; layouts++)
                     for (int accumulate = 0; accumulate < 2; accumulate++)
                         check_recast(shapes[i], FLOATS[from], layouts & 1, FLOATS[to], layouts & 2, accumulate);
+    /* A flatten's gradient: one plane of more than 65535 tiles of 32, accumulated in place. */
+    check_recast((dims){1, 1, 2200000}, UMT_BF16, false, UMT_BF16, false, true);
 }
 
 /* f32 NCHW -> half NHWC -> f32 NCHW on the device gives the CPU convert's rounding exactly. */
@@ -640,6 +643,9 @@ static void check_avg_pool(const umt_pool_shape *f, const umt_pool_shape *h, dim
  * (each input in up to nine windows), a single element, a window as large as the input. */
 static const int64_t pool_shapes[][6] = {
     {2, 16, 12, 12, 2, 2}, {2, 5, 9, 11, 3, 2}, {2, 3, 6, 5, 3, 1}, {1, 1, 1, 1, 1, 1}, {2, 3, 5, 5, 5, 1},
+    /* channels in eights (NHWC's eight-lane forward): overlapping windows with a tail, and MNIST's
+     * 64 channels under a 2x2 pool (on 16x16 planes: distinct_input holds at most 512 pixels) */
+    {2, 8, 7, 7, 3, 2}, {3, 64, 16, 16, 2, 2},
 };
 
 static void test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows(void **state) {
