@@ -93,6 +93,7 @@ static bool offload_groups(umt_plan_item *items, int count, size_t budget, size_
     }
     qsort(c, (size_t)n, sizeof *c, larger_first);
     for (int k = 0; k < n; ++k) {
+        if (!activations && c[k].bytes < UMT_OFFLOAD_MIN_STREAM_BYTES) break; /* sorted: the rest are smaller */
         for (int i = 0; i < count; ++i) {
             bool member = activations ? items[i].pool == UMT_POOL_ACTIVATIONS : is_parameter_pool(items[i].pool);
             if (member && items[i].group == c[k].key) items[i].offloaded = true;

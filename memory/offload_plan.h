@@ -9,7 +9,8 @@
  *
  *   1. optimizer state, largest first: it is touched once per step, by the update, so streaming
  *      it costs one pass over the link and nothing waits for it during forward and backward;
- *   2. weights and gradients of a parameter, together, largest parameter first: the layer in
+ *   2. weights and gradients of a parameter, together, largest parameter first (none smaller
+ *      than UMT_OFFLOAD_MIN_STREAM_BYTES): the layer in
  *      use is copied into a device double buffer one layer ahead of use, so only two layers'
  *      weights and gradients are on the GPU at once;
  *   3. activations saved for backward, largest first: out after their forward, back one layer
@@ -34,6 +35,10 @@
 /* The smallest streaming buffer: the optimizer streams its chunks through the same double
  * buffer, and chunks much smaller than this make the copies' fixed cost show. */
 #define UMT_OFFLOAD_MIN_SLOT_BYTES ((size_t)64 << 20)
+
+/* Parameters whose weights and gradient are smaller than this stay on the GPU (a bias): streaming
+ * them would cost a copy's fixed overhead for next to no bytes. */
+#define UMT_OFFLOAD_MIN_STREAM_BYTES ((size_t)1 << 20)
 
 typedef struct {
     const char *name; /* for the printed plan */

@@ -107,6 +107,23 @@ static void test_weights_and_gradients_move_together_after_all_optimizer_state(v
     assert_true(plan.offloaded_bytes >= 6 * GIB);
 }
 
+static void test_small_parameters_are_never_streamed(void **state) {
+    (void)state;
+    umt_plan_item items[] = {
+        {"fc.weight", UMT_POOL_WEIGHTS, 0, 256 * MIB, false},
+        {"fc.weight", UMT_POOL_GRADS, 0, 256 * MIB, false},
+        {"fc.bias", UMT_POOL_WEIGHTS, 1, 256 * 1024, false},
+        {"fc.bias", UMT_POOL_GRADS, 1, 256 * 1024, false},
+    };
+    umt_placement_plan plan;
+    /* Too small for everything resident, large enough for the double buffer and the bias. */
+    assert_int_equal(umt_plan_placement(items, 4, 1100 * MIB, 0, &plan), UMT_OK);
+    assert_true(items[0].offloaded && items[1].offloaded);
+    assert_false(items[2].offloaded || items[3].offloaded);
+    /* And a budget that only fits with the bias offloaded too is refused instead. */
+    assert_int_equal(umt_plan_placement(items, 4, 1024 * MIB, 0, &plan), UMT_ERR_BUDGET);
+}
+
 static void test_saved_activations_move_last(void **state) {
     (void)state;
     umt_plan_item items[60];
@@ -168,6 +185,7 @@ int main(void) {
         cmocka_unit_test(test_optimizer_state_goes_first_and_only_as_much_as_needed),
         cmocka_unit_test(test_largest_optimizer_state_moves_before_smaller_ones),
         cmocka_unit_test(test_weights_and_gradients_move_together_after_all_optimizer_state),
+        cmocka_unit_test(test_small_parameters_are_never_streamed),
         cmocka_unit_test(test_saved_activations_move_last),
         cmocka_unit_test(test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numbers),
         cmocka_unit_test(test_the_plan_prints_one_line_per_pool_with_its_counts),

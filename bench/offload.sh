@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# bench/offload.sh — on the GPU machine, from the bundle (tools/gpu_bundle.sh copies it there):
+#     bash gpu_bundle/offload.sh
+# The offload tier's GPU tests, examples/big_mlp trained for 10 steps with UMT_DEVICE_BUDGET=2G
+# (state 4x the budget) and in GPU memory, their losses compared, the benchmark of both at two
+# batch sizes, and the memory trace of the offloaded run drawn as an SVG. Logs, the trace and the
+# SVG go to $OUT (or /tmp/umt_offload_logs); a summary table comes last.
+set -uo pipefail
+cd "$(dirname "$0")" || exit 1
+export LD_LIBRARY_PATH="$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+logs="${OUT:-/tmp/umt_offload_logs}"
+mkdir -p "$logs"
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader | tee "$logs/gpu.txt"
+rows=()
+row() { rows+=("$(printf '%-52s %s' "$1" "$2")"); }
+
+for t in test_cuda_offload test_cuda_memory; do
+    bin/$t > "$logs/$t.log" 2>&1
+    rc=$?
+    p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$logs/$t.log" | tail -n 1)
+    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$logs/$t.log" | tail -n 1)
+    [[ $rc -ne 0 ]] && tail -n 40 "$logs/$t.log"
+    row "$t" "${p:-0} passed, ${f:-$([[ $rc -eq 0 ]] && echo 0 || echo 1)} failed (exit $rc)"
+done
+grep -E 'relative|measured' "$logs/test_cuda_offload.log" | head -n 12
+
+# Ten steps offloaded (with the trace) and in GPU memory: the same losses?
+UMT_DEVICE_BUDGET=2G UMT_MEM_TRACE="$logs/big_mlp_trace.json" UMT_MEM_REPORT=1 bin/big_mlp --steps 10 \
+    > "$logs/big_mlp_offload.log" 2>&1
+rc1=$?
+UMT_MEM_REPORT=1 bin/big_mlp --no-offload --steps 10 > "$logs/big_mlp_memory.log" 2>&1
+rc2=$?
+cat "$logs/big_mlp_offload.log"
+tail -n 14 "$logs/big_mlp_memory.log"
+worst=$(paste <(grep '^step' "$logs/big_mlp_offload.log" | awk '{print $4}') \
+              <(grep '^step' "$logs/big_mlp_memory.log" | awk '{print $4}') |
+        awk '{d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > w) w = r; n++} END {printf "%d steps, max relative %.2e", n, w}')
+row "big_mlp 10 steps: 2G offloaded vs in memory" "$worst (exit $rc1, $rc2)"
+row "big_mlp losses offloaded (first, last)" "$(grep '^step' "$logs/big_mlp_offload.log" | sed -n '1p;$p' | awk '{print $4}' | tr '\n' ' ')"
+python3 mem_trace_svg.py "$logs/big_mlp_trace.json" --step 5 -o "$logs/big_mlp_memory.svg" > "$logs/svg.log" 2>&1
+row "mem_trace_svg.py (step 5)" "$(tail -n 1 "$logs/svg.log")"
+
+# The benchmark: offloaded at 2G and in GPU memory, batch 1024 and 4096.
+for batch in 1024 4096; do
+    log="$logs/bench_offload_$batch.log"
+    UMT_DEVICE_BUDGET=2G bin/big_mlp --bench 4 --batch "$batch" > "$log" 2>&1
+    grep '^bench' "$log"
+    row "big_mlp --bench 4 -b $batch offloaded (2G)" "$(grep '^bench: step' "$log" | awk '{print $3, $4}') ms; $(grep 'floor /' "$log" | sed 's/.*per step //')"
+    log="$logs/bench_memory_$batch.log"
+    bin/big_mlp --no-offload --bench 4 --batch "$batch" > "$log" 2>&1
+    row "big_mlp --bench 4 -b $batch in GPU memory" "$(grep '^bench: step' "$log" | awk '{print $3, $4}') ms"
+done
+
+echo
+echo "== summary ($(head -n 1 "$logs/gpu.txt")) =="
+printf '%s\n' "${rows[@]}"
