@@ -176,6 +176,9 @@ static umt_status check_offloadable(const umt_context *ctx, const umt_tensor *t)
 static umt_status apply_plan(umt_offload *o, umt_plan_item *items, umt_tensor **tensors, int count) {
     umt_context *ctx = o->ctx;
     bool any = false;
+    /* The kernels that zeroed gradients and state in pinned memory must be done before the
+     * bytes are moved or streamed. */
+    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
     for (int i = 0; i < count; ++i) {
         if (items[i].offloaded) {
             UMT_TRY(check_offloadable(ctx, tensors[i]));

@@ -6,7 +6,7 @@
  *   bazel-bin/examples/big_mlp --no-offload                          # the same, all in GPU memory
  *   UMT_DEVICE_BUDGET=2G bazel-bin/examples/big_mlp --bench 5        # step time against the link
  *
- * Flags: --width N (8192) --depth N (8) --batch N (1024) --steps N (10) --seed N (1)
+ * Flags: --width N (8192) --depth N (8) --batch N (512) --steps N (10) --seed N (1)
  *        --lr X (1e-4) --update-on auto|gpu|cpu (where offloaded parameters are updated)
  *        --reserve SIZE (device bytes kept for activations; default: what the batch needs)
  *        --no-offload (plain pools: fails past the budget) --bench N (N timed steps after warm-up)
@@ -42,7 +42,7 @@ static int usage(const char *why) {
 }
 
 static int parse(int argc, char **argv, options *o) {
-    *o = (options){.width = 8192, .depth = 8, .batch = 1024, .steps = 10, .seed = 1, .lr = 1e-4f, .offload = true};
+    *o = (options){.width = 8192, .depth = 8, .batch = 512, .steps = 10, .seed = 1, .lr = 1e-4f, .offload = true};
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-offload")) { o->offload = false; continue; }
@@ -60,9 +60,10 @@ static int parse(int argc, char **argv, options *o) {
         else return usage("unknown flag");
     }
     if (o->width < 2 || o->depth < 1 || o->batch < 1 || o->steps < 1 || o->bench < 0) return usage("sizes must be positive");
-    /* Activations: each layer keeps its output and ReLU's, with gradients of two of them live at
-     * once, and the loss its probabilities: about 2 depth + 4 batch x width f32, and 64 MiB scratch. */
-    if (!o->reserve) o->reserve = (size_t)(2 * o->depth + 4) * (size_t)(o->batch * o->width) * 4 + ((size_t)64 << 20);
+    /* Activations: the first step, which the arena records before it can plan reuse, holds every
+     * output (linear and ReLU per layer, the loss's probabilities) and every gradient of one at
+     * once: about 4 depth + 2 tensors of batch x width f32; and 64 MiB of scratch. */
+    if (!o->reserve) o->reserve = (size_t)(4 * o->depth + 2) * (size_t)(o->batch * o->width) * 4 + ((size_t)64 << 20);
     return 0;
 }
 
@@ -161,7 +162,7 @@ static int bench(const options *o, model *m) {
                after.optimizer_cpu_ms);
     if (in + out == 0) return 0;
     umt_link_speed link;
-    if (umt_link_measure(m->ctx, (size_t)256 << 20, &link)) return fail("link measure");
+    if (umt_link_measure(m->ctx, (size_t)128 << 20, &link)) return fail("link measure");
     /* Both directions run at once: the floor is whichever of them, or their sum, takes longest. */
     double floor_s = in / (link.to_device_gbps * 1e9);
     double t_out = out / (link.to_host_gbps * 1e9), t_both = (in + out) / (link.both_ways_gbps * 1e9);

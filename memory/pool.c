@@ -140,8 +140,12 @@ static umt_status arena_alloc(umt_memory *mem, umt_pool_state *s, size_t bytes, 
     }
     umt_block *top = s->block_count ? &s->blocks[s->block_count - 1] : NULL;
     if (!top || s->arena_offset + bytes > top->bytes) {
-        /* Overflow: a new block at least as large as all before it, so overflows stay rare. */
+        /* Overflow: a new block at least as large as all before it, so overflows stay rare, but
+         * never more than the request where that would pass the device budget (the first step
+         * of a model tight in its budget needs every byte). */
         size_t want = bytes > s->capacity_bytes ? bytes : s->capacity_bytes;
+        bool device = umt_placement_uses_device(s->placement);
+        if (device && want > bytes && want > mem->budget_bytes - mem->device_bytes) want = bytes;
         UMT_TRY(push_block(mem, s, want > UMT_ARENA_MIN_BYTES ? want : UMT_ARENA_MIN_BYTES));
         top = &s->blocks[s->block_count - 1];
         s->arena_offset = 0;
