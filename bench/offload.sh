@@ -15,7 +15,7 @@ rows=()
 row() { rows+=("$(printf '%-52s %s' "$1" "$2")"); }
 
 for t in test_cuda_offload test_cuda_memory; do
-    bin/$t > "$logs/$t.log" 2>&1
+    timeout 150 bin/$t > "$logs/$t.log" 2>&1
     rc=$?
     p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$logs/$t.log" | tail -n 1)
     f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$logs/$t.log" | tail -n 1)
@@ -25,10 +25,10 @@ done
 grep -E 'relative|measured' "$logs/test_cuda_offload.log" | head -n 12
 
 # Ten steps offloaded (with the trace) and in GPU memory: the same losses?
-UMT_DEVICE_BUDGET=2G UMT_MEM_TRACE="$logs/big_mlp_trace.json" UMT_MEM_REPORT=1 bin/big_mlp --steps 10 \
+UMT_DEVICE_BUDGET=2G UMT_MEM_TRACE="$logs/big_mlp_trace.json" UMT_MEM_REPORT=1 timeout 100 bin/big_mlp --steps 10 \
     > "$logs/big_mlp_offload.log" 2>&1
 rc1=$?
-UMT_MEM_REPORT=1 bin/big_mlp --no-offload --steps 10 > "$logs/big_mlp_memory.log" 2>&1
+UMT_MEM_REPORT=1 timeout 100 bin/big_mlp --no-offload --steps 10 > "$logs/big_mlp_memory.log" 2>&1
 rc2=$?
 cat "$logs/big_mlp_offload.log"
 tail -n 14 "$logs/big_mlp_memory.log"
@@ -45,11 +45,11 @@ row "mem_trace_svg.py (step 5)" "$(tail -n 1 "$logs/svg.log")"
 for run in "2G 512" "4G 2048"; do
     read -r budget batch <<< "$run"
     log="$logs/bench_offload_${budget}_$batch.log"
-    UMT_DEVICE_BUDGET=$budget bin/big_mlp --bench 4 --batch "$batch" > "$log" 2>&1
+    UMT_DEVICE_BUDGET=$budget timeout 80 bin/big_mlp --bench 4 --batch "$batch" > "$log" 2>&1
     grep -E '^bench|plan' "$log"
     row "big_mlp --bench 4 -b $batch offloaded ($budget)" "$(grep '^bench: step' "$log" | awk '{print $3, $4}') ms; $(grep 'floor /' "$log" | sed 's/.*per step //')"
     log="$logs/bench_memory_$batch.log"
-    bin/big_mlp --no-offload --bench 4 --batch "$batch" > "$log" 2>&1
+    timeout 80 bin/big_mlp --no-offload --bench 4 --batch "$batch" > "$log" 2>&1
     row "big_mlp --bench 4 -b $batch in GPU memory" "$(grep '^bench: step' "$log" | awk '{print $3, $4}') ms"
 done
 
