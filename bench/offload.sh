@@ -24,33 +24,41 @@ for t in test_cuda_offload test_cuda_memory; do
 done
 grep -E 'relative|measured' "$logs/test_cuda_offload.log" | head -n 12
 
-# Ten steps offloaded (with the trace) and in GPU memory: the same losses?
+# Ten steps offloaded (auto updates, with the trace; updates in backward) and in GPU memory.
 UMT_DEVICE_BUDGET=2G UMT_MEM_TRACE="$logs/big_mlp_trace.json" UMT_MEM_REPORT=1 timeout 100 bin/big_mlp --steps 10 \
     > "$logs/big_mlp_offload.log" 2>&1
 rc1=$?
+UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --steps 10 --update-on backward > "$logs/big_mlp_offload_backward.log" 2>&1
+rc3=$?
 UMT_MEM_REPORT=1 timeout 100 bin/big_mlp --no-offload --steps 10 > "$logs/big_mlp_memory.log" 2>&1
 rc2=$?
 cat "$logs/big_mlp_offload.log"
+grep '^step' "$logs/big_mlp_offload_backward.log"
 tail -n 14 "$logs/big_mlp_memory.log"
-worst=$(paste <(grep '^step' "$logs/big_mlp_offload.log" | awk '{print $4}') \
-              <(grep '^step' "$logs/big_mlp_memory.log" | awk '{print $4}') |
-        awk '{d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > w) w = r; n++} END {printf "%d steps, max relative %.2e", n, w}')
-row "big_mlp 10 steps: 2G offloaded vs in memory" "$worst (exit $rc1, $rc2)"
+compare() {
+    paste <(grep '^step' "$1" | awk '{print $4}') <(grep '^step' "$2" | awk '{print $4}') |
+        awk '{d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > w) w = r; n++} END {printf "%d steps, max relative %.2e", n, w}'
+}
+row "big_mlp 10 steps: 2G offloaded (auto) vs in memory" "$(compare "$logs/big_mlp_offload.log" "$logs/big_mlp_memory.log") (exit $rc1, $rc2)"
+row "big_mlp 10 steps: 2G offloaded (backward) vs in memory" "$(compare "$logs/big_mlp_offload_backward.log" "$logs/big_mlp_memory.log") (exit $rc3)"
 row "big_mlp losses offloaded (first, last)" "$(grep '^step' "$logs/big_mlp_offload.log" | sed -n '1p;$p' | awk '{print $4}' | tr '\n' ' ')"
 python3 mem_trace_svg.py "$logs/big_mlp_trace.json" --step 5 -o "$logs/big_mlp_memory.svg" > "$logs/svg.log" 2>&1
 row "mem_trace_svg.py (step 5)" "$(tail -n 1 "$logs/svg.log")"
 
 # The benchmark: offloaded at 2G (batch 512: the first step's activations fill the rest) and at 4G
-# (batch 2048), each beside the same model and batch in GPU memory.
-for run in "2G 512" "4G 2048"; do
-    read -r budget batch <<< "$run"
-    log="$logs/bench_offload_${budget}_$batch.log"
-    UMT_DEVICE_BUDGET=$budget timeout 80 bin/big_mlp --bench 4 --batch "$batch" > "$log" 2>&1
-    grep -E '^bench|plan' "$log"
-    row "big_mlp --bench 4 -b $batch offloaded ($budget)" "$(grep '^bench: step' "$log" | awk '{print $3, $4}') ms; $(grep 'floor /' "$log" | sed 's/.*per step //')"
+# (batch 2048), updates in backward and auto (gpu or cpu, both timed), beside GPU memory.
+for run in "2G 512 backward" "2G 512 auto" "4G 2048 backward" "4G 2048 auto"; do
+    read -r budget batch where <<< "$run"
+    log="$logs/bench_offload_${budget}_${batch}_$where.log"
+    UMT_DEVICE_BUDGET=$budget timeout 80 bin/big_mlp --bench 4 --batch "$batch" --update-on "$where" > "$log" 2>&1
+    grep -E '^bench' "$log"
+    row "big_mlp --bench 4 -b $batch offloaded ($budget, $where)" "$(grep '^bench: step' "$log" | awk '{print $3, $4}'); $(grep 'floor /' "$log" | sed 's/.*per step //')"
+    [[ $where == auto ]] && row "  updates timed" "$(grep 'update measured' "$log" | sed 's/.*measured: //')"
+done
+for batch in 512 2048; do
     log="$logs/bench_memory_$batch.log"
     timeout 80 bin/big_mlp --no-offload --bench 4 --batch "$batch" > "$log" 2>&1
-    row "big_mlp --bench 4 -b $batch in GPU memory" "$(grep '^bench: step' "$log" | awk '{print $3, $4}') ms"
+    row "big_mlp --bench 4 -b $batch in GPU memory" "$(grep '^bench: step' "$log" | awk '{print $3, $4}')"
 done
 
 echo

@@ -13,6 +13,7 @@
 #include "core/context.h"
 #include "core/error.h"
 #include "core/offload_state.h"
+#include "core/optim.h"
 #include "core/tensor.h"
 #include "memory/trace.h"
 
@@ -41,16 +42,16 @@ umt_status umt_offload_stats_get(const umt_context *ctx, umt_offload_stats *out)
     return UMT_OK;
 }
 
-static const char *const optimizer_names[] = {"auto", "gpu", "cpu"};
+static const char *const optimizer_names[] = {"auto", "gpu", "cpu", "backward"};
 
 const char *umt_offload_optimizer_name(umt_offload_optimizer where) {
-    return (unsigned)where <= UMT_OFFLOAD_OPTIM_CPU ? optimizer_names[where] : "invalid-offload-optimizer";
+    return (unsigned)where <= UMT_OFFLOAD_OPTIM_BACKWARD ? optimizer_names[where] : "invalid-offload-optimizer";
 }
 
 umt_status umt_offload_optimizer_parse(const char *name, umt_offload_optimizer *out) {
-    for (int i = 0; i <= UMT_OFFLOAD_OPTIM_CPU && name; ++i)
+    for (int i = 0; i <= UMT_OFFLOAD_OPTIM_BACKWARD && name; ++i)
         if (!strcmp(name, optimizer_names[i])) return *out = (umt_offload_optimizer)i, UMT_OK;
-    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "offload optimizer '%s': expected auto, gpu or cpu", name ? name : "(null)");
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "offload optimizer '%s': expected auto, gpu, cpu or backward", name ? name : "(null)");
 }
 
 #ifdef UMT_WITH_CUDA
@@ -344,11 +345,45 @@ umt_status umt_offload_before_backward(umt_context *ctx, const umt_node *node) {
     return UMT_OK;
 }
 
+/* UMT_OFFLOAD_OPTIM_BACKWARD: the update runs on the slot's weights and gradient, reading and
+ * writing the optimizer state where it lives (pinned memory is addressable from the GPU), and
+ * only the updated weights go home; the slot keeps them, still valid for the next forward. */
+static umt_status update_in_slot(umt_offload *o, int s) {
+    umt_offload_slot *slot = &o->slots[s];
+    umt_tensor *p = slot->holder;
+    umt_trace *trace = o->ctx->memory.trace;
+    void *begin = umt_trace_begin(trace, o->compute);
+    uint64_t state_bytes = 0;
+    UMT_TRY(umt_optimizer_update_one(o->attached, p, slot->base, slot->grads, &state_bytes));
+    umt_trace_end(trace, o->compute, begin, p->name ? p->name : "update", "optimizer", UMT_TRACE_COMPUTE, state_bytes);
+    /* The kernel read and wrote the offloaded state over the link: as many bytes each way. */
+    o->stats.bytes_to_device += state_bytes;
+    o->stats.bytes_to_host += state_bytes;
+    UMT_TRY(umt_offload_record(slot->released, o->compute));
+    UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
+    UMT_TRY(umt_offload_copy(o, p->home, slot->base, p->bytes, false, p->name ? p->name : "weights"));
+    UMT_TRY(umt_offload_record(slot->drained, o->copy_out));
+    slot->grads_live = false;
+    p->grad->data = p->grad->home;
+    p->grad_zero = true; /* consumed by the update */
+    p->updated_early = true;
+    return UMT_OK;
+}
+
 umt_status umt_offload_gradient_ready(umt_context *ctx, umt_tensor *p) {
     umt_offload *o = ctx->offload;
     if (!o || !p->home) return UMT_OK;
     int s = slot_holding(o, p);
-    return s >= 0 && o->slots[s].grads_live ? copy_gradient_out(o, s) : UMT_OK;
+    if (s < 0 || !o->slots[s].grads_live) return UMT_OK;
+    if (o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD && o->attached) return update_in_slot(o, s);
+    return copy_gradient_out(o, s);
+}
+
+void umt_offload_attach_optimizer(umt_context *ctx, const umt_optimizer *opt, bool attach) {
+    umt_offload *o = ctx->offload;
+    if (!o) return;
+    if (attach) o->attached = opt;
+    else if (o->attached == opt) o->attached = NULL;
 }
 
 umt_status umt_offload_backward_done(umt_context *ctx) {
@@ -381,6 +416,10 @@ umt_status umt_offload_create(umt_context *ctx) {
 }
 
 #else /* no CUDA: the offload tier is never created, every hook is a no-op */
+
+void umt_offload_attach_optimizer(umt_context *ctx, const umt_optimizer *opt, bool attach) {
+    (void)ctx, (void)opt, (void)attach;
+}
 
 umt_status umt_offload_create(umt_context *ctx) {
     (void)ctx;

@@ -62,6 +62,10 @@ umt_status umt_offload_backward_done(umt_context *ctx);
 /* umt_zero_grad for an offloaded gradient: marked zero, nothing copied (true if it handled g). */
 bool umt_offload_zero_grad(umt_context *ctx, umt_tensor *parameter);
 
+/* The optimizer whose rule UMT_OFFLOAD_OPTIM_BACKWARD runs during backward (attach true at its
+ * creation, false at its destruction). */
+void umt_offload_attach_optimizer(umt_context *ctx, const umt_optimizer *opt, bool attach);
+
 /* One update of n elements of a parameter: core/optim.c's rule on the given pointers, with the
  * given backend's kernel (the CUDA one on device chunks, the CPU one on host memory). */
 typedef umt_status (*umt_offload_update_fn)(const void *user, const umt_backend *backend, float *param,
@@ -69,11 +73,13 @@ typedef umt_status (*umt_offload_update_fn)(const void *user, const umt_backend 
 
 /* The optimizer's step for parameters of which some array is in the offload tier: begin, then
  * one call per such parameter (state may be NULL), then end (which runs CPU updates and decides
- * auto mode). A no-op pair when nothing is offloaded. */
+ * auto mode). A no-op pair when nothing is offloaded. Then, in every step, step_end: the first
+ * step's order of uses is final, and the next step's first weights start coming in. */
 umt_status umt_offload_update_begin(umt_context *ctx);
 bool umt_offload_involves(const umt_tensor *p, const umt_tensor *state0, const umt_tensor *state1);
 umt_status umt_offload_update(umt_context *ctx, umt_tensor *p, umt_tensor *state0, umt_tensor *state1,
                               umt_offload_update_fn fn, const void *user);
 umt_status umt_offload_update_end(umt_context *ctx);
+umt_status umt_offload_step_end(umt_context *ctx);
 
 #endif /* UMT_CORE_OFFLOAD_H */

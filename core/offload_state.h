@@ -46,8 +46,10 @@ struct umt_offload {
     umt_offload_optimizer optimizer; /* where it runs now: auto until both have been timed */
     double update_start_s;
     bool update_used_gpu, update_used_cpu;
+    bool slots_claimed; /* this update has evicted the slots to stream chunks through them */
     struct umt_offload_cpu_job *cpu_jobs;
     int cpu_job_count, cpu_job_slots;
+    const umt_optimizer *attached; /* UMT_OFFLOAD_OPTIM_BACKWARD: the optimizer that updates in backward */
     umt_offload_stats stats;
 };
 

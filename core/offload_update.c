@@ -2,7 +2,9 @@
  * core/offload_update.c — the optimizer's step for offloaded parameters (core/offload.h).
  *
  * Two ways, both run core/optim.c's rule through the backends' own update kernels:
- *   gpu  every array of the parameter that lives in the offload tier is copied into a slot in
+ *   gpu  (a parameter whose weights are resident and only state is offloaded: the kernel reads
+ *        and writes the state in pinned memory directly, which the GPU can address.)
+ *        every array of the parameter that lives in the offload tier is copied into a slot in
  *        chunks (a quarter of a slot per array); the update kernel runs on the chunk; the
  *        parameter and its state go back. Chunks alternate between the two slots, so chunk k+1
  *        comes in while chunk k is updated and chunk k-1 goes out.
@@ -43,6 +45,8 @@ bool umt_offload_involves(const umt_tensor *p, const umt_tensor *state0, const u
 }
 
 static umt_offload_optimizer mode_this_step(const umt_offload *o) {
+    /* backward: what reaches the step was not updated in backward (no optimizer attached then). */
+    if (o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD) return UMT_OFFLOAD_OPTIM_GPU;
     if (o->optimizer != UMT_OFFLOAD_OPTIM_AUTO) return o->optimizer;
     /* auto: time the GPU first, then the CPU, then keep the faster (decided in update_end). */
     return o->stats.optimizer_gpu_ms == 0 ? UMT_OFFLOAD_OPTIM_GPU : UMT_OFFLOAD_OPTIM_CPU;
@@ -51,16 +55,23 @@ static umt_offload_optimizer mode_this_step(const umt_offload *o) {
 umt_status umt_offload_update_begin(umt_context *ctx) {
     umt_offload *o = ctx->offload;
     if (!o || !o->copy_in) return UMT_OK;
-    /* The host copies are about to change: what the slots hold goes stale. */
-    for (int s = 0; s < 2; ++s) {
-        UMT_TRY(umt_offload_evict(o, s));
-        /* Chunks overwrite the slots: not before queued compute is done reading them. */
-        UMT_TRY(umt_offload_record(o->slots[s].released, o->compute));
-        UMT_TRY(umt_offload_wait(o->copy_in, o->slots[s].released));
-    }
+    o->slots_claimed = false;
     o->update_start_s = umt_offload_seconds();
     o->update_used_gpu = o->update_used_cpu = false;
     o->cpu_job_count = 0;
+    return UMT_OK;
+}
+
+/* Before the first update that rewrites offloaded weights: what the slots hold goes stale, and
+ * chunks will overwrite them, not before queued compute is done reading them. */
+static umt_status claim_slots(umt_offload *o) {
+    if (o->slots_claimed) return UMT_OK;
+    for (int s = 0; s < 2; ++s) {
+        UMT_TRY(umt_offload_evict(o, s));
+        UMT_TRY(umt_offload_record(o->slots[s].released, o->compute));
+        UMT_TRY(umt_offload_wait(o->copy_in, o->slots[s].released));
+    }
+    o->slots_claimed = true;
     return UMT_OK;
 }
 
@@ -115,6 +126,7 @@ static umt_status gpu_chunk(umt_offload *o, int s, const array_ref arrays[4], in
 
 static umt_status update_on_gpu(umt_offload *o, const array_ref arrays[4], int64_t n, umt_offload_update_fn fn,
                                 const void *user) {
+    UMT_TRY(claim_slots(o));
     /* A quarter of a slot per array, in whole 256-byte lines. */
     int64_t chunk = (int64_t)(o->slot_bytes / 4 / 256 * 256 / sizeof(float));
     for (int64_t offset = 0; offset < n; offset += chunk) {
@@ -136,6 +148,7 @@ static umt_status queue_cpu_job(umt_offload *o, const umt_offload_cpu_job *job) 
         o->cpu_jobs = grown;
         o->cpu_job_slots = slots;
     }
+    UMT_TRY(claim_slots(o));
     o->cpu_jobs[o->cpu_job_count++] = *job;
     o->update_used_cpu = true;
     return UMT_OK;
@@ -199,6 +212,16 @@ umt_status umt_offload_update(umt_context *ctx, umt_tensor *p, umt_tensor *state
         return umt_fail(UMT_ERR_STATE, "offload: %s has offloaded arrays but the tier has no streams",
                         p->name ? p->name : "a parameter");
     UMT_TRY(settle_zero_gradient(o, p));
+    if (!p->home && !p->grad->home) {
+        /* Only state is offloaded: the kernel reads and writes it where it lives (pinned memory is
+         * addressable from the GPU), on the resident weights and gradient; no slot is needed. */
+        float *s0 = state0 ? state0->data : NULL, *s1 = state1 ? state1->data : NULL;
+        uint64_t bytes = (state0 && state0->home ? state0->bytes : 0) + (state1 && state1->home ? state1->bytes : 0);
+        o->stats.bytes_to_device += bytes;
+        o->stats.bytes_to_host += bytes;
+        o->update_used_gpu = true;
+        return fn(user, ctx->backend, p->data, p->grad->data, s0, s1, p->numel);
+    }
     bool all_home = p->home && p->grad->home && (!state0 || state0->home) && (!state1 || state1->home);
     if (mode_this_step(o) == UMT_OFFLOAD_OPTIM_CPU && all_home) {
         umt_offload_cpu_job job = {fn, user, p->home, p->grad->home, state0 ? state0->home : NULL,
@@ -237,6 +260,14 @@ umt_status umt_offload_update_end(umt_context *ctx) {
         UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
         decide(o, 1e3 * (umt_offload_seconds() - o->update_start_s));
     }
+    return UMT_OK;
+}
+
+umt_status umt_offload_step_end(umt_context *ctx) {
+    umt_offload *o = ctx->offload;
+    if (!o || !o->copy_in) return UMT_OK;
+    /* Weights updated in backward are still on their way home: copies in read them after. */
+    for (int s = 0; s < 2; ++s) UMT_TRY(umt_offload_wait(o->copy_in, o->slots[s].drained));
     /* The first step has shown the order of uses: from now on each is prefetched, starting with
      * the next step's first, which can come in now. */
     o->recording = false;
@@ -266,6 +297,10 @@ umt_status umt_offload_update(umt_context *ctx, umt_tensor *p, umt_tensor *state
     return umt_fail(UMT_ERR_UNSUPPORTED, "offload: %s: this build has no CUDA", p->name ? p->name : "a parameter");
 }
 umt_status umt_offload_update_end(umt_context *ctx) {
+    (void)ctx;
+    return UMT_OK;
+}
+umt_status umt_offload_step_end(umt_context *ctx) {
     (void)ctx;
     return UMT_OK;
 }

@@ -152,6 +152,7 @@ static umt_status check_options(const umt_optimizer_options *o) {
 /* Frees the state tensors and the optimizer; the context's list is the caller's business. */
 static void release(void *object) {
     umt_optimizer *opt = object;
+    umt_offload_attach_optimizer(opt->ctx, opt, false);
     for (int i = 0; i < opt->slot_count; ++i)
         for (int s = 0; s < UMT_OPTIM_MAX_STATE; ++s) umt_tensor_free(opt->slots[i].state[s]);
     umt_tensor_free(opt->scalars);
@@ -217,6 +218,7 @@ umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *o
     umt_status st = alloc_state(opt);
     if (st == UMT_OK) st = alloc_step_scalars(opt);
     if (st == UMT_OK) st = umt_context_own(ctx, opt, release);
+    if (st == UMT_OK) umt_offload_attach_optimizer(ctx, opt, true);
     if (st != UMT_OK) {
         release(opt);
         return st;
@@ -281,21 +283,49 @@ static umt_status offload_update_fn(const void *user, const umt_backend *be, flo
     return update_arrays(call->opt, be, p, g, s0, s1, n, call->step, (umt_update_fusion){0});
 }
 
+static umt_status refuse_step_scalars(const umt_optimizer *opt, const umt_tensor *p) {
+    /* Step scalars live on the device and are read by every kernel; the tier does not carry them. */
+    if (!opt->scalars) return UMT_OK;
+    return umt_fail(UMT_ERR_UNSUPPORTED, "umt_optimizer_step: %s is offloaded, and the offload tier does not support "
+                    "gradient clipping or loss scaling", p->name ? p->name : "a parameter");
+}
+
 static umt_status update_offloaded(const umt_optimizer *opt, int64_t step) {
     umt_context *ctx = opt->ctx;
     offload_call call = {opt, step};
-    UMT_TRY(umt_offload_update_begin(ctx));
+    bool begun = false;
     for (int i = 0; i < opt->slot_count; ++i) {
         const umt_optim_slot *slot = &opt->slots[i];
+        if (slot->param->updated_early) { /* done during backward (UMT_OFFLOAD_OPTIM_BACKWARD) */
+            slot->param->updated_early = false;
+            continue;
+        }
         if (!umt_offload_involves(slot->param, slot->state[0], slot->state[1])) continue;
-        /* Step scalars live on the device and are read by every kernel; the tier does not carry them. */
-        if (opt->scalars)
-            return umt_fail(UMT_ERR_UNSUPPORTED, "umt_optimizer_step: %s is offloaded, and the offload tier does not "
-                            "support gradient clipping or loss scaling", slot->param->name ? slot->param->name : "a parameter");
+        UMT_TRY(refuse_step_scalars(opt, slot->param));
+        if (!begun) UMT_TRY(umt_offload_update_begin(ctx));
+        begun = true;
         UMT_TRY(umt_offload_update(ctx, slot->param, slot->state[0], slot->state[1], offload_update_fn, &call));
     }
     /* call lives until here: the CPU updates run in umt_offload_update_end. */
-    return umt_offload_update_end(ctx);
+    if (begun) UMT_TRY(umt_offload_update_end(ctx));
+    return umt_offload_step_end(ctx);
+}
+
+umt_status umt_optimizer_update_one(const umt_optimizer *opt, const umt_tensor *p, float *param, const float *grad,
+                                    uint64_t *state_bytes) {
+    UMT_TRY(refuse_step_scalars(opt, p));
+    for (int i = 0; i < opt->slot_count; ++i) {
+        const umt_optim_slot *slot = &opt->slots[i];
+        if (slot->param != p) continue;
+        *state_bytes = 0;
+        for (int s = 0; s < UMT_OPTIM_MAX_STATE; ++s)
+            if (slot->state[s] && slot->state[s]->home) *state_bytes += slot->state[s]->bytes;
+        float *s0 = slot->state[0] ? slot->state[0]->data : NULL, *s1 = slot->state[1] ? slot->state[1]->data : NULL;
+        return update_arrays(opt, opt->ctx->backend, param, grad, s0, s1, p->numel, opt->steps + 1,
+                             (umt_update_fusion){0});
+    }
+    return umt_fail(UMT_ERR_STATE, "umt_optimizer_update_one: %s is not covered by the optimizer",
+                    p->name ? p->name : "a parameter");
 }
 
 /* On the device, in stream order: every gradient's share of the sum of squares, then the one

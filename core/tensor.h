@@ -40,6 +40,7 @@ struct umt_tensor {
     umt_tensor *owner;  /* gradients and optimizer state: their parameter (the plan's groups) */
     void *home;         /* offloaded: its bytes in the offload tier; data points there or at a streaming buffer */
     bool grad_zero;     /* offloaded parameters: the gradient is zero, its host copy not rewritten yet */
+    bool updated_early; /* offloaded parameters: updated during this step's backward (core/offload.h) */
     umt_tensor *next;   /* the context's list this header is on */
 };
 

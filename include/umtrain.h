@@ -123,12 +123,26 @@ typedef struct umt_context umt_context;
 typedef struct umt_tensor umt_tensor;
 
 /* Where the update of offloaded parameters runs (the offload tier, core/offload.h):
- *   auto — the first two steps measure both, the faster one is kept (the default);
- *   gpu  — on the GPU, parameters and state streamed through the double buffer in chunks;
- *   cpu  — on the CPU, in place in pinned host memory, one thread per core. */
-typedef enum { UMT_OFFLOAD_OPTIM_AUTO = 0, UMT_OFFLOAD_OPTIM_GPU, UMT_OFFLOAD_OPTIM_CPU } umt_offload_optimizer;
+ *   auto     — the first two steps measure gpu and cpu, the faster one is kept (the default);
+ *   gpu      — in umt_optimizer_step, on the GPU, parameters, gradients and state streamed
+ *              through the double buffer in chunks;
+ *   cpu      — in umt_optimizer_step, on the CPU, in place in pinned host memory, one thread per
+ *              core;
+ *   backward — on the GPU during umt_backward, as soon as a parameter's gradient is final: the
+ *              weights and gradient are still in the double buffer, the kernel reads and writes
+ *              the optimizer state in pinned memory directly, and only the updated weights go
+ *              back. Fewest bytes over the link, but the update uses the learning rate set before
+ *              backward, the gradient is consumed (not kept, not accumulated over several
+ *              backward calls), and clipping is impossible; umt_optimizer_step then only counts
+ *              the step for those parameters. Opt-in for that reason. */
+typedef enum {
+    UMT_OFFLOAD_OPTIM_AUTO = 0,
+    UMT_OFFLOAD_OPTIM_GPU,
+    UMT_OFFLOAD_OPTIM_CPU,
+    UMT_OFFLOAD_OPTIM_BACKWARD
+} umt_offload_optimizer;
 
-/* "auto", "gpu", "cpu" -> where; UMT_ERR_INVALID_ARGUMENT otherwise. */
+/* "auto", "gpu", "cpu", "backward" -> where; UMT_ERR_INVALID_ARGUMENT otherwise. */
 umt_status umt_offload_optimizer_parse(const char *name, umt_offload_optimizer *out);
 const char *umt_offload_optimizer_name(umt_offload_optimizer where);
 

@@ -14,7 +14,8 @@
 /* A device interval whose events may not have happened yet. */
 typedef struct {
     void *begin, *end;
-    const char *name, *category;
+    char name[48];        /* a copy: the tensor that named it may be gone when it is written */
+    const char *category; /* a string literal */
     int track;
     size_t bytes;
 } pending_interval;
@@ -140,7 +141,9 @@ void umt_trace_end(umt_trace *t, void *stream, void *begin, const char *name, co
     cudaEvent_t end = NULL;
     if (cudaEventCreate(&end) != cudaSuccess) return;
     cudaEventRecord(end, (cudaStream_t)stream);
-    t->pending[t->pending_count++] = (pending_interval){begin, end, name, category, track, bytes};
+    pending_interval *p = &t->pending[t->pending_count++];
+    *p = (pending_interval){.begin = begin, .end = end, .category = category, .track = track, .bytes = bytes};
+    snprintf(p->name, sizeof p->name, "%s", name);
 }
 
 #else

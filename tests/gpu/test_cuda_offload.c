@@ -1,8 +1,8 @@
 /*
  * tests/gpu/test_cuda_offload.c — the offload tier on a real GPU: a model trained with a budget
  * that forces its parameters, gradients and Adam state into pinned host memory gives the same
- * losses over 10 steps as the same model in GPU memory (fp32, updates on the GPU, on the CPU and
- * auto); a middle budget offloads optimizer state only; the device stays within the budget; the
+ * losses over 10 steps as the same model in GPU memory (fp32, updates on the GPU, on the CPU,
+ * auto, and during backward); a middle budget offloads optimizer state only; the device stays within the budget; the
  * UMT_MEM_TRACE file is valid JSON naming every pool; a refusal prints the pools largest first.
  */
 #include <fcntl.h>
@@ -109,7 +109,8 @@ static void run_fully_offloaded(umt_offload_optimizer where) {
     train(&m, losses);
     umt_offload_stats st;
     assert_int_equal(umt_offload_stats_get(m.ctx, &st), UMT_OK);
-    assert_int_equal(st.offloaded_tensors, 4 * DEPTH); /* weights, grads, m, v of each matrix */
+    /* weights and grads of each matrix, and all Adam state (the biases' too: stage 1 took it all) */
+    assert_int_equal(st.offloaded_tensors, 2 * DEPTH + 4 * DEPTH);
     assert_true(st.bytes_to_device > (uint64_t)STEPS * DEPTH * WIDTH * WIDTH * 4);
     struct cudaPointerAttributes a;
     umt_tensor *w = umt_parameter_at(m.ctx, 0);
@@ -136,6 +137,11 @@ static void test_offloaded_run_matches_in_memory_losses_with_cpu_updates(void **
 static void test_auto_times_both_updates_and_keeps_the_faster(void **state) {
     (void)state;
     run_fully_offloaded(UMT_OFFLOAD_OPTIM_AUTO);
+}
+
+static void test_offloaded_run_matches_in_memory_losses_with_updates_in_backward(void **state) {
+    (void)state;
+    run_fully_offloaded(UMT_OFFLOAD_OPTIM_BACKWARD);
 }
 
 static void test_a_middle_budget_offloads_optimizer_state_only(void **state) {
@@ -270,6 +276,7 @@ int main(void) {
         cmocka_unit_test(test_offloaded_run_matches_in_memory_losses_with_gpu_updates),
         cmocka_unit_test(test_offloaded_run_matches_in_memory_losses_with_cpu_updates),
         cmocka_unit_test(test_auto_times_both_updates_and_keeps_the_faster),
+        cmocka_unit_test(test_offloaded_run_matches_in_memory_losses_with_updates_in_backward),
         cmocka_unit_test(test_a_middle_budget_offloads_optimizer_state_only),
         cmocka_unit_test(test_trace_is_valid_json_naming_every_pool),
         cmocka_unit_test(test_a_refused_allocation_prints_the_pools_largest_first),
