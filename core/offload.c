@@ -19,6 +19,7 @@
 
 #ifdef UMT_WITH_CUDA
 #include "core/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
 #endif
 
 double umt_offload_seconds(void) {
@@ -85,6 +86,8 @@ umt_status umt_offload_copy(umt_offload *o, void *dst, const void *src, size_t b
 static umt_status create_streams(umt_offload *o) {
     UMT_CUDA_TRY(cudaStreamCreateWithFlags((cudaStream_t *)&o->copy_in, cudaStreamNonBlocking));
     UMT_CUDA_TRY(cudaStreamCreateWithFlags((cudaStream_t *)&o->copy_out, cudaStreamNonBlocking));
+    UMT_CUDA_TRY(cudaStreamCreateWithFlags((cudaStream_t *)&o->update, cudaStreamNonBlocking));
+    UMT_CUDA_TRY(cudaEventCreateWithFlags((cudaEvent_t *)&o->updated, cudaEventDisableTiming));
     for (int s = 0; s < 2; ++s) {
         umt_offload_slot *slot = &o->slots[s];
         void **events[] = {&slot->loaded, &slot->released, &slot->drained};
@@ -97,14 +100,15 @@ void umt_offload_destroy(umt_context *ctx) {
     umt_offload *o = ctx->offload;
     if (!o) return;
     /* Errors here leave nothing to undo: they are ignored. */
-    void *streams[] = {o->copy_in, o->copy_out};
-    for (int i = 0; i < 2; ++i)
+    void *streams[] = {o->copy_in, o->copy_out, o->update};
+    for (int i = 0; i < 3; ++i)
         if (streams[i]) cudaStreamSynchronize((cudaStream_t)streams[i]), cudaStreamDestroy((cudaStream_t)streams[i]);
     for (int s = 0; s < 2; ++s) {
         void *events[] = {o->slots[s].loaded, o->slots[s].released, o->slots[s].drained};
         for (int e = 0; e < 3; ++e)
             if (events[e]) cudaEventDestroy((cudaEvent_t)events[e]);
     }
+    if (o->updated) cudaEventDestroy((cudaEvent_t)o->updated);
     free(o->uses);
     free(o->cpu_jobs);
     free(o);
@@ -203,6 +207,8 @@ static umt_status plan_once(umt_offload *o) {
     size_t fixed = ctx->memory.device_bytes + ctx->options.offload_reserve_bytes;
     if (st == UMT_OK) st = umt_plan_placement(items, count, ctx->memory.budget_bytes, fixed, &o->plan);
     if (st == UMT_OK || st == UMT_ERR_BUDGET) umt_plan_print(stderr, items, count, &o->plan);
+    /* A plan that does not fit is a refused allocation too: show where the budget went. */
+    if (st == UMT_ERR_BUDGET) umt_memory_print_contents(&ctx->memory, stderr);
     /* Planned even on failure: new tensors now go to their own pools, and the refusal stands. */
     o->planned = true;
     if (st == UMT_OK) st = apply_plan(o, items, tensors, count);
@@ -347,20 +353,27 @@ umt_status umt_offload_before_backward(umt_context *ctx, const umt_node *node) {
 
 /* UMT_OFFLOAD_OPTIM_BACKWARD: the update runs on the slot's weights and gradient, reading and
  * writing the optimizer state where it lives (pinned memory is addressable from the GPU), and
- * only the updated weights go home; the slot keeps them, still valid for the next forward. */
+ * only the updated weights go home; the slot keeps them, still valid for the next forward. The
+ * kernel waits on the PCIe link for the state, so it runs on its own stream: the compute stream
+ * goes on with the next layer's backward meanwhile. */
 static umt_status update_in_slot(umt_offload *o, int s) {
     umt_offload_slot *slot = &o->slots[s];
     umt_tensor *p = slot->holder;
     umt_trace *trace = o->ctx->memory.trace;
-    void *begin = umt_trace_begin(trace, o->compute);
+    UMT_TRY(umt_offload_record(slot->released, o->compute));
+    UMT_TRY(umt_offload_wait(o->update, slot->released));
+    void *begin = umt_trace_begin(trace, o->update);
     uint64_t state_bytes = 0;
-    UMT_TRY(umt_optimizer_update_one(o->attached, p, slot->base, slot->grads, &state_bytes));
-    umt_trace_end(trace, o->compute, begin, p->name ? p->name : "update", "optimizer", UMT_TRACE_COMPUTE, state_bytes);
+    cudaStream_t previous = umt_cuda_launch_on((cudaStream_t)o->update);
+    umt_status st = umt_optimizer_update_one(o->attached, p, slot->base, slot->grads, &state_bytes);
+    umt_cuda_launch_on(previous);
+    UMT_TRY(st);
+    umt_trace_end(trace, o->update, begin, p->name ? p->name : "update", "optimizer", UMT_TRACE_UPDATE, state_bytes);
     /* The kernel read and wrote the offloaded state over the link: as many bytes each way. */
     o->stats.bytes_to_device += state_bytes;
     o->stats.bytes_to_host += state_bytes;
-    UMT_TRY(umt_offload_record(slot->released, o->compute));
-    UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
+    UMT_TRY(umt_offload_record(o->updated, o->update));
+    UMT_TRY(umt_offload_wait(o->copy_out, o->updated));
     UMT_TRY(umt_offload_copy(o, p->home, slot->base, p->bytes, false, p->name ? p->name : "weights"));
     UMT_TRY(umt_offload_record(slot->drained, o->copy_out));
     slot->grads_live = false;

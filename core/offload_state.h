@@ -35,6 +35,8 @@ struct umt_offload {
     umt_placement_plan plan;
     size_t slot_bytes;
     void *compute, *copy_in, *copy_out; /* CUDA streams (compute is the backend's) */
+    void *update;                       /* UMT_OFFLOAD_OPTIM_BACKWARD: the updates' stream */
+    void *updated;                      /* its event: the updates queued so far are done */
     umt_offload_slot slots[2];
     int last_slot; /* the slot of the most recent acquire: the prefetch goes to the other one */
     /* The order parameters were acquired in during the first step, replayed as prefetches. */

@@ -56,6 +56,9 @@ umt_status umt_offload_update_begin(umt_context *ctx) {
     umt_offload *o = ctx->offload;
     if (!o || !o->copy_in) return UMT_OK;
     o->slots_claimed = false;
+    /* auto's timed steps start the clock once forward and backward are done, so that each way is
+     * timed on its own work. */
+    if (o->optimizer == UMT_OFFLOAD_OPTIM_AUTO) UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
     o->update_start_s = umt_offload_seconds();
     o->update_used_gpu = o->update_used_cpu = false;
     o->cpu_job_count = 0;
@@ -266,8 +269,11 @@ umt_status umt_offload_update_end(umt_context *ctx) {
 umt_status umt_offload_step_end(umt_context *ctx) {
     umt_offload *o = ctx->offload;
     if (!o || !o->copy_in) return UMT_OK;
-    /* Weights updated in backward are still on their way home: copies in read them after. */
+    /* Weights updated in backward are still on their way home: copies in read them after, and
+     * the compute stream reads the slots' weights only once their updates are done. */
     for (int s = 0; s < 2; ++s) UMT_TRY(umt_offload_wait(o->copy_in, o->slots[s].drained));
+    UMT_TRY(umt_offload_record(o->updated, o->update));
+    UMT_TRY(umt_offload_wait(o->compute, o->updated));
     /* The first step has shown the order of uses: from now on each is prefetched, starting with
      * the next step's first, which can come in now. */
     o->recording = false;

@@ -7,7 +7,9 @@
  *   UMT_DEVICE_BUDGET=2G bazel-bin/examples/big_mlp --bench 5        # step time against the link
  *
  * Flags: --width N (8192) --depth N (8) --batch N (512) --steps N (10) --seed N (1)
- *        --lr X (1e-4) --update-on auto|gpu|cpu (where offloaded parameters are updated)
+ *        --lr X (1e-4) --update-on auto|gpu|cpu|backward (where and when offloaded parameters are
+ *        updated: after backward on the GPU in chunks or by CPU threads, auto the faster, or during
+ *        backward on the GPU as each gradient is final)
  *        --reserve SIZE (device bytes kept for activations; default: what the batch needs)
  *        --no-offload (plain pools: fails past the budget) --bench N (N timed steps after warm-up)
  *
@@ -37,7 +39,7 @@ typedef struct {
 
 static int usage(const char *why) {
     fprintf(stderr, "big_mlp: %s\nusage: big_mlp [--width N] [--depth N] [--batch N] [--steps N] [--seed N] [--lr X]\n"
-            "               [--update-on auto|gpu|cpu] [--reserve SIZE] [--no-offload] [--bench N]\n", why);
+            "               [--update-on auto|gpu|cpu|backward] [--reserve SIZE] [--no-offload] [--bench N]\n", why);
     return 2;
 }
 
@@ -156,7 +158,8 @@ static int bench(const options *o, model *m) {
     double out = (double)(after.bytes_to_host - before.bytes_to_host) / o->bench;
     printf("bench: step %.1f ms (%d steps, batch %lld, width %lld, depth %lld, %s, updates on the %s)\n", 1e3 * step_s,
            o->bench, (long long)o->batch, (long long)o->width, (long long)o->depth,
-           o->offload ? "offload tier" : "in GPU memory", umt_offload_optimizer_name(after.optimizer));
+           o->offload ? "offload tier" : "in GPU memory",
+           o->offload ? umt_offload_optimizer_name(after.optimizer) : "gpu, in place");
     if (after.optimizer_gpu_ms > 0 && after.optimizer_cpu_ms > 0)
         printf("bench: offloaded update measured: gpu streamed %.1f ms, cpu threads %.1f ms\n", after.optimizer_gpu_ms,
                after.optimizer_cpu_ms);

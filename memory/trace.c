@@ -41,7 +41,8 @@ static void begin_event(umt_trace *t) {
     t->first_event = false;
 }
 
-static const char *const track_names[] = {"host", "copy in (host to device)", "compute", "copy out (device to host)"};
+static const char *const track_names[] = {"host", "copy in (host to device)", "compute", "copy out (device to host)",
+                                          "update (beside compute)"};
 
 umt_status umt_trace_open(const char *path, void *stream, umt_trace **out) {
     *out = NULL;
@@ -56,7 +57,7 @@ umt_status umt_trace_open(const char *path, void *stream, umt_trace **out) {
     t->start_s = host_us(t) * 1e-6;
     t->first_event = true;
     fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [", t->file);
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < UMT_TRACE_TRACKS; ++k) {
         begin_event(t);
         fprintf(t->file, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
                 k, track_names[k]);
