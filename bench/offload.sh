@@ -4,7 +4,8 @@
 # The offload tier's GPU tests, examples/big_mlp trained for 10 steps with UMT_DEVICE_BUDGET=2G
 # (state 4x the budget) and in GPU memory, their losses compared, the benchmark of both at two
 # batch sizes, and the memory trace of the offloaded run drawn as an SVG. Logs, the trace and the
-# SVG go to $OUT (or /tmp/umt_offload_logs); a summary table comes last.
+# SVG go to $OUT (or /tmp/umt_offload_logs); a refused allocation with a 1G budget shows the pools
+# largest first; a summary table comes last.
 set -uo pipefail
 cd "$(dirname "$0")" || exit 1
 export LD_LIBRARY_PATH="$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -44,6 +45,20 @@ row "big_mlp 10 steps: 2G offloaded (backward) vs in memory" "$(compare "$logs/b
 row "big_mlp losses offloaded (first, last)" "$(grep '^step' "$logs/big_mlp_offload.log" | sed -n '1p;$p' | awk '{print $4}' | tr '\n' ' ')"
 python3 mem_trace_svg.py "$logs/big_mlp_trace.json" --step 5 -o "$logs/big_mlp_memory.svg" > "$logs/svg.log" 2>&1
 row "mem_trace_svg.py (step 5)" "$(tail -n 1 "$logs/svg.log")"
+
+# Refusals print the pools, largest first: a plan that cannot fit 1G (the offload tier holds the
+# model), and a plain run past the same budget (the weights pool refuses a layer).
+for run in "offload" "no-offload"; do
+    log="$logs/refusal_1G_$run.log"
+    flag=""
+    [[ $run == no-offload ]] && flag="--no-offload"
+    UMT_DEVICE_BUDGET=1G timeout 60 bin/big_mlp --steps 1 $flag > "$log" 2>&1
+    rc=$?
+    echo "== UMT_DEVICE_BUDGET=1G big_mlp --steps 1 $flag (exit $rc) =="
+    grep -A12 'pools, largest first' "$log" | head -n 14
+    grep 'big_mlp:' "$log" | tail -n 1
+    row "1G big_mlp $flag: refused, pools printed" "$(grep -A1 'pools, largest first' "$log" | tail -n 1 | awk '{print "largest:", $1, $3, "bytes"}') (exit $rc)"
+done
 
 # The benchmark: offloaded at 2G (batch 512: the first step's activations fill the rest) and at 4G
 # (batch 2048), updates in backward and auto (gpu or cpu, both timed), beside GPU memory.

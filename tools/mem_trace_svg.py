@@ -15,6 +15,7 @@ import sys
 COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
 LANES = [("prefetch", "copy in"), ("optimizer", "update"), ("offload", "copy out")]
+HOST_POOLS = {"staging", "offload"}  # pinned host memory: listed, not drawn (their scale hides the GPU's)
 WIDTH, PLOT_H, LANE_H, LEFT, TOP = 960, 300, 18, 70, 40
 
 
@@ -49,16 +50,16 @@ def series(events, t0, t1):
     return out
 
 
-def svg(step, t0, t1, pools, intervals):
+def svg(step, t0, t1, pools, intervals, host):
     span = max(t1 - t0, 1.0)
     top = max([v for pts in pools.values() for _, v in pts] + [1])
     x = lambda ts: LEFT + (ts - t0) / span * (WIDTH - LEFT - 20)
     y = lambda v: TOP + PLOT_H - v / top * PLOT_H
     lanes_top = TOP + PLOT_H + 40
-    height = lanes_top + LANE_H * len(LANES) + 60 + 16 * len(pools)
+    height = lanes_top + LANE_H * len(LANES) + 60 + 16 * (len(pools) + len(host))
     s = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="11">',
          f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
-         f'<text x="{LEFT}" y="20" font-size="14">umtrain memory, step {step}: bytes in use per pool ({span / 1e3:.1f} ms)</text>']
+         f'<text x="{LEFT}" y="20" font-size="14">umtrain memory, step {step}: GPU bytes in use per pool ({span / 1e3:.1f} ms)</text>']
     for k in range(5):  # y axis in GiB
         v = top * k / 4
         s.append(f'<line x1="{LEFT}" x2="{WIDTH - 20}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>')
@@ -77,6 +78,9 @@ def svg(step, t0, t1, pools, intervals):
         ly = lanes_top + LANE_H * len(LANES) + 40 + 16 * i
         s.append(f'<rect x="{LEFT}" y="{ly - 9}" width="12" height="10" fill="{colour}"/>')
         s.append(f'<text x="{LEFT + 18}" y="{ly}">{pool}: {max(v for _, v in pts) / 2**30:.3f} GiB at most</text>')
+    for j, (pool, peak) in enumerate(sorted(host.items())):
+        ly = lanes_top + LANE_H * len(LANES) + 40 + 16 * (len(pools) + j)
+        s.append(f'<text x="{LEFT + 18}" y="{ly}">{pool} (pinned host memory, not drawn): {peak / 2**30:.3f} GiB at most</text>')
     for k, (cat, label) in enumerate(LANES):
         ly = lanes_top + LANE_H * k
         s.append(f'<text x="{LEFT - 6}" y="{ly + 12}" text-anchor="end">{label}</text>')
@@ -101,9 +105,11 @@ def main():
         events = json.load(f)["traceEvents"]
     step, t0, t1 = step_window(events, a.step)
     pools = series(events, t0, t1)
+    host = {p: max(v for _, v in pts) for p, pts in pools.items() if p in HOST_POOLS}
+    pools = {p: pts for p, pts in pools.items() if p not in HOST_POOLS}
     intervals = [e for e in events if e.get("ph") == "X"]
     with open(a.output, "w") as f:
-        f.write(svg(step, t0, t1, pools, intervals))
+        f.write(svg(step, t0, t1, pools, intervals, host))
     copies = sum(1 for e in intervals if t0 <= e["ts"] <= t1)
     print(f"mem_trace_svg: step {step}, {(t1 - t0) / 1e3:.1f} ms, {len(pools)} pools, {copies} device intervals -> {a.output}")
 

@@ -24,7 +24,7 @@
 #include "umtrain.h"
 
 #define WIDTH 2048
-#define DEPTH 4
+#define DEPTH 6
 #define BATCH 64
 #define STEPS 10
 
@@ -147,14 +147,17 @@ static void test_offloaded_run_matches_in_memory_losses_with_updates_in_backward
 static void test_a_middle_budget_offloads_optimizer_state_only(void **state) {
     (void)state;
     model m;
-    build(&m, "400M", UMT_OFFLOAD_OPTIM_AUTO);
+    /* 432.5 MiB wanted; offloading Adam moments (16 MiB each) pays for the 128 MiB double buffer
+     * after 8 of them, and 420M needs 11. */
+    build(&m, "420M", UMT_OFFLOAD_OPTIM_AUTO);
     float losses[STEPS];
     train(&m, losses);
     int weights_home = 0, state_home = 0;
     for (int i = 0; i < umt_parameter_count(m.ctx); ++i) weights_home += umt_parameter_at(m.ctx, i)->home != NULL;
     for (umt_tensor *t = m.ctx->run_tensors; t; t = t->next) state_home += t->kind_pool == UMT_POOL_OPTIM && t->home;
     assert_int_equal(weights_home, 0);
-    assert_true(state_home >= 1 && state_home < 2 * DEPTH);
+    /* Four state tensors per layer (Adam's two for the weights, two for the bias): some, not all. */
+    assert_true(state_home >= 1 && state_home < 4 * DEPTH);
     expect_same_losses(losses, reference);
     umt_context_destroy(m.ctx);
 }
