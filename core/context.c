@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/precision.h"
 #include "core/tensor.h"
+#include "memory/trace.h"
 
 umt_context_options umt_context_defaults(void) {
     return (umt_context_options){.device = umt_default_device(), .seed = 1, .memory_mode = UMT_MEM_MANAGED};
@@ -29,6 +30,9 @@ umt_status umt_context_create(const umt_context_options *options, umt_context **
     umt_rng_seed(&ctx->rng, opts.seed);
     umt_status st = umt_device_start(ctx);
     if (st == UMT_OK) st = umt_precision_check(ctx);
+    if (st == UMT_OK) st = umt_offload_create(ctx);
+    const char *trace = getenv("UMT_MEM_TRACE");
+    if (st == UMT_OK && trace && *trace) st = umt_trace_open(trace, ctx->memory.stream, &ctx->memory.trace);
     if (st != UMT_OK) {
         umt_context_destroy(ctx);
         return st;
@@ -50,6 +54,8 @@ void umt_context_destroy(umt_context *ctx) {
     if (!ctx) return;
     const char *report = getenv("UMT_MEM_REPORT");
     if (report && strcmp(report, "0") && ctx->backend) umt_memory_report(ctx);
+    /* Copies of the offload tier may still read or write tensors about to be freed. */
+    umt_offload_destroy(ctx);
     /* Owned objects first: their destructors free tensors that still belong to the pools. */
     while (ctx->owned) {
         umt_owned *o = ctx->owned;
@@ -62,6 +68,8 @@ void umt_context_destroy(umt_context *ctx) {
     free(ctx->parameters);
     free(ctx->buffers);
     umt_tape_release(&ctx->tape);
+    umt_trace_close(ctx->memory.trace);
+    ctx->memory.trace = NULL;
     /* The device's stream may still be using pool memory: stop it first. */
     umt_device_stop(ctx);
     umt_memory_release(&ctx->memory);
@@ -111,6 +119,11 @@ void umt_memory_report(const umt_context *ctx) {
     if (ctx->options.device == UMT_DEVICE_CUDA)
         fprintf(stderr, "device budget %zu bytes, %zu held (%s memory)\n", ctx->memory.budget_bytes,
                 ctx->memory.device_bytes, umt_memory_mode_name(ctx->options.memory_mode));
+    umt_offload_stats o;
+    if (umt_offload_stats_get(ctx, &o) == UMT_OK && o.offloaded_tensors)
+        fprintf(stderr, "offload tier: %d tensors, %zu bytes; %llu bytes copied to the device, %llu to the host; "
+                "updates on the %s\n", o.offloaded_tensors, o.offloaded_bytes, (unsigned long long)o.bytes_to_device,
+                (unsigned long long)o.bytes_to_host, umt_offload_optimizer_name(o.optimizer));
 }
 
 umt_status umt_device_budget(const umt_context *ctx, size_t *budget_bytes, size_t *used_bytes) {
@@ -149,13 +162,16 @@ static umt_status register_named(umt_tensor ***list, int *count, int *slots, umt
     return UMT_OK;
 }
 
-/* An f32 tensor of the weights pool with a copy of name; NULL (and nothing left) on failure. */
-static umt_tensor *named_weights(umt_context *ctx, const char *what, const char *name, int ndim, const int64_t *shape) {
+/* An f32 tensor of the weights pool with a copy of name; NULL (and nothing left) on failure. A
+ * parameter's may start in the offload tier (core/offload.h); a buffer's never does. */
+static umt_tensor *named_weights(umt_context *ctx, const char *what, const char *name, int ndim, const int64_t *shape,
+                                 bool parameter) {
     if (!ctx || !name) {
         umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", what, ctx ? "name" : "ctx");
         return NULL;
     }
-    umt_tensor *t = umt_tensor_alloc(ctx, UMT_POOL_WEIGHTS, UMT_F32, ndim, shape);
+    umt_tensor *t = parameter ? umt_tensor_alloc_kind(ctx, UMT_POOL_WEIGHTS, UMT_F32, ndim, shape)
+                              : umt_tensor_alloc(ctx, UMT_POOL_WEIGHTS, UMT_F32, ndim, shape);
     if (t && !(t->name = strdup(name))) {
         umt_tensor_free(t);
         umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: %s", what, name);
@@ -165,8 +181,9 @@ static umt_tensor *named_weights(umt_context *ctx, const char *what, const char 
 }
 
 umt_tensor *umt_parameter_new(umt_context *ctx, const char *name, int ndim, const int64_t *shape) {
-    umt_tensor *p = named_weights(ctx, "umt_parameter_new", name, ndim, shape);
-    umt_tensor *g = p ? umt_tensor_alloc(ctx, UMT_POOL_GRADS, UMT_F32, ndim, shape) : NULL;
+    umt_tensor *p = named_weights(ctx, "umt_parameter_new", name, ndim, shape, true);
+    umt_tensor *g = p ? umt_tensor_alloc_kind(ctx, UMT_POOL_GRADS, UMT_F32, ndim, shape) : NULL;
+    if (g) g->owner = p;
     if (!g || ctx->backend->fill(g->data, g->numel, 0.0f) != UMT_OK ||
         register_named(&ctx->parameters, &ctx->parameter_count, &ctx->parameter_slots, p) != UMT_OK) {
         umt_tensor_free(g);
@@ -186,7 +203,7 @@ umt_tensor *umt_parameter_at(const umt_context *ctx, int i) {
 }
 
 umt_tensor *umt_buffer_new(umt_context *ctx, const char *name, int ndim, const int64_t *shape) {
-    umt_tensor *b = named_weights(ctx, "umt_buffer_new", name, ndim, shape);
+    umt_tensor *b = named_weights(ctx, "umt_buffer_new", name, ndim, shape, false);
     if (b && register_named(&ctx->buffers, &ctx->buffer_count, &ctx->buffer_slots, b) != UMT_OK) {
         umt_tensor_free(b);
         return NULL;

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 
 #include "core/backend.h"
+#include "core/offload.h"
 #include "core/rng.h"
 #include "core/tape.h"
 #include "memory/pool.h"
@@ -42,6 +43,8 @@ struct umt_context {
     umt_owned *owned;
     umt_grad_ready_fn grad_ready;
     void *grad_ready_user;
+    umt_offload *offload; /* options.offload on CUDA: the offload tier (core/offload.h), else NULL */
+    int64_t steps_begun;  /* umt_step_begin calls, for the trace's step marks */
 };
 
 /* Scratch of at least bytes from the workspace pool, valid until the next call (ops run in

@@ -20,6 +20,7 @@
 #include "core/backend.h"
 #include "core/context.h"
 #include "core/error.h"
+#include "core/offload.h"
 #include "core/optim.h"
 #include "core/optim_step.h"
 #include "core/tensor.h"
@@ -151,6 +152,7 @@ static umt_status check_options(const umt_optimizer_options *o) {
 /* Frees the state tensors and the optimizer; the context's list is the caller's business. */
 static void release(void *object) {
     umt_optimizer *opt = object;
+    umt_offload_attach_optimizer(opt->ctx, opt, false);
     for (int i = 0; i < opt->slot_count; ++i)
         for (int s = 0; s < UMT_OPTIM_MAX_STATE; ++s) umt_tensor_free(opt->slots[i].state[s]);
     umt_tensor_free(opt->scalars);
@@ -166,9 +168,10 @@ static umt_status alloc_state(umt_optimizer *opt) {
     for (int i = 0; i < opt->slot_count; ++i) {
         umt_tensor *p = opt->slots[i].param;
         for (int s = 0; s < count; ++s) {
-            umt_tensor *t = umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, p->ndim, p->shape);
+            umt_tensor *t = umt_tensor_alloc_kind(ctx, UMT_POOL_OPTIM, UMT_F32, p->ndim, p->shape);
             /* umt_tensor_alloc has recorded which pool refused, why, and with which status. */
             if (!t) return umt_last_status();
+            t->owner = p;
             opt->slots[i].state[s] = t;
             UMT_TRY(ctx->backend->fill(t->data, t->numel, 0.0f));
         }
@@ -215,6 +218,7 @@ umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *o
     umt_status st = alloc_state(opt);
     if (st == UMT_OK) st = alloc_step_scalars(opt);
     if (st == UMT_OK) st = umt_context_own(ctx, opt, release);
+    if (st == UMT_OK) umt_offload_attach_optimizer(ctx, opt, true);
     if (st != UMT_OK) {
         release(opt);
         return st;
@@ -232,24 +236,10 @@ void umt_optimizer_destroy(umt_optimizer *opt) {
 /* ----------------------------------------------------------------------------------------- */
 /* Stepping */
 
-static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *slot, int64_t step) {
-    const umt_backend *be = opt->ctx->backend;
+/* One update of n elements: the optimizer's rule on raw pointers, with the backend's kernel. */
+static umt_status update_arrays(const umt_optimizer *opt, const umt_backend *be, float *p, const float *g, float *s0,
+                                float *s1, int64_t n, int64_t step, umt_update_fusion fusion) {
     const umt_optimizer_options *o = &opt->options;
-    float *p = slot->param->data;
-    const float *g = slot->param->grad->data;
-    float *s0 = slot->state[0] ? slot->state[0]->data : NULL;
-    float *s1 = slot->state[1] ? slot->state[1]->data : NULL;
-    int64_t n = slot->param->numel;
-    const umt_tensor *lowp = slot->param->lowp;
-    umt_update_fusion fusion = {
-        .scalars = opt->scalars ? opt->scalars->data : NULL,
-        .lowp = lowp ? lowp->data : NULL,
-        .lowp_dtype = lowp ? lowp->dtype : UMT_F32,
-    };
-    if (lowp && lowp->nhwc) { /* a conv weight's copy is K,R,S,C (core/precision.c) */
-        fusion.lowp_channels = lowp->shape[1];
-        fusion.lowp_pixels = lowp->shape[2] * lowp->shape[3];
-    }
     switch (o->kind) {
     case UMT_OPT_SGD: return be->sgd_update_fused(p, g, s0, n, o->lr, o->momentum, o->weight_decay, fusion);
     case UMT_OPT_ADAM:
@@ -260,6 +250,82 @@ static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *sl
         return be->adadelta_update_fused(p, g, s0, s1, n, o->lr, o->rho, o->eps, o->weight_decay, fusion);
     }
     return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_step: kind %d", (int)o->kind);
+}
+
+static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *slot, int64_t step) {
+    float *s0 = slot->state[0] ? slot->state[0]->data : NULL;
+    float *s1 = slot->state[1] ? slot->state[1]->data : NULL;
+    const umt_tensor *lowp = slot->param->lowp;
+    umt_update_fusion fusion = {
+        .scalars = opt->scalars ? opt->scalars->data : NULL,
+        .lowp = lowp ? lowp->data : NULL,
+        .lowp_dtype = lowp ? lowp->dtype : UMT_F32,
+    };
+    if (lowp && lowp->nhwc) { /* a conv weight's copy is K,R,S,C (core/precision.c) */
+        fusion.lowp_channels = lowp->shape[1];
+        fusion.lowp_pixels = lowp->shape[2] * lowp->shape[3];
+    }
+    return update_arrays(opt, opt->ctx->backend, slot->param->data, slot->param->grad->data, s0, s1,
+                         slot->param->numel, step, fusion);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Parameters in the offload tier (core/offload.h): the same rule, on chunks or host memory */
+
+typedef struct {
+    const umt_optimizer *opt;
+    int64_t step;
+} offload_call;
+
+static umt_status offload_update_fn(const void *user, const umt_backend *be, float *p, const float *g, float *s0,
+                                    float *s1, int64_t n) {
+    const offload_call *call = user;
+    return update_arrays(call->opt, be, p, g, s0, s1, n, call->step, (umt_update_fusion){0});
+}
+
+static umt_status refuse_step_scalars(const umt_optimizer *opt, const umt_tensor *p) {
+    /* Step scalars live on the device and are read by every kernel; the tier does not carry them. */
+    if (!opt->scalars) return UMT_OK;
+    return umt_fail(UMT_ERR_UNSUPPORTED, "umt_optimizer_step: %s is offloaded, and the offload tier does not support "
+                    "gradient clipping or loss scaling", p->name ? p->name : "a parameter");
+}
+
+static umt_status update_offloaded(const umt_optimizer *opt, int64_t step) {
+    umt_context *ctx = opt->ctx;
+    offload_call call = {opt, step};
+    bool begun = false;
+    for (int i = 0; i < opt->slot_count; ++i) {
+        const umt_optim_slot *slot = &opt->slots[i];
+        if (slot->param->updated_early) { /* done during backward (UMT_OFFLOAD_OPTIM_BACKWARD) */
+            slot->param->updated_early = false;
+            continue;
+        }
+        if (!umt_offload_involves(slot->param, slot->state[0], slot->state[1])) continue;
+        UMT_TRY(refuse_step_scalars(opt, slot->param));
+        if (!begun) UMT_TRY(umt_offload_update_begin(ctx));
+        begun = true;
+        UMT_TRY(umt_offload_update(ctx, slot->param, slot->state[0], slot->state[1], offload_update_fn, &call));
+    }
+    /* call lives until here: the CPU updates run in umt_offload_update_end. */
+    if (begun) UMT_TRY(umt_offload_update_end(ctx));
+    return umt_offload_step_end(ctx);
+}
+
+umt_status umt_optimizer_update_one(const umt_optimizer *opt, const umt_tensor *p, float *param, const float *grad,
+                                    uint64_t *state_bytes) {
+    UMT_TRY(refuse_step_scalars(opt, p));
+    for (int i = 0; i < opt->slot_count; ++i) {
+        const umt_optim_slot *slot = &opt->slots[i];
+        if (slot->param != p) continue;
+        *state_bytes = 0;
+        for (int s = 0; s < UMT_OPTIM_MAX_STATE; ++s)
+            if (slot->state[s] && slot->state[s]->home) *state_bytes += slot->state[s]->bytes;
+        float *s0 = slot->state[0] ? slot->state[0]->data : NULL, *s1 = slot->state[1] ? slot->state[1]->data : NULL;
+        return update_arrays(opt, opt->ctx->backend, param, grad, s0, s1, p->numel, opt->steps + 1,
+                             (umt_update_fusion){0});
+    }
+    return umt_fail(UMT_ERR_STATE, "umt_optimizer_update_one: %s is not covered by the optimizer",
+                    p->name ? p->name : "a parameter");
 }
 
 /* On the device, in stream order: every gradient's share of the sum of squares, then the one
@@ -302,7 +368,11 @@ umt_status umt_optimizer_step(umt_optimizer *opt) {
     }
     if (opt->scalars) UMT_TRY(prepare_step(opt));
     int64_t step = opt->steps + 1;
-    for (int i = 0; i < opt->slot_count; ++i) UMT_TRY(update_slot(opt, &opt->slots[i], step));
+    for (int i = 0; i < opt->slot_count; ++i) {
+        const umt_optim_slot *slot = &opt->slots[i];
+        if (!umt_offload_involves(slot->param, slot->state[0], slot->state[1])) UMT_TRY(update_slot(opt, slot, step));
+    }
+    UMT_TRY(update_offloaded(opt, step));
     opt->steps = step;
     return UMT_OK;
 }

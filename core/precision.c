@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/context.h"
+#include "core/offload.h"
 #include "core/ops.h"
 
 #ifdef UMT_WITH_CUDA
@@ -105,6 +106,8 @@ umt_tensor *umt_to_f32(umt_context *ctx, umt_tensor *x) { return umt_recast(ctx,
 /* Compute copies of weights */
 
 umt_tensor *umt_weight_for_compute(umt_context *ctx, umt_tensor *w) {
+    /* An offloaded weight is brought into the double buffer first (core/offload.h). */
+    if (w && w->home && umt_offload_acquire(ctx, w, false) != UMT_OK) return NULL;
     umt_dtype dtype = umt_compute_dtype(ctx);
     if (!w || !umt_dtype_is_lowp(dtype) || w->dtype != UMT_F32) return w;
     if (!w->lowp) {

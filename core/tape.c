@@ -1,12 +1,15 @@
 /* core/tape.c — recording ops, and running the tape backwards. */
 #include "core/tape.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/context.h"
 #include "core/error.h"
+#include "core/offload.h"
 #include "core/optim.h"
 #include "core/tensor.h"
+#include "memory/trace.h"
 
 umt_status umt_tape_record(umt_context *ctx, const char *op, umt_backward_fn backward, umt_tensor *out,
                            umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2) {
@@ -56,13 +59,22 @@ umt_status umt_step_begin(umt_context *ctx) {
     }
     for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->pending_uses = 0;
     UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_ACTIVATIONS));
-    return umt_memory_reset(&ctx->memory, UMT_POOL_WORKSPACE);
+    UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_WORKSPACE));
+    if (ctx->memory.trace) {
+        char mark[32];
+        snprintf(mark, sizeof mark, "step %lld", (long long)ctx->steps_begun);
+        umt_trace_mark(ctx->memory.trace, mark);
+    }
+    ctx->steps_begun++;
+    /* The first step of an offloading context plans; later ones restart its prefetch order. */
+    return umt_offload_step_begin(ctx);
 }
 
 umt_status umt_zero_grad(umt_context *ctx) {
     if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_zero_grad: ctx is NULL");
     for (int i = 0; i < ctx->parameter_count; ++i) {
         umt_tensor *g = ctx->parameters[i]->grad;
+        if (umt_offload_zero_grad(ctx, ctx->parameters[i])) continue; /* marked, not rewritten */
         UMT_TRY(ctx->backend->fill(g->data, g->numel, 0.0f));
     }
     return UMT_OK;
@@ -79,13 +91,16 @@ void umt_set_grad_ready_hook(umt_context *ctx, umt_grad_ready_fn fn, void *user)
     ctx->grad_ready_user = user;
 }
 
-/* After a node's backward: a parameter whose every use has now been processed is final. */
-static void announce_finished_parameters(umt_context *ctx, const umt_node *node) {
+/* After a node's backward: a parameter whose every use has now been processed is final (an
+ * offloaded gradient starts its way home). */
+static umt_status announce_finished_parameters(umt_context *ctx, const umt_node *node) {
     for (int i = 0; i < node->input_count; ++i) {
         umt_tensor *p = node->inputs[i];
         if (!p->is_parameter || --p->pending_uses != 0) continue;
+        UMT_TRY(umt_offload_gradient_ready(ctx, p));
         if (ctx->grad_ready) ctx->grad_ready(p, ctx->grad_ready_user);
     }
+    return UMT_OK;
 }
 
 /* Backward from loss, its gradient seeded with 1, or with the f32 at seed_on_device (a copy in
@@ -113,16 +128,17 @@ static umt_status backward_from(umt_context *ctx, umt_tensor *loss, const float 
                 if (node->inputs[i]->requires_grad && !umt_tensor_grad_or_zeros(ctx, node->inputs[i]))
                     return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_backward: %s: no memory for a gradient (%s)", node->op,
                                     umt_last_error());
-            umt_status st = node->backward(ctx, node);
+            umt_status st = umt_offload_before_backward(ctx, node);
+            if (st == UMT_OK) st = node->backward(ctx, node);
             if (st != UMT_OK) return umt_fail(st, "umt_backward: %s: %s", node->op, umt_last_error());
             /* Every consumer of this output ran before its producer: its gradient is done. */
             umt_memory_end_of_life(&ctx->memory, UMT_POOL_ACTIVATIONS, node->output->grad->arena_slot);
         }
-        announce_finished_parameters(ctx, node);
+        UMT_TRY(announce_finished_parameters(ctx, node));
     }
     /* The tape has been consumed: a second backward needs a new forward. */
     umt_tape_clear(&ctx->tape);
-    return UMT_OK;
+    return umt_offload_backward_done(ctx);
 }
 
 umt_status umt_backward(umt_context *ctx, umt_tensor *loss) {

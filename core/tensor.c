@@ -7,6 +7,7 @@
 
 #include "core/context.h"
 #include "core/error.h"
+#include "core/offload.h"
 #include "memory/plan.h"
 
 size_t umt_dtype_size(umt_dtype dtype) {
@@ -54,6 +55,7 @@ static umt_tensor *new_header(umt_context *ctx, umt_pool pool, umt_dtype dtype, 
     t->numel = numel;
     t->bytes = (size_t)numel * umt_dtype_size(dtype);
     t->pool = pool;
+    t->kind_pool = pool;
     t->device = ctx->options.device;
     umt_tensor **list = umt_pool_policy_of(pool)->lifetime == UMT_LIFETIME_STEP ? &ctx->step_tensors : &ctx->run_tensors;
     t->next = *list;
@@ -90,6 +92,12 @@ umt_tensor *umt_tensor_alloc(umt_context *ctx, umt_pool pool, umt_dtype dtype, i
         return NULL;
     }
     t->owns_storage = true;
+    return t;
+}
+
+umt_tensor *umt_tensor_alloc_kind(umt_context *ctx, umt_pool kind_pool, umt_dtype dtype, int ndim, const int64_t *shape) {
+    umt_tensor *t = umt_tensor_alloc(ctx, ctx ? umt_offload_initial_pool(ctx, kind_pool) : kind_pool, dtype, ndim, shape);
+    if (t) t->kind_pool = kind_pool;
     return t;
 }
 

@@ -106,11 +106,12 @@ typedef enum {
     UMT_POOL_STAGING,     /* batches on their way in */
     UMT_POOL_OFFLOAD,     /* what does not fit the device budget */
     UMT_POOL_INPUTS,      /* batches copied in from the staging ring, a few steps deep */
+    UMT_POOL_STREAM,      /* the offload tier's device double buffer: the layers in use */
     UMT_POOL_COUNT
 } umt_pool;
 
 /* "weights", "grads", "optim", "activations", "workspace", "dataset", "staging", "offload",
- * "inputs". */
+ * "inputs", "stream". */
 const char *umt_pool_name(umt_pool pool);
 
 #define UMT_MAX_DIMS 4
@@ -121,12 +122,44 @@ const char *umt_pool_name(umt_pool pool);
 typedef struct umt_context umt_context;
 typedef struct umt_tensor umt_tensor;
 
+/* Where the update of offloaded parameters runs (the offload tier, core/offload.h):
+ *   auto     — the first two steps measure gpu and cpu, the faster one is kept (the default);
+ *   gpu      — in umt_optimizer_step, on the GPU, parameters, gradients and state streamed
+ *              through the double buffer in chunks;
+ *   cpu      — in umt_optimizer_step, on the CPU, in place in pinned host memory, one thread per
+ *              core;
+ *   backward — on the GPU during umt_backward, as soon as a parameter's gradient is final: the
+ *              weights and gradient are still in the double buffer, the kernel reads and writes
+ *              the optimizer state in pinned memory directly, and only the updated weights go
+ *              back. Fewest bytes over the link, but the update uses the learning rate set before
+ *              backward, the gradient is consumed (not kept, not accumulated over several
+ *              backward calls), and clipping is impossible; umt_optimizer_step then only counts
+ *              the step for those parameters. Opt-in for that reason. */
+typedef enum {
+    UMT_OFFLOAD_OPTIM_AUTO = 0,
+    UMT_OFFLOAD_OPTIM_GPU,
+    UMT_OFFLOAD_OPTIM_CPU,
+    UMT_OFFLOAD_OPTIM_BACKWARD
+} umt_offload_optimizer;
+
+/* "auto", "gpu", "cpu", "backward" -> where; UMT_ERR_INVALID_ARGUMENT otherwise. */
+umt_status umt_offload_optimizer_parse(const char *name, umt_offload_optimizer *out);
+const char *umt_offload_optimizer_name(umt_offload_optimizer where);
+
 typedef struct {
     umt_device device;           /* where ops run */
     uint64_t seed;               /* seeds the context's RNG: parameter init, shuffles, dropout */
     umt_memory_mode memory_mode; /* CUDA only */
     int cuda_device;             /* CUDA only: which GPU */
     umt_precision precision;     /* bf16 and fp16: CUDA only */
+    /* CUDA, fp32: train models larger than the device budget. Parameters, gradients and
+     * optimizer state are made in the offload tier (pinned host memory); at the first
+     * umt_step_begin the placement planner (memory/offload_plan.h) moves back to the GPU what
+     * fits the budget less offload_reserve_bytes, and prints its plan; the rest is streamed
+     * (core/offload.h). Create the model and the optimizer before the first step. */
+    bool offload;
+    size_t offload_reserve_bytes;            /* device bytes the plan leaves for activations and scratch */
+    umt_offload_optimizer offload_optimizer; /* where offloaded parameters are updated */
 } umt_context_options;
 
 /* Options with defaults: umt_default_device(), seed 1, managed memory, GPU 0, fp32. */
@@ -169,6 +202,30 @@ typedef struct {
 umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_stats *out);
 /* Prints one line per pool (placement, capacity, peak, allocations) and the budget to stderr. */
 void umt_memory_report(const umt_context *ctx);
+
+/* What the offload tier has done since the context was made (all 0 without offload). */
+typedef struct {
+    int offloaded_tensors;        /* weights, gradients and optimizer states in the offload tier */
+    size_t offloaded_bytes;
+    uint64_t bytes_to_device;     /* host -> device copies: weights, gradients, optimizer chunks */
+    uint64_t bytes_to_host;       /* device -> host copies: gradients, updated parameters and state */
+    umt_offload_optimizer optimizer; /* where offloaded updates run now (auto until measured) */
+    double optimizer_gpu_ms;      /* the measured offloaded update of each kind (0: not measured) */
+    double optimizer_cpu_ms;
+} umt_offload_stats;
+
+umt_status umt_offload_stats_get(const umt_context *ctx, umt_offload_stats *out);
+
+/* The host <-> device link with pinned memory, in GB/s (1e9 bytes per second): the best of a few
+ * copies of `bytes` each way alone, and both ways at once (the sum). CUDA only; the buffers come
+ * from the staging and stream pools and are freed before it returns. */
+typedef struct {
+    double to_device_gbps;
+    double to_host_gbps;
+    double both_ways_gbps;
+} umt_link_speed;
+
+umt_status umt_link_measure(umt_context *ctx, size_t bytes, umt_link_speed *out);
 
 /* ----------------------------------------------------------------------------------------- */
 /* Tensors: contiguous, row-major, up to UMT_MAX_DIMS dimensions. */

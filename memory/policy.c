@@ -10,7 +10,8 @@
  * written once and read every epoch: read-mostly. Staging and offload exist to be copied
  * asynchronously over the link, which needs page-locked host memory. The inputs pool is where
 those copies land: written only by the copy engine and read only by the GPU, it gains nothing from
-managed memory, so it is plain device memory (no pages to migrate, no advice to give).
+managed memory, so it is plain device memory (no pages to migrate, no advice to give). The stream
+ * pool is the offload tier's double buffer, the same kind of landing place for copies: device memory.
  */
 #include "memory/policy.h"
 
@@ -27,6 +28,7 @@ static const umt_pool_policy policies[UMT_POOL_COUNT] = {
     {UMT_POOL_STAGING,     "staging",     UMT_LIFETIME_RUN,  UMT_PLACE_PINNED,  0,                               false, "batches on their way in"},
     {UMT_POOL_OFFLOAD,     "offload",     UMT_LIFETIME_RUN,  UMT_PLACE_PINNED,  0,                               false, "what does not fit the device budget"},
     {UMT_POOL_INPUTS,      "inputs",      UMT_LIFETIME_RUN,  UMT_PLACE_DEVICE,  0,                               false, "batches copied in from the staging ring"},
+    {UMT_POOL_STREAM,      "stream",      UMT_LIFETIME_RUN,  UMT_PLACE_DEVICE,  0,                               false, "the offload tier's double buffer: layers in use"},
 };
 
 const umt_pool_policy *umt_pool_policy_of(umt_pool pool) {

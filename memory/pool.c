@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "memory/placement.h"
+#include "memory/trace.h"
 
 /* The smallest arena block: small steps should not allocate many tiny blocks. */
 #define UMT_ARENA_MIN_BYTES ((size_t)1 << 20)
@@ -46,9 +47,47 @@ void umt_memory_release(umt_memory *mem) {
     }
 }
 
+/* The trace's counter track: every pool's bytes in use, after each change. */
+static void trace_pools(const umt_memory *mem) {
+    if (!mem->trace) return;
+    size_t in_use[UMT_POOL_COUNT];
+    for (int p = 0; p < UMT_POOL_COUNT; ++p) in_use[p] = mem->pools[p].in_use_bytes;
+    umt_trace_counters(mem->trace, in_use);
+}
+
+static int more_held_first(const void *a, const void *b) {
+    const umt_pool_state *x = *(const umt_pool_state *const *)a, *y = *(const umt_pool_state *const *)b;
+    return x->capacity_bytes < y->capacity_bytes ? 1 : x->capacity_bytes > y->capacity_bytes ? -1 : 0;
+}
+
+void umt_memory_print_contents(const umt_memory *mem, FILE *out) {
+    const umt_pool_state *order[UMT_POOL_COUNT];
+    for (int p = 0; p < UMT_POOL_COUNT; ++p) order[p] = &mem->pools[p];
+    qsort(order, UMT_POOL_COUNT, sizeof *order, more_held_first);
+    fprintf(out, "pools, largest first (device budget %zu bytes, %zu held on the device):\n", mem->budget_bytes,
+            mem->device_bytes);
+    for (int k = 0; k < UMT_POOL_COUNT && order[k]->capacity_bytes; ++k) {
+        const umt_pool_state *s = order[k];
+        fprintf(out, "  %-12s %-8s %14zu bytes held, %14zu in use, %d block(s); largest:", s->policy->name,
+                umt_placement_name(s->placement), s->capacity_bytes, s->in_use_bytes, s->block_count);
+        /* The three largest blocks, by selection: pools hold few blocks. */
+        size_t shown = SIZE_MAX;
+        for (int r = 0; r < 3; ++r) {
+            size_t best = 0;
+            for (int i = 0; i < s->block_count; ++i)
+                if (s->blocks[i].bytes < shown && s->blocks[i].bytes > best) best = s->blocks[i].bytes;
+            if (!best) break;
+            fprintf(out, " %zu", best);
+            shown = best;
+        }
+        fputc('\n', out);
+    }
+}
+
 /* The hard rule: GPU memory past the budget is never asked for (it can hang a shared card). */
 static umt_status check_budget(const umt_memory *mem, const umt_pool_state *s, size_t bytes) {
     if (!umt_placement_uses_device(s->placement) || bytes <= mem->budget_bytes - mem->device_bytes) return UMT_OK;
+    umt_memory_print_contents(mem, stderr);
     return umt_fail(UMT_ERR_BUDGET,
                     "pool %s: request of %zu bytes refused: device budget %zu bytes, %zu in use, %zu left "
                     "(UMT_DEVICE_BUDGET lowers the budget, never raises it past the GPU's free memory)",
@@ -77,6 +116,7 @@ static umt_status push_block(umt_memory *mem, umt_pool_state *s, size_t bytes) {
     s->blocks[s->block_count++] = (umt_block){ptr, bytes};
     s->capacity_bytes += bytes;
     if (umt_placement_uses_device(s->placement)) mem->device_bytes += bytes;
+    umt_trace_alloc(mem->trace, s->pool, bytes, false);
     return UMT_OK;
 }
 
@@ -95,12 +135,17 @@ static umt_status arena_alloc(umt_memory *mem, umt_pool_state *s, size_t bytes, 
         /* umt_memory_reset sized blocks[0] to hold the whole plan. */
         *out = (char *)s->blocks[0].ptr + offset;
         count(s, bytes, offset + bytes);
+        trace_pools(mem);
         return UMT_OK;
     }
     umt_block *top = s->block_count ? &s->blocks[s->block_count - 1] : NULL;
     if (!top || s->arena_offset + bytes > top->bytes) {
-        /* Overflow: a new block at least as large as all before it, so overflows stay rare. */
+        /* Overflow: a new block at least as large as all before it, so overflows stay rare, but
+         * never more than the request where that would pass the device budget (the first step
+         * of a model tight in its budget needs every byte). */
         size_t want = bytes > s->capacity_bytes ? bytes : s->capacity_bytes;
+        bool device = umt_placement_uses_device(s->placement);
+        if (device && want > bytes && want > mem->budget_bytes - mem->device_bytes) want = bytes;
         UMT_TRY(push_block(mem, s, want > UMT_ARENA_MIN_BYTES ? want : UMT_ARENA_MIN_BYTES));
         top = &s->blocks[s->block_count - 1];
         s->arena_offset = 0;
@@ -108,6 +153,7 @@ static umt_status arena_alloc(umt_memory *mem, umt_pool_state *s, size_t bytes, 
     *out = (char *)top->ptr + s->arena_offset;
     s->arena_offset += bytes;
     count(s, bytes, s->capacity_bytes - top->bytes + s->arena_offset);
+    trace_pools(mem);
     return UMT_OK;
 }
 
@@ -127,6 +173,7 @@ umt_status umt_memory_alloc_slot(umt_memory *mem, umt_pool pool, size_t bytes, v
     UMT_TRY(push_block(mem, s, bytes));
     *out = s->blocks[s->block_count - 1].ptr;
     count(s, bytes, 0);
+    trace_pools(mem);
     return UMT_OK;
 }
 
@@ -144,7 +191,9 @@ void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr) {
         s->in_use_bytes -= s->blocks[i].bytes;
         s->capacity_bytes -= s->blocks[i].bytes;
         if (umt_placement_uses_device(s->placement)) mem->device_bytes -= s->blocks[i].bytes;
+        umt_trace_alloc(mem->trace, s->pool, s->blocks[i].bytes, true);
         s->blocks[i] = s->blocks[--s->block_count];
+        trace_pools(mem);
         return;
     }
 }
@@ -165,6 +214,7 @@ umt_status umt_memory_reset(umt_memory *mem, umt_pool pool) {
     /* Allocations that depart from the plan go after the planned region. */
     s->arena_offset = s->plan.planned ? s->plan.planned_peak_bytes : 0;
     s->in_use_bytes = 0;
+    trace_pools(mem);
     return UMT_OK;
 }
 

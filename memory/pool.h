@@ -14,6 +14,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "memory/plan.h"
 #include "memory/policy.h"
@@ -50,6 +51,7 @@ typedef struct {
     void *stream;        /* CUDA: the compute stream prefetches are queued on */
     size_t budget_bytes; /* CUDA: the most managed + device memory this context may hold */
     size_t device_bytes; /* CUDA: managed + device memory held now, all pools together */
+    struct umt_trace *trace; /* UMT_MEM_TRACE: where allocations and pool bytes are written, or NULL */
 } umt_memory;
 
 /* Resolves each pool's placement from the policy table for the device and memory mode. */
@@ -72,6 +74,10 @@ void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr);
 umt_status umt_memory_reset(umt_memory *mem, umt_pool pool);
 
 void umt_memory_stats(const umt_memory *mem, umt_pool pool, umt_pool_stats *out);
+
+/* Every pool that holds memory, largest first, with its largest blocks: what a refused request
+ * prints, so that the reader sees where the budget went. */
+void umt_memory_print_contents(const umt_memory *mem, FILE *out);
 
 /* True for placements that take GPU memory, which the device budget covers. */
 bool umt_placement_uses_device(umt_placement placement);

@@ -23,7 +23,7 @@ if [[ -e /usr/include/x86_64-linux-gnu/mpi/mpi.h ]]; then
 fi
 
 gpu_targets=(//tests/gpu:all //examples:mnist_mlp //examples:mnist_cnn //examples:predict //examples:image_folder
-             //examples:mnist_to_png //bench:all)
+             //examples:mnist_to_png //examples:big_mlp //bench:all)
 echo "gpu_bundle: bazel build --config=cuda ${gpu_targets[*]}"
 bazel build --config=cuda "${gpu_targets[@]}"
 
@@ -33,7 +33,7 @@ for t in $(bazel query 'kind(cc_test, //tests/gpu:all)' 2>/dev/null); do
     cp "bazel-bin/tests/gpu/${t##*:}" "$bundle"/bin/
 done
 cp bazel-bin/examples/mnist_mlp bazel-bin/examples/mnist_cnn bazel-bin/examples/predict \
-    bazel-bin/examples/image_folder bazel-bin/examples/mnist_to_png \
+    bazel-bin/examples/image_folder bazel-bin/examples/mnist_to_png bazel-bin/examples/big_mlp \
     bazel-bin/bench/mlp_mem_modes "$bundle"/bin/
 # cmocka and stb are not on the GPU machine's image; CUDA, cuBLAS, cuDNN and zlib are.
 for lib in libcmocka.so.0 libstb.so.0; do
@@ -43,6 +43,8 @@ done
 for f in data/mnist/*-ubyte; do gzip -9 -c "$f" > "$bundle/data/$(basename "$f").gz"; done
 cp tools/gpu_run_all.sh "$bundle"/run_all.sh
 cp bench/torch_ref.py bench/input_pipeline.sh "$bundle"/
+# The offload tier: big_mlp's losses and benchmark, and the trace drawn as an SVG (bench/offload.sh).
+cp bench/offload.sh tools/mem_trace_svg.py "$bundle"/
 # Data parallelism: tools/gpu_run_dist.sh runs its checks and bench/dist_bench.sh (with DDP).
 cp tools/gpu_run_dist.sh "$bundle"/run_dist.sh
 cp bench/torch_ddp.py "$bundle"/

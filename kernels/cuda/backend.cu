@@ -22,6 +22,7 @@ static struct {
     cudaStream_t stream;
     cublasHandle_t cublas;
     cudnnHandle_t cudnn;
+    cudaStream_t launch_override; /* umt_cuda_launch_on: where our own kernels go instead, or NULL */
 } state;
 
 /* The handle for gemm.cu (declared there: cuda_kernels.h stays free of cuBLAS types). */
@@ -90,7 +91,13 @@ extern "C" void umt_cuda_backend_stop(void) {
     release_state();
 }
 
-extern "C" cudaStream_t umt_cuda_stream(void) { return state.stream; }
+extern "C" cudaStream_t umt_cuda_stream(void) { return state.launch_override ? state.launch_override : state.stream; }
+
+extern "C" cudaStream_t umt_cuda_launch_on(cudaStream_t stream) {
+    cudaStream_t previous = state.launch_override;
+    state.launch_override = stream;
+    return previous;
+}
 
 extern "C" umt_status umt_cuda_synchronize(void) {
     if (!state.started) return umt_fail(UMT_ERR_STATE, "cuda synchronize: backend not started");

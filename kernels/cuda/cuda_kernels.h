@@ -32,6 +32,10 @@ void umt_cuda_backend_stop(void);
 const umt_backend *umt_cuda_backend(void);
 /* The compute stream (memory/ prefetches on it, so prefetch and use stay in order). */
 cudaStream_t umt_cuda_stream(void);
+/* Our own kernels (not cuBLAS or cuDNN, which stay on the compute stream) launch on stream from
+ * now on, NULL for the compute stream again; returns the previous choice. The offload tier runs
+ * its updates during backward beside the compute stream this way (core/offload.c). */
+cudaStream_t umt_cuda_launch_on(cudaStream_t stream);
 /* The cuBLAS handle bound to the compute stream (gemm.cu). */
 cublasHandle_t umt_cuda_cublas_handle(void);
 /* Waits until all work queued on the compute stream has finished. */

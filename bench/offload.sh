@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# bench/offload.sh — on the GPU machine, from the bundle (tools/gpu_bundle.sh copies it there):
+#     bash gpu_bundle/offload.sh
+# The offload tier's GPU tests, examples/big_mlp trained for 10 steps with UMT_DEVICE_BUDGET=2G
+# (state 4x the budget) and in GPU memory, their losses compared, the benchmark of both at two
+# batch sizes, and the memory trace of the offloaded run drawn as an SVG. Logs, the trace and the
+# SVG go to $OUT (or /tmp/umt_offload_logs); a refused allocation with a 1G budget shows the pools
+# largest first; a summary table comes last.
+set -uo pipefail
+cd "$(dirname "$0")" || exit 1
+export LD_LIBRARY_PATH="$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+logs="${OUT:-/tmp/umt_offload_logs}"
+mkdir -p "$logs"
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader | tee "$logs/gpu.txt"
+rows=()
+row() { rows+=("$(printf '%-52s %s' "$1" "$2")"); }
+
+for t in test_cuda_offload test_cuda_memory; do
+    timeout 150 bin/$t > "$logs/$t.log" 2>&1
+    rc=$?
+    p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$logs/$t.log" | tail -n 1)
+    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$logs/$t.log" | tail -n 1)
+    [[ $rc -ne 0 ]] && tail -n 40 "$logs/$t.log"
+    row "$t" "${p:-0} passed, ${f:-$([[ $rc -eq 0 ]] && echo 0 || echo 1)} failed (exit $rc)"
+done
+grep -E 'relative|measured' "$logs/test_cuda_offload.log" | head -n 12
+
+# Ten steps offloaded (auto updates, with the trace; updates in backward) and in GPU memory.
+UMT_DEVICE_BUDGET=2G UMT_MEM_TRACE="$logs/big_mlp_trace.json" UMT_MEM_REPORT=1 timeout 100 bin/big_mlp --steps 10 \
+    > "$logs/big_mlp_offload.log" 2>&1
+rc1=$?
+UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --steps 10 --update-on backward > "$logs/big_mlp_offload_backward.log" 2>&1
+rc3=$?
+UMT_MEM_REPORT=1 timeout 100 bin/big_mlp --no-offload --steps 10 > "$logs/big_mlp_memory.log" 2>&1
+rc2=$?
+cat "$logs/big_mlp_offload.log"
+grep '^step' "$logs/big_mlp_offload_backward.log"
+tail -n 14 "$logs/big_mlp_memory.log"
+compare() {
+    paste <(grep '^step' "$1" | awk '{print $4}') <(grep '^step' "$2" | awk '{print $4}') |
+        awk '{d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > w) w = r; n++} END {printf "%d steps, max relative %.2e", n, w}'
+}
+row "big_mlp 10 steps: 2G offloaded (auto) vs in memory" "$(compare "$logs/big_mlp_offload.log" "$logs/big_mlp_memory.log") (exit $rc1, $rc2)"
+row "big_mlp 10 steps: 2G offloaded (backward) vs in memory" "$(compare "$logs/big_mlp_offload_backward.log" "$logs/big_mlp_memory.log") (exit $rc3)"
+row "big_mlp losses offloaded (first, last)" "$(grep '^step' "$logs/big_mlp_offload.log" | sed -n '1p;$p' | awk '{print $4}' | tr '\n' ' ')"
+python3 mem_trace_svg.py "$logs/big_mlp_trace.json" --step 5 -o "$logs/big_mlp_memory.svg" > "$logs/svg.log" 2>&1
+row "mem_trace_svg.py (step 5)" "$(tail -n 1 "$logs/svg.log")"
+
+# Refusals print the pools, largest first: a plan that cannot fit 1G (the offload tier holds the
+# model), and a plain run past the same budget (the weights pool refuses a layer).
+for run in "offload" "no-offload"; do
+    log="$logs/refusal_1G_$run.log"
+    flag=""
+    [[ $run == no-offload ]] && flag="--no-offload"
+    UMT_DEVICE_BUDGET=1G timeout 60 bin/big_mlp --steps 1 $flag > "$log" 2>&1
+    rc=$?
+    echo "== UMT_DEVICE_BUDGET=1G big_mlp --steps 1 $flag (exit $rc) =="
+    grep -A12 'pools, largest first' "$log" | head -n 14
+    grep 'big_mlp:' "$log" | tail -n 1
+    row "1G big_mlp $flag: refused, pools printed" "$(grep -A1 'pools, largest first' "$log" | tail -n 1 | awk '{print "largest:", $1, $3, "bytes"}') (exit $rc)"
+done
+
+# The benchmark: offloaded at 2G (batch 512: the first step's activations fill the rest) and at 4G
+# (batch 2048), updates in backward and auto (gpu or cpu, both timed), beside GPU memory.
+for run in "2G 512 backward" "2G 512 auto" "4G 2048 backward" "4G 2048 auto"; do
+    read -r budget batch where <<< "$run"
+    log="$logs/bench_offload_${budget}_${batch}_$where.log"
+    UMT_DEVICE_BUDGET=$budget timeout 80 bin/big_mlp --bench 4 --batch "$batch" --update-on "$where" > "$log" 2>&1
+    grep -E '^bench' "$log"
+    row "big_mlp --bench 4 -b $batch offloaded ($budget, $where)" "$(grep '^bench: step' "$log" | awk '{print $3, $4}'); $(grep 'floor /' "$log" | sed 's/.*per step //')"
+    [[ $where == auto ]] && row "  updates timed" "$(grep 'update measured' "$log" | sed 's/.*measured: //')"
+done
+for batch in 512 2048; do
+    log="$logs/bench_memory_$batch.log"
+    timeout 80 bin/big_mlp --no-offload --bench 4 --batch "$batch" > "$log" 2>&1
+    row "big_mlp --bench 4 -b $batch in GPU memory" "$(grep '^bench: step' "$log" | awk '{print $3, $4}')"
+done
+
+echo
+echo "== summary ($(head -n 1 "$logs/gpu.txt")) =="
+printf '%s\n' "${rows[@]}"

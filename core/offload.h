@@ -1,0 +1,85 @@
+/*
+ * core/offload.h — the offload tier at run time: training a model larger than the device budget.
+ *
+ * With umt_context_options.offload, parameters, gradients and optimizer state are made in the
+ * offload pool (pinned host memory). At the first umt_step_begin the placement planner
+ * (memory/offload_plan.h) decides what fits the budget; those tensors move to their own pools on
+ * the GPU, the others stay in the offload tier for good, and this file streams them:
+ *
+ *   forward   an offloaded weight is copied into one of two device slots (the stream pool) on the
+ *             copy-in stream; the compute stream waits only for that copy. From the second step
+ *             on, the order in which parameters were needed in the first step is known, so the
+ *             next one is copied in while the current one computes: one layer ahead.
+ *   backward  the same, in backward's order, with the gradient's slot zeroed (or its host copy
+ *             brought in when it holds an earlier step's sum); the last forward layer is still in
+ *             its slot. When the tape announces a gradient final, it is copied out on the
+ *             copy-out stream, so out-copies, in-copies and compute all overlap.
+ *   update    offloaded parameters are updated either on the GPU, their weights, gradients and
+ *             state streamed through the same two slots in chunks (in-copy, update kernel,
+ *             out-copy, pipelined), or on the CPU by threads in place in pinned memory; with
+ *             UMT_OFFLOAD_OPTIM_AUTO the first two steps time both and the faster is kept.
+ *
+ * A tensor in the offload tier keeps its host bytes in `home`; `data` points there, or at the
+ * slot while the slot holds it, so ops and kernels need not know. Scope: parameters read through
+ * umt_weight_for_compute (linear, matmul, conv2d weights) are streamed, one per op, fp32 only;
+ * parameters smaller than UMT_OFFLOAD_MIN_STREAM_BYTES (memory/offload_plan.h) stay on the GPU; saved activations are not offloaded
+ * at run time (offload_reserve_bytes holds them); clipping and loss scaling refuse offloaded
+ * parameters.
+ */
+#ifndef UMT_CORE_OFFLOAD_H
+#define UMT_CORE_OFFLOAD_H
+
+#include <stdbool.h>
+
+#include "core/backend.h"
+#include "core/tape.h"
+#include "umtrain.h"
+
+typedef struct umt_offload umt_offload;
+
+/* At context creation (CUDA, options.offload): the tier's state, nothing planned yet. */
+umt_status umt_offload_create(umt_context *ctx);
+
+/* Where a new tensor of kind pool (weights, grads, optim) is made: the offload pool while an
+ * offloading context has not planned yet, else pool itself. */
+umt_pool umt_offload_initial_pool(const umt_context *ctx, umt_pool pool);
+
+/* At umt_step_begin: plans (once, the first time), then starts the step's prefetch order. */
+umt_status umt_offload_step_begin(umt_context *ctx);
+/* Frees the slots, streams and events (the pools free the tensors). */
+void umt_offload_destroy(umt_context *ctx);
+
+/* Makes an offloaded parameter's weights (and, for backward, its gradient) readable on the GPU
+ * by work queued after this call, and prefetches the next in the recorded order. A no-op for
+ * anything not offloaded. */
+umt_status umt_offload_acquire(umt_context *ctx, umt_tensor *p, bool for_backward);
+/* Before a tape node's backward: acquires its offloaded parameter inputs with their gradients. */
+umt_status umt_offload_before_backward(umt_context *ctx, const umt_node *node);
+/* The tape says p's gradient is final for this step: it is copied out to the offload tier. */
+umt_status umt_offload_gradient_ready(umt_context *ctx, umt_tensor *p);
+/* End of backward: work queued after this sees every offloaded gradient in the offload tier. */
+umt_status umt_offload_backward_done(umt_context *ctx);
+/* umt_zero_grad for an offloaded gradient: marked zero, nothing copied (true if it handled g). */
+bool umt_offload_zero_grad(umt_context *ctx, umt_tensor *parameter);
+
+/* The optimizer whose rule UMT_OFFLOAD_OPTIM_BACKWARD runs during backward (attach true at its
+ * creation, false at its destruction). */
+void umt_offload_attach_optimizer(umt_context *ctx, const umt_optimizer *opt, bool attach);
+
+/* One update of n elements of a parameter: core/optim.c's rule on the given pointers, with the
+ * given backend's kernel (the CUDA one on device chunks, the CPU one on host memory). */
+typedef umt_status (*umt_offload_update_fn)(const void *user, const umt_backend *backend, float *param,
+                                            const float *grad, float *state0, float *state1, int64_t n);
+
+/* The optimizer's step for parameters of which some array is in the offload tier: begin, then
+ * one call per such parameter (state may be NULL), then end (which runs CPU updates and decides
+ * auto mode). A no-op pair when nothing is offloaded. Then, in every step, step_end: the first
+ * step's order of uses is final, and the next step's first weights start coming in. */
+umt_status umt_offload_update_begin(umt_context *ctx);
+bool umt_offload_involves(const umt_tensor *p, const umt_tensor *state0, const umt_tensor *state1);
+umt_status umt_offload_update(umt_context *ctx, umt_tensor *p, umt_tensor *state0, umt_tensor *state1,
+                              umt_offload_update_fn fn, const void *user);
+umt_status umt_offload_update_end(umt_context *ctx);
+umt_status umt_offload_step_end(umt_context *ctx);
+
+#endif /* UMT_CORE_OFFLOAD_H */

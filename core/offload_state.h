@@ -1,0 +1,66 @@
+/*
+ * core/offload_state.h — the offload tier's state, shared by its two files: core/offload.c
+ * (planning, slots, streaming in forward and backward) and core/offload_update.c (the update).
+ * Nothing else includes it.
+ */
+#ifndef UMT_CORE_OFFLOAD_STATE_H
+#define UMT_CORE_OFFLOAD_STATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/offload.h"
+#include "memory/offload_plan.h"
+
+/* One half of the double buffer. Its events order the three streams around it:
+ *   loaded    copy-in stream: what the slot should hold is there (compute waits for it);
+ *   released  compute stream: queued work that reads or writes the slot is behind this;
+ *   drained   copy-out stream: the slot's gradient (or update chunk) has left for the host. */
+typedef struct {
+    void *base;          /* stream pool: weights at base, gradient at grads */
+    void *grads;
+    umt_tensor *holder;  /* the parameter whose weights are in the slot, or NULL */
+    bool grads_live;     /* the gradient part holds holder's gradient, not yet copied out */
+    void *loaded, *released, *drained;
+} umt_offload_slot;
+
+typedef struct {
+    umt_tensor *parameter;
+    bool for_backward;
+} umt_offload_use;
+
+struct umt_offload {
+    umt_context *ctx;
+    bool planned;
+    umt_placement_plan plan;
+    size_t slot_bytes;
+    void *compute, *copy_in, *copy_out; /* CUDA streams (compute is the backend's) */
+    void *update;                       /* UMT_OFFLOAD_OPTIM_BACKWARD: the updates' stream */
+    void *updated;                      /* its event: the updates queued so far are done */
+    umt_offload_slot slots[2];
+    int last_slot; /* the slot of the most recent acquire: the prefetch goes to the other one */
+    /* The order parameters were acquired in during the first step, replayed as prefetches. */
+    umt_offload_use *uses;
+    int use_count, use_slots;
+    bool recording, following;
+    int next_use;
+    /* The update */
+    umt_offload_optimizer optimizer; /* where it runs now: auto until both have been timed */
+    double update_start_s;
+    bool update_used_gpu, update_used_cpu;
+    bool slots_claimed; /* this update has evicted the slots to stream chunks through them */
+    struct umt_offload_cpu_job *cpu_jobs;
+    int cpu_job_count, cpu_job_slots;
+    const umt_optimizer *attached; /* UMT_OFFLOAD_OPTIM_BACKWARD: the optimizer that updates in backward */
+    umt_offload_stats stats;
+};
+
+/* Slot bookkeeping used by both files. */
+umt_status umt_offload_evict(umt_offload *o, int s);
+umt_status umt_offload_wait(void *stream, void *event);
+umt_status umt_offload_record(void *event, void *stream);
+/* A host <-> device copy on stream, counted in the stats and traced. */
+umt_status umt_offload_copy(umt_offload *o, void *dst, const void *src, size_t bytes, bool to_device, const char *what);
+double umt_offload_seconds(void);
+
+#endif /* UMT_CORE_OFFLOAD_STATE_H */

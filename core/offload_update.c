@@ -1,0 +1,314 @@
+/*
+ * core/offload_update.c — the optimizer's step for offloaded parameters (core/offload.h).
+ *
+ * Two ways, both run core/optim.c's rule through the backends' own update kernels:
+ *   gpu  (a parameter whose weights are resident and only state is offloaded: the kernel reads
+ *        and writes the state in pinned memory directly, which the GPU can address.)
+ *        every array of the parameter that lives in the offload tier is copied into a slot in
+ *        chunks (a quarter of a slot per array); the update kernel runs on the chunk; the
+ *        parameter and its state go back. Chunks alternate between the two slots, so chunk k+1
+ *        comes in while chunk k is updated and chunk k-1 goes out.
+ *   cpu  the CPU kernel updates the arrays in place in pinned memory, the elements split among
+ *        one thread per core; only the gradients crossed the link (in backward).
+ * With UMT_OFFLOAD_OPTIM_AUTO the first step's update runs on the GPU, the second's on the CPU,
+ * each timed from the start of the update to the end of its last copy; the faster one stays.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/context.h"
+#include "core/error.h"
+#include "core/offload_state.h"
+#include "core/tensor.h"
+#include "memory/trace.h"
+
+#ifdef UMT_WITH_CUDA
+#include "core/cuda_check.h"
+
+/* Elements of one CPU work item: large enough to amortise the atomic, small enough to balance. */
+#define CPU_CHUNK ((int64_t)1 << 20)
+#define MAX_THREADS 64
+
+typedef struct umt_offload_cpu_job {
+    umt_offload_update_fn fn;
+    const void *user;
+    float *param, *grad, *state0, *state1;
+    int64_t n;
+} umt_offload_cpu_job;
+
+bool umt_offload_involves(const umt_tensor *p, const umt_tensor *state0, const umt_tensor *state1) {
+    return p->home || p->grad->home || (state0 && state0->home) || (state1 && state1->home);
+}
+
+static umt_offload_optimizer mode_this_step(const umt_offload *o) {
+    /* backward: what reaches the step was not updated in backward (no optimizer attached then). */
+    if (o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD) return UMT_OFFLOAD_OPTIM_GPU;
+    if (o->optimizer != UMT_OFFLOAD_OPTIM_AUTO) return o->optimizer;
+    /* auto: time the GPU first, then the CPU, then keep the faster (decided in update_end). */
+    return o->stats.optimizer_gpu_ms == 0 ? UMT_OFFLOAD_OPTIM_GPU : UMT_OFFLOAD_OPTIM_CPU;
+}
+
+umt_status umt_offload_update_begin(umt_context *ctx) {
+    umt_offload *o = ctx->offload;
+    if (!o || !o->copy_in) return UMT_OK;
+    o->slots_claimed = false;
+    /* auto's timed steps start the clock once forward and backward are done, so that each way is
+     * timed on its own work. */
+    if (o->optimizer == UMT_OFFLOAD_OPTIM_AUTO) UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
+    o->update_start_s = umt_offload_seconds();
+    o->update_used_gpu = o->update_used_cpu = false;
+    o->cpu_job_count = 0;
+    return UMT_OK;
+}
+
+/* Before the first update that rewrites offloaded weights: what the slots hold goes stale, and
+ * chunks will overwrite them, not before queued compute is done reading them. */
+static umt_status claim_slots(umt_offload *o) {
+    if (o->slots_claimed) return UMT_OK;
+    for (int s = 0; s < 2; ++s) {
+        UMT_TRY(umt_offload_evict(o, s));
+        UMT_TRY(umt_offload_record(o->slots[s].released, o->compute));
+        UMT_TRY(umt_offload_wait(o->copy_in, o->slots[s].released));
+    }
+    o->slots_claimed = true;
+    return UMT_OK;
+}
+
+/* A gradient that no backward wrote since umt_zero_grad is zero on the host too, from now on. */
+static umt_status settle_zero_gradient(umt_offload *o, umt_tensor *p) {
+    if (!p->grad_zero) return UMT_OK;
+    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->copy_out));
+    if (p->grad->home) memset(p->grad->home, 0, p->grad->bytes);
+    else UMT_CUDA_TRY(cudaMemsetAsync(p->grad->data, 0, p->grad->bytes, (cudaStream_t)o->compute));
+    p->grad_zero = false;
+    return UMT_OK;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* On the GPU, in chunks through the slots */
+
+typedef struct {
+    umt_tensor *tensor; /* NULL: no such array (SGD without momentum) */
+    bool write_back;    /* the update changes it (everything but the gradient) */
+} array_ref;
+
+/* One chunk [offset, offset + n) of every array through slot s. */
+static umt_status gpu_chunk(umt_offload *o, int s, const array_ref arrays[4], int64_t offset, int64_t n,
+                            int64_t chunk, umt_offload_update_fn fn, const void *user) {
+    umt_offload_slot *slot = &o->slots[s];
+    float *device[4] = {0};
+    UMT_TRY(umt_offload_wait(o->copy_in, slot->drained));
+    for (int a = 0; a < 4; ++a) {
+        const umt_tensor *t = arrays[a].tensor;
+        if (!t) continue;
+        if (!t->home) {
+            device[a] = (float *)t->data + offset;
+            continue;
+        }
+        device[a] = (float *)slot->base + a * chunk;
+        UMT_TRY(umt_offload_copy(o, device[a], (float *)t->home + offset, (size_t)n * sizeof(float), true, "update in"));
+    }
+    UMT_TRY(umt_offload_record(slot->loaded, o->copy_in));
+    UMT_TRY(umt_offload_wait(o->compute, slot->loaded));
+    void *begin = umt_trace_begin(o->ctx->memory.trace, o->compute);
+    UMT_TRY(fn(user, o->ctx->backend, device[0], device[1], device[2], device[3], n));
+    umt_trace_end(o->ctx->memory.trace, o->compute, begin, "update", "optimizer", UMT_TRACE_COMPUTE, 0);
+    UMT_TRY(umt_offload_record(slot->released, o->compute));
+    UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
+    for (int a = 0; a < 4; ++a) {
+        const umt_tensor *t = arrays[a].tensor;
+        if (t && t->home && arrays[a].write_back)
+            UMT_TRY(umt_offload_copy(o, (float *)t->home + offset, device[a], (size_t)n * sizeof(float), false, "update out"));
+    }
+    return umt_offload_record(slot->drained, o->copy_out);
+}
+
+static umt_status update_on_gpu(umt_offload *o, const array_ref arrays[4], int64_t n, umt_offload_update_fn fn,
+                                const void *user) {
+    UMT_TRY(claim_slots(o));
+    /* A quarter of a slot per array, in whole 256-byte lines. */
+    int64_t chunk = (int64_t)(o->slot_bytes / 4 / 256 * 256 / sizeof(float));
+    for (int64_t offset = 0; offset < n; offset += chunk) {
+        int s = o->last_slot = 1 - o->last_slot;
+        UMT_TRY(gpu_chunk(o, s, arrays, offset, n - offset < chunk ? n - offset : chunk, chunk, fn, user));
+    }
+    o->update_used_gpu = true;
+    return UMT_OK;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* On the CPU, with threads */
+
+static umt_status queue_cpu_job(umt_offload *o, const umt_offload_cpu_job *job) {
+    if (o->cpu_job_count == o->cpu_job_slots) {
+        int slots = o->cpu_job_slots ? 2 * o->cpu_job_slots : 16;
+        umt_offload_cpu_job *grown = realloc(o->cpu_jobs, (size_t)slots * sizeof *grown);
+        if (!grown) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory for CPU update jobs");
+        o->cpu_jobs = grown;
+        o->cpu_job_slots = slots;
+    }
+    UMT_TRY(claim_slots(o));
+    o->cpu_jobs[o->cpu_job_count++] = *job;
+    o->update_used_cpu = true;
+    return UMT_OK;
+}
+
+typedef struct {
+    const umt_offload_cpu_job *jobs;
+    int job_count;
+    int64_t chunks; /* CPU_CHUNK-sized items over all jobs, numbered job after job */
+    atomic_llong next;
+    atomic_int failed;
+} cpu_work;
+
+/* Each thread takes the next chunk until none is left. */
+static void *cpu_worker(void *arg) {
+    cpu_work *w = arg;
+    const umt_backend *cpu = umt_cpu_backend();
+    for (;;) {
+        long long k = atomic_fetch_add(&w->next, 1);
+        if (k >= w->chunks) return NULL;
+        int j = 0;
+        int64_t first = 0, per;
+        while (first + (per = (w->jobs[j].n + CPU_CHUNK - 1) / CPU_CHUNK) <= k) first += per, j++;
+        const umt_offload_cpu_job *job = &w->jobs[j];
+        int64_t offset = (k - first) * CPU_CHUNK, n = job->n - offset < CPU_CHUNK ? job->n - offset : CPU_CHUNK;
+        float *s0 = job->state0 ? job->state0 + offset : NULL, *s1 = job->state1 ? job->state1 + offset : NULL;
+        if (job->fn(job->user, cpu, job->param + offset, job->grad + offset, s0, s1, n) != UMT_OK)
+            atomic_store(&w->failed, 1);
+    }
+}
+
+static umt_status run_cpu_jobs(umt_offload *o) {
+    if (!o->cpu_job_count) return UMT_OK;
+    /* The gradients must be home (backward made compute wait for them) and no copy may still read
+     * the parameters being rewritten. */
+    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
+    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->copy_in));
+    cpu_work w = {.jobs = o->cpu_jobs, .job_count = o->cpu_job_count};
+    for (int j = 0; j < o->cpu_job_count; ++j) w.chunks += (o->cpu_jobs[j].n + CPU_CHUNK - 1) / CPU_CHUNK;
+    atomic_init(&w.next, 0);
+    atomic_init(&w.failed, 0);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
+    pthread_t ids[MAX_THREADS];
+    int started = 0;
+    for (; started < threads; ++started)
+        if (pthread_create(&ids[started], NULL, cpu_worker, &w) != 0) break;
+    if (started == 0) cpu_worker(&w);
+    for (int i = 0; i < started; ++i) pthread_join(ids[i], NULL);
+    if (atomic_load(&w.failed)) return umt_fail(UMT_ERR_STATE, "offload: a CPU update failed: %s", umt_last_error());
+    return UMT_OK;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* The entry points */
+
+umt_status umt_offload_update(umt_context *ctx, umt_tensor *p, umt_tensor *state0, umt_tensor *state1,
+                              umt_offload_update_fn fn, const void *user) {
+    umt_offload *o = ctx->offload;
+    if (!o || !o->copy_in)
+        return umt_fail(UMT_ERR_STATE, "offload: %s has offloaded arrays but the tier has no streams",
+                        p->name ? p->name : "a parameter");
+    UMT_TRY(settle_zero_gradient(o, p));
+    if (!p->home && !p->grad->home) {
+        /* Only state is offloaded: the kernel reads and writes it where it lives (pinned memory is
+         * addressable from the GPU), on the resident weights and gradient; no slot is needed. */
+        float *s0 = state0 ? state0->data : NULL, *s1 = state1 ? state1->data : NULL;
+        uint64_t bytes = (state0 && state0->home ? state0->bytes : 0) + (state1 && state1->home ? state1->bytes : 0);
+        o->stats.bytes_to_device += bytes;
+        o->stats.bytes_to_host += bytes;
+        o->update_used_gpu = true;
+        return fn(user, ctx->backend, p->data, p->grad->data, s0, s1, p->numel);
+    }
+    bool all_home = p->home && p->grad->home && (!state0 || state0->home) && (!state1 || state1->home);
+    if (mode_this_step(o) == UMT_OFFLOAD_OPTIM_CPU && all_home) {
+        umt_offload_cpu_job job = {fn, user, p->home, p->grad->home, state0 ? state0->home : NULL,
+                                   state1 ? state1->home : NULL, p->numel};
+        return queue_cpu_job(o, &job);
+    }
+    array_ref arrays[4] = {{p, true}, {p->grad, false}, {state0, true}, {state1, true}};
+    return update_on_gpu(o, arrays, p->numel, fn, user);
+}
+
+/* auto: after the timed steps, keep the faster way and say so. */
+static void decide(umt_offload *o, double ms) {
+    if (o->optimizer != UMT_OFFLOAD_OPTIM_AUTO) return;
+    if (o->stats.optimizer_gpu_ms == 0) o->stats.optimizer_gpu_ms = ms;
+    else o->stats.optimizer_cpu_ms = ms;
+    if (o->stats.optimizer_cpu_ms == 0) return;
+    o->optimizer = o->stats.optimizer_cpu_ms < o->stats.optimizer_gpu_ms ? UMT_OFFLOAD_OPTIM_CPU : UMT_OFFLOAD_OPTIM_GPU;
+    o->stats.optimizer = o->optimizer;
+    fprintf(stderr, "offload: update of offloaded parameters measured on the gpu (streamed) %.1f ms, on the cpu "
+            "(threads) %.1f ms: %s from now on\n", o->stats.optimizer_gpu_ms, o->stats.optimizer_cpu_ms,
+            umt_offload_optimizer_name(o->optimizer));
+}
+
+umt_status umt_offload_update_end(umt_context *ctx) {
+    umt_offload *o = ctx->offload;
+    if (!o || !o->copy_in) return UMT_OK;
+    UMT_TRY(run_cpu_jobs(o));
+    /* The next copies in must read the updated parameters: everything waits for the last out. */
+    for (int s = 0; s < 2; ++s) {
+        UMT_TRY(umt_offload_wait(o->copy_in, o->slots[s].drained));
+        UMT_TRY(umt_offload_wait(o->compute, o->slots[s].drained));
+    }
+    bool timing = o->optimizer == UMT_OFFLOAD_OPTIM_AUTO && (o->update_used_gpu || o->update_used_cpu);
+    if (timing) {
+        UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->copy_out));
+        UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
+        decide(o, 1e3 * (umt_offload_seconds() - o->update_start_s));
+    }
+    return UMT_OK;
+}
+
+umt_status umt_offload_step_end(umt_context *ctx) {
+    umt_offload *o = ctx->offload;
+    if (!o || !o->copy_in) return UMT_OK;
+    /* Weights updated in backward are still on their way home: copies in read them after, and
+     * the compute stream reads the slots' weights only once their updates are done. */
+    for (int s = 0; s < 2; ++s) UMT_TRY(umt_offload_wait(o->copy_in, o->slots[s].drained));
+    UMT_TRY(umt_offload_record(o->updated, o->update));
+    UMT_TRY(umt_offload_wait(o->compute, o->updated));
+    /* The first step has shown the order of uses: from now on each is prefetched, starting with
+     * the next step's first, which can come in now. */
+    o->recording = false;
+    o->following = true;
+    o->next_use = 0;
+    if (o->use_count) {
+        const umt_offload_use *first = &o->uses[0];
+        UMT_TRY(umt_offload_acquire(ctx, first->parameter, first->for_backward));
+        o->next_use = 0; /* the step will ask for it again, and find it resident */
+    }
+    return UMT_OK;
+}
+
+#else
+
+bool umt_offload_involves(const umt_tensor *p, const umt_tensor *state0, const umt_tensor *state1) {
+    (void)p, (void)state0, (void)state1;
+    return false;
+}
+umt_status umt_offload_update_begin(umt_context *ctx) {
+    (void)ctx;
+    return UMT_OK;
+}
+umt_status umt_offload_update(umt_context *ctx, umt_tensor *p, umt_tensor *state0, umt_tensor *state1,
+                              umt_offload_update_fn fn, const void *user) {
+    (void)ctx, (void)state0, (void)state1, (void)fn, (void)user;
+    return umt_fail(UMT_ERR_UNSUPPORTED, "offload: %s: this build has no CUDA", p->name ? p->name : "a parameter");
+}
+umt_status umt_offload_update_end(umt_context *ctx) {
+    (void)ctx;
+    return UMT_OK;
+}
+umt_status umt_offload_step_end(umt_context *ctx) {
+    (void)ctx;
+    return UMT_OK;
+}
+
+#endif

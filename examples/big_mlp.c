@@ -1,0 +1,209 @@
+/*
+ * examples/big_mlp.c — a wide MLP whose weights, gradients and Adam state are several times the
+ * device budget, trained through the offload tier (core/offload.h).
+ *
+ *   UMT_DEVICE_BUDGET=2G bazel-bin/examples/big_mlp                  # 8 x 8192^2: 8 GiB of state
+ *   bazel-bin/examples/big_mlp --no-offload                          # the same, all in GPU memory
+ *   UMT_DEVICE_BUDGET=2G bazel-bin/examples/big_mlp --bench 5        # step time against the link
+ *
+ * Flags: --width N (8192) --depth N (8) --batch N (512) --steps N (10) --seed N (1)
+ *        --lr X (1e-4) --update-on auto|gpu|cpu|backward (where and when offloaded parameters are
+ *        updated: after backward on the GPU in chunks or by CPU threads, auto the faster, or during
+ *        backward on the GPU as each gradient is final)
+ *        --reserve SIZE (device bytes kept for activations; default: what the batch needs)
+ *        --no-offload (plain pools: fails past the budget) --bench N (N timed steps after warm-up)
+ *
+ * The task is synthetic and fixed: one random batch of `batch` inputs with random labels among
+ * `width` classes, which the network learns to fit, so the loss falls step after step and two
+ * runs with the same seed print the same losses whatever lives where. The plan is printed before
+ * the first step (stderr); each step prints its loss; --bench prints the step time, the bytes
+ * that crossed the link per step, the link-bound floor those bytes allow at the link speed
+ * measured in the same run, and the ratio floor / step time (1.0 is the link's limit).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "umtrain.h"
+
+typedef struct {
+    int64_t width, depth, batch;
+    int steps, bench;
+    uint64_t seed;
+    float lr;
+    bool offload;
+    size_t reserve;
+    umt_offload_optimizer update_on;
+} options;
+
+static int usage(const char *why) {
+    fprintf(stderr, "big_mlp: %s\nusage: big_mlp [--width N] [--depth N] [--batch N] [--steps N] [--seed N] [--lr X]\n"
+            "               [--update-on auto|gpu|cpu|backward] [--reserve SIZE] [--no-offload] [--bench N]\n", why);
+    return 2;
+}
+
+static int parse(int argc, char **argv, options *o) {
+    *o = (options){.width = 8192, .depth = 8, .batch = 512, .steps = 10, .seed = 1, .lr = 1e-4f, .offload = true};
+    for (int i = 1; i < argc; ++i) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--no-offload")) { o->offload = false; continue; }
+        if (!v) return usage("a flag is missing its value");
+        i++;
+        if (!strcmp(a, "--width")) o->width = atoll(v);
+        else if (!strcmp(a, "--depth")) o->depth = atoll(v);
+        else if (!strcmp(a, "--batch")) o->batch = atoll(v);
+        else if (!strcmp(a, "--steps")) o->steps = atoi(v);
+        else if (!strcmp(a, "--bench")) o->bench = atoi(v);
+        else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--lr")) o->lr = strtof(v, NULL);
+        else if (!strcmp(a, "--update-on")) { if (umt_offload_optimizer_parse(v, &o->update_on)) return usage(umt_last_error()); }
+        else if (!strcmp(a, "--reserve")) { if (umt_parse_bytes(v, &o->reserve)) return usage(umt_last_error()); }
+        else return usage("unknown flag");
+    }
+    if (o->width < 2 || o->depth < 1 || o->batch < 1 || o->steps < 1 || o->bench < 0) return usage("sizes must be positive");
+    /* Activations: the first step, which the arena records before it can plan reuse, holds every
+     * output (linear and ReLU per layer, the loss's probabilities) and every gradient of one at
+     * once: about 4 depth + 2 tensors of batch x width f32; and 64 MiB of scratch. */
+    if (!o->reserve) o->reserve = (size_t)(4 * o->depth + 2) * (size_t)(o->batch * o->width) * 4 + ((size_t)64 << 20);
+    return 0;
+}
+
+static int fail(const char *what) {
+    fprintf(stderr, "big_mlp: %s: %s\n", what, umt_last_error());
+    return 1;
+}
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* The model and one step */
+
+typedef struct {
+    umt_context *ctx;
+    umt_layer **layers;
+    umt_optimizer *opt;
+    umt_tensor *x, *labels;
+} model;
+
+static int build(const options *o, model *m) {
+    umt_context_options co = umt_context_defaults();
+    co.device = UMT_DEVICE_CUDA;
+    co.seed = o->seed;
+    co.offload = o->offload;
+    co.offload_reserve_bytes = o->reserve;
+    co.offload_optimizer = o->update_on;
+    if (umt_context_create(&co, &m->ctx)) return fail("context");
+    m->layers = calloc((size_t)o->depth, sizeof *m->layers);
+    for (int64_t l = 0; l < o->depth; ++l) {
+        char name[32];
+        snprintf(name, sizeof name, "fc%lld", (long long)l);
+        if (!(m->layers[l] = umt_linear_layer_new(m->ctx, name, o->width, o->width, true))) return fail(name);
+    }
+    umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_ADAM);
+    oo.lr = o->lr;
+    if (umt_optimizer_create(m->ctx, &oo, &m->opt)) return fail("optimizer");
+    /* The batch is made in the dataset pool once; its values come from the same seeded RNG. */
+    m->x = umt_tensor_new_2d(m->ctx, UMT_POOL_DATASET, UMT_F32, o->batch, o->width);
+    m->labels = umt_tensor_new_1d(m->ctx, UMT_POOL_DATASET, UMT_I32, o->batch);
+    if (!m->x || !m->labels || umt_tensor_uniform(m->ctx, m->x, -1.0f, 1.0f)) return fail("batch");
+    int32_t *labels = malloc((size_t)o->batch * sizeof *labels);
+    for (int64_t i = 0; i < o->batch; ++i) labels[i] = (int32_t)((i * 7919 + 13) % o->width);
+    umt_status st = umt_tensor_copy_from_host(m->labels, labels, (size_t)o->batch * sizeof *labels);
+    free(labels);
+    return st ? fail("labels") : 0;
+}
+
+static umt_tensor *forward(const options *o, model *m) {
+    umt_tensor *h = m->x;
+    for (int64_t l = 0; l < o->depth; ++l) {
+        h = umt_layer_forward(m->ctx, m->layers[l], h);
+        if (l + 1 < o->depth) h = umt_relu(m->ctx, h);
+    }
+    return umt_softmax_cross_entropy(m->ctx, h, m->labels);
+}
+
+/* One training step; the loss is read back only when asked (reading it waits for the step). */
+static int step(const options *o, model *m, float *loss_out) {
+    if (umt_step_begin(m->ctx) || umt_zero_grad(m->ctx)) return fail("step begin");
+    umt_tensor *loss = forward(o, m);
+    if (!loss) return fail("forward");
+    if (umt_backward(m->ctx, loss)) return fail("backward");
+    if (umt_optimizer_step(m->opt)) return fail("optimizer");
+    if (loss_out && umt_tensor_get_f32(loss, 0, loss_out)) return fail("loss");
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* --bench: step time against the link */
+
+static int bench(const options *o, model *m) {
+    /* Warm-up: the first step records the order of uses, auto mode times both updates. */
+    for (int i = 0; i < 3; ++i)
+        if (step(o, m, NULL)) return 1;
+    if (umt_synchronize(m->ctx)) return fail("synchronize");
+    umt_offload_stats before, after;
+    umt_offload_stats_get(m->ctx, &before);
+    double start = seconds();
+    for (int i = 0; i < o->bench; ++i)
+        if (step(o, m, NULL)) return 1;
+    if (umt_synchronize(m->ctx)) return fail("synchronize");
+    double step_s = (seconds() - start) / o->bench;
+    umt_offload_stats_get(m->ctx, &after);
+    double in = (double)(after.bytes_to_device - before.bytes_to_device) / o->bench;
+    double out = (double)(after.bytes_to_host - before.bytes_to_host) / o->bench;
+    printf("bench: step %.1f ms (%d steps, batch %lld, width %lld, depth %lld, %s, updates on the %s)\n", 1e3 * step_s,
+           o->bench, (long long)o->batch, (long long)o->width, (long long)o->depth,
+           o->offload ? "offload tier" : "in GPU memory",
+           o->offload ? umt_offload_optimizer_name(after.optimizer) : "gpu, in place");
+    if (after.optimizer_gpu_ms > 0 && after.optimizer_cpu_ms > 0)
+        printf("bench: offloaded update measured: gpu streamed %.1f ms, cpu threads %.1f ms\n", after.optimizer_gpu_ms,
+               after.optimizer_cpu_ms);
+    if (in + out == 0) return 0;
+    umt_link_speed link;
+    if (umt_link_measure(m->ctx, (size_t)128 << 20, &link)) return fail("link measure");
+    /* Both directions run at once: the floor is whichever of them, or their sum, takes longest. */
+    double floor_s = in / (link.to_device_gbps * 1e9);
+    double t_out = out / (link.to_host_gbps * 1e9), t_both = (in + out) / (link.both_ways_gbps * 1e9);
+    if (t_out > floor_s) floor_s = t_out;
+    if (t_both > floor_s) floor_s = t_both;
+    printf("bench: link %.1f GB/s to device, %.1f GB/s to host, %.1f GB/s both ways (pinned, measured now)\n",
+           link.to_device_gbps, link.to_host_gbps, link.both_ways_gbps);
+    printf("bench: per step %.3f GB to device + %.3f GB to host; link-bound floor %.1f ms; floor / step = %.2f\n",
+           in / 1e9, out / 1e9, 1e3 * floor_s, floor_s / step_s);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    model m = {0};
+    if (build(&o, &m)) return 1;
+    size_t budget = 0, used = 0;
+    umt_device_budget(m.ctx, &budget, &used);
+    double state_gib = (double)(4 * o.depth * o.width * (o.width + 1)) * 4 / (double)(1 << 30);
+    printf("big_mlp: %lld layers of %lld x %lld, batch %lld: weights + grads + Adam %.2f GiB, device budget %.2f GiB "
+           "(%.1fx)\n", (long long)o.depth, (long long)o.width, (long long)o.width, (long long)o.batch, state_gib,
+           (double)budget / (1 << 30), state_gib * (1 << 30) / (double)budget);
+    if (o.bench) rc = bench(&o, &m);
+    for (int s = 0; !o.bench && s < o.steps && !rc; ++s) {
+        float loss = 0;
+        double t0 = seconds();
+        rc = step(&o, &m, &loss);
+        if (!rc) printf("step %d loss %.9g (%.1f ms)\n", s + 1, loss, 1e3 * (seconds() - t0));
+    }
+    umt_offload_stats st;
+    umt_offload_stats_get(m.ctx, &st);
+    if (!rc)
+        printf("big_mlp: %d tensors (%.2f GiB) in the offload tier; %.2f GB copied to the device, %.2f GB to the host\n",
+               st.offloaded_tensors, (double)st.offloaded_bytes / (1 << 30), (double)st.bytes_to_device / 1e9,
+               (double)st.bytes_to_host / 1e9);
+    free(m.layers);
+    umt_context_destroy(m.ctx);
+    return rc;
+}

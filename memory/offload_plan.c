@@ -1,0 +1,172 @@
+/* memory/offload_plan.c — the placement planner (see offload_plan.h for the order and why). */
+#include "memory/offload_plan.h"
+
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "memory/pool.h"
+
+static size_t align_up(size_t bytes) { return (bytes + UMT_POOL_ALIGN - 1) / UMT_POOL_ALIGN * UMT_POOL_ALIGN; }
+
+static bool is_parameter_pool(umt_pool pool) { return pool == UMT_POOL_WEIGHTS || pool == UMT_POOL_GRADS; }
+
+/* The bytes of the items of one group and pool class (parameter pools, or activations). */
+static size_t group_bytes(const umt_plan_item *items, int count, int group, bool activations) {
+    size_t sum = 0;
+    for (int i = 0; i < count; ++i)
+        if (items[i].group == group && (activations ? items[i].pool == UMT_POOL_ACTIVATIONS : is_parameter_pool(items[i].pool)))
+            sum += align_up(items[i].bytes);
+    return sum;
+}
+
+size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed_bytes, size_t *weight_slot_bytes,
+                             size_t *activation_slot_bytes) {
+    size_t resident = 0, weight_slot = 0, activation_slot = 0;
+    bool any_streamed = false;
+    for (int i = 0; i < count; ++i) {
+        const umt_plan_item *it = &items[i];
+        if (!it->offloaded) {
+            resident += align_up(it->bytes);
+            continue;
+        }
+        if (it->pool == UMT_POOL_ACTIVATIONS) {
+            size_t g = group_bytes(items, count, it->group, true);
+            if (g > activation_slot) activation_slot = g;
+            continue;
+        }
+        any_streamed = true;
+        if (is_parameter_pool(it->pool)) {
+            size_t g = group_bytes(items, count, it->group, false);
+            if (g > weight_slot) weight_slot = g;
+        }
+    }
+    /* Offloaded optimizer state streams through the weight slots in chunks: they must exist. */
+    if (any_streamed && weight_slot < UMT_OFFLOAD_MIN_SLOT_BYTES) weight_slot = UMT_OFFLOAD_MIN_SLOT_BYTES;
+    *weight_slot_bytes = weight_slot;
+    *activation_slot_bytes = activation_slot;
+    return fixed_bytes + resident + 2 * weight_slot + 2 * activation_slot;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* The three stages */
+
+typedef struct {
+    int key;      /* an item index (stage 1) or a group number (stages 2 and 3) */
+    size_t bytes;
+} candidate;
+
+static int larger_first(const void *a, const void *b) {
+    const candidate *x = a, *y = b;
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+    return x->key - y->key; /* equal sizes: the earlier one first, so plans are reproducible */
+}
+
+static bool fits(const umt_plan_item *items, int count, size_t budget, size_t fixed) {
+    size_t w, a;
+    return umt_plan_device_bytes(items, count, fixed, &w, &a) <= budget;
+}
+
+/* Stage 1: optimizer state items, largest first. */
+static bool offload_optimizer_state(umt_plan_item *items, int count, size_t budget, size_t fixed, candidate *c) {
+    int n = 0;
+    for (int i = 0; i < count; ++i)
+        if (items[i].pool == UMT_POOL_OPTIM) c[n++] = (candidate){i, items[i].bytes};
+    qsort(c, (size_t)n, sizeof *c, larger_first);
+    for (int k = 0; k < n; ++k) {
+        items[c[k].key].offloaded = true;
+        if (fits(items, count, budget, fixed)) return true;
+    }
+    return false;
+}
+
+/* Stages 2 and 3: whole groups (a parameter's weights and gradients, or a layer's saved
+ * activations), largest group first. */
+static bool offload_groups(umt_plan_item *items, int count, size_t budget, size_t fixed, bool activations,
+                           candidate *c) {
+    int n = 0;
+    for (int i = 0; i < count; ++i) {
+        bool member = activations ? items[i].pool == UMT_POOL_ACTIVATIONS : is_parameter_pool(items[i].pool);
+        if (!member) continue;
+        bool seen = false;
+        for (int k = 0; k < n && !seen; ++k) seen = c[k].key == items[i].group;
+        if (!seen) c[n++] = (candidate){items[i].group, group_bytes(items, count, items[i].group, activations)};
+    }
+    qsort(c, (size_t)n, sizeof *c, larger_first);
+    for (int k = 0; k < n; ++k) {
+        if (!activations && c[k].bytes < UMT_OFFLOAD_MIN_STREAM_BYTES) break; /* sorted: the rest are smaller */
+        for (int i = 0; i < count; ++i) {
+            bool member = activations ? items[i].pool == UMT_POOL_ACTIVATIONS : is_parameter_pool(items[i].pool);
+            if (member && items[i].group == c[k].key) items[i].offloaded = true;
+        }
+        if (fits(items, count, budget, fixed)) return true;
+    }
+    return false;
+}
+
+static void fill_plan(const umt_plan_item *items, int count, size_t budget, size_t fixed, int stage,
+                      umt_placement_plan *plan) {
+    *plan = (umt_placement_plan){.budget_bytes = budget, .fixed_bytes = fixed, .stage = stage};
+    plan->device_bytes = umt_plan_device_bytes(items, count, fixed, &plan->weight_slot_bytes, &plan->activation_slot_bytes);
+    for (int i = 0; i < count; ++i)
+        if (items[i].offloaded) plan->offloaded_bytes += align_up(items[i].bytes);
+}
+
+umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_bytes, size_t fixed_bytes,
+                              umt_placement_plan *plan) {
+    if (count < 0 || (count > 0 && !items) || !plan)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_plan_placement: %d items at %p", count, (const void *)items);
+    for (int i = 0; i < count; ++i) {
+        umt_pool p = items[i].pool;
+        if (p != UMT_POOL_WEIGHTS && p != UMT_POOL_GRADS && p != UMT_POOL_OPTIM && p != UMT_POOL_ACTIVATIONS)
+            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_plan_placement: item %d (%s) is in pool %s (expected weights, "
+                            "grads, optim or activations)", i, items[i].name ? items[i].name : "?", umt_pool_name(p));
+        items[i].offloaded = false;
+    }
+    candidate *c = malloc(((size_t)count + 1) * sizeof *c);
+    if (!c) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_plan_placement: no memory for %d items", count);
+    int stage = 0;
+    if (!fits(items, count, budget_bytes, fixed_bytes)) {
+        stage = 1;
+        if (!offload_optimizer_state(items, count, budget_bytes, fixed_bytes, c)) {
+            stage = 2;
+            if (!offload_groups(items, count, budget_bytes, fixed_bytes, false, c)) {
+                stage = 3;
+                if (!offload_groups(items, count, budget_bytes, fixed_bytes, true, c)) stage = 4;
+            }
+        }
+    }
+    free(c);
+    fill_plan(items, count, budget_bytes, fixed_bytes, stage > 3 ? 3 : stage, plan);
+    if (stage <= 3) return UMT_OK;
+    return umt_fail(UMT_ERR_BUDGET,
+                    "placement plan: even with every weight, gradient, optimizer state and saved activation offloaded "
+                    "the GPU needs %zu bytes (fixed %zu, two weight buffers of %zu, two activation buffers of %zu) "
+                    "against a device budget of %zu bytes",
+                    plan->device_bytes, fixed_bytes, plan->weight_slot_bytes, plan->activation_slot_bytes, budget_bytes);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Printing */
+
+static double gib(size_t bytes) { return (double)bytes / (double)((size_t)1 << 30); }
+
+void umt_plan_print(FILE *out, const umt_plan_item *items, int count, const umt_placement_plan *plan) {
+    static const umt_pool pools[] = {UMT_POOL_WEIGHTS, UMT_POOL_GRADS, UMT_POOL_OPTIM, UMT_POOL_ACTIVATIONS};
+    fprintf(out, "placement plan (stage %d of 3): %-11s %6s %12s %8s %12s\n", plan->stage, "pool", "on GPU", "GiB",
+            "offload", "GiB");
+    for (int k = 0; k < 4; ++k) {
+        int on = 0, off = 0;
+        size_t on_bytes = 0, off_bytes = 0;
+        for (int i = 0; i < count; ++i) {
+            if (items[i].pool != pools[k]) continue;
+            if (items[i].offloaded) off++, off_bytes += align_up(items[i].bytes);
+            else on++, on_bytes += align_up(items[i].bytes);
+        }
+        fprintf(out, "placement plan:              %-11s %6d %12.3f %8d %12.3f\n", umt_pool_name(pools[k]), on,
+                gib(on_bytes), off, gib(off_bytes));
+    }
+    fprintf(out, "placement plan: streaming buffers 2 x %.3f GiB (weights+grads, optimizer chunks), 2 x %.3f GiB "
+            "(activations); fixed %.3f GiB; on GPU %.3f of %.3f GiB budget; offloaded %.3f GiB\n",
+            gib(plan->weight_slot_bytes), gib(plan->activation_slot_bytes), gib(plan->fixed_bytes),
+            gib(plan->device_bytes), gib(plan->budget_bytes), gib(plan->offloaded_bytes));
+}

@@ -1,0 +1,75 @@
+/*
+ * memory/offload_plan.h — the placement planner: what stays on the GPU, what goes to the
+ * offload tier (pinned host memory), decided once from the tensors' sizes and the budget.
+ *
+ * The planner sees the model as a list of items: one per tensor of the weights, grads, optim
+ * and activations pools, each tagged with the parameter (or layer) it belongs to. If the items
+ * and the fixed bytes (workspace, inputs) fit the budget, everything stays on the GPU.
+ * Otherwise items move to the offload tier in this order, each stage only as far as needed:
+ *
+ *   1. optimizer state, largest first: it is touched once per step, by the update, so streaming
+ *      it costs one pass over the link and nothing waits for it during forward and backward;
+ *   2. weights and gradients of a parameter, together, largest parameter first (none smaller
+ *      than UMT_OFFLOAD_MIN_STREAM_BYTES): the layer in
+ *      use is copied into a device double buffer one layer ahead of use, so only two layers'
+ *      weights and gradients are on the GPU at once;
+ *   3. activations saved for backward, largest first: out after their forward, back one layer
+ *      ahead in backward, through a second double buffer.
+ *
+ * Streaming has a price in device memory: the double buffers. Offloading the first item of a
+ * stage can therefore raise the total before later items lower it; the planner keeps going and
+ * judges only the end result. When even everything offloaded does not fit, the plan fails with
+ * UMT_ERR_BUDGET naming what the double buffers and the fixed bytes need.
+ *
+ * Pure C, no CUDA: tests/test_offload_plan.c checks its decisions on the CPU.
+ */
+#ifndef UMT_MEMORY_OFFLOAD_PLAN_H
+#define UMT_MEMORY_OFFLOAD_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "umtrain.h"
+
+/* The smallest streaming buffer: the optimizer streams its chunks through the same double
+ * buffer, and chunks much smaller than this make the copies' fixed cost show. */
+#define UMT_OFFLOAD_MIN_SLOT_BYTES ((size_t)64 << 20)
+
+/* Parameters whose weights and gradient are smaller than this stay on the GPU (a bias): streaming
+ * them would cost a copy's fixed overhead for next to no bytes. */
+#define UMT_OFFLOAD_MIN_STREAM_BYTES ((size_t)1 << 20)
+
+typedef struct {
+    const char *name; /* for the printed plan */
+    umt_pool pool;    /* UMT_POOL_WEIGHTS, _GRADS, _OPTIM or _ACTIVATIONS */
+    int group;        /* the parameter (weights, grads, optim) or layer (activations) it belongs to */
+    size_t bytes;
+    bool offloaded;   /* the planner's decision */
+} umt_plan_item;
+
+typedef struct {
+    size_t budget_bytes;
+    size_t fixed_bytes;          /* device bytes held whatever the plan (workspace, inputs, ...) */
+    size_t weight_slot_bytes;    /* one of the two weight+grad streaming buffers (0: none) */
+    size_t activation_slot_bytes; /* one of the two activation streaming buffers (0: none) */
+    size_t device_bytes;         /* everything on the GPU: fixed + resident items + buffers */
+    size_t offloaded_bytes;      /* everything in the offload tier */
+    int stage;                   /* 0: all fits; 1..3: the last stage the planner needed */
+} umt_placement_plan;
+
+/* Decides items[i].offloaded for count items. UMT_ERR_BUDGET (plan still filled in, with every
+ * item offloaded) when nothing fits. */
+umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_bytes, size_t fixed_bytes,
+                              umt_placement_plan *plan);
+
+/* The device buffers a plan needs for the items as they are marked now (both slots of both
+ * double buffers), and the device bytes in all. */
+size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed_bytes, size_t *weight_slot_bytes,
+                             size_t *activation_slot_bytes);
+
+/* One line per pool (on GPU: count and bytes; offloaded: count and bytes), then the buffers and
+ * the budget. */
+void umt_plan_print(FILE *out, const umt_plan_item *items, int count, const umt_placement_plan *plan);
+
+#endif /* UMT_MEMORY_OFFLOAD_PLAN_H */

@@ -1,0 +1,288 @@
+/*
+ * tests/gpu/test_cuda_offload.c — the offload tier on a real GPU: a model trained with a budget
+ * that forces its parameters, gradients and Adam state into pinned host memory gives the same
+ * losses over 10 steps as the same model in GPU memory (fp32, updates on the GPU, on the CPU,
+ * auto, and during backward); a middle budget offloads optimizer state only; the device stays within the budget; the
+ * UMT_MEM_TRACE file is valid JSON naming every pool; a refusal prints the pools largest first.
+ */
+#include <fcntl.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "core/context.h"
+#include "core/tensor.h"
+#include "umtrain.h"
+
+#define WIDTH 2048
+#define DEPTH 6
+#define BATCH 64
+#define STEPS 10
+
+typedef struct {
+    umt_context *ctx;
+    umt_layer *layers[DEPTH];
+    umt_optimizer *opt;
+    umt_tensor *x, *labels;
+} model;
+
+/* budget NULL: no UMT_DEVICE_BUDGET, no offload (the in-memory run). */
+static void build(model *m, const char *budget, umt_offload_optimizer where) {
+    if (budget) setenv("UMT_DEVICE_BUDGET", budget, 1);
+    umt_context_options o = umt_context_defaults();
+    o.device = UMT_DEVICE_CUDA;
+    o.seed = 7;
+    o.offload = budget != NULL;
+    o.offload_reserve_bytes = (size_t)16 << 20;
+    o.offload_optimizer = where;
+    umt_status st = umt_context_create(&o, &m->ctx);
+    unsetenv("UMT_DEVICE_BUDGET");
+    if (st != UMT_OK) fail_msg("context: %s", umt_last_error());
+    for (int l = 0; l < DEPTH; ++l) {
+        char name[16];
+        snprintf(name, sizeof name, "fc%d", l);
+        m->layers[l] = umt_linear_layer_new(m->ctx, name, WIDTH, WIDTH, true);
+        assert_non_null(m->layers[l]);
+    }
+    umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_ADAM);
+    assert_int_equal(umt_optimizer_create(m->ctx, &oo, &m->opt), UMT_OK);
+    m->x = umt_tensor_new_2d(m->ctx, UMT_POOL_DATASET, UMT_F32, BATCH, WIDTH);
+    m->labels = umt_tensor_new_1d(m->ctx, UMT_POOL_DATASET, UMT_I32, BATCH);
+    assert_int_equal(umt_tensor_uniform(m->ctx, m->x, -1.0f, 1.0f), UMT_OK);
+    int32_t labels[BATCH];
+    for (int i = 0; i < BATCH; ++i) labels[i] = (i * 37) % WIDTH;
+    assert_int_equal(umt_tensor_copy_from_host(m->labels, labels, sizeof labels), UMT_OK);
+}
+
+static void train(model *m, float losses[STEPS]) {
+    for (int s = 0; s < STEPS; ++s) {
+        assert_int_equal(umt_step_begin(m->ctx), UMT_OK);
+        assert_int_equal(umt_zero_grad(m->ctx), UMT_OK);
+        umt_tensor *h = m->x;
+        for (int l = 0; l < DEPTH; ++l) {
+            h = umt_layer_forward(m->ctx, m->layers[l], h);
+            if (l + 1 < DEPTH) h = umt_relu(m->ctx, h);
+        }
+        umt_tensor *loss = umt_softmax_cross_entropy(m->ctx, h, m->labels);
+        if (!loss) fail_msg("forward: %s", umt_last_error());
+        if (umt_backward(m->ctx, loss) != UMT_OK) fail_msg("backward: %s", umt_last_error());
+        if (umt_optimizer_step(m->opt) != UMT_OK) fail_msg("step: %s", umt_last_error());
+        assert_int_equal(umt_tensor_get_f32(loss, 0, &losses[s]), UMT_OK);
+    }
+}
+
+static void expect_same_losses(const float *a, const float *b) {
+    for (int s = 0; s < STEPS; ++s) {
+        double rel = fabs((double)a[s] - b[s]) / fabs((double)b[s]);
+        print_message("step %2d: in memory %.9g, offloaded %.9g, relative %.2e\n", s + 1, b[s], a[s], rel);
+        assert_true(rel <= 1e-5);
+    }
+    assert_true(b[STEPS - 1] < b[0]); /* and it trains */
+}
+
+static float reference[STEPS];
+
+static int make_reference(void **state) {
+    (void)state;
+    model m;
+    build(&m, NULL, UMT_OFFLOAD_OPTIM_AUTO);
+    train(&m, reference);
+    umt_context_destroy(m.ctx);
+    return 0;
+}
+
+/* Every weight matrix, its gradient and its Adam state in pinned host memory; the device within
+ * the budget. */
+static void run_fully_offloaded(umt_offload_optimizer where) {
+    model m;
+    build(&m, "200M", where);
+    float losses[STEPS];
+    train(&m, losses);
+    umt_offload_stats st;
+    assert_int_equal(umt_offload_stats_get(m.ctx, &st), UMT_OK);
+    /* weights and grads of each matrix, and all Adam state (the biases' too: stage 1 took it all) */
+    assert_int_equal(st.offloaded_tensors, 2 * DEPTH + 4 * DEPTH);
+    assert_true(st.bytes_to_device > (uint64_t)STEPS * DEPTH * WIDTH * WIDTH * 4);
+    struct cudaPointerAttributes a;
+    umt_tensor *w = umt_parameter_at(m.ctx, 0);
+    assert_int_equal(cudaPointerGetAttributes(&a, w->home), cudaSuccess);
+    assert_int_equal(a.type, cudaMemoryTypeHost);
+    size_t budget, used;
+    umt_device_budget(m.ctx, &budget, &used);
+    assert_true(budget <= (size_t)200 << 20);
+    assert_true(used <= budget);
+    expect_same_losses(losses, reference);
+    umt_context_destroy(m.ctx);
+}
+
+static void test_offloaded_run_matches_in_memory_losses_with_gpu_updates(void **state) {
+    (void)state;
+    run_fully_offloaded(UMT_OFFLOAD_OPTIM_GPU);
+}
+
+static void test_offloaded_run_matches_in_memory_losses_with_cpu_updates(void **state) {
+    (void)state;
+    run_fully_offloaded(UMT_OFFLOAD_OPTIM_CPU);
+}
+
+static void test_auto_times_both_updates_and_keeps_the_faster(void **state) {
+    (void)state;
+    run_fully_offloaded(UMT_OFFLOAD_OPTIM_AUTO);
+}
+
+static void test_offloaded_run_matches_in_memory_losses_with_updates_in_backward(void **state) {
+    (void)state;
+    run_fully_offloaded(UMT_OFFLOAD_OPTIM_BACKWARD);
+}
+
+static void test_a_middle_budget_offloads_optimizer_state_only(void **state) {
+    (void)state;
+    model m;
+    /* 432.5 MiB wanted; offloading Adam moments (16 MiB each) pays for the 128 MiB double buffer
+     * after 8 of them, and 420M needs 11. */
+    build(&m, "420M", UMT_OFFLOAD_OPTIM_AUTO);
+    float losses[STEPS];
+    train(&m, losses);
+    int weights_home = 0, state_home = 0;
+    for (int i = 0; i < umt_parameter_count(m.ctx); ++i) weights_home += umt_parameter_at(m.ctx, i)->home != NULL;
+    for (umt_tensor *t = m.ctx->run_tensors; t; t = t->next) state_home += t->kind_pool == UMT_POOL_OPTIM && t->home;
+    assert_int_equal(weights_home, 0);
+    /* Four state tensors per layer (Adam's two for the weights, two for the bias): some, not all. */
+    assert_true(state_home >= 1 && state_home < 4 * DEPTH);
+    expect_same_losses(losses, reference);
+    umt_context_destroy(m.ctx);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* The trace: a small JSON checker (the grammar, nothing more) */
+
+static const char *json_value(const char *p);
+
+static const char *skip_space(const char *p) {
+    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+    return p;
+}
+
+static const char *json_string(const char *p) {
+    if (*p++ != '"') return NULL;
+    for (; *p && *p != '"'; ++p)
+        if (*p == '\\' && !*++p) return NULL;
+    return *p == '"' ? p + 1 : NULL;
+}
+
+static const char *json_list(const char *p, char close, bool object) {
+    p = skip_space(p + 1);
+    if (*p == close) return p + 1;
+    for (;;) {
+        if (object) {
+            if (!(p = json_string(skip_space(p)))) return NULL;
+            p = skip_space(p);
+            if (*p++ != ':') return NULL;
+        }
+        if (!(p = json_value(p))) return NULL;
+        p = skip_space(p);
+        if (*p == close) return p + 1;
+        if (*p++ != ',') return NULL;
+    }
+}
+
+static const char *json_value(const char *p) {
+    p = skip_space(p);
+    if (*p == '{') return json_list(p, '}', true);
+    if (*p == '[') return json_list(p, ']', false);
+    if (*p == '"') return json_string(p);
+    if (!strncmp(p, "true", 4) || !strncmp(p, "null", 4)) return p + 4;
+    if (!strncmp(p, "false", 5)) return p + 5;
+    char *end;
+    strtod(p, &end);
+    return end == p ? NULL : end;
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = calloc((size_t)n + 1, 1);
+    assert_int_equal(fread(text, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    return text;
+}
+
+static void test_trace_is_valid_json_naming_every_pool(void **state) {
+    (void)state;
+    const char *path = "/tmp/umt_test_offload_trace.json";
+    setenv("UMT_MEM_TRACE", path, 1);
+    model m;
+    build(&m, "200M", UMT_OFFLOAD_OPTIM_GPU);
+    unsetenv("UMT_MEM_TRACE");
+    float losses[STEPS];
+    train(&m, losses);
+    umt_context_destroy(m.ctx);
+    char *text = read_file(path);
+    const char *end = json_value(text);
+    assert_non_null(end);
+    assert_int_equal(*skip_space(end), '\0');
+    for (int p = 0; p < UMT_POOL_COUNT; ++p) {
+        char key[32];
+        snprintf(key, sizeof key, "\"%s\": ", umt_pool_name((umt_pool)p));
+        assert_non_null(strstr(text, key));
+    }
+    assert_non_null(strstr(text, "\"cat\": \"prefetch\""));
+    assert_non_null(strstr(text, "\"cat\": \"offload\""));
+    assert_non_null(strstr(text, "\"name\": \"step 9\""));
+    free(text);
+}
+
+static void test_a_refused_allocation_prints_the_pools_largest_first(void **state) {
+    (void)state;
+    model m;
+    build(&m, "200M", UMT_OFFLOAD_OPTIM_GPU);
+    float losses[STEPS];
+    train(&m, losses);
+    const char *path = "/tmp/umt_test_offload_refusal.txt";
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    umt_tensor *big = umt_tensor_new_2d(m.ctx, UMT_POOL_WEIGHTS, UMT_F32, 1024, 1024 * 64);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(fd);
+    close(saved);
+    assert_null(big);
+    assert_int_equal(umt_last_status(), UMT_ERR_BUDGET);
+    char *text = read_file(path);
+    print_message("%s", text);
+    const char *head = strstr(text, "pools, largest first");
+    assert_non_null(head);
+    /* The offload pool holds the most (everything big), then the double buffer. */
+    const char *offload = strstr(head, "offload"), *stream = strstr(head, "stream ");
+    assert_non_null(offload);
+    assert_non_null(stream);
+    assert_true(offload < stream);
+    free(text);
+    umt_context_destroy(m.ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_offloaded_run_matches_in_memory_losses_with_gpu_updates),
+        cmocka_unit_test(test_offloaded_run_matches_in_memory_losses_with_cpu_updates),
+        cmocka_unit_test(test_auto_times_both_updates_and_keeps_the_faster),
+        cmocka_unit_test(test_offloaded_run_matches_in_memory_losses_with_updates_in_backward),
+        cmocka_unit_test(test_a_middle_budget_offloads_optimizer_state_only),
+        cmocka_unit_test(test_trace_is_valid_json_naming_every_pool),
+        cmocka_unit_test(test_a_refused_allocation_prints_the_pools_largest_first),
+    };
+    return cmocka_run_group_tests(tests, make_reference, NULL);
+}

@@ -1,0 +1,198 @@
+/*
+ * tests/test_offload_plan.c — the placement planner's decisions for given sizes and budgets:
+ * nothing moves when everything fits, optimizer state goes first and largest first, then
+ * whole parameters (weights with their gradients), then saved activations, the double buffers
+ * are counted, and a model that cannot fit even fully offloaded is refused with the numbers.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "memory/offload_plan.h"
+#include "umtrain.h"
+
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
+
+/* An MLP of `layers` square layers of `width` f32: per layer weights, grads, two Adam moments
+ * (group = layer) and one saved activation of batch x width (group = layer). */
+static int mlp_items(umt_plan_item *items, int layers, size_t width, size_t batch) {
+    int n = 0;
+    for (int l = 0; l < layers; ++l) {
+        size_t w = width * width * 4;
+        items[n++] = (umt_plan_item){"w", UMT_POOL_WEIGHTS, l, w, false};
+        items[n++] = (umt_plan_item){"g", UMT_POOL_GRADS, l, w, false};
+        items[n++] = (umt_plan_item){"m", UMT_POOL_OPTIM, l, w, false};
+        items[n++] = (umt_plan_item){"v", UMT_POOL_OPTIM, l, w, false};
+        items[n++] = (umt_plan_item){"a", UMT_POOL_ACTIVATIONS, l, batch * width * 4, false};
+    }
+    return n;
+}
+
+static int count_offloaded(const umt_plan_item *items, int n, umt_pool pool) {
+    int c = 0;
+    for (int i = 0; i < n; ++i) c += items[i].pool == pool && items[i].offloaded;
+    return c;
+}
+
+static void test_everything_stays_on_the_gpu_when_it_fits(void **state) {
+    (void)state;
+    umt_plan_item items[40];
+    int n = mlp_items(items, 4, 1024, 256); /* 4 x 16 MiB per tensor: 256 MiB + activations */
+    umt_placement_plan plan;
+    assert_int_equal(umt_plan_placement(items, n, GIB, 64 * MIB, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 0);
+    assert_int_equal(plan.offloaded_bytes, 0);
+    assert_int_equal(plan.weight_slot_bytes, 0);
+    for (int i = 0; i < n; ++i) assert_false(items[i].offloaded);
+    assert_true(plan.device_bytes <= GIB);
+}
+
+static void test_optimizer_state_goes_first_and_only_as_much_as_needed(void **state) {
+    (void)state;
+    umt_plan_item items[40];
+    /* 4 layers of 64 MiB tensors: weights 256, grads 256, Adam 512 MiB, activations 4 MiB. */
+    int n = mlp_items(items, 4, 4096, 256);
+    umt_placement_plan plan;
+    /* 1 GiB budget: 1040 MiB wanted, and the 128 MiB of buffers comes with the first move. */
+    assert_int_equal(umt_plan_placement(items, n, GIB, 16 * MIB, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 1);
+    assert_int_equal(count_offloaded(items, n, UMT_POOL_WEIGHTS), 0);
+    assert_int_equal(count_offloaded(items, n, UMT_POOL_GRADS), 0);
+    assert_int_equal(count_offloaded(items, n, UMT_POOL_ACTIVATIONS), 0);
+    int optim = count_offloaded(items, n, UMT_POOL_OPTIM);
+    /* 1040 + 128 - 64 k <= 1024 needs k = 3: no more than that moves. */
+    assert_int_equal(optim, 3);
+    assert_int_equal(plan.weight_slot_bytes, UMT_OFFLOAD_MIN_SLOT_BYTES);
+    assert_true(plan.device_bytes <= GIB);
+}
+
+static void test_largest_optimizer_state_moves_before_smaller_ones(void **state) {
+    (void)state;
+    umt_plan_item items[] = {
+        {"small.m", UMT_POOL_OPTIM, 0, 8 * MIB, false},
+        {"big.m", UMT_POOL_OPTIM, 1, 512 * MIB, false},
+        {"big.w", UMT_POOL_WEIGHTS, 1, 128 * MIB, false},
+    };
+    umt_placement_plan plan;
+    assert_int_equal(umt_plan_placement(items, 3, 400 * MIB, 0, &plan), UMT_OK);
+    assert_false(items[0].offloaded);
+    assert_true(items[1].offloaded);
+    assert_false(items[2].offloaded);
+}
+
+static void test_weights_and_gradients_move_together_after_all_optimizer_state(void **state) {
+    (void)state;
+    umt_plan_item items[60];
+    /* 8 layers of 8192 x 8192: 256 MiB per tensor, 8 GiB of state in all, against 2 GiB. */
+    int n = mlp_items(items, 8, 8192, 1024);
+    umt_placement_plan plan;
+    assert_int_equal(umt_plan_placement(items, n, 2 * GIB, 64 * MIB, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 2);
+    assert_int_equal(count_offloaded(items, n, UMT_POOL_OPTIM), 16);
+    assert_int_equal(count_offloaded(items, n, UMT_POOL_ACTIVATIONS), 0);
+    /* A parameter's weights and gradient are always on the same side. */
+    for (int i = 0; i < n; ++i)
+        if (items[i].pool == UMT_POOL_WEIGHTS) assert_int_equal(items[i].offloaded, items[i + 1].offloaded);
+    /* Buffers of one layer's weights + grads each; 2 GiB holds 2 x 512 MiB of buffers, 256 MiB
+     * of activations, 64 MiB fixed and one resident layer (512 MiB) at most. */
+    assert_int_equal(plan.weight_slot_bytes, 512 * MIB);
+    assert_true(count_offloaded(items, n, UMT_POOL_WEIGHTS) >= 7);
+    assert_true(plan.device_bytes <= 2 * GIB);
+    assert_true(plan.offloaded_bytes >= 6 * GIB);
+}
+
+static void test_small_parameters_are_never_streamed(void **state) {
+    (void)state;
+    umt_plan_item items[8];
+    int n = 0;
+    for (int l = 0; l < 3; ++l) { /* three layers of 128 MiB weights and gradients */
+        items[n++] = (umt_plan_item){"fc.weight", UMT_POOL_WEIGHTS, l, 128 * MIB, false};
+        items[n++] = (umt_plan_item){"fc.weight", UMT_POOL_GRADS, l, 128 * MIB, false};
+    }
+    items[n++] = (umt_plan_item){"fc.bias", UMT_POOL_WEIGHTS, 3, 256 * 1024, false};
+    items[n++] = (umt_plan_item){"fc.bias", UMT_POOL_GRADS, 3, 256 * 1024, false};
+    umt_placement_plan plan;
+    /* 768.5 MiB wanted in 700: every layer goes (2 x 256 MiB of buffers), the bias stays. */
+    assert_int_equal(umt_plan_placement(items, n, 700 * MIB, 0, &plan), UMT_OK);
+    for (int i = 0; i < 6; ++i) assert_true(items[i].offloaded);
+    assert_false(items[6].offloaded || items[7].offloaded);
+    assert_int_equal(plan.device_bytes, 512 * MIB + 512 * 1024);
+    /* A budget that would need the bias streamed too is refused instead. */
+    assert_int_equal(umt_plan_placement(items, n, 512 * MIB, 0, &plan), UMT_ERR_BUDGET);
+}
+
+static void test_saved_activations_move_last(void **state) {
+    (void)state;
+    umt_plan_item items[60];
+    /* 4 layers of 4096 (64 MiB per tensor) with 256 MiB of activations per layer at batch 16384. */
+    int n = mlp_items(items, 4, 4096, 16384);
+    umt_placement_plan plan;
+    assert_int_equal(umt_plan_placement(items, n, GIB, 0, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 3);
+    assert_int_equal(count_offloaded(items, n, UMT_POOL_OPTIM), 8);
+    assert_int_equal(count_offloaded(items, n, UMT_POOL_WEIGHTS), 4);
+    assert_true(count_offloaded(items, n, UMT_POOL_ACTIVATIONS) >= 1);
+    assert_int_equal(plan.activation_slot_bytes, 256 * MIB);
+    assert_true(plan.device_bytes <= GIB);
+}
+
+static void test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numbers(void **state) {
+    (void)state;
+    umt_plan_item items[40];
+    /* One layer's weights + grads (2 x 256 MiB) doubled is 1 GiB of buffers: not in 512 MiB. */
+    int n = mlp_items(items, 2, 8192, 64);
+    umt_placement_plan plan;
+    assert_int_equal(umt_plan_placement(items, n, 512 * MIB, 0, &plan), UMT_ERR_BUDGET);
+    const char *msg = umt_last_error();
+    assert_non_null(strstr(msg, "536870912"));       /* the budget */
+    assert_non_null(strstr(msg, "two weight buffers of 536870912")); /* what a buffer needs */
+    for (int i = 0; i < n; ++i) assert_true(items[i].offloaded);
+}
+
+static void test_the_plan_prints_one_line_per_pool_with_its_counts(void **state) {
+    (void)state;
+    umt_plan_item items[60];
+    int n = mlp_items(items, 8, 8192, 1024);
+    umt_placement_plan plan;
+    assert_int_equal(umt_plan_placement(items, n, 2 * GIB, 64 * MIB, &plan), UMT_OK);
+    char buf[4096] = {0};
+    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+    assert_non_null(f);
+    umt_plan_print(f, items, n, &plan);
+    fclose(f);
+    print_message("%s", buf);
+    assert_non_null(strstr(buf, "optim"));
+    assert_non_null(strstr(buf, "       0        0.000       16        4.000")); /* optim: 0 on GPU, 16 offloaded */
+    assert_non_null(strstr(buf, "weights"));
+    assert_non_null(strstr(buf, "activations"));
+    assert_non_null(strstr(buf, "streaming buffers 2 x 0.500 GiB"));
+}
+
+static void test_items_of_other_pools_are_refused(void **state) {
+    (void)state;
+    umt_plan_item items[] = {{"staging", UMT_POOL_STAGING, 0, MIB, false}};
+    umt_placement_plan plan;
+    assert_int_equal(umt_plan_placement(items, 1, GIB, 0, &plan), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "staging"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_everything_stays_on_the_gpu_when_it_fits),
+        cmocka_unit_test(test_optimizer_state_goes_first_and_only_as_much_as_needed),
+        cmocka_unit_test(test_largest_optimizer_state_moves_before_smaller_ones),
+        cmocka_unit_test(test_weights_and_gradients_move_together_after_all_optimizer_state),
+        cmocka_unit_test(test_small_parameters_are_never_streamed),
+        cmocka_unit_test(test_saved_activations_move_last),
+        cmocka_unit_test(test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numbers),
+        cmocka_unit_test(test_the_plan_prints_one_line_per_pool_with_its_counts),
+        cmocka_unit_test(test_items_of_other_pools_are_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
