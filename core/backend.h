@@ -117,10 +117,27 @@ typedef struct umt_backend {
     /* dbias[k] += sum over n and hw of dy[n,k,:] */
     umt_status (*sum_channel_bias)(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw);
 
+    /* --- bias + ReLU fused (core/ops_conv.c, core/ops_matmul.c) over n images of k channels of
+     *     hw pixels, x and y of dtype: f32 NCHW, or bf16/f16 NCHW or NHWC (nhwc); a linear
+     *     layer's [rows, k] output is hw = 1. bias is f32, NULL for none. --- */
+    /* y = max(x + bias[channel], 0) (y may equal x) */
+    umt_status (*bias_relu)(umt_dtype dtype, bool nhwc, const void *x, const float *bias, void *y, int64_t n,
+                            int64_t k, int64_t hw);
+    /* IN PLACE: dy[i] = y[i] > 0 ? dy[i] : 0, the gradient before the ReLU, which the layer's
+     * own backward then reads; dbias[channel] += the channel's sum of it (dbias NULL: none) */
+    umt_status (*bias_relu_backward)(umt_dtype dtype, bool nhwc, const void *y, void *dy, float *dbias, int64_t n,
+                                     int64_t k, int64_t hw);
+
     /* --- pooling: max keeps the index (0..h*w-1 within its channel plane) of the first
      *     maximum of each window for backward; dx accumulates --- */
     umt_status (*max_pool_forward)(const umt_pool_shape *shape, const float *x, float *y, int32_t *argmax);
     umt_status (*max_pool_backward)(const umt_pool_shape *shape, const int32_t *argmax, const float *dy, float *dx);
+    /* Max pool then dropout (core/ops_pool.c), backward in one pass, windows apart (stride >=
+     * window): dx[pick of output o] += dy[o] / (1 - p) where mask[o], in shape->dtype (f32, or
+     * bf16/f16 in either layout), the scaled gradient rounded to the dtype first as the unfused
+     * dropout backward stores it */
+    umt_status (*max_pool_dropout_backward)(const umt_pool_shape *shape, const int32_t *argmax, const uint8_t *mask,
+                                            const void *dy, void *dx, float p);
     umt_status (*avg_pool_forward)(const umt_pool_shape *shape, const float *x, float *y);
     umt_status (*avg_pool_backward)(const umt_pool_shape *shape, const float *dy, float *dx);
 

@@ -1,4 +1,4 @@
-/* core/ops_conv.c — 2-D convolution (with bias), forward and backward, on the backend. */
+/* core/ops_conv.c — 2-D convolution (with bias, and fused with a ReLU), forward and backward. */
 #include "core/ops.h"
 
 /* The backend's view of x (*) w with the given stride and padding. */
@@ -36,37 +36,46 @@ static umt_status check_conv(const umt_tensor *x, const umt_tensor *w, const umt
     return UMT_OK;
 }
 
-/* Under bf16/fp16: NHWC tensors, the weight's compute copy, an f32 weight gradient. */
-static umt_status conv_backward_lp(umt_context *ctx, const umt_node *node, const umt_conv_shape *s, void *workspace,
-                                   size_t bytes) {
-    const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
-    void *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
-    float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
-    const umt_backend *be = ctx->backend;
-    if (dx) UMT_TRY(be->conv2d_backward_data_lp(s, w->lowp->data, y->grad->data, dx, workspace, bytes));
-    if (dw) UMT_TRY(be->conv2d_backward_filter_lp(s, x->data, y->grad->data, dw, workspace, bytes));
-    if (dbias) UMT_TRY(be->sum_channel_bias_lp(s->dtype, s->nhwc, y->grad->data, dbias, s->n, s->k, s->p * s->q));
-    return UMT_OK;
-}
-
-static umt_status conv_backward(umt_context *ctx, const umt_node *node) {
+/* The gradients of x and w (and of the bias, if sum_bias) from the output's gradient; under
+ * bf16/fp16 the tensors are NHWC, w is read as its compute copy, dw stays f32. */
+static umt_status conv_backward_from(umt_context *ctx, const umt_node *node, bool sum_bias) {
     const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
     umt_conv_shape s = conv_shape(x, w, node->params[0], node->params[1]);
-    float *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
-    float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
+    void *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1), *dy = y->grad->data;
+    float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
+    const umt_backend *be = ctx->backend;
     size_t bytes = 0;
     void *workspace = NULL;
-    UMT_TRY(ctx->backend->conv2d_workspace_bytes(&s, &bytes));
+    UMT_TRY(be->conv2d_workspace_bytes(&s, &bytes));
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
-    if (umt_dtype_is_lowp(s.dtype)) return conv_backward_lp(ctx, node, &s, workspace, bytes);
-    if (dx) UMT_TRY(ctx->backend->conv2d_backward_data(&s, w->data, y->grad->data, dx, workspace, bytes));
-    if (dw) UMT_TRY(ctx->backend->conv2d_backward_filter(&s, x->data, y->grad->data, dw, workspace, bytes));
-    if (dbias) UMT_TRY(ctx->backend->sum_channel_bias(y->grad->data, dbias, s.n, s.k, s.p * s.q));
+    if (umt_dtype_is_lowp(s.dtype)) {
+        if (dx) UMT_TRY(be->conv2d_backward_data_lp(&s, w->lowp->data, dy, dx, workspace, bytes));
+        if (dw) UMT_TRY(be->conv2d_backward_filter_lp(&s, x->data, dy, dw, workspace, bytes));
+        if (dbias) UMT_TRY(be->sum_channel_bias_lp(s.dtype, s.nhwc, dy, dbias, s.n, s.k, s.p * s.q));
+        return UMT_OK;
+    }
+    if (dx) UMT_TRY(be->conv2d_backward_data(&s, w->data, dy, dx, workspace, bytes));
+    if (dw) UMT_TRY(be->conv2d_backward_filter(&s, x->data, dy, dw, workspace, bytes));
+    if (dbias) UMT_TRY(be->sum_channel_bias(dy, dbias, s.n, s.k, s.p * s.q));
     return UMT_OK;
 }
 
-umt_tensor *umt_conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, int64_t stride,
-                       int64_t padding) {
+static umt_status conv_backward(umt_context *ctx, const umt_node *node) { return conv_backward_from(ctx, node, true); }
+
+/* The fused op's backward: one pass turns the output's gradient into the pre-ReLU gradient, in
+ * place (nothing reads the output's gradient after this node), and takes the bias gradient on
+ * the way; the convolution's gradients then read it. */
+static umt_status conv_relu_backward(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *y = node->output;
+    float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
+    UMT_TRY(ctx->backend->bias_relu_backward(y->dtype, y->nhwc, y->data, y->grad->data, dbias, y->shape[0],
+                                             y->shape[1], y->shape[2] * y->shape[3]));
+    return conv_backward_from(ctx, node, false);
+}
+
+/* y = conv(x, w) + bias, then max(y, 0) when relu: the bias and the ReLU in one pass. */
+static umt_tensor *conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, int64_t stride,
+                          int64_t padding, bool relu) {
     if (!x || !weight) return NULL;
     if (check_conv(x, weight, bias, stride, padding) != UMT_OK) return NULL;
     /* Under bf16/fp16 the input becomes NHWC in the compute dtype: once, at the first conv. */
@@ -85,8 +94,23 @@ umt_tensor *umt_conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_
     if (st == UMT_OK)
         st = lowp ? be->conv2d_forward_lp(&s, x->data, w->data, y->data, workspace, bytes)
                   : be->conv2d_forward(&s, x->data, w->data, y->data, workspace, bytes);
-    if (st == UMT_OK && bias)
-        st = lowp ? be->add_channel_bias_lp(s.dtype, s.nhwc, y->data, bias->data, y->data, s.n, s.k, s.p * s.q)
-                  : be->add_channel_bias(y->data, bias->data, y->data, s.n, s.k, s.p * s.q);
-    return umt_op_finish_with(ctx, st, "umt_conv2d", conv_backward, y, NULL, x, weight, bias, stride, padding, 0.0f);
+    const float *b = bias ? bias->data : NULL;
+    if (st == UMT_OK && relu)
+        st = be->bias_relu(s.dtype, s.nhwc, y->data, b, y->data, s.n, s.k, s.p * s.q);
+    else if (st == UMT_OK && bias)
+        st = lowp ? be->add_channel_bias_lp(s.dtype, s.nhwc, y->data, b, y->data, s.n, s.k, s.p * s.q)
+                  : be->add_channel_bias(y->data, b, y->data, s.n, s.k, s.p * s.q);
+    const char *op = relu ? "umt_conv2d_relu" : "umt_conv2d";
+    return umt_op_finish_with(ctx, st, op, relu ? conv_relu_backward : conv_backward, y, NULL, x, weight, bias, stride,
+                              padding, 0.0f);
+}
+
+umt_tensor *umt_conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, int64_t stride,
+                       int64_t padding) {
+    return conv2d(ctx, x, weight, bias, stride, padding, false);
+}
+
+umt_tensor *umt_conv2d_relu(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, int64_t stride,
+                            int64_t padding) {
+    return conv2d(ctx, x, weight, bias, stride, padding, true);
 }

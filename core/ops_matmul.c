@@ -1,4 +1,4 @@
-/* core/ops_matmul.c — matmul and linear, forward and backward, on the backend's GEMM. */
+/* core/ops_matmul.c — matmul and linear (also fused with a ReLU), forward and backward, on the GEMM. */
 #include "core/ops.h"
 
 /* What a product reads of operand t: a parameter's compute copy under bf16/fp16, else t. */
@@ -68,12 +68,12 @@ umt_tensor *umt_matmul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
 /* ----------------------------------------------------------------------------------------- */
 /* linear: y[B,out] = x[B,in] Wᵀ + bias, W [out,in] as PyTorch stores it */
 
-static umt_status linear_backward_lp(umt_context *ctx, const umt_node *node) {
+static umt_status linear_backward_lp(umt_context *ctx, const umt_node *node, bool sum_bias) {
     const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
     int64_t batch = x->shape[0], in = x->shape[1], out = w->shape[0];
     const void *dy = y->grad->data;
     void *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
-    float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
+    float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     if (dx)
         UMT_TRY(ctx->backend->gemm_lp(false, false, batch, in, out, 1.0f, dy, out, operand(w), in, 1.0f, dx, in,
                                       y->dtype, x->grad->dtype));
@@ -84,18 +84,31 @@ static umt_status linear_backward_lp(umt_context *ctx, const umt_node *node) {
     return UMT_OK;
 }
 
-static umt_status linear_backward(umt_context *ctx, const umt_node *node) {
+/* The gradients of x and w (and of the bias, if sum_bias) from the output's gradient. */
+static umt_status linear_backward_from(umt_context *ctx, const umt_node *node, bool sum_bias) {
     const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
-    if (umt_dtype_is_lowp(y->dtype)) return linear_backward_lp(ctx, node);
+    if (umt_dtype_is_lowp(y->dtype)) return linear_backward_lp(ctx, node, sum_bias);
     int64_t batch = x->shape[0], in = x->shape[1], out = w->shape[0];
     const float *dy = y->grad->data;
     float *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
-    float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
+    float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     /* dx += dy W ; dW += dyᵀ x ; dbias += column sums of dy */
     if (dx) UMT_TRY(ctx->backend->gemm(false, false, batch, in, out, 1.0f, dy, out, w->data, in, 1.0f, dx, in));
     if (dw) UMT_TRY(ctx->backend->gemm(true, false, out, in, batch, 1.0f, dy, out, x->data, in, 1.0f, dw, in));
     if (dbias) UMT_TRY(ctx->backend->sum_rows(dy, dbias, batch, out));
     return UMT_OK;
+}
+
+static umt_status linear_backward(umt_context *ctx, const umt_node *node) { return linear_backward_from(ctx, node, true); }
+
+/* The fused op's backward: the ReLU mask written over the output's gradient in place (nothing
+ * reads it after this node) with the bias gradient taken on the way, then the two products. */
+static umt_status linear_relu_backward(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *y = node->output;
+    float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
+    UMT_TRY(ctx->backend->bias_relu_backward(y->dtype, false, y->data, y->grad->data, dbias, y->shape[0], y->shape[1],
+                                             1));
+    return linear_backward_from(ctx, node, false);
 }
 
 static umt_status check_linear(const umt_tensor *x, const umt_tensor *w, const umt_tensor *bias) {
@@ -114,7 +127,8 @@ static umt_status check_linear(const umt_tensor *x, const umt_tensor *w, const u
     return UMT_OK;
 }
 
-umt_tensor *umt_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias) {
+/* y = x Wᵀ + bias, then max(y, 0) when relu: the bias and the ReLU in one pass. */
+static umt_tensor *linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, bool relu) {
     if (!x || !weight) return NULL;
     if (check_linear(x, weight, bias) != UMT_OK) return NULL;
     if (!(x = as_operand(ctx, x)) || !(weight = as_operand(ctx, weight))) return NULL;
@@ -123,14 +137,27 @@ umt_tensor *umt_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_
     umt_tensor *y = umt_op_output_typed(ctx, dtype, false, 2, (int64_t[]){batch, out});
     if (!y) return NULL;
     umt_status st;
-    if (umt_dtype_is_lowp(dtype)) {
-        /* The bias stays f32 (a master read directly): adding it costs one pass either way. */
+    bool lowp = umt_dtype_is_lowp(dtype);
+    /* Under bf16/fp16 the bias stays f32 (a master read directly): adding it costs one pass. */
+    if (lowp)
         st = ctx->backend->gemm_lp(false, true, batch, out, in, 1.0f, operand(x), in, operand(weight), in, 0.0f,
                                    y->data, out, dtype, dtype);
-        if (st == UMT_OK && bias) st = ctx->backend->add_rows_lp(dtype, y->data, bias->data, y->data, batch, out);
-    } else {
+    else
         st = ctx->backend->gemm(false, true, batch, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
-        if (st == UMT_OK && bias) st = ctx->backend->add_rows(y->data, bias->data, y->data, batch, out);
-    }
-    return umt_op_finish(ctx, st, "umt_linear", linear_backward, y, NULL, x, weight, bias);
+    const float *b = bias ? bias->data : NULL;
+    if (st == UMT_OK && relu)
+        st = ctx->backend->bias_relu(dtype, false, y->data, b, y->data, batch, out, 1);
+    else if (st == UMT_OK && bias)
+        st = lowp ? ctx->backend->add_rows_lp(dtype, y->data, b, y->data, batch, out)
+                  : ctx->backend->add_rows(y->data, b, y->data, batch, out);
+    return umt_op_finish(ctx, st, relu ? "umt_linear_relu" : "umt_linear", relu ? linear_relu_backward : linear_backward,
+                         y, NULL, x, weight, bias);
+}
+
+umt_tensor *umt_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias) {
+    return linear(ctx, x, weight, bias, false);
+}
+
+umt_tensor *umt_linear_relu(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias) {
+    return linear(ctx, x, weight, bias, true);
 }

@@ -1,4 +1,4 @@
-/* core/ops_pool.c — max and average pooling, forward and backward. */
+/* core/ops_pool.c — max and average pooling (and max pooling fused with dropout), forward and backward. */
 #include "core/ops.h"
 
 static umt_status check_pool(const char *op, const umt_tensor *x, int64_t window, int64_t stride) {
@@ -61,4 +61,50 @@ umt_tensor *umt_avg_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int6
                                                : ctx->backend->avg_pool_forward(&s, x->data, y->data);
     return umt_op_finish_with(ctx, st, "umt_avg_pool2d", avg_pool_backward, y, NULL, x, NULL, NULL, window, stride,
                               0.0f);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* max pool + dropout: dropout(max_pool2d(x)) as one op. The forward runs the two kernels (the
+ * dropout in place on the pool's output); the backward is one pass that puts each kept, scaled
+ * gradient on its window's pick, with no gradient tensor for the pool's output in between. */
+
+/* The saved block: the picks (i32, first) and then the dropout mask (u8), one per output. */
+static umt_status max_pool_dropout_backward(umt_context *ctx, const umt_node *node) {
+    umt_pool_shape s = pool_shape(node->inputs[0], node->params[0], node->params[1]);
+    const int32_t *argmax = node->saved->data;
+    const uint8_t *mask = (const uint8_t *)(argmax + node->output->numel);
+    return ctx->backend->max_pool_dropout_backward(&s, argmax, mask, node->output->grad->data, umt_input_grad(node, 0),
+                                                   node->fparam);
+}
+
+umt_tensor *umt_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, int64_t window, int64_t stride, float p) {
+    if (!x) return NULL;
+    if (check_pool("umt_max_pool2d_dropout", x, window, stride) != UMT_OK) return NULL;
+    if (!(p >= 0.0f && p < 1.0f)) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_max_pool2d_dropout: p = %g (expected 0 <= p < 1)", p);
+        return NULL;
+    }
+    /* Nothing to drop, or overlapping windows (whose picks the one-pass backward cannot share):
+     * the two ops, which mean the same. */
+    if (!ctx->training || p == 0.0f || stride < window)
+        return umt_dropout(ctx, umt_max_pool2d(ctx, x, window, stride), p);
+    umt_pool_shape s = pool_shape(x, window, stride);
+    umt_tensor *y = umt_op_output_typed(ctx, x->dtype, x->nhwc, 4, (int64_t[]){s.n, s.c, s.p, s.q});
+    umt_tensor *saved = y ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_U8, 1, (int64_t[]){y->numel * 5}) : NULL;
+    if (!saved) return NULL;
+    int32_t *argmax = saved->data;
+    uint8_t *mask = (uint8_t *)(argmax + y->numel);
+    /* One draw, after the pool, as umt_dropout would make it: the same run from the same seed. */
+    uint64_t seed = umt_rng_next(&ctx->rng);
+    const umt_backend *be = ctx->backend;
+    umt_status st;
+    if (umt_dtype_is_lowp(s.dtype)) {
+        st = be->max_pool_forward_lp(&s, x->data, y->data, argmax);
+        if (st == UMT_OK) st = be->dropout_forward_lp(s.dtype, y->data, y->data, mask, y->numel, p, seed);
+    } else {
+        st = be->max_pool_forward(&s, x->data, y->data, argmax);
+        if (st == UMT_OK) st = be->dropout_forward(y->data, y->data, mask, y->numel, p, seed);
+    }
+    return umt_op_finish_with(ctx, st, "umt_max_pool2d_dropout", max_pool_dropout_backward, y, saved, x, NULL, NULL,
+                              window, stride, p);
 }

@@ -18,6 +18,7 @@
  *
  * Precision (core/precision.h): bf16 on GPUs that have it, else fp32; fp16 turns on dynamic loss
  * scaling and reports the steps it skipped. --clip-grad-norm clips by the global norm.
+ * --fuse off runs each layer, ReLU, log-softmax and NLL as separate ops (fused by default).
  *
  * Input: by default MNIST is uploaded once into the GPU's dataset pool and batches are gathered
  * there (--data-on gpu; "auto" falls back to the host when it does not fit the budget). With
@@ -53,6 +54,7 @@ typedef struct {
     bool device_set;
     umt_memory_mode memory_mode;
     int log_every, bench_steps, gpus;
+    bool fuse;
     example_input_flags input;
     umt_dist_options dist;
 } options;
@@ -63,11 +65,12 @@ static void usage(FILE *out) {
                  "                 [--mem managed|managed-plain|device] [--data-dir DIR] [--train-limit N]\n"
                  "                 [--log-every N] [--save PATH] [--resume PATH] [--bench STEPS]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
+                 "                 [--fuse on|off]\n"
                  EXAMPLE_INPUT_USAGE
                  "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
                  "defaults: 5 epochs, batch 64, test batch 1000, adadelta lr 1.0, gamma 0.7, seed 1, data/mnist,\n"
                  "          cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16\n"
-                 "          tensor cores (else fp32), no clipping, data on the GPU when it fits (else pinned\n"
+                 "          tensor cores (else fp32), fused ops on, no clipping, data on the GPU when it fits (else pinned\n"
                  "          prefetch 4 deep with 1 loader thread); 1 GPU, buckets of 25 MiB reduced in f32,\n"
                  "          timeout 300 s. With --gpus N (or under mpirun) --batch-size is per GPU.\n");
 }
@@ -76,6 +79,14 @@ static int parse_reduce(options *o, const char *value) {
     o->dist.reduce_bf16 = !strcmp(value, "bf16");
     if (o->dist.reduce_bf16 || !strcmp(value, "f32")) return 0;
     fprintf(stderr, "%s: --reduce '%s': expected f32 or bf16\n", program, value);
+    return -1;
+}
+
+/* --fuse: each layer with its ReLU as one op, log-softmax with NLL as one (mnist_cnn_model.h). */
+static int parse_fuse(options *o, const char *value) {
+    o->fuse = !strcmp(value, "on");
+    if (o->fuse || !strcmp(value, "off")) return 0;
+    fprintf(stderr, "%s: --fuse '%s': expected on or off\n", program, value);
     return -1;
 }
 
@@ -97,6 +108,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--bucket-mb")) bad = example_number(program, flag, value, 0.001, 1e5, &v), o->dist.bucket_bytes = (size_t)(v * (1 << 20));
     else if (!strcmp(flag, "--dist-timeout")) bad = example_number(program, flag, value, 1, 1e6, &v), o->dist.timeout_s = v;
     else if (!strcmp(flag, "--reduce")) bad = parse_reduce(o, value);
+    else if (!strcmp(flag, "--fuse")) bad = parse_fuse(o, value);
     else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device)), o->device_set = true;
     else if (!strcmp(flag, "--mem")) bad = example_check(program, umt_memory_mode_parse(value, &o->memory_mode));
     else if (!strcmp(flag, "--clip-grad-norm")) bad = example_number(program, flag, value, 1e-9, 1e9, &v), o->clip_grad_norm = (float)v;
@@ -119,7 +131,7 @@ static int parse_options(int argc, char **argv, options *o) {
      * which a forked rank could then no longer use. */
     *o = (options){.epochs = 5, .batch_size = 64, .test_batch_size = 1000, .lr = 1.0f, .gamma = 0.7f,
                    .optimizer = "adadelta", .data_dir = "data/mnist", .seed = 1, .memory_mode = UMT_MEM_MANAGED,
-                   .log_every = 100, .gpus = 1, .input = example_input_defaults(), .dist = umt_dist_defaults()};
+                   .log_every = 100, .gpus = 1, .fuse = true, .input = example_input_defaults(), .dist = umt_dist_defaults()};
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -160,7 +172,7 @@ static umt_tensor *train_step(run_state *r, const int64_t *indices, int64_t coun
                                : umt_dataset_batch(r->ctx, r->train, indices, count, MNIST_MEAN, MNIST_STD, &images, &labels);
     /* An epoch takes as many steps as the loader has batches, so images is there when got is OK. */
     if (got != UMT_OK || !images) return NULL;
-    umt_tensor *loss = umt_nll_loss(r->ctx, mnist_cnn_forward(r->ctx, &r->model, images), labels);
+    umt_tensor *loss = mnist_cnn_loss(r->ctx, &r->model, images, labels);
     /* Scaled by the optimizer's loss scale under fp16 (1, a plain backward, otherwise). */
     if (!loss || umt_backward_scaled(r->ctx, loss, r->opt) || umt_dist_finish_gradients(r->dist) ||
         umt_optimizer_step(r->opt))
@@ -390,6 +402,7 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     if (example_check(program, umt_context_create(&co, &r->ctx))) return -1;
     if (load_data(r, o)) return -1;
     if (mnist_cnn_build(r->ctx, &r->model)) return example_check(program, umt_last_status());
+    r->model.fuse = o->fuse;
     /* After the model: rank 0's initial parameters go to every rank. */
     if (example_check(program, umt_dist_create(r->ctx, process, &o->dist, &r->dist))) return -1;
     if (make_optimizer(r, o)) return -1;
@@ -411,9 +424,9 @@ int main(int argc, char **argv) {
     if (!rc) {
         if (r.rank == 0)
             printf("%s: %lld training and %lld test images, %s lr %g, batch %lld x %d GPU(s), seed %llu, %s, %s, "
-                   "data on the %s\n", program, (long long)train_size(&r), (long long)test_size(&r), o.optimizer, o.lr,
+                   "fuse %s, data on the %s\n", program, (long long)train_size(&r), (long long)test_size(&r), o.optimizer, o.lr,
                    (long long)o.batch_size, r.ranks, (unsigned long long)o.seed, o.device == UMT_DEVICE_CUDA ? "cuda" : "cpu",
-                   umt_precision_name(umt_context_precision(r.ctx)), r.loader ? "host" : "device");
+                   umt_precision_name(umt_context_precision(r.ctx)), o.fuse ? "on" : "off", r.loader ? "host" : "device");
         if (r.loader)
             printf("%s: loader %s, %d staging slots, %d loader thread(s)\n", program,
                    o.input.loader == UMT_LOADER_PINNED ? "pinned" : "pageable-sync", o.input.prefetch, o.input.workers);

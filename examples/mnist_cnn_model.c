@@ -2,6 +2,7 @@
 #include "examples/mnist_cnn_model.h"
 
 int mnist_cnn_build(umt_context *ctx, mnist_cnn *m) {
+    m->fuse = true;
     m->conv1 = umt_conv2d_layer_new(ctx, "conv1", 1, 32, 3, 1, 0, true);
     m->conv2 = m->conv1 ? umt_conv2d_layer_new(ctx, "conv2", 32, 64, 3, 1, 0, true) : NULL;
     m->fc1 = m->conv2 ? umt_linear_layer_new(ctx, "fc1", 9216, 128, true) : NULL;
@@ -9,12 +10,27 @@ int mnist_cnn_build(umt_context *ctx, mnist_cnn *m) {
     return m->fc2 ? 0 : -1;
 }
 
+/* relu(layer(x)): one fused op, or the layer's op and a ReLU. */
+static umt_tensor *layer_relu(umt_context *ctx, const mnist_cnn *m, umt_layer *layer, umt_tensor *x) {
+    return m->fuse ? umt_layer_forward_relu(ctx, layer, x) : umt_relu(ctx, umt_layer_forward(ctx, layer, x));
+}
+
+/* The scores before the log-softmax, [N,10]. */
+static umt_tensor *logits(umt_context *ctx, const mnist_cnn *m, umt_tensor *images) {
+    umt_tensor *x = layer_relu(ctx, m, m->conv1, images);                   /* [N,32,26,26] */
+    x = layer_relu(ctx, m, m->conv2, x);                                    /* [N,64,24,24] */
+    x = m->fuse ? umt_max_pool2d_dropout(ctx, x, 2, 2, 0.25f)
+                : umt_dropout(ctx, umt_max_pool2d(ctx, x, 2, 2), 0.25f);    /* [N,64,12,12] */
+    x = layer_relu(ctx, m, m->fc1, umt_flatten(ctx, x));                    /* [N,128] */
+    return umt_layer_forward(ctx, m->fc2, umt_dropout(ctx, x, 0.5f));       /* [N,10] */
+}
+
 umt_tensor *mnist_cnn_forward(umt_context *ctx, const void *model, umt_tensor *images) {
-    const mnist_cnn *m = model;
-    umt_tensor *x = umt_relu(ctx, umt_layer_forward(ctx, m->conv1, images));  /* [N,32,26,26] */
-    x = umt_relu(ctx, umt_layer_forward(ctx, m->conv2, x));                   /* [N,64,24,24] */
-    x = umt_dropout(ctx, umt_max_pool2d(ctx, x, 2, 2), 0.25f);                /* [N,64,12,12] */
-    x = umt_relu(ctx, umt_layer_forward(ctx, m->fc1, umt_flatten(ctx, x)));   /* [N,128] */
-    x = umt_layer_forward(ctx, m->fc2, umt_dropout(ctx, x, 0.5f));            /* [N,10] */
-    return umt_log_softmax(ctx, x);
+    return umt_log_softmax(ctx, logits(ctx, model, images));
+}
+
+umt_tensor *mnist_cnn_loss(umt_context *ctx, const mnist_cnn *m, umt_tensor *images, umt_tensor *labels) {
+    if (!m->fuse) return umt_nll_loss(ctx, mnist_cnn_forward(ctx, m, images), labels);
+    /* The same loss, with its backward (softmax - one-hot) in one pass instead of three. */
+    return umt_softmax_cross_entropy(ctx, logits(ctx, m, images), labels);
 }

@@ -307,6 +307,9 @@ void umt_set_grad_ready_hook(umt_context *ctx, umt_grad_ready_fn fn, void *user)
 umt_tensor *umt_matmul(umt_context *ctx, umt_tensor *a, umt_tensor *b);
 /* x [N,in], weight [out,in], bias [out] or NULL -> x weightᵀ + bias, [N,out] */
 umt_tensor *umt_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias);
+/* relu(linear(x, weight, bias)) in one op: the bias and the ReLU in one pass after the product,
+ * and in backward the ReLU mask and the bias gradient in one pass over the gradient. */
+umt_tensor *umt_linear_relu(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias);
 /* Elementwise a + b; b may also be 1-D with the length of a's last dimension (broadcast). */
 umt_tensor *umt_add(umt_context *ctx, umt_tensor *a, umt_tensor *b);
 /* Elementwise a * b, same shapes. */
@@ -329,6 +332,9 @@ umt_tensor *umt_softmax_cross_entropy(umt_context *ctx, umt_tensor *logits, umt_
  * dilation 1 -> [N,K,P,Q]. Scratch comes from the workspace pool. */
 umt_tensor *umt_conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, int64_t stride,
                        int64_t padding);
+/* relu(conv2d(...)) in one op, fused as umt_linear_relu is. */
+umt_tensor *umt_conv2d_relu(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, int64_t stride,
+                            int64_t padding);
 /* Max / average over window x window patches every stride pixels, no padding: [N,C,H,W] ->
  * [N,C,(H-window)/stride+1,(W-window)/stride+1]. */
 umt_tensor *umt_max_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int64_t stride);
@@ -336,6 +342,8 @@ umt_tensor *umt_avg_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int6
 /* Training: zeroes each element with probability p (a seeded draw from the context's RNG) and
  * scales the rest by 1/(1-p). Evaluation: the identity. */
 umt_tensor *umt_dropout(umt_context *ctx, umt_tensor *x, float p);
+/* umt_dropout(umt_max_pool2d(x, window, stride), p) as one op: its backward is one pass. */
+umt_tensor *umt_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, int64_t window, int64_t stride, float p);
 /* Batch norm over the channels of x [N,C,H,W] (or [N,C]): gamma, beta [C] parameters,
  * running_mean, running_var [C] buffers updated by momentum in training. */
 umt_tensor *umt_batch_norm(umt_context *ctx, umt_tensor *x, umt_tensor *gamma, umt_tensor *beta,
@@ -363,6 +371,8 @@ umt_layer *umt_conv2d_layer_new(umt_context *ctx, const char *name, int64_t in_c
  * eps 1e-5, as PyTorch's nn.BatchNorm2d. */
 umt_layer *umt_batchnorm_layer_new(umt_context *ctx, const char *name, int64_t channels);
 umt_tensor *umt_layer_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x);
+/* relu(umt_layer_forward(...)), as one fused op for the layers that have one (linear, conv2d). */
+umt_tensor *umt_layer_forward_relu(umt_context *ctx, umt_layer *layer, umt_tensor *x);
 
 /* ----------------------------------------------------------------------------------------- */
 /* Optimizers and learning-rate schedules */

@@ -46,3 +46,12 @@ umt_tensor *umt_layer_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x)
     }
     return layer->forward(ctx, layer, x);
 }
+
+umt_tensor *umt_layer_forward_relu(umt_context *ctx, umt_layer *layer, umt_tensor *x) {
+    if (!layer) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_layer_forward_relu: layer is NULL");
+        return NULL;
+    }
+    if (layer->forward_relu) return layer->forward_relu(ctx, layer, x);
+    return umt_relu(ctx, layer->forward(ctx, layer, x));
+}

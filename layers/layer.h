@@ -15,6 +15,7 @@ typedef umt_tensor *(*umt_layer_forward_fn)(umt_context *ctx, umt_layer *layer, 
 struct umt_layer {
     const char *kind;
     umt_layer_forward_fn forward;
+    umt_layer_forward_fn forward_relu; /* relu(forward) as one fused op; NULL: forward, then umt_relu */
     umt_context *ctx;
     umt_tensor *weight; /* NULL for layers without parameters */
     umt_tensor *bias;   /* NULL when the layer has none */

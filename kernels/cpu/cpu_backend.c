@@ -45,9 +45,12 @@ static const umt_backend cpu_backend = {
     .conv2d_backward_filter = umt_cpu_conv2d_backward_filter,
     .add_channel_bias = umt_cpu_add_channel_bias,
     .sum_channel_bias = umt_cpu_sum_channel_bias,
+    .bias_relu = umt_cpu_bias_relu,
+    .bias_relu_backward = umt_cpu_bias_relu_backward,
 
     .max_pool_forward = umt_cpu_max_pool_forward,
     .max_pool_backward = umt_cpu_max_pool_backward,
+    .max_pool_dropout_backward = umt_cpu_max_pool_dropout_backward,
     .avg_pool_forward = umt_cpu_avg_pool_forward,
     .avg_pool_backward = umt_cpu_avg_pool_backward,
 

@@ -78,6 +78,14 @@ umt_status umt_cpu_conv2d_backward_filter(const umt_conv_shape *shape, const flo
 umt_status umt_cpu_add_channel_bias(const float *x, const float *bias, float *y, int64_t n, int64_t k, int64_t hw);
 umt_status umt_cpu_sum_channel_bias(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw);
 
+/* fused.c */
+umt_status umt_cpu_bias_relu(umt_dtype dtype, bool nhwc, const void *x, const float *bias, void *y, int64_t n,
+                             int64_t k, int64_t hw);
+umt_status umt_cpu_bias_relu_backward(umt_dtype dtype, bool nhwc, const void *y, void *dy, float *dbias, int64_t n,
+                                      int64_t k, int64_t hw);
+umt_status umt_cpu_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax, const uint8_t *mask,
+                                             const void *dy, void *dx, float p);
+
 /* pool.c */
 umt_status umt_cpu_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y, int32_t *argmax);
 umt_status umt_cpu_max_pool_backward(const umt_pool_shape *shape, const int32_t *argmax, const float *dy, float *dx);

@@ -146,9 +146,12 @@ static const umt_backend cuda_backend = {
     .conv2d_backward_filter = umt_cuda_conv2d_backward_filter,
     .add_channel_bias = umt_cuda_add_channel_bias,
     .sum_channel_bias = umt_cuda_sum_channel_bias,
+    .bias_relu = umt_cuda_bias_relu,
+    .bias_relu_backward = umt_cuda_bias_relu_backward,
 
     .max_pool_forward = umt_cuda_max_pool_forward,
     .max_pool_backward = umt_cuda_max_pool_backward,
+    .max_pool_dropout_backward = umt_cuda_max_pool_dropout_backward,
     .avg_pool_forward = umt_cuda_avg_pool_forward,
     .avg_pool_backward = umt_cuda_avg_pool_backward,
 

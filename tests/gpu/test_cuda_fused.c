@@ -1,0 +1,320 @@
+/*
+ * tests/gpu/test_cuda_fused.c — every fused op against the unfused ops it replaces, on the GPU.
+ *
+ * Each case builds the same function twice in one context, fused and unfused, on fresh random
+ * inputs (the seed comes from the clock and is printed), forms L = mean(out * R) for a fixed
+ * random R, runs backward, and compares the outputs and every input's gradient: relative 1e-5
+ * under fp32, 1e-2 under bf16 (outputs element by element, with a floor of 1e-3 of the largest
+ * magnitude; gradients, sums over the batch, relative to their largest magnitude). Under fp32 the fused outputs and ReLU masks are the unfused ones bit for
+ * bit; only the bias sums are split differently. The fused ops: umt_conv2d_relu (NCHW fp32,
+ * NHWC bf16, channel counts that take the vector and the scalar kernels), umt_linear_relu,
+ * umt_max_pool2d_dropout, umt_softmax_cross_entropy for log-softmax + NLL, and one training step
+ * of the whole MNIST CNN with fuse on and off.
+ * Needs a GPU (tag "gpu"):  bazel test --config=cuda //tests/gpu:test_cuda_fused
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "core/context.h"
+#include "core/precision.h"
+#include "examples/mnist_cnn_model.h"
+#include "umtrain.h"
+
+#define EXPECT_OK(call)                                                                                            \
+    do {                                                                                                           \
+        if ((call) != UMT_OK) fail_msg("%s failed: %s", #call, umt_last_error());                                  \
+    } while (0)
+
+enum { MAX_INPUTS = 3 };
+
+static uint32_t rng_state;
+
+static float uniform(float lo, float hi) { /* xorshift32 */
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 17, rng_state ^= rng_state << 5;
+    return lo + (hi - lo) * (float)(rng_state >> 8) / (float)(1u << 24);
+}
+
+static int seed_from_clock(void **state) {
+    (void)state;
+    rng_state = (uint32_t)time(NULL) | 1u;
+    printf("test_cuda_fused: random seed %u\n", rng_state);
+    return 0;
+}
+
+/* The context of the running test, destroyed by the teardown also when the test fails (the
+ * CUDA backend starts once per process: a context left behind would fail every later test). */
+static umt_context *current;
+
+static int destroy_current(void **state) {
+    (void)state;
+    umt_context_destroy(current);
+    current = NULL;
+    return 0;
+}
+
+static umt_context *gpu_context(umt_precision precision) {
+    umt_context_options co = umt_context_defaults();
+    co.device = UMT_DEVICE_CUDA;
+    co.precision = precision;
+    umt_context *ctx = NULL;
+    destroy_current(NULL);
+    EXPECT_OK(umt_context_create(&co, &ctx));
+    return current = ctx;
+}
+
+static float *host_copy(const umt_tensor *t) {
+    size_t bytes = (size_t)umt_tensor_numel(t) * sizeof(float);
+    float *v = malloc(bytes);
+    EXPECT_OK(umt_tensor_copy_to_host(t, v, bytes));
+    return v;
+}
+
+static void fill(umt_tensor *t, float lo, float hi) {
+    int64_t n = umt_tensor_numel(t);
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = uniform(lo, hi);
+    EXPECT_OK(umt_tensor_copy_from_host(t, v, (size_t)n * sizeof *v));
+    free(v);
+}
+
+/* got within tolerance of want, element by element: relative, with a floor of tolerance times
+ * `floor` of want's largest magnitude. */
+static void expect_close_floor(const char *what, const float *got, const float *want, int64_t n, double tolerance,
+                               double floor) {
+    double largest = 0;
+    for (int64_t i = 0; i < n; i++) largest = fmax(largest, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++) {
+        double bound = tolerance * (fabs(want[i]) + floor * largest);
+        if (!(fabs(got[i] - want[i]) <= bound))
+            fail_msg("%s: element %lld: fused %.9g, unfused %.9g (bound %.3g, largest %.3g)", what, (long long)i,
+                     got[i], want[i], bound, largest);
+    }
+}
+
+/* An output: each element on its own, the floor 1e-3 of the largest. */
+static void expect_close(const char *what, const float *got, const float *want, int64_t n, double tolerance) {
+    expect_close_floor(what, got, want, n, tolerance, 1e-3);
+}
+
+/* A gradient: within tolerance of the tensor's largest magnitude. A weight or bias gradient is
+ * a sum over the batch whose terms cancel, and the fused and unfused sums (or the two losses'
+ * backwards) round in a different order: seen under fp32, differences of 2e-5 of elements
+ * 1/40 to 1/800 of the largest, a few 1e-8 of the largest. */
+static void expect_close_gradient(const char *what, const float *got, const float *want, int64_t n, double tolerance) {
+    expect_close_floor(what, got, want, n, tolerance, 1.0);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* One case: out = build(inputs, fused) from parameters filled at random */
+
+typedef umt_tensor *(*build_fn)(umt_context *ctx, umt_tensor **in, umt_tensor *labels, bool fused);
+
+typedef struct {
+    float *out, *grads[MAX_INPUTS];
+} result;
+
+/* Each pass starts from the same RNG state: fused and unfused dropout draw the same masks. */
+static void run(umt_context *ctx, build_fn build, umt_tensor **in, int count, umt_tensor *labels, umt_tensor *r,
+                umt_rng rng, bool fused, result *res) {
+    ctx->rng = rng;
+    EXPECT_OK(umt_step_begin(ctx));
+    EXPECT_OK(umt_zero_grad(ctx));
+    umt_tensor *out = umt_to_f32(ctx, build(ctx, in, labels, fused));
+    if (!out) fail_msg("build (fused %d): %s", fused, umt_last_error());
+    umt_tensor *loss = umt_tensor_numel(out) == 1 ? out : umt_mean(ctx, umt_mul(ctx, out, r));
+    if (!loss) fail_msg("loss: %s", umt_last_error());
+    EXPECT_OK(umt_backward(ctx, loss));
+    res->out = host_copy(out);
+    for (int i = 0; i < count; i++) res->grads[i] = host_copy(umt_tensor_grad(in[i]));
+}
+
+static void compare(umt_precision precision, build_fn build, int count, const int64_t shapes[][4],
+                    const int *ndims, int64_t classes, const char *name) {
+    umt_context *ctx = gpu_context(precision);
+    umt_tensor *in[MAX_INPUTS] = {0};
+    for (int i = 0; i < count; i++) {
+        in[i] = umt_parameter_new(ctx, "in", ndims[i], shapes[i]);
+        if (!in[i]) fail_msg("%s: input %d: %s", name, i, umt_last_error());
+        fill(in[i], -1.0f, 1.0f);
+    }
+    umt_tensor *labels = NULL;
+    if (classes) {
+        int64_t rows = shapes[0][0];
+        labels = umt_tensor_new(ctx, UMT_POOL_DATASET, UMT_I32, 1, (int64_t[]){rows});
+        int32_t *l = malloc((size_t)rows * sizeof *l);
+        for (int64_t i = 0; i < rows; i++) l[i] = (int32_t)(uniform(0.0f, (float)classes)) % (int32_t)classes;
+        EXPECT_OK(umt_tensor_copy_from_host(labels, l, (size_t)rows * sizeof *l));
+        free(l);
+    }
+    /* R has the output's shape: found from one unfused forward without grad. */
+    bool was = umt_set_grad_enabled(ctx, false);
+    EXPECT_OK(umt_step_begin(ctx));
+    umt_tensor *probe = umt_to_f32(ctx, build(ctx, in, labels, false));
+    if (!probe) fail_msg("%s: %s", name, umt_last_error());
+    int64_t shape[4] = {1, 1, 1, 1};
+    for (int d = 0; d < umt_tensor_ndim(probe); d++) shape[d] = umt_tensor_dim(probe, d);
+    umt_tensor *r = umt_tensor_new(ctx, UMT_POOL_DATASET, UMT_F32, umt_tensor_ndim(probe), shape);
+    if (!r) fail_msg("%s: R: %s", name, umt_last_error());
+    fill(r, -1.0f, 1.0f);
+    umt_set_grad_enabled(ctx, was);
+
+    result fused, plain;
+    umt_rng rng = ctx->rng;
+    run(ctx, build, in, count, labels, r, rng, true, &fused);
+    run(ctx, build, in, count, labels, r, rng, false, &plain);
+    double tolerance = precision == UMT_PRECISION_FP32 ? 1e-5 : 1e-2;
+    char what[160];
+    snprintf(what, sizeof what, "%s %s output", name, umt_precision_name(precision));
+    expect_close(what, fused.out, plain.out, umt_tensor_numel(r), tolerance);
+    for (int i = 0; i < count; i++) {
+        snprintf(what, sizeof what, "%s %s gradient of input %d", name, umt_precision_name(precision), i);
+        expect_close_gradient(what, fused.grads[i], plain.grads[i], umt_tensor_numel(in[i]), tolerance);
+        free(fused.grads[i]);
+        free(plain.grads[i]);
+    }
+    free(fused.out);
+    free(plain.out);
+    destroy_current(NULL);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* The fused ops and their unfused twins */
+
+static umt_tensor *conv_relu_pad0(umt_context *c, umt_tensor **in, umt_tensor *l, bool fused) {
+    (void)l;
+    return fused ? umt_conv2d_relu(c, in[0], in[1], in[2], 1, 0) : umt_relu(c, umt_conv2d(c, in[0], in[1], in[2], 1, 0));
+}
+
+static umt_tensor *conv_relu_strided(umt_context *c, umt_tensor **in, umt_tensor *l, bool fused) {
+    (void)l;
+    return fused ? umt_conv2d_relu(c, in[0], in[1], in[2], 2, 1) : umt_relu(c, umt_conv2d(c, in[0], in[1], in[2], 2, 1));
+}
+
+static umt_tensor *linear_relu(umt_context *c, umt_tensor **in, umt_tensor *l, bool fused) {
+    (void)l;
+    return fused ? umt_linear_relu(c, in[0], in[1], in[2]) : umt_relu(c, umt_linear(c, in[0], in[1], in[2]));
+}
+
+static umt_tensor *log_softmax_nll(umt_context *c, umt_tensor **in, umt_tensor *l, bool fused) {
+    return fused ? umt_softmax_cross_entropy(c, in[0], l) : umt_nll_loss(c, umt_log_softmax(c, in[0]), l);
+}
+
+/* The pool's input from a convolution, so that under bf16 it is NHWC (the CNN's case). */
+static umt_tensor *pool_dropout(umt_context *c, umt_tensor **in, umt_tensor *l, bool fused) {
+    (void)l;
+    umt_tensor *x = umt_conv2d(c, in[0], in[1], in[2], 1, 0);
+    return fused ? umt_max_pool2d_dropout(c, x, 2, 2, 0.25f) : umt_dropout(c, umt_max_pool2d(c, x, 2, 2), 0.25f);
+}
+
+static const umt_precision PRECISIONS[2] = {UMT_PRECISION_FP32, UMT_PRECISION_BF16};
+
+static void test_conv2d_relu_matches_relu_of_conv2d(void **state) {
+    (void)state;
+    /* 64 channels: the vector kernels under bf16 (the MNIST CNN's conv2); 12 channels, stride 2,
+     * padding 1: the scalar ones. */
+    const int ndims[3] = {4, 4, 1};
+    const int64_t wide[3][4] = {{8, 32, 14, 14}, {64, 32, 3, 3}, {64}};
+    const int64_t odd[3][4] = {{3, 5, 9, 7}, {12, 5, 3, 3}, {12}};
+    for (int p = 0; p < 2; p++) {
+        compare(PRECISIONS[p], conv_relu_pad0, 3, wide, ndims, 0, "conv2d_relu 64 channels");
+        compare(PRECISIONS[p], conv_relu_strided, 3, odd, ndims, 0, "conv2d_relu 12 channels strided");
+    }
+}
+
+static void test_linear_relu_matches_relu_of_linear(void **state) {
+    (void)state;
+    /* 128 outputs: the vector kernels under bf16 (fc1); 24 outputs: 3 lanes, the scalar ones. */
+    const int ndims[3] = {2, 2, 1};
+    const int64_t wide[3][4] = {{300, 200}, {128, 200}, {128}};
+    const int64_t odd[3][4] = {{33, 20}, {24, 20}, {24}};
+    for (int p = 0; p < 2; p++) {
+        compare(PRECISIONS[p], linear_relu, 3, wide, ndims, 0, "linear_relu 128 outputs");
+        compare(PRECISIONS[p], linear_relu, 3, odd, ndims, 0, "linear_relu 24 outputs");
+    }
+}
+
+static void test_max_pool2d_dropout_matches_dropout_of_max_pool2d(void **state) {
+    (void)state;
+    /* 64 channels (the CNN's pool, the eight-lane pool under bf16); 5 channels of odd size. */
+    const int ndims[3] = {4, 4, 1};
+    const int64_t wide[3][4] = {{6, 8, 14, 14}, {64, 8, 3, 3}, {64}};
+    const int64_t odd[3][4] = {{3, 4, 10, 9}, {5, 4, 2, 2}, {5}};
+    for (int p = 0; p < 2; p++) {
+        compare(PRECISIONS[p], pool_dropout, 3, wide, ndims, 0, "max_pool2d_dropout 64 channels");
+        compare(PRECISIONS[p], pool_dropout, 3, odd, ndims, 0, "max_pool2d_dropout 5 channels");
+    }
+}
+
+static void test_softmax_cross_entropy_matches_nll_of_log_softmax(void **state) {
+    (void)state;
+    const int ndims[1] = {2};
+    const int64_t shape[1][4] = {{257, 10}};
+    for (int p = 0; p < 2; p++) compare(PRECISIONS[p], log_softmax_nll, 1, shape, ndims, 10, "softmax_cross_entropy");
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* The whole MNIST CNN, one training step (dropout on, both passes from the same RNG state, so
+ * with the same masks), fused and not: the loss, and every parameter's gradient. */
+
+static void test_mnist_cnn_fused_step_matches_the_unfused_step(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        umt_context *ctx = gpu_context(PRECISIONS[p]);
+        mnist_cnn model;
+        if (mnist_cnn_build(ctx, &model)) fail_msg("mnist_cnn_build: %s", umt_last_error());
+        umt_tensor *images = umt_tensor_new_4d(ctx, UMT_POOL_DATASET, UMT_F32, 64, 1, 28, 28);
+        umt_tensor *labels = umt_tensor_new(ctx, UMT_POOL_DATASET, UMT_I32, 1, (int64_t[]){64});
+        if (!images || !labels) fail_msg("batch: %s", umt_last_error());
+        fill(images, -0.5f, 2.5f);
+        int32_t l[64];
+        for (int i = 0; i < 64; i++) l[i] = (int32_t)uniform(0.0f, 10.0f) % 10;
+        EXPECT_OK(umt_tensor_copy_from_host(labels, l, sizeof l));
+        int count = umt_parameter_count(ctx);
+        float loss[2], *grads[2][8];
+        assert_true(count <= 8);
+        umt_rng rng = ctx->rng;
+        for (int fused = 0; fused < 2; fused++) {
+            model.fuse = fused;
+            ctx->rng = rng;
+            EXPECT_OK(umt_step_begin(ctx));
+            EXPECT_OK(umt_zero_grad(ctx));
+            umt_tensor *t = mnist_cnn_loss(ctx, &model, images, labels);
+            if (!t) fail_msg("mnist_cnn_loss (fuse %d): %s", fused, umt_last_error());
+            EXPECT_OK(umt_backward(ctx, t));
+            EXPECT_OK(umt_tensor_get_f32(t, 0, &loss[fused]));
+            for (int i = 0; i < count; i++) grads[fused][i] = host_copy(umt_tensor_grad(umt_parameter_at(ctx, i)));
+        }
+        double tolerance = PRECISIONS[p] == UMT_PRECISION_FP32 ? 1e-5 : 1e-2;
+        printf("mnist_cnn %s: loss fused %.7f, unfused %.7f\n", umt_precision_name(PRECISIONS[p]), loss[1], loss[0]);
+        expect_close("mnist_cnn loss", &loss[1], &loss[0], 1, tolerance);
+        for (int i = 0; i < count; i++) {
+            char what[160];
+            snprintf(what, sizeof what, "mnist_cnn %s gradient of %s", umt_precision_name(PRECISIONS[p]),
+                     umt_tensor_name(umt_parameter_at(ctx, i)));
+            expect_close_gradient(what, grads[1][i], grads[0][i], umt_tensor_numel(umt_parameter_at(ctx, i)), tolerance);
+            free(grads[0][i]);
+            free(grads[1][i]);
+        }
+        destroy_current(NULL);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_conv2d_relu_matches_relu_of_conv2d, destroy_current),
+        cmocka_unit_test_teardown(test_linear_relu_matches_relu_of_linear, destroy_current),
+        cmocka_unit_test_teardown(test_max_pool2d_dropout_matches_dropout_of_max_pool2d, destroy_current),
+        cmocka_unit_test_teardown(test_softmax_cross_entropy_matches_nll_of_log_softmax, destroy_current),
+        cmocka_unit_test_teardown(test_mnist_cnn_fused_step_matches_the_unfused_step, destroy_current),
+    };
+    return cmocka_run_group_tests(tests, seed_from_clock, NULL);
+}
