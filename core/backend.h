@@ -126,8 +126,10 @@ typedef struct umt_backend {
 
     /* --- dropout: element i is kept when umt_dropout_keep(seed, i, p) (core/backend.h), the
      *     same counter-based draw on every backend; kept elements are scaled by 1/(1-p).
-     *     mask[i] = 1 if kept, else 0; dx accumulates --- */
-    umt_status (*dropout_forward)(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed);
+     *     mask[i] = 1 if kept, else 0; dx accumulates. A non-NULL seed_on_device is read (in
+     *     stream order) instead of seed: a CUDA graph replays with a new seed there --- */
+    umt_status (*dropout_forward)(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed,
+                                  const uint64_t *seed_on_device);
     umt_status (*dropout_backward)(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
 
     /* --- batch norm over channels of x [n,c,hw] (spatial): training uses the batch's mean and
@@ -167,7 +169,7 @@ typedef struct umt_backend {
     umt_status (*relu_lp)(umt_dtype dtype, const void *x, void *y, int64_t n);
     umt_status (*relu_backward_lp)(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n);
     umt_status (*dropout_forward_lp)(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n, float p,
-                                     uint64_t seed);
+                                     uint64_t seed, const uint64_t *seed_on_device);
     umt_status (*dropout_backward_lp)(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx, int64_t n,
                                       float p);
     /* Convolution on bf16/f16 NHWC tensors; dw is an f32 gradient (accumulated) */

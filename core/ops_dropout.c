@@ -1,4 +1,6 @@
 /* core/ops_dropout.c — inverted dropout: forward and backward share one mask. */
+#include <string.h>
+
 #include "core/ops.h"
 
 static umt_status dropout_backward(umt_context *ctx, const umt_node *node) {
@@ -8,6 +10,12 @@ static umt_status dropout_backward(umt_context *ctx, const umt_node *node) {
                                                  y->numel, node->fparam);
     return ctx->backend->dropout_backward(node->saved->data, y->grad->data, umt_input_grad(node, 0), y->numel,
                                           node->fparam);
+}
+
+/* A replay's seed: the next draw of the context's RNG, as the eager call makes it. */
+static void draw_seed(void *context, void *dst, size_t bytes) {
+    uint64_t seed = umt_rng_next(&((umt_context *)context)->rng);
+    memcpy(dst, &seed, bytes);
 }
 
 umt_tensor *umt_dropout(umt_context *ctx, umt_tensor *x, float p) {
@@ -23,11 +31,18 @@ umt_tensor *umt_dropout(umt_context *ctx, umt_tensor *x, float p) {
     umt_tensor *mask = y ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_U8, x->ndim, x->shape) : NULL;
     if (!mask) return NULL;
     /* One draw from the context's RNG per call: the run is reproducible from its seed, and the
-     * kernel derives every element's draw from it on whichever device it runs. */
-    uint64_t seed = umt_rng_next(&ctx->rng);
+     * kernel derives every element's draw from it on whichever device it runs. A captured step
+     * reads it from the step's values instead, where each replay puts its own draw. */
+    uint64_t seed = 0;
+    void *seed_on_device = NULL;
+    umt_status st = ctx->values.recording
+                        ? umt_step_values_remade(ctx, sizeof seed, draw_seed, ctx, &seed_on_device)
+                        : (seed = umt_rng_next(&ctx->rng), UMT_OK);
     /* The mask follows x's storage order; the draw depends only on the element's index. */
-    umt_status st = umt_dtype_is_lowp(x->dtype)
-                        ? ctx->backend->dropout_forward_lp(x->dtype, x->data, y->data, mask->data, x->numel, p, seed)
-                        : ctx->backend->dropout_forward(x->data, y->data, mask->data, x->numel, p, seed);
+    if (st == UMT_OK)
+        st = umt_dtype_is_lowp(x->dtype) ? ctx->backend->dropout_forward_lp(x->dtype, x->data, y->data, mask->data,
+                                                                            x->numel, p, seed, seed_on_device)
+                                         : ctx->backend->dropout_forward(x->data, y->data, mask->data, x->numel, p,
+                                                                         seed, seed_on_device);
     return umt_op_finish_with(ctx, st, "umt_dropout", dropout_backward, y, mask, x, NULL, NULL, 0, 0, p);
 }

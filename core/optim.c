@@ -232,7 +232,8 @@ void umt_optimizer_destroy(umt_optimizer *opt) {
 /* ----------------------------------------------------------------------------------------- */
 /* Stepping */
 
-static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *slot, int64_t step) {
+static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *slot, int64_t step,
+                              const float *lr_on_device) {
     const umt_backend *be = opt->ctx->backend;
     const umt_optimizer_options *o = &opt->options;
     float *p = slot->param->data;
@@ -243,6 +244,7 @@ static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *sl
     const umt_tensor *lowp = slot->param->lowp;
     umt_update_fusion fusion = {
         .scalars = opt->scalars ? opt->scalars->data : NULL,
+        .lr_on_device = lr_on_device,
         .lowp = lowp ? lowp->data : NULL,
         .lowp_dtype = lowp ? lowp->dtype : UMT_F32,
     };
@@ -264,7 +266,7 @@ static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *sl
 
 /* On the device, in stream order: every gradient's share of the sum of squares, then the one
  * thread that decides the step (skip, multiplier, Adam's factors, the loss scale). */
-static umt_status prepare_step(const umt_optimizer *opt) {
+static umt_status prepare_step(const umt_optimizer *opt, const float *lr_on_device) {
     const umt_backend *be = opt->ctx->backend;
     const umt_optimizer_options *o = &opt->options;
     double *partials = opt->partials->data;
@@ -277,10 +279,40 @@ static umt_status prepare_step(const umt_optimizer *opt) {
         .loss_scaling = o->loss_scaling,
         .growth_interval = o->loss_scale_growth_interval,
         .adam = o->kind == UMT_OPT_ADAM || o->kind == UMT_OPT_ADAMW,
-        .lr = o->lr, .beta1 = o->beta1, .beta2 = o->beta2,
+        .lr = o->lr, .beta1 = o->beta1, .beta2 = o->beta2, .lr_on_device = lr_on_device,
     };
     return be->step_prepare(opt->scalars->data, partials, (int64_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS,
                             options);
+}
+
+/* What a replay of a captured step (core/step_graph.c) redoes for the optimizer: the rate of
+ * the step, written where the kernels read it, and the host's count of steps. */
+static void write_lr(void *object, void *dst, size_t bytes) {
+    memcpy(dst, &((umt_optimizer *)object)->options.lr, bytes);
+}
+
+static void count_step(void *object, void *dst, size_t bytes) {
+    (void)dst;
+    (void)bytes;
+    ((umt_optimizer *)object)->steps++;
+}
+
+static void uncount_step(void *object, void *dst, size_t bytes) {
+    (void)dst;
+    (void)bytes;
+    ((umt_optimizer *)object)->steps--;
+}
+
+static umt_status record_for_replay(umt_optimizer *opt, const float **lr_on_device) {
+    umt_context *ctx = opt->ctx;
+    bool adam = opt->options.kind == UMT_OPT_ADAM || opt->options.kind == UMT_OPT_ADAMW;
+    /* Without step scalars Adam's bias correction comes from the host's step count, by value. */
+    if (adam && !opt->scalars)
+        ctx->values.unreplayable = "Adam without step scalars (clipping or loss scaling) counts its steps on the host";
+    void *lr = NULL;
+    UMT_TRY(umt_step_values_remade(ctx, sizeof(float), write_lr, opt, &lr));
+    *lr_on_device = lr;
+    return UMT_OK;
 }
 
 umt_status umt_optimizer_step(umt_optimizer *opt) {
@@ -300,10 +332,13 @@ umt_status umt_optimizer_step(umt_optimizer *opt) {
                             "elements (expected %lld)", p->name ? p->name : "(unnamed)", (long long)p->lowp->numel,
                             (long long)p->numel);
     }
-    if (opt->scalars) UMT_TRY(prepare_step(opt));
+    const float *lr_on_device = NULL;
+    if (opt->ctx->values.recording) UMT_TRY(record_for_replay(opt, &lr_on_device));
+    if (opt->scalars) UMT_TRY(prepare_step(opt, lr_on_device));
     int64_t step = opt->steps + 1;
-    for (int i = 0; i < opt->slot_count; ++i) UMT_TRY(update_slot(opt, &opt->slots[i], step));
+    for (int i = 0; i < opt->slot_count; ++i) UMT_TRY(update_slot(opt, &opt->slots[i], step, lr_on_device));
     opt->steps = step;
+    if (opt->ctx->values.recording) return umt_step_values_host_effect(opt->ctx, count_step, uncount_step, opt);
     return UMT_OK;
 }
 

@@ -56,7 +56,8 @@ umt_status umt_step_begin(umt_context *ctx) {
     }
     for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->pending_uses = 0;
     UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_ACTIVATIONS));
-    return umt_memory_reset(&ctx->memory, UMT_POOL_WORKSPACE);
+    UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_WORKSPACE));
+    return umt_step_values_begin(ctx);
 }
 
 umt_status umt_zero_grad(umt_context *ctx) {

@@ -46,6 +46,7 @@ umt_status umt_cpu_sgd_update_fused(float *param, const float *grad, float *velo
                         momentum);
     UMT_TRY(umt_update_fusion_check("sgd_update", fusion));
     if (fusion.scalars && fusion.scalars->found_inf) return UMT_OK;
+    if (fusion.lr_on_device) lr = *fusion.lr_on_device;
     for (int64_t i = 0; i < n; ++i) {
         float g = gradient_at(grad, i, fusion.scalars);
         g += weight_decay * param[i];
@@ -79,6 +80,7 @@ umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, 
     UMT_TRY(umt_update_fusion_check("adam_update", fusion));
     const umt_step_scalars *s = fusion.scalars;
     if (s && s->found_inf) return UMT_OK;
+    if (fusion.lr_on_device) lr = *fusion.lr_on_device;
     /* The corrections depend on the step only: computed once, in double, as PyTorch does on the
      * host; with step scalars, from the steps really applied (core/optim_step.h, same formula). */
     double bias_correction1 = 1.0 - pow(beta1, (double)step);
@@ -119,6 +121,7 @@ umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float 
                                          umt_update_fusion fusion) {
     UMT_TRY(umt_update_fusion_check("adadelta_update", fusion));
     if (fusion.scalars && fusion.scalars->found_inf) return UMT_OK;
+    if (fusion.lr_on_device) lr = *fusion.lr_on_device;
     for (int64_t i = 0; i < n; ++i) {
         float g = gradient_at(grad, i, fusion.scalars);
         g += weight_decay * param[i];

@@ -95,7 +95,8 @@ extern "C" cudaStream_t umt_cuda_stream(void) { return state.stream; }
 extern "C" umt_status umt_cuda_synchronize(void) {
     if (!state.started) return umt_fail(UMT_ERR_STATE, "cuda synchronize: backend not started");
     UMT_CUDA_TRY(cudaStreamSynchronize(state.stream));
-    return UMT_OK;
+    /* A loss's label check reports here or at the next download (loss.cu). */
+    return umt_cuda_take_label_verdict();
 }
 
 /* Ops see the GPU through the same slots as the CPU; upload and download differ from copy here

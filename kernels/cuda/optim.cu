@@ -45,6 +45,7 @@ static __device__ void store_lowp(const umt_update_fusion &fusion, int64_t i, fl
 static __global__ void sgd_kernel(float *param, const float *grad, float *velocity, int64_t n, float lr,
                                   float momentum, float weight_decay, umt_update_fusion fusion) {
     if (step_skipped(fusion.scalars)) return;
+    if (fusion.lr_on_device) lr = *fusion.lr_on_device;
     FOR_EACH_INDEX(i, n) {
         float p = param[i];
         float g = __fadd_rn(gradient_at(grad, i, fusion.scalars), __fmul_rn(weight_decay, p));
@@ -74,6 +75,8 @@ static __global__ void adam_kernel(float *param, const float *grad, float *m, fl
         f.step_size = s->adam_step_size;
         f.bias_correction2_sqrt = s->adam_bias_correction2_sqrt;
     }
+    /* The host's float arithmetic for AdamW's decay, on the rate of this step. */
+    if (fusion.lr_on_device && decoupled) f.decay = __fsub_rn(1.0f, __fmul_rn(*fusion.lr_on_device, weight_decay));
     float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
     FOR_EACH_INDEX(i, n) {
         float p = param[i];
@@ -97,6 +100,7 @@ static __global__ void adadelta_kernel(float *param, const float *grad, float *s
                                        int64_t n, float lr, float rho, float eps, float weight_decay,
                                        umt_update_fusion fusion) {
     if (step_skipped(fusion.scalars)) return;
+    if (fusion.lr_on_device) lr = *fusion.lr_on_device;
     float one_minus_rho = 1.0f - rho;
     FOR_EACH_INDEX(i, n) {
         float p = param[i];
