@@ -215,6 +215,11 @@ typedef struct umt_backend {
     umt_status (*adadelta_update_fused)(float *param, const float *grad, float *square_avg, float *delta_avg,
                                         int64_t n, float lr, float rho, float eps, float weight_decay,
                                         umt_update_fusion fusion);
+    /* The fused update of rule.kind over count tensors at once (CUDA: one launch per 32), bit
+     * for bit the per-tensor slots above. common gives scalars, lr_on_device and lowp_dtype;
+     * each tensor its own lowp copy and layout. */
+    umt_status (*multi_update)(const umt_update_tensor *tensors, int count, umt_update_rule rule,
+                               umt_update_fusion common);
 } umt_backend;
 
 /* Dropout's draw for element i: a counter-based hash of (seed, i) -> uniform in [0, 1),

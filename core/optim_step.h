@@ -80,6 +80,26 @@ typedef struct {
     int64_t lowp_channels, lowp_pixels;
 } umt_update_fusion;
 
+/* One parameter of a multi-tensor update: its buffers (state1 NULL for SGD, both state buffers
+ * NULL for SGD without momentum) and its low-precision copy as in umt_update_fusion. */
+typedef struct {
+    float *param;
+    const float *grad;
+    float *state0, *state1;
+    void *lowp;
+    int64_t n;
+    int64_t lowp_channels, lowp_pixels;
+} umt_update_tensor;
+
+/* The rule and hyper-parameters every tensor of a multi-tensor update shares (PyTorch's names;
+ * the fields a kind does not use are ignored). */
+typedef struct {
+    umt_optimizer_kind kind;
+    float lr, momentum, weight_decay, beta1, beta2, eps, rho;
+    bool decoupled; /* AdamW */
+    int64_t step;   /* Adam without step scalars: the step counting from 1 */
+} umt_update_rule;
+
 /* Where master element i lands in the compute copy (see umt_update_fusion). */
 #ifdef __CUDACC__
 __host__ __device__

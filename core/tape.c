@@ -85,6 +85,9 @@ static void announce_finished_parameters(umt_context *ctx, const umt_node *node)
     for (int i = 0; i < node->input_count; ++i) {
         umt_tensor *p = node->inputs[i];
         if (!p->is_parameter || --p->pending_uses != 0) continue;
+        /* The hook's host work (data parallelism's buckets) would not run in a replay. */
+        if (ctx->grad_ready && ctx->values.recording)
+            ctx->values.unreplayable = "a grad-ready hook (data parallelism) works on the host during backward";
         if (ctx->grad_ready) ctx->grad_ready(p, ctx->grad_ready_user);
     }
 }

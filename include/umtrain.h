@@ -333,6 +333,9 @@ typedef struct {
     bool loss_scaling;
     float loss_scale_init;          /* the first scale (> 0; PyTorch: 65536) */
     int loss_scale_growth_interval; /* clean steps before the scale doubles (>= 1; PyTorch: 2000) */
+    /* Every parameter's update in one launch (default) rather than one launch per parameter;
+     * the same arithmetic, bit for bit. */
+    bool multi_tensor;
 } umt_optimizer_options;
 
 /* PyTorch's defaults for the kind (SGD lr 0.01; Adam lr 1e-3; AdamW lr 1e-3 wd 1e-2;

@@ -141,6 +141,36 @@ umt_status umt_cpu_adadelta_update(float *param, const float *grad, float *squar
                                          (umt_update_fusion){0});
 }
 
+/* The multi-tensor update is, by definition, the per-tensor updates one after another. */
+umt_status umt_cpu_multi_update(const umt_update_tensor *tensors, int count, umt_update_rule rule,
+                                umt_update_fusion common) {
+    for (int i = 0; i < count; ++i) {
+        const umt_update_tensor *x = &tensors[i];
+        umt_update_fusion fusion = common;
+        fusion.lowp = x->lowp;
+        fusion.lowp_channels = x->lowp_channels;
+        fusion.lowp_pixels = x->lowp_pixels;
+        switch (rule.kind) {
+        case UMT_OPT_SGD:
+            UMT_TRY(umt_cpu_sgd_update_fused(x->param, x->grad, x->state0, x->n, rule.lr, rule.momentum,
+                                             rule.weight_decay, fusion));
+            break;
+        case UMT_OPT_ADAM:
+        case UMT_OPT_ADAMW:
+            UMT_TRY(umt_cpu_adam_update_fused(x->param, x->grad, x->state0, x->state1, x->n, rule.lr, rule.beta1,
+                                              rule.beta2, rule.eps, rule.weight_decay, rule.decoupled, rule.step,
+                                              fusion));
+            break;
+        case UMT_OPT_ADADELTA:
+            UMT_TRY(umt_cpu_adadelta_update_fused(x->param, x->grad, x->state0, x->state1, x->n, rule.lr, rule.rho,
+                                                  rule.eps, rule.weight_decay, fusion));
+            break;
+        default: return umt_fail(UMT_ERR_INVALID_ARGUMENT, "multi_update: kind %d", (int)rule.kind);
+        }
+    }
+    return UMT_OK;
+}
+
 /* ----------------------------------------------------------------------------------------- */
 /* The step scalars (core/optim_step.h) */
 

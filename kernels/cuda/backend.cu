@@ -181,6 +181,7 @@ static const umt_backend cuda_backend = {
     .sgd_update_fused = umt_cuda_sgd_update_fused,
     .adam_update_fused = umt_cuda_adam_update_fused,
     .adadelta_update_fused = umt_cuda_adadelta_update_fused,
+    .multi_update = umt_cuda_multi_update,
 };
 
 extern "C" const umt_backend *umt_cuda_backend(void) { return &cuda_backend; }
