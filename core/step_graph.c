@@ -117,7 +117,9 @@ static umt_status record(umt_step_graph *g, umt_step_fn step, void *user, const 
     *graph = NULL;
     UMT_TRY(umt_step_values_record_begin(ctx, input, input_bytes));
     /* Thread-local: a forbidden call (an allocation, a wait) in this thread ends the capture. */
-    UMT_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    cudaError_t began = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    if (began != cudaSuccess) umt_step_values_record_end(ctx);
+    UMT_CUDA_TRY(began);
     umt_tensor *loss = step(ctx, user, input, input_bytes);
     umt_status status = loss ? keep_loss(g, loss) : umt_last_status();
     cudaError_t ended = cudaStreamEndCapture(stream, graph);
@@ -135,27 +137,39 @@ static umt_status record(umt_step_graph *g, umt_step_fn step, void *user, const 
     return status;
 }
 
+/* The captured graph, ready to launch; NULL (and the reason recorded) when it is not. */
+static cudaGraphExec_t capture(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
+                               size_t input_bytes) {
+    cudaGraph_t graph;
+    umt_status status = record(g, step, user, input, input_bytes, &graph);
+    if (status == UMT_OK && g->ctx->values.unreplayable)
+        status = umt_fail(UMT_ERR_UNSUPPORTED, "%s", g->ctx->values.unreplayable);
+    cudaGraphExec_t exec = NULL;
+    if (status == UMT_OK) {
+        cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+        if (made != cudaSuccess) {
+            exec = NULL;
+            umt_fail(UMT_ERR_DEVICE, "step graph: cudaGraphInstantiate: %s", cudaGetErrorString(made));
+        }
+    }
+    if (graph) cudaGraphDestroy(graph);
+    return exec;
+}
+
 /* Captures the step and runs it (its values are in the slot already). UMT_OK with g->exec NULL:
  * the capture failed, nothing ran, and the caller runs the step eagerly. */
 static umt_status capture_and_launch(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
                                      size_t input_bytes) {
     umt_context *ctx = g->ctx;
     umt_rng rng = ctx->rng;
-    cudaGraph_t graph;
-    umt_status status = record(g, step, user, input, input_bytes, &graph);
-    const char *unreplayable = ctx->values.unreplayable;
-    if (status != UMT_OK || unreplayable) {
+    cudaGraphExec_t exec = capture(g, step, user, input, input_bytes);
+    if (!exec) {
         /* Nothing of the step ran: its host effects are taken back, and it runs eagerly. */
         ctx->rng = rng;
         umt_step_values_undo(ctx);
-        if (graph) cudaGraphDestroy(graph);
-        turn_off(g, unreplayable ? unreplayable : umt_last_error());
+        turn_off(g, umt_last_error());
         return UMT_OK;
     }
-    cudaGraphExec_t exec;
-    cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    UMT_CUDA_TRY(made);
     g->exec = exec;
     g->baked = current(ctx, input_bytes);
     g->stats.captures++;

@@ -382,7 +382,8 @@ void umt_optimizer_destroy(umt_optimizer *opt);
  * one (an epoch's last, shorter batch) runs eagerly; the graph is captured again when memory it
  * baked in moved (the activation arena after an evaluation). Where capture is impossible (CPU,
  * a failed capture, a step a replay cannot follow) every step runs eagerly, and the reason is
- * printed once on stderr. */
+ * printed once on stderr. Everything else a step's kernels take by value is baked in at
+ * capture: change another hyper-parameter (momentum, weight decay) with a new graph. */
 typedef struct umt_step_graph umt_step_graph;
 typedef umt_tensor *(*umt_step_fn)(umt_context *ctx, void *user, const void *input, size_t input_bytes);
 

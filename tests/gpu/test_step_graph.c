@@ -49,6 +49,7 @@ typedef struct {
     float *parameters; /* every parameter, concatenated */
     int64_t parameter_count;
     umt_step_graph_stats stats;
+    bool off_reason; /* the graph turned itself off */
     double accuracy;
 } run_result;
 
@@ -102,6 +103,7 @@ typedef struct {
     mnist_cnn model;
     umt_optimizer *opt;
     umt_dataset *data;
+    bool reads_loss; /* the step reads its loss back (a wait no capture allows) */
 } trainer;
 
 static umt_tensor *step(umt_context *ctx, void *user, const void *input, size_t input_bytes) {
@@ -113,6 +115,8 @@ static umt_tensor *step(umt_context *ctx, void *user, const void *input, size_t 
         return NULL;
     umt_tensor *loss = umt_nll_loss(ctx, mnist_cnn_forward(ctx, &t->model, images), labels);
     if (!loss || umt_backward_scaled(ctx, loss, t->opt) || umt_optimizer_step(t->opt)) return NULL;
+    float value;
+    if (t->reads_loss && umt_tensor_get_f32(loss, 0, &value)) return NULL;
     return loss;
 }
 
@@ -150,14 +154,14 @@ static double evaluate(umt_context *ctx, trainer *t) {
     return 100.0 * (double)correct / SAMPLES;
 }
 
-static void train(umt_precision precision, bool graph, run_result *out) {
+static void train_with(umt_precision precision, bool graph, bool reads_loss, run_result *out) {
     umt_context_options co = umt_context_defaults();
     co.device = UMT_DEVICE_CUDA;
     co.seed = 5;
     co.precision = precision;
     umt_context *ctx = NULL;
     EXPECT_OK(umt_context_create(&co, &ctx));
-    trainer t;
+    trainer t = {.reads_loss = reads_loss};
     char images_path[128], labels_path[128];
     snprintf(images_path, sizeof images_path, "%s/images", dir);
     snprintf(labels_path, sizeof labels_path, "%s/labels", dir);
@@ -183,9 +187,12 @@ static void train(umt_precision precision, bool graph, run_result *out) {
     }
     assert_int_equal(umt_optimizer_steps(t.opt), STEPS);
     out->stats = umt_step_graph_stats_get(g);
+    out->off_reason = umt_step_graph_off_reason(g) != NULL;
     copy_parameters(ctx, out);
     umt_context_destroy(ctx);
 }
+
+static void train(umt_precision precision, bool graph, run_result *out) { train_with(precision, graph, false, out); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Comparison                                                                                  */
@@ -250,6 +257,24 @@ static void test_graph_replays_follow_the_loss_scale_in_fp16(void **state) {
     check_precision(UMT_PRECISION_FP16);
 }
 
+/* A step that waits for the GPU (it reads its loss back) cannot be captured: the first capture
+ * fails, the graph turns itself off, and every step runs eagerly, with the capture's host
+ * effects (dropout draws, the optimizer's step count) taken back, so the losses and parameters
+ * are still those of the eager run. */
+static void test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_losses(void **state) {
+    (void)state;
+    run_result eager = {0}, fallback = {0};
+    train(UMT_PRECISION_FP32, false, &eager);
+    train_with(UMT_PRECISION_FP32, true, true, &fallback);
+    assert_true(fallback.off_reason);
+    assert_int_equal(fallback.stats.captures, 0);
+    assert_int_equal(fallback.stats.replayed_steps, 0);
+    assert_int_equal(fallback.stats.eager_steps, STEPS);
+    expect_same_run("fallback", &fallback, &eager, true);
+    free(eager.parameters);
+    free(fallback.parameters);
+}
+
 /* The same API on the CPU: no capture, every step eager, same loss bookkeeping. */
 static void test_cpu_steps_run_eagerly(void **state) {
     (void)state;
@@ -271,6 +296,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_graph_replays_give_the_eager_losses_in_fp32),
         cmocka_unit_test(test_graph_replays_follow_the_loss_scale_in_fp16),
+        cmocka_unit_test(test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_losses),
         cmocka_unit_test(test_cpu_steps_run_eagerly),
     };
     return cmocka_run_group_tests(tests, write_dataset, NULL);
