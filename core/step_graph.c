@@ -212,7 +212,8 @@ static bool still_fits(umt_step_graph *g, size_t input_bytes) {
 umt_status umt_step_graph_run(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
                               size_t input_bytes) {
     if (!g || !step || (!input && input_bytes))
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_run: %s is NULL", !g ? "graph" : !step ? "step" : "input");
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_run: %s is NULL",
+                        !g ? "graph" : !step ? "step" : "input");
 #ifdef UMT_WITH_CUDA
     if (g->capture && !g->off_reason) {
         if (g->exec && still_fits(g, input_bytes)) return replay(g, input);
@@ -240,7 +241,8 @@ static void release(void *object) {
 }
 
 umt_status umt_step_graph_create(umt_context *ctx, bool capture, umt_step_graph **out) {
-    if (!ctx || !out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_create: %s is NULL", ctx ? "out" : "ctx");
+    if (!ctx || !out)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_create: %s is NULL", ctx ? "out" : "ctx");
     *out = NULL;
     umt_step_graph *g = calloc(1, sizeof *g);
     if (!g) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_step_graph_create: no memory for the graph");

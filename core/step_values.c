@@ -108,7 +108,8 @@ umt_status umt_step_values_input(umt_context *ctx, const void *src, size_t bytes
             v->unreplayable = "the step read host memory other than its input (a replay could not follow it)";
             return UMT_OK;
         }
-        return add_record(v, (umt_step_value_record){offset, bytes, NULL, NULL, NULL, (size_t)((const char *)src - input)});
+        size_t input_offset = (size_t)((const char *)src - input);
+        return add_record(v, (umt_step_value_record){offset, bytes, NULL, NULL, NULL, input_offset});
     }
 #ifdef UMT_WITH_CUDA
     /* From pinned memory: queued, the host goes on; the slot's event guards the buffer. */

@@ -134,7 +134,8 @@ static int parse_options(int argc, char **argv, options *o) {
      * which a forked rank could then no longer use. */
     *o = (options){.epochs = 5, .batch_size = 64, .test_batch_size = 1000, .lr = 1.0f, .gamma = 0.7f,
                    .optimizer = "adadelta", .data_dir = "data/mnist", .seed = 1, .memory_mode = UMT_MEM_MANAGED,
-                   .log_every = 100, .gpus = 1, .graph = true, .input = example_input_defaults(), .dist = umt_dist_defaults()};
+                   .log_every = 100, .gpus = 1, .graph = true, .input = example_input_defaults(),
+                   .dist = umt_dist_defaults()};
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);

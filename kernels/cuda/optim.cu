@@ -170,7 +170,9 @@ static __global__ void multi_update_kernel(multi_table table, umt_update_rule ru
     int64_t end = begin + MULTI_CHUNK < x.n ? begin + MULTI_CHUNK : x.n;
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
         switch (rule.kind) {
-        case UMT_OPT_SGD: sgd_element(x.param, x.grad, x.state0, i, lr, rule.momentum, rule.weight_decay, fusion); break;
+        case UMT_OPT_SGD:
+            sgd_element(x.param, x.grad, x.state0, i, lr, rule.momentum, rule.weight_decay, fusion);
+            break;
         case UMT_OPT_ADAM:
         case UMT_OPT_ADAMW:
             adam_element(x.param, x.grad, x.state0, x.state1, i, rule.beta1, rule.beta2, rule.eps, rule.weight_decay,

@@ -539,7 +539,8 @@ static void test_multi_tensor_update_matches_the_per_tensor_updates_bit_for_bit(
     umt_update_rule rules[] = {
         {.kind = UMT_OPT_SGD, .lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-2f},
         {.kind = UMT_OPT_SGD, .lr = 0.1f},
-        {.kind = UMT_OPT_ADAM, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-2f, .step = 3},
+        {.kind = UMT_OPT_ADAM, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-2f,
+         .step = 3},
         {.kind = UMT_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-2f,
          .decoupled = true, .step = 3},
         {.kind = UMT_OPT_ADADELTA, .lr = 1.0f, .rho = 0.9f, .eps = 1e-6f, .weight_decay = 1e-2f},
