@@ -143,8 +143,10 @@ typedef struct umt_backend {
 
     /* --- dropout: element i is kept when umt_dropout_keep(seed, i, p) (core/backend.h), the
      *     same counter-based draw on every backend; kept elements are scaled by 1/(1-p).
-     *     mask[i] = 1 if kept, else 0; dx accumulates --- */
-    umt_status (*dropout_forward)(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed);
+     *     mask[i] = 1 if kept, else 0; dx accumulates. A non-NULL seed_on_device is read (in
+     *     stream order) instead of seed: a CUDA graph replays with a new seed there --- */
+    umt_status (*dropout_forward)(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed,
+                                  const uint64_t *seed_on_device);
     umt_status (*dropout_backward)(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
 
     /* --- batch norm over channels of x [n,c,hw] (spatial): training uses the batch's mean and
@@ -184,7 +186,7 @@ typedef struct umt_backend {
     umt_status (*relu_lp)(umt_dtype dtype, const void *x, void *y, int64_t n);
     umt_status (*relu_backward_lp)(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n);
     umt_status (*dropout_forward_lp)(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n, float p,
-                                     uint64_t seed);
+                                     uint64_t seed, const uint64_t *seed_on_device);
     umt_status (*dropout_backward_lp)(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx, int64_t n,
                                       float p);
     /* Convolution on bf16/f16 NHWC tensors; dw is an f32 gradient (accumulated) */
@@ -230,6 +232,11 @@ typedef struct umt_backend {
     umt_status (*adadelta_update_fused)(float *param, const float *grad, float *square_avg, float *delta_avg,
                                         int64_t n, float lr, float rho, float eps, float weight_decay,
                                         umt_update_fusion fusion);
+    /* The fused update of rule.kind over count tensors at once (CUDA: one launch per 32), bit
+     * for bit the per-tensor slots above. common gives scalars, lr_on_device and lowp_dtype;
+     * each tensor its own lowp copy and layout. */
+    umt_status (*multi_update)(const umt_update_tensor *tensors, int count, umt_update_rule rule,
+                               umt_update_fusion common);
 } umt_backend;
 
 /* Dropout's draw for element i: a counter-based hash of (seed, i) -> uniform in [0, 1),

@@ -70,6 +70,7 @@ void umt_context_destroy(umt_context *ctx) {
     umt_tape_release(&ctx->tape);
     umt_trace_close(ctx->memory.trace);
     ctx->memory.trace = NULL;
+    umt_step_values_release(ctx);
     /* The device's stream may still be using pool memory: stop it first. */
     umt_device_stop(ctx);
     umt_memory_release(&ctx->memory);

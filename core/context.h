@@ -9,6 +9,7 @@
 #include "core/backend.h"
 #include "core/offload.h"
 #include "core/rng.h"
+#include "core/step_values.h"
 #include "core/tape.h"
 #include "memory/pool.h"
 #include "umtrain.h"
@@ -40,6 +41,7 @@ struct umt_context {
     double timer_start_s; /* umt_timer_start's clock reading (CPU) */
     void *conv_workspace; /* one growing block of the workspace pool, shared by conv calls */
     size_t conv_workspace_bytes;
+    umt_step_values values; /* the step's host values on their way to the kernels */
     umt_owned *owned;
     umt_grad_ready_fn grad_ready;
     void *grad_ready_user;

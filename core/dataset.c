@@ -13,6 +13,7 @@
 #include "core/context.h"
 #include "core/error.h"
 #include "core/idx.h"
+#include "core/step_values.h"
 #include "core/tensor.h"
 
 struct umt_dataset {
@@ -153,11 +154,10 @@ umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int6
     umt_tensor *y = x ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, 1, (int64_t[]){count}) : NULL;
     /* Both live in the step arena, freed by the next umt_step_begin even when this fails. */
     if (!y) return umt_last_status();
-    /* The kernel reads the indices where it runs: they go into the step arena first. */
+    /* The kernel reads the indices where it runs: they travel with the step's values, a queued
+     * copy from pinned memory (core/step_values.h), so the host does not wait for them. */
     void *device_indices = NULL;
-    size_t index_bytes = (size_t)count * sizeof *indices;
-    UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_ACTIVATIONS, index_bytes, &device_indices));
-    UMT_TRY(ctx->backend->upload(device_indices, indices, index_bytes));
+    UMT_TRY(umt_step_values_input(ctx, indices, (size_t)count * sizeof *indices, &device_indices));
     UMT_TRY(ctx->backend->gather_batch(ds->samples->data, ds->labels->data, device_indices, count,
                                        ds->chw[0] * ds->chw[1] * ds->chw[2], mean, std, x->data, y->data));
     *images = x;

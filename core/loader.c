@@ -298,6 +298,9 @@ umt_status umt_loader_next(umt_loader *l, umt_tensor **images, umt_tensor **labe
     if (images) *images = NULL;
     if (labels) *labels = NULL;
     if (!l || !images || !labels) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_next: NULL argument");
+    /* Each batch is a different slot with its own events: a replay could not follow. */
+    if (l->ctx->values.recording)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "umt_loader_next: a step graph cannot replay the loader's batches");
     /* Only this thread moves next_take; the threads read it under lock. */
     int64_t batch = l->next_take;
     if (batch >= l->batches) return UMT_OK;

@@ -31,6 +31,10 @@ umt_tensor *umt_op_finish_with(umt_context *ctx, umt_status kernel_status, const
                                umt_tensor *out, umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2,
                                int64_t param0, int64_t param1, float fparam);
 
+/* A dropout op's seed (core/ops_dropout.c): a draw of the context's RNG, or, while a step graph
+ * is recorded, *seed_on_device: where each replay puts its own draw. */
+umt_status umt_dropout_seed(umt_context *ctx, uint64_t *seed, void **seed_on_device);
+
 /* Input i's gradient if it takes one, else NULL (backward functions skip NULL gradients). */
 static inline void *umt_input_grad(const umt_node *node, int i) {
     umt_tensor *t = node->inputs[i];

@@ -95,15 +95,16 @@ umt_tensor *umt_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, int64_t wind
     int32_t *argmax = saved->data;
     uint8_t *mask = (uint8_t *)(argmax + y->numel);
     /* One draw, after the pool, as umt_dropout would make it: the same run from the same seed. */
-    uint64_t seed = umt_rng_next(&ctx->rng);
+    uint64_t seed;
+    void *seed_on_device;
+    umt_status st = umt_dropout_seed(ctx, &seed, &seed_on_device);
     const umt_backend *be = ctx->backend;
-    umt_status st;
-    if (umt_dtype_is_lowp(s.dtype)) {
+    if (st == UMT_OK && umt_dtype_is_lowp(s.dtype)) {
         st = be->max_pool_forward_lp(&s, x->data, y->data, argmax);
-        if (st == UMT_OK) st = be->dropout_forward_lp(s.dtype, y->data, y->data, mask, y->numel, p, seed);
-    } else {
+        if (st == UMT_OK) st = be->dropout_forward_lp(s.dtype, y->data, y->data, mask, y->numel, p, seed, seed_on_device);
+    } else if (st == UMT_OK) {
         st = be->max_pool_forward(&s, x->data, y->data, argmax);
-        if (st == UMT_OK) st = be->dropout_forward(y->data, y->data, mask, y->numel, p, seed);
+        if (st == UMT_OK) st = be->dropout_forward(y->data, y->data, mask, y->numel, p, seed, seed_on_device);
     }
     return umt_op_finish_with(ctx, st, "umt_max_pool2d_dropout", max_pool_dropout_backward, y, saved, x, NULL, NULL,
                               window, stride, p);

@@ -43,6 +43,7 @@ struct umt_optimizer {
      * UMT_GRAD_SUMSQ_PARTIALS doubles per slot for the sum of squares. */
     umt_tensor *scalars;
     umt_tensor *partials;
+    umt_update_tensor *tensors; /* slot_count entries: the multi-tensor update's list */
 };
 
 /* ----------------------------------------------------------------------------------------- */
@@ -72,7 +73,7 @@ umt_optimizer_options umt_optimizer_defaults(umt_optimizer_kind kind) {
         .beta1 = 0.9f, .beta2 = 0.999f, .rho = 0.9f, .eps = 1e-8f,
         /* PyTorch's GradScaler: init_scale 2^16, growth_interval 2000; clipping off. */
         .max_grad_norm = 0.0f, .loss_scaling = false, .loss_scale_init = 65536.0f,
-        .loss_scale_growth_interval = 2000,
+        .loss_scale_growth_interval = 2000, .multi_tensor = true,
     };
     switch (kind) {
     case UMT_OPT_SGD: o.lr = 1e-2f; break;
@@ -157,6 +158,7 @@ static void release(void *object) {
         for (int s = 0; s < UMT_OPTIM_MAX_STATE; ++s) umt_tensor_free(opt->slots[i].state[s]);
     umt_tensor_free(opt->scalars);
     umt_tensor_free(opt->partials);
+    free(opt->tensors);
     free(opt->slots);
     free(opt);
 }
@@ -209,11 +211,13 @@ umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *o
         return umt_fail(UMT_ERR_STATE, "umt_optimizer_create: the context has no parameters (create the model first)");
     umt_optimizer *opt = calloc(1, sizeof *opt);
     umt_optim_slot *slots = opt ? calloc((size_t)count, sizeof *slots) : NULL;
-    if (!slots) {
+    umt_update_tensor *tensors = slots ? calloc((size_t)count, sizeof *tensors) : NULL;
+    if (!tensors) {
+        free(slots);
         free(opt);
         return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_optimizer_create: no memory for %d parameter slots", count);
     }
-    *opt = (umt_optimizer){.ctx = ctx, .options = *options, .slot_count = count, .slots = slots};
+    *opt = (umt_optimizer){.ctx = ctx, .options = *options, .slot_count = count, .slots = slots, .tensors = tensors};
     for (int i = 0; i < count; ++i) slots[i].param = umt_parameter_at(ctx, i);
     umt_status st = alloc_state(opt);
     if (st == UMT_OK) st = alloc_step_scalars(opt);
@@ -252,12 +256,14 @@ static umt_status update_arrays(const umt_optimizer *opt, const umt_backend *be,
     return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_step: kind %d", (int)o->kind);
 }
 
-static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *slot, int64_t step) {
+static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *slot, int64_t step,
+                              const float *lr_on_device) {
     float *s0 = slot->state[0] ? slot->state[0]->data : NULL;
     float *s1 = slot->state[1] ? slot->state[1]->data : NULL;
     const umt_tensor *lowp = slot->param->lowp;
     umt_update_fusion fusion = {
         .scalars = opt->scalars ? opt->scalars->data : NULL,
+        .lr_on_device = lr_on_device,
         .lowp = lowp ? lowp->data : NULL,
         .lowp_dtype = lowp ? lowp->dtype : UMT_F32,
     };
@@ -328,9 +334,41 @@ umt_status umt_optimizer_update_one(const umt_optimizer *opt, const umt_tensor *
                     p->name ? p->name : "a parameter");
 }
 
+/* Every parameter's update in one backend call (one launch per 32 parameters on CUDA), the
+ * same arithmetic as update_slot's per-parameter calls. */
+static umt_status update_all(const umt_optimizer *opt, int64_t step, const float *lr_on_device) {
+    const umt_optimizer_options *o = &opt->options;
+    for (int i = 0; i < opt->slot_count; ++i) {
+        const umt_optim_slot *slot = &opt->slots[i];
+        const umt_tensor *lowp = slot->param->lowp;
+        bool nhwc = lowp && lowp->nhwc; /* a conv weight's copy is K,R,S,C (core/precision.c) */
+        opt->tensors[i] = (umt_update_tensor){
+            .param = slot->param->data, .grad = slot->param->grad->data,
+            .state0 = slot->state[0] ? slot->state[0]->data : NULL,
+            .state1 = slot->state[1] ? slot->state[1]->data : NULL,
+            .lowp = lowp ? lowp->data : NULL, .n = slot->param->numel,
+            .lowp_channels = nhwc ? lowp->shape[1] : 0, .lowp_pixels = nhwc ? lowp->shape[2] * lowp->shape[3] : 0,
+        };
+    }
+    /* Every copy has the context's compute dtype. */
+    umt_update_fusion common = {
+        .scalars = opt->scalars ? opt->scalars->data : NULL,
+        .lr_on_device = lr_on_device,
+        .lowp_dtype = UMT_F32,
+    };
+    for (int i = 0; i < opt->slot_count; ++i)
+        if (opt->slots[i].param->lowp) common.lowp_dtype = opt->slots[i].param->lowp->dtype;
+    umt_update_rule rule = {
+        .kind = o->kind, .lr = o->lr, .momentum = o->momentum, .weight_decay = o->weight_decay,
+        .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .rho = o->rho,
+        .decoupled = o->kind == UMT_OPT_ADAMW, .step = step,
+    };
+    return opt->ctx->backend->multi_update(opt->tensors, opt->slot_count, rule, common);
+}
+
 /* On the device, in stream order: every gradient's share of the sum of squares, then the one
  * thread that decides the step (skip, multiplier, Adam's factors, the loss scale). */
-static umt_status prepare_step(const umt_optimizer *opt) {
+static umt_status prepare_step(const umt_optimizer *opt, const float *lr_on_device) {
     const umt_backend *be = opt->ctx->backend;
     const umt_optimizer_options *o = &opt->options;
     double *partials = opt->partials->data;
@@ -343,10 +381,40 @@ static umt_status prepare_step(const umt_optimizer *opt) {
         .loss_scaling = o->loss_scaling,
         .growth_interval = o->loss_scale_growth_interval,
         .adam = o->kind == UMT_OPT_ADAM || o->kind == UMT_OPT_ADAMW,
-        .lr = o->lr, .beta1 = o->beta1, .beta2 = o->beta2,
+        .lr = o->lr, .beta1 = o->beta1, .beta2 = o->beta2, .lr_on_device = lr_on_device,
     };
     return be->step_prepare(opt->scalars->data, partials, (int64_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS,
                             options);
+}
+
+/* What a replay of a captured step (core/step_graph.c) redoes for the optimizer: the rate of
+ * the step, written where the kernels read it, and the host's count of steps. */
+static void write_lr(void *object, void *dst, size_t bytes) {
+    memcpy(dst, &((umt_optimizer *)object)->options.lr, bytes);
+}
+
+static void count_step(void *object, void *dst, size_t bytes) {
+    (void)dst;
+    (void)bytes;
+    ((umt_optimizer *)object)->steps++;
+}
+
+static void uncount_step(void *object, void *dst, size_t bytes) {
+    (void)dst;
+    (void)bytes;
+    ((umt_optimizer *)object)->steps--;
+}
+
+static umt_status record_for_replay(umt_optimizer *opt, const float **lr_on_device) {
+    umt_context *ctx = opt->ctx;
+    bool adam = opt->options.kind == UMT_OPT_ADAM || opt->options.kind == UMT_OPT_ADAMW;
+    /* Without step scalars Adam's bias correction comes from the host's step count, by value. */
+    if (adam && !opt->scalars)
+        ctx->values.unreplayable = "Adam without step scalars (clipping or loss scaling) counts its steps on the host";
+    void *lr = NULL;
+    UMT_TRY(umt_step_values_remade(ctx, sizeof(float), write_lr, opt, &lr));
+    *lr_on_device = lr;
+    return UMT_OK;
 }
 
 umt_status umt_optimizer_step(umt_optimizer *opt) {
@@ -366,14 +434,23 @@ umt_status umt_optimizer_step(umt_optimizer *opt) {
                             "elements (expected %lld)", p->name ? p->name : "(unnamed)", (long long)p->lowp->numel,
                             (long long)p->numel);
     }
-    if (opt->scalars) UMT_TRY(prepare_step(opt));
+    const float *lr_on_device = NULL;
+    if (opt->ctx->values.recording) UMT_TRY(record_for_replay(opt, &lr_on_device));
+    if (opt->scalars) UMT_TRY(prepare_step(opt, lr_on_device));
     int64_t step = opt->steps + 1;
-    for (int i = 0; i < opt->slot_count; ++i) {
-        const umt_optim_slot *slot = &opt->slots[i];
-        if (!umt_offload_involves(slot->param, slot->state[0], slot->state[1])) UMT_TRY(update_slot(opt, slot, step));
+    /* One launch for every parameter, unless the offload tier holds some: they go through it. */
+    if (opt->ctx->backend->multi_update && opt->options.multi_tensor && !opt->ctx->offload) {
+        UMT_TRY(update_all(opt, step, lr_on_device));
+    } else {
+        for (int i = 0; i < opt->slot_count; ++i) {
+            const umt_optim_slot *slot = &opt->slots[i];
+            if (!umt_offload_involves(slot->param, slot->state[0], slot->state[1]))
+                UMT_TRY(update_slot(opt, slot, step, lr_on_device));
+        }
+        UMT_TRY(update_offloaded(opt, step));
     }
-    UMT_TRY(update_offloaded(opt, step));
     opt->steps = step;
+    if (opt->ctx->values.recording) return umt_step_values_host_effect(opt->ctx, count_step, uncount_step, opt);
     return UMT_OK;
 }
 

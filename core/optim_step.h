@@ -57,6 +57,7 @@ typedef struct {
     int32_t growth_interval;
     bool adam; /* compute Adam's factors from lr, beta1, beta2 */
     float lr, beta1, beta2;
+    const float *lr_on_device; /* non-NULL: lr is read here instead (a CUDA graph's replays) */
 } umt_step_options;
 
 /* What a fused update adds to the plain one; all zero is exactly the plain update:
@@ -67,13 +68,37 @@ typedef struct {
  *             master (round to nearest even) in the same pass;
  *   lowp_channels, lowp_pixels — 0: lowp in the master's order. Else the master is [k,
  *             lowp_channels, lowp_pixels] (a conv weight K,C,R,S) and lowp is stored K,R,S,C,
- *             the NHWC layout of core/precision.h: element i goes to umt_lowp_index. */
+ *             the NHWC layout of core/precision.h: element i goes to umt_lowp_index;
+ *   lr_on_device — NULL, or where the kernel reads the learning rate (in stream order) instead
+ *             of its lr argument: a captured step replays with each step's rate. Adam takes it
+ *             only with scalars (its step size is then the scalars'), and for AdamW's decay. */
 typedef struct {
     const umt_step_scalars *scalars;
+    const float *lr_on_device;
     void *lowp;
     umt_dtype lowp_dtype;
     int64_t lowp_channels, lowp_pixels;
 } umt_update_fusion;
+
+/* One parameter of a multi-tensor update: its buffers (state1 NULL for SGD, both state buffers
+ * NULL for SGD without momentum) and its low-precision copy as in umt_update_fusion. */
+typedef struct {
+    float *param;
+    const float *grad;
+    float *state0, *state1;
+    void *lowp;
+    int64_t n;
+    int64_t lowp_channels, lowp_pixels;
+} umt_update_tensor;
+
+/* The rule and hyper-parameters every tensor of a multi-tensor update shares (PyTorch's names;
+ * the fields a kind does not use are ignored). */
+typedef struct {
+    umt_optimizer_kind kind;
+    float lr, momentum, weight_decay, beta1, beta2, eps, rho;
+    bool decoupled; /* AdamW */
+    int64_t step;   /* Adam without step scalars: the step counting from 1 */
+} umt_update_rule;
 
 /* Where master element i lands in the compute copy (see umt_update_fusion). */
 #ifdef __CUDACC__
@@ -123,7 +148,8 @@ static inline void umt_step_finish(umt_step_scalars *s, double sumsq, umt_step_o
             /* As kernels/cpu/optim.c computes them from a host step, in double. */
             double bias_correction1 = 1.0 - pow(o.beta1, (double)s->applied_steps);
             double bias_correction2 = 1.0 - pow(o.beta2, (double)s->applied_steps);
-            s->adam_step_size = (float)(o.lr / bias_correction1);
+            double lr = o.lr_on_device ? *o.lr_on_device : o.lr;
+            s->adam_step_size = (float)(lr / bias_correction1);
             s->adam_bias_correction2_sqrt = (float)sqrt(bias_correction2);
         }
     }

@@ -60,6 +60,11 @@ umt_status umt_step_begin(umt_context *ctx) {
     for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->pending_uses = 0;
     UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_ACTIVATIONS));
     UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_WORKSPACE));
+    /* The offload tier waits on events and plans on the host each step: nothing a replay redoes. */
+    if (ctx->offload && ctx->values.recording) {
+        ctx->values.unreplayable = "the context offloads to host memory (core/offload.h)";
+        return umt_fail(UMT_ERR_UNSUPPORTED, "step graph: %s", ctx->values.unreplayable);
+    }
     if (ctx->memory.trace) {
         char mark[32];
         snprintf(mark, sizeof mark, "step %lld", (long long)ctx->steps_begun);
@@ -67,7 +72,8 @@ umt_status umt_step_begin(umt_context *ctx) {
     }
     ctx->steps_begun++;
     /* The first step of an offloading context plans; later ones restart its prefetch order. */
-    return umt_offload_step_begin(ctx);
+    UMT_TRY(umt_offload_step_begin(ctx));
+    return umt_step_values_begin(ctx);
 }
 
 umt_status umt_zero_grad(umt_context *ctx) {
@@ -98,6 +104,9 @@ static umt_status announce_finished_parameters(umt_context *ctx, const umt_node 
         umt_tensor *p = node->inputs[i];
         if (!p->is_parameter || --p->pending_uses != 0) continue;
         UMT_TRY(umt_offload_gradient_ready(ctx, p));
+        /* The hook's host work (data parallelism's buckets) would not run in a replay. */
+        if (ctx->grad_ready && ctx->values.recording)
+            ctx->values.unreplayable = "a grad-ready hook (data parallelism) works on the host during backward";
         if (ctx->grad_ready) ctx->grad_ready(p, ctx->grad_ready_user);
     }
     return UMT_OK;

@@ -16,6 +16,10 @@
  * --save, a checkpoint is written (atomically) after each epoch, and --resume continues from one
  * exactly as if the run had not stopped.
  *
+ * Steps (include/umtrain.h, umt_step_graph): on a GPU a whole training step is captured once
+ * into a CUDA graph and replayed, one launch per step (--graph off: every step launched op by
+ * op); losses stay on the device and are read only at the progress lines.
+ *
  * Precision (core/precision.h): bf16 on GPUs that have it, else fp32; fp16 turns on dynamic loss
  * scaling and reports the steps it skipped. --clip-grad-norm clips by the global norm.
  * --fuse off runs each layer, ReLU, log-softmax and NLL as separate ops (fused by default).
@@ -54,7 +58,7 @@ typedef struct {
     bool device_set;
     umt_memory_mode memory_mode;
     int log_every, bench_steps, gpus;
-    bool fuse;
+    bool fuse, graph;
     example_input_flags input;
     umt_dist_options dist;
 } options;
@@ -65,14 +69,15 @@ static void usage(FILE *out) {
                  "                 [--mem managed|managed-plain|device] [--data-dir DIR] [--train-limit N]\n"
                  "                 [--log-every N] [--save PATH] [--resume PATH] [--bench STEPS]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
-                 "                 [--fuse on|off]\n"
+                 "                 [--fuse on|off] [--graph on|off]\n"
                  EXAMPLE_INPUT_USAGE
                  "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
                  "defaults: 5 epochs, batch 64, test batch 1000, adadelta lr 1.0, gamma 0.7, seed 1, data/mnist,\n"
                  "          cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16\n"
                  "          tensor cores (else fp32), fused ops on, no clipping, data on the GPU when it fits (else pinned\n"
                  "          prefetch 4 deep with 1 loader thread); 1 GPU, buckets of 25 MiB reduced in f32,\n"
-                 "          timeout 300 s. With --gpus N (or under mpirun) --batch-size is per GPU.\n");
+                 "          timeout 300 s, graph on (one CUDA graph launch per step, on one GPU with the data\n"
+                 "          on it). With --gpus N (or under mpirun) --batch-size is per GPU.\n");
 }
 
 static int parse_reduce(options *o, const char *value) {
@@ -82,11 +87,10 @@ static int parse_reduce(options *o, const char *value) {
     return -1;
 }
 
-/* --fuse: each layer with its ReLU as one op, log-softmax with NLL as one (mnist_cnn_model.h). */
-static int parse_fuse(options *o, const char *value) {
-    o->fuse = !strcmp(value, "on");
-    if (o->fuse || !strcmp(value, "off")) return 0;
-    fprintf(stderr, "%s: --fuse '%s': expected on or off\n", program, value);
+static int parse_on_off(const char *flag, const char *value, bool *out) {
+    *out = !strcmp(value, "on");
+    if (*out || !strcmp(value, "off")) return 0;
+    fprintf(stderr, "%s: %s '%s': expected on or off\n", program, flag, value);
     return -1;
 }
 
@@ -108,7 +112,9 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--bucket-mb")) bad = example_number(program, flag, value, 0.001, 1e5, &v), o->dist.bucket_bytes = (size_t)(v * (1 << 20));
     else if (!strcmp(flag, "--dist-timeout")) bad = example_number(program, flag, value, 1, 1e6, &v), o->dist.timeout_s = v;
     else if (!strcmp(flag, "--reduce")) bad = parse_reduce(o, value);
-    else if (!strcmp(flag, "--fuse")) bad = parse_fuse(o, value);
+    /* --fuse: each layer with its ReLU as one op, log-softmax with NLL as one (mnist_cnn_model.h). */
+    else if (!strcmp(flag, "--fuse")) bad = parse_on_off(flag, value, &o->fuse);
+    else if (!strcmp(flag, "--graph")) bad = parse_on_off(flag, value, &o->graph);
     else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device)), o->device_set = true;
     else if (!strcmp(flag, "--mem")) bad = example_check(program, umt_memory_mode_parse(value, &o->memory_mode));
     else if (!strcmp(flag, "--clip-grad-norm")) bad = example_number(program, flag, value, 1e-9, 1e9, &v), o->clip_grad_norm = (float)v;
@@ -131,7 +137,8 @@ static int parse_options(int argc, char **argv, options *o) {
      * which a forked rank could then no longer use. */
     *o = (options){.epochs = 5, .batch_size = 64, .test_batch_size = 1000, .lr = 1.0f, .gamma = 0.7f,
                    .optimizer = "adadelta", .data_dir = "data/mnist", .seed = 1, .memory_mode = UMT_MEM_MANAGED,
-                   .log_every = 100, .gpus = 1, .fuse = true, .input = example_input_defaults(), .dist = umt_dist_defaults()};
+                   .log_every = 100, .gpus = 1, .fuse = true, .graph = true, .input = example_input_defaults(),
+                   .dist = umt_dist_defaults()};
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -160,6 +167,7 @@ typedef struct {
     int64_t *order;
     bool loss_scaling;
     umt_dist *dist;
+    umt_step_graph *graph;
     int rank, ranks; /* only rank 0 prints and saves */
 } run_state;
 
@@ -180,6 +188,16 @@ static umt_tensor *train_step(run_state *r, const int64_t *indices, int64_t coun
     return loss;
 }
 
+/* train_step as the step graph calls it: the input is the step's sample indices. */
+static umt_tensor *graph_step(umt_context *ctx, void *user, const void *input, size_t input_bytes) {
+    (void)ctx;
+    return train_step(user, input, (int64_t)(input_bytes / sizeof(int64_t)));
+}
+
+static umt_status run_step(run_state *r, const int64_t *indices, int64_t count) {
+    return umt_step_graph_run(r->graph, graph_step, r, indices, r->loader ? 0 : (size_t)count * sizeof *indices);
+}
+
 static int64_t train_size(const run_state *r) { return r->loader ? umt_samples_size(r->train_host) : umt_dataset_size(r->train); }
 static int64_t test_size(const run_state *r) { return r->loader ? umt_samples_size(r->test_host) : umt_dataset_size(r->test); }
 
@@ -195,10 +213,15 @@ static int64_t start_epoch(run_state *r, int64_t n, int64_t global) {
     return steps;
 }
 
-/* The mean loss so far over every rank (a collective: every rank logs at the same steps). */
-static int log_progress(run_state *r, int epoch, int64_t step, int64_t steps, double loss_sum, double *window_start,
+/* The mean loss so far over every rank (a collective: every rank logs at the same steps); the
+ * steps' losses were summed on the device since the last line. */
+static int log_progress(run_state *r, int epoch, int64_t step, int64_t steps, double *loss_sum, double *window_start,
                         int64_t *window_images) {
-    double mean = loss_sum / (double)(step + 1);
+    double window_mean = 0;
+    int64_t window_steps = 0;
+    if (example_check(program, umt_step_graph_take_mean_loss(r->graph, &window_mean, &window_steps))) return -1;
+    *loss_sum += window_mean * (double)window_steps;
+    double mean = *loss_sum / (double)(step + 1);
     if (example_check(program, umt_dist_sum(r->dist, &mean, 1))) return -1;
     double now = example_seconds();
     if (r->rank == 0)
@@ -220,6 +243,12 @@ static int report_wait(run_state *r, int epoch, double epoch_s, int64_t steps) {
     return 0;
 }
 
+static void report_graph(const run_state *r) {
+    umt_step_graph_stats s = umt_step_graph_stats_get(r->graph);
+    printf("step graph: %lld captures, %lld steps replayed, %lld eager\n", (long long)s.captures,
+           (long long)s.replayed_steps, (long long)s.eager_steps);
+}
+
 static int train_epoch(run_state *r, const options *o, int epoch) {
     int64_t n = train_size(r);
     if (o->train_limit && o->train_limit < n) n = o->train_limit;
@@ -229,17 +258,15 @@ static int train_epoch(run_state *r, const options *o, int epoch) {
     for (int64_t step = 0; step < steps; ++step) {
         int64_t first = step * global, count = n - first < global ? n - first : global, offset, part;
         umt_dist_shard(count, r->rank, r->ranks, &offset, &part);
-        umt_tensor *loss = train_step(r, r->order + first + offset, part);
-        float value = 0;
-        if (!loss || umt_tensor_get_f32(loss, 0, &value)) return example_check(program, umt_last_status());
-        loss_sum += value;
+        if (example_check(program, run_step(r, r->order + first + offset, part))) return -1;
         window_images += count;
         if (((step + 1) % o->log_every == 0 || step + 1 == steps) &&
-            log_progress(r, epoch, step, steps, loss_sum, &window_start, &window_images))
+            log_progress(r, epoch, step, steps, &loss_sum, &window_start, &window_images))
             return -1;
     }
     double seconds = example_seconds() - start;
     if (r->rank == 0) printf("epoch %d trained in %.2f s\n", epoch + 1, seconds);
+    if (r->rank == 0 && epoch == 0) report_graph(r);
     if (r->rank == 0 && r->loss_scaling)
         printf("epoch %d loss scale %g, %lld steps skipped so far (inf/NaN gradients)\n", epoch + 1,
                umt_optimizer_loss_scale(r->opt), (long long)umt_optimizer_skipped_steps(r->opt));
@@ -274,7 +301,7 @@ static int bench(run_state *r, const options *o) {
     for (int i = 0; i < 20 + o->bench_steps; ++i) {
         if (i == 20 && example_check(program, umt_timer_start(r->ctx))) return -1;
         int64_t window = ((int64_t)i * r->ranks + r->rank) * batch % (n - batch + 1);
-        if (!train_step(r, r->order + window, batch)) return example_check(program, umt_last_status());
+        if (example_check(program, run_step(r, r->order + window, batch))) return -1;
     }
     double ms = 0;
     if (example_check(program, umt_timer_stop(r->ctx, &ms)) || example_check(program, umt_dist_max(r->dist, &ms, 1)))
@@ -284,6 +311,7 @@ static int bench(run_state *r, const options *o) {
         printf("bench: %d GPU(s), batch %lld per GPU, %d steps in %.3f s: %.0f images/s (%.3f ms/step)\n", r->ranks,
                (long long)batch, o->bench_steps, seconds, (double)batch * r->ranks * o->bench_steps / seconds,
                1e3 * seconds / o->bench_steps);
+        report_graph(r);
         umt_memory_report(r->ctx);
     }
     return 0;
@@ -406,6 +434,12 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     /* After the model: rank 0's initial parameters go to every rank. */
     if (example_check(program, umt_dist_create(r->ctx, process, &o->dist, &r->dist))) return -1;
     if (make_optimizer(r, o)) return -1;
+    /* A replay cannot take the loader's next batch or the ranks' all-reduce: those steps run
+     * op by op (say so when the graph was asked for). */
+    bool capture = o->graph && !r->loader && r->ranks == 1;
+    if (o->graph && !capture && o->device == UMT_DEVICE_CUDA && r->rank == 0)
+        printf("%s: --graph on needs one GPU and the data on it: every step runs op by op\n", program);
+    if (example_check(program, umt_step_graph_create(r->ctx, capture, &r->graph))) return -1;
     r->order = malloc((size_t)train_size(r) * sizeof *r->order);
     if (!r->order) fprintf(stderr, "%s: no memory for the shuffle order\n", program);
     return r->order ? 0 : -1;

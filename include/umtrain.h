@@ -400,6 +400,9 @@ typedef struct {
     bool loss_scaling;
     float loss_scale_init;          /* the first scale (> 0; PyTorch: 65536) */
     int loss_scale_growth_interval; /* clean steps before the scale doubles (>= 1; PyTorch: 2000) */
+    /* Every parameter's update in one launch (default) rather than one launch per parameter;
+     * the same arithmetic, bit for bit. */
+    bool multi_tensor;
 } umt_optimizer_options;
 
 /* PyTorch's defaults for the kind (SGD lr 0.01; Adam lr 1e-3; AdamW lr 1e-3 wd 1e-2;
@@ -431,6 +434,42 @@ float umt_optimizer_lr(const umt_optimizer *opt);
 /* Steps taken so far. */
 int64_t umt_optimizer_steps(const umt_optimizer *opt);
 void umt_optimizer_destroy(umt_optimizer *opt);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Whole training steps as one CUDA graph (core/step_graph.c)
+ *
+ * A step function does one whole training step: umt_step_begin, umt_zero_grad, forward, loss,
+ * backward, umt_optimizer_step, and returns the loss (one f32), or NULL on failure. The host
+ * data it changes from step to step (batch indices for umt_dataset_batch) must be read from
+ * `input`, and it must not wait for the GPU. umt_step_graph_run runs it eagerly for a few
+ * warm-up steps, then captures it once into a CUDA graph and from then on replays the graph
+ * with the next input: one launch per step. The learning rate, the fp16 loss scale and the
+ * dropout seeds are read from device memory, so schedules and dropout stay as in eager steps
+ * (the same losses in fp32, bit for bit). A step whose input size differs from the captured
+ * one (an epoch's last, shorter batch) runs eagerly; the graph is captured again when memory it
+ * baked in moved (the activation arena after an evaluation). Where capture is impossible (CPU,
+ * a failed capture, a step a replay cannot follow) every step runs eagerly, and the reason is
+ * printed once on stderr. Everything else a step's kernels take by value is baked in at
+ * capture: change another hyper-parameter (momentum, weight decay) with a new graph. */
+typedef struct umt_step_graph umt_step_graph;
+typedef umt_tensor *(*umt_step_fn)(umt_context *ctx, void *user, const void *input, size_t input_bytes);
+
+/* capture false: always eager (for comparison); the run still keeps its loss on the device. */
+umt_status umt_step_graph_create(umt_context *ctx, bool capture, umt_step_graph **out);
+/* One training step on input (input_bytes long), eagerly or by a replay. No host wait. */
+umt_status umt_step_graph_run(umt_step_graph *graph, umt_step_fn step, void *user, const void *input,
+                              size_t input_bytes);
+/* The last step's loss: a 1-element f32 tensor of the graph, rewritten by every step. */
+const umt_tensor *umt_step_graph_loss(const umt_step_graph *graph);
+/* The mean loss of the steps since the previous call, and their count; waits for the GPU. */
+umt_status umt_step_graph_take_mean_loss(umt_step_graph *graph, double *mean, int64_t *steps);
+typedef struct {
+    int64_t eager_steps, replayed_steps, captures;
+} umt_step_graph_stats;
+umt_step_graph_stats umt_step_graph_stats_get(const umt_step_graph *graph);
+/* Why steps run eagerly for good (NULL while capture is on or allowed). */
+const char *umt_step_graph_off_reason(const umt_step_graph *graph);
+void umt_step_graph_destroy(umt_step_graph *graph);
 
 /* Step decay: base_lr * gamma^(floor(epoch / step_size)). */
 float umt_lr_step(float base_lr, float gamma, int step_size, int epoch);

@@ -71,7 +71,7 @@ static void test_dropout_with_p_0_is_the_identity(void **state) {
     float *x = random_floats(DROPOUT_N), *y = random_floats(DROPOUT_N);
     uint8_t *mask = malloc(DROPOUT_N);
     assert_non_null(mask);
-    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, DROPOUT_N, 0.0f, 42), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, DROPOUT_N, 0.0f, 42, NULL), UMT_OK);
     assert_memory_equal(x, y, DROPOUT_N * sizeof *x);
     for (int64_t i = 0; i < DROPOUT_N; i++) assert_int_equal(mask[i], 1);
     free(x);
@@ -83,7 +83,7 @@ static void test_dropout_with_p_0_is_the_identity(void **state) {
 static int64_t check_dropout_forward(const float *x, float *y, uint8_t *mask, float p, uint64_t seed) {
     float scale = 1.0f / (1.0f - p);
     int64_t kept = 0;
-    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, DROPOUT_N, p, seed), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, DROPOUT_N, p, seed, NULL), UMT_OK);
     for (int64_t i = 0; i < DROPOUT_N; i++) {
         bool keep = umt_dropout_keep(seed, (uint64_t)i, p);
         assert_int_equal(mask[i], keep ? 1 : 0);
@@ -114,9 +114,9 @@ static void test_dropout_mask_repeats_for_a_seed_and_changes_with_it(void **stat
     float *x = random_floats(DROPOUT_N), *y = malloc(DROPOUT_N * sizeof *y);
     uint8_t *first = malloc(DROPOUT_N), *again = malloc(DROPOUT_N), *other = malloc(DROPOUT_N);
     assert_true(y && first && again && other);
-    assert_int_equal(umt_cpu_dropout_forward(x, y, first, DROPOUT_N, 0.5f, 77), UMT_OK);
-    assert_int_equal(umt_cpu_dropout_forward(x, y, again, DROPOUT_N, 0.5f, 77), UMT_OK);
-    assert_int_equal(umt_cpu_dropout_forward(x, y, other, DROPOUT_N, 0.5f, 78), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, first, DROPOUT_N, 0.5f, 77, NULL), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, again, DROPOUT_N, 0.5f, 77, NULL), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, other, DROPOUT_N, 0.5f, 78, NULL), UMT_OK);
     assert_memory_equal(first, again, DROPOUT_N);
     int64_t differ = 0;
     for (int64_t i = 0; i < DROPOUT_N; i++) differ += first[i] != other[i];
@@ -136,7 +136,7 @@ static void test_dropout_backward_accumulates_scaled_dy_where_kept(void **state)
     float *x = random_floats(N), *y = random_floats(N), *dy = random_floats(N), *dx = random_floats(N);
     float *dx_start = copy_floats(dx, N), p = 0.25f, scale = 1.0f / (1.0f - p);
     uint8_t mask[N];
-    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, N, p, 9), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, N, p, 9, NULL), UMT_OK);
     assert_int_equal(umt_cpu_dropout_backward(mask, dy, dx, N, p), UMT_OK);
     for (int64_t i = 0; i < N; i++) {
         assert_within(dx[i], mask[i] ? dx_start[i] + dy[i] * scale : dx_start[i], 0.0, "dropout dx", i);
@@ -152,9 +152,9 @@ static void test_dropout_refuses_p_outside_0_to_1(void **state) {
     (void)state;
     float x[2] = {1, 2}, y[2];
     uint8_t mask[2] = {1, 1};
-    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, 2, 1.0f, 0), UMT_ERR_INVALID_ARGUMENT);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, 2, 1.0f, 0, NULL), UMT_ERR_INVALID_ARGUMENT);
     assert_error_mentions("p = 1");
-    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, 2, -0.1f, 0), UMT_ERR_INVALID_ARGUMENT);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, 2, -0.1f, 0, NULL), UMT_ERR_INVALID_ARGUMENT);
     assert_int_equal(umt_cpu_dropout_backward(mask, x, y, 2, NAN), UMT_ERR_INVALID_ARGUMENT);
 }
 

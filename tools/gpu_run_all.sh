@@ -56,6 +56,9 @@ for precision in fp32 bf16; do
     while read -r line; do row "speed $precision ${line%%|*}" "${line#*|}"; done < <(grep '^| [0-9]' "$logs/speed_$precision.txt")
 done
 cat "$logs/speed_bf16.txt"
+# The whole-step CUDA graph off and on, bf16 (bench/graph_speed.sh: images/s of two runs each).
+bash bench/graph_speed.sh > "$logs/graph_speed.txt" 2>&1
+while read -r line; do row "graph off / on bf16 ${line%%|*}" "${line#*|}"; done < <(grep '^| [0-9]' "$logs/graph_speed.txt")
 
 # A model that needs more than the budget must fail cleanly, naming pool, request and what is left.
 log="$logs/budget_refusal.log"

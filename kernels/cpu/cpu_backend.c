@@ -73,6 +73,7 @@ static const umt_backend cpu_backend = {
     .sgd_update_fused = umt_cpu_sgd_update_fused,
     .adam_update_fused = umt_cpu_adam_update_fused,
     .adadelta_update_fused = umt_cpu_adadelta_update_fused,
+    .multi_update = umt_cpu_multi_update,
 };
 
 const umt_backend *umt_cpu_backend(void) { return &cpu_backend; }

@@ -93,7 +93,8 @@ umt_status umt_cpu_avg_pool_forward(const umt_pool_shape *shape, const float *x,
 umt_status umt_cpu_avg_pool_backward(const umt_pool_shape *shape, const float *dy, float *dx);
 
 /* dropout.c */
-umt_status umt_cpu_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed);
+umt_status umt_cpu_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed,
+                                   const uint64_t *seed_on_device);
 umt_status umt_cpu_dropout_backward(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
 
 /* batchnorm.c */
@@ -124,6 +125,8 @@ umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float 
                                          int64_t n, float lr, float rho, float eps, float weight_decay,
                                          umt_update_fusion fusion);
 umt_status umt_cpu_grad_sumsq(const float *grad, int64_t n, double *partials);
+umt_status umt_cpu_multi_update(const umt_update_tensor *tensors, int count, umt_update_rule rule,
+                                umt_update_fusion common);
 umt_status umt_cpu_step_prepare(umt_step_scalars *scalars, const double *partials, int64_t count,
                                 umt_step_options options);
 /* Shared with the CUDA backend: a low-precision copy must be bf16 or f16. */

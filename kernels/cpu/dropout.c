@@ -21,8 +21,10 @@ static umt_status check_dropout(const char *op, int64_t n, float p) {
     return UMT_OK;
 }
 
-umt_status umt_cpu_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed) {
+umt_status umt_cpu_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed,
+                                   const uint64_t *seed_on_device) {
     UMT_TRY(check_dropout("dropout_forward", n, p));
+    if (seed_on_device) seed = *seed_on_device;
     /* p = 0 gives scale 1 and keeps every element: y = x exactly. */
     float scale = 1.0f / (1.0f - p);
     for (int64_t i = 0; i < n; i++) {

@@ -46,6 +46,7 @@ umt_status umt_cpu_sgd_update_fused(float *param, const float *grad, float *velo
                         momentum);
     UMT_TRY(umt_update_fusion_check("sgd_update", fusion));
     if (fusion.scalars && fusion.scalars->found_inf) return UMT_OK;
+    if (fusion.lr_on_device) lr = *fusion.lr_on_device;
     for (int64_t i = 0; i < n; ++i) {
         float g = gradient_at(grad, i, fusion.scalars);
         g += weight_decay * param[i];
@@ -79,6 +80,7 @@ umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, 
     UMT_TRY(umt_update_fusion_check("adam_update", fusion));
     const umt_step_scalars *s = fusion.scalars;
     if (s && s->found_inf) return UMT_OK;
+    if (fusion.lr_on_device) lr = *fusion.lr_on_device;
     /* The corrections depend on the step only: computed once, in double, as PyTorch does on the
      * host; with step scalars, from the steps really applied (core/optim_step.h, same formula). */
     double bias_correction1 = 1.0 - pow(beta1, (double)step);
@@ -119,6 +121,7 @@ umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float 
                                          umt_update_fusion fusion) {
     UMT_TRY(umt_update_fusion_check("adadelta_update", fusion));
     if (fusion.scalars && fusion.scalars->found_inf) return UMT_OK;
+    if (fusion.lr_on_device) lr = *fusion.lr_on_device;
     for (int64_t i = 0; i < n; ++i) {
         float g = gradient_at(grad, i, fusion.scalars);
         g += weight_decay * param[i];
@@ -136,6 +139,36 @@ umt_status umt_cpu_adadelta_update(float *param, const float *grad, float *squar
                                    float lr, float rho, float eps, float weight_decay) {
     return umt_cpu_adadelta_update_fused(param, grad, square_avg, delta_avg, n, lr, rho, eps, weight_decay,
                                          (umt_update_fusion){0});
+}
+
+/* The multi-tensor update is, by definition, the per-tensor updates one after another. */
+umt_status umt_cpu_multi_update(const umt_update_tensor *tensors, int count, umt_update_rule rule,
+                                umt_update_fusion common) {
+    for (int i = 0; i < count; ++i) {
+        const umt_update_tensor *x = &tensors[i];
+        umt_update_fusion fusion = common;
+        fusion.lowp = x->lowp;
+        fusion.lowp_channels = x->lowp_channels;
+        fusion.lowp_pixels = x->lowp_pixels;
+        switch (rule.kind) {
+        case UMT_OPT_SGD:
+            UMT_TRY(umt_cpu_sgd_update_fused(x->param, x->grad, x->state0, x->n, rule.lr, rule.momentum,
+                                             rule.weight_decay, fusion));
+            break;
+        case UMT_OPT_ADAM:
+        case UMT_OPT_ADAMW:
+            UMT_TRY(umt_cpu_adam_update_fused(x->param, x->grad, x->state0, x->state1, x->n, rule.lr, rule.beta1,
+                                              rule.beta2, rule.eps, rule.weight_decay, rule.decoupled, rule.step,
+                                              fusion));
+            break;
+        case UMT_OPT_ADADELTA:
+            UMT_TRY(umt_cpu_adadelta_update_fused(x->param, x->grad, x->state0, x->state1, x->n, rule.lr, rule.rho,
+                                                  rule.eps, rule.weight_decay, fusion));
+            break;
+        default: return umt_fail(UMT_ERR_INVALID_ARGUMENT, "multi_update: kind %d", (int)rule.kind);
+        }
+    }
+    return UMT_OK;
 }
 
 /* ----------------------------------------------------------------------------------------- */

@@ -102,7 +102,8 @@ extern "C" cudaStream_t umt_cuda_launch_on(cudaStream_t stream) {
 extern "C" umt_status umt_cuda_synchronize(void) {
     if (!state.started) return umt_fail(UMT_ERR_STATE, "cuda synchronize: backend not started");
     UMT_CUDA_TRY(cudaStreamSynchronize(state.stream));
-    return UMT_OK;
+    /* A loss's label check reports here or at the next download (loss.cu). */
+    return umt_cuda_take_label_verdict();
 }
 
 /* Ops see the GPU through the same slots as the CPU; upload and download differ from copy here
@@ -190,6 +191,7 @@ static const umt_backend cuda_backend = {
     .sgd_update_fused = umt_cuda_sgd_update_fused,
     .adam_update_fused = umt_cuda_adam_update_fused,
     .adadelta_update_fused = umt_cuda_adadelta_update_fused,
+    .multi_update = umt_cuda_multi_update,
 };
 
 extern "C" const umt_backend *umt_cuda_backend(void) { return &cuda_backend; }

@@ -76,6 +76,9 @@ umt_status umt_cuda_softmax_xent_backward(const float *probs, const int32_t *lab
                                           float *dlogits, int64_t rows, int64_t cols);
 umt_status umt_cuda_count_correct(const float *scores, const int32_t *labels, int64_t rows, int64_t cols,
                                   int64_t *correct);
+/* After a wait for the stream: the error of the first out-of-range label a loss or its backward
+ * met since the last call (their checks do not wait), then cleared; UMT_OK when there was none. */
+umt_status umt_cuda_take_label_verdict(void);
 
 /* data.cu */
 umt_status umt_cuda_gather_batch(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
@@ -108,7 +111,8 @@ umt_status umt_cuda_avg_pool_forward(const umt_pool_shape *shape, const float *x
 umt_status umt_cuda_avg_pool_backward(const umt_pool_shape *shape, const float *dy, float *dx);
 
 /* dropout.cu */
-umt_status umt_cuda_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed);
+umt_status umt_cuda_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed,
+                                    const uint64_t *seed_on_device);
 umt_status umt_cuda_dropout_backward(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
 
 /* Mixed precision (core/precision.h): lowp.cu, and the _lp entry points of gemm.cu, conv.cu
@@ -125,7 +129,7 @@ umt_status umt_cuda_sum_rows_lp(umt_dtype dtype, const void *dy, float *dbias, i
 umt_status umt_cuda_relu_lp(umt_dtype dtype, const void *x, void *y, int64_t n);
 umt_status umt_cuda_relu_backward_lp(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n);
 umt_status umt_cuda_dropout_forward_lp(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n, float p,
-                                       uint64_t seed);
+                                       uint64_t seed, const uint64_t *seed_on_device);
 umt_status umt_cuda_dropout_backward_lp(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx, int64_t n,
                                         float p);
 umt_status umt_cuda_conv2d_forward_lp(const umt_conv_shape *shape, const void *x, const void *w, void *y,
@@ -172,6 +176,8 @@ umt_status umt_cuda_adadelta_update_fused(float *param, const float *grad, float
                                           int64_t n, float lr, float rho, float eps, float weight_decay,
                                           umt_update_fusion fusion);
 umt_status umt_cuda_grad_sumsq(const float *grad, int64_t n, double *partials);
+umt_status umt_cuda_multi_update(const umt_update_tensor *tensors, int count, umt_update_rule rule,
+                                 umt_update_fusion common);
 umt_status umt_cuda_step_prepare(umt_step_scalars *scalars, const double *partials, int64_t count,
                                  umt_step_options options);
 

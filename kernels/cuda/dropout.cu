@@ -24,7 +24,8 @@ static umt_status check_dropout(const char *op, int64_t n, float p) {
 
 /* A dropped element is written as 0, not x * 0, so a dropped NaN or infinity does not pass. */
 static __global__ void dropout_forward_kernel(const float *x, float *y, uint8_t *mask, int64_t n, float p,
-                                              float scale, uint64_t seed) {
+                                              float scale, uint64_t seed, const uint64_t *seed_on_device) {
+    if (seed_on_device) seed = *seed_on_device;
     FOR_EACH_INDEX(i, n) {
         bool keep = umt_dropout_keep(seed, (uint64_t)i, p);
         mask[i] = keep ? 1 : 0;
@@ -40,11 +41,12 @@ static __global__ void dropout_backward_kernel(const uint8_t *mask, const float 
 }
 
 extern "C" umt_status umt_cuda_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p,
-                                               uint64_t seed) {
+                                               uint64_t seed, const uint64_t *seed_on_device) {
     UMT_TRY(check_dropout("dropout_forward", n, p));
     if (n == 0) return UMT_OK;
     float scale = 1.0f / (1.0f - p);
-    dropout_forward_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(x, y, mask, n, p, scale, seed);
+    dropout_forward_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(x, y, mask, n, p, scale, seed,
+                                                                             seed_on_device);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }

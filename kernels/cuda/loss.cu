@@ -11,11 +11,14 @@
  * atomics, so the same inputs always give the same bits.
  *
  * Labels are checked on the device: a kernel records the lowest row whose label is out of
- * range in `report`, the loss kernels skip all work when one is set (so outputs stay untouched,
- * as on the CPU), and the call copies `report` back and waits for the stream. That wait is the
- * price of returning the CPU's error; these kernels run a few times per step, not per layer.
+ * range in `report`, and the kernels skip all work when one is set (so outputs stay untouched,
+ * as on the CPU). The losses and their backwards never wait for that verdict: a last one-thread
+ * kernel latches the first bad label (the op, row, value) into `verdict`, and the next host
+ * read (umt_cuda_download, umt_cuda_synchronize) turns it into the CPU's error message. So a
+ * training step queues without a single host wait, and can be captured into a CUDA graph.
+ * count_correct returns a host count anyway, so it waits and reports at once.
  *
- * `partials` and `report` are single device globals: every call runs on the one compute stream,
+ * `partials`, `report` and `verdict` are single device globals: every call runs on the one compute stream,
  * so calls never overlap on the device, and the backend is driven from one host thread.
  */
 #include <math.h>
@@ -35,8 +38,20 @@ typedef struct {
     unsigned long long correct;       /* count_correct's result */
 } label_report;
 
+/* The ops whose verdict is deferred, by the code `verdict` records. */
+static const char *const deferred_ops[] = {"nll_loss", "nll_loss_backward", "softmax_xent", "softmax_xent_backward"};
+enum { NLL_LOSS, NLL_LOSS_BACKWARD, SOFTMAX_XENT, SOFTMAX_XENT_BACKWARD };
+
+/* The first bad label a deferred check found since the host last looked (op < 0: none). */
+typedef struct {
+    int op;
+    int label;
+    long long row, cols;
+} label_verdict;
+
 static __device__ double partials[MAX_PARTIALS];
-static __device__ label_report report;
+static __device__ label_report report = {NO_BAD_ROW, 0};
+static __device__ label_verdict verdict = {-1, 0, 0, 0};
 
 /* Blocks for a kernel that writes one partial sum per block. */
 static unsigned int partial_blocks_for(int64_t n, int64_t per_block) {
@@ -113,20 +128,51 @@ static __global__ void check_labels_kernel(const int32_t *labels, int64_t rows, 
     }
 }
 
-/* Queues the check of every label; the kernels that follow look at its verdict. */
+/* One thread, after a deferred call's kernels: keeps the first bad label for the host (a later
+ * one does not overwrite it) and clears the report for the next call. */
+static __global__ void latch_verdict_kernel(int op, const int32_t *labels, int64_t cols) {
+    if (report.first_bad_row != NO_BAD_ROW && verdict.op < 0)
+        verdict = label_verdict{op, labels[report.first_bad_row], (long long)report.first_bad_row, (long long)cols};
+    report.first_bad_row = NO_BAD_ROW;
+    report.correct = 0;
+}
+
+/* Queues the check of every label; the kernels that follow look at its verdict. The report is
+ * clear here: it starts clear, and every call clears it when done. */
 static umt_status start_label_check(const int32_t *labels, int64_t rows, int64_t cols) {
-    reset_report_kernel<<<1, 1, 0, umt_cuda_stream()>>>();
-    UMT_CUDA_LAUNCHED();
     check_labels_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(labels, rows, cols);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
 
-/* Waits for the call's kernels and turns a reported label into the CPU's error message (the
- * lowest bad row, as the CPU's first-to-last scan finds). correct may be NULL. */
+/* Ends a deferred call: the verdict waits on the device for the next host read. */
+static umt_status defer_label_check(int op, const int32_t *labels, int64_t cols) {
+    latch_verdict_kernel<<<1, 1, 0, umt_cuda_stream()>>>(op, labels, cols);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+/* Called by the host reads after their wait (the stream is idle): the CPU's error for the first
+ * bad label a loss met since the last read, and the verdict cleared. */
+extern "C" umt_status umt_cuda_take_label_verdict(void) {
+    label_verdict host;
+    UMT_CUDA_TRY(cudaMemcpyFromSymbolAsync(&host, verdict, sizeof host, 0, cudaMemcpyDeviceToHost, umt_cuda_stream()));
+    UMT_CUDA_TRY(cudaStreamSynchronize(umt_cuda_stream()));
+    if (host.op < 0) return UMT_OK;
+    const label_verdict none = {-1, 0, 0, 0};
+    UMT_CUDA_TRY(cudaMemcpyToSymbolAsync(verdict, &none, sizeof none, 0, cudaMemcpyHostToDevice, umt_cuda_stream()));
+    UMT_CUDA_TRY(cudaStreamSynchronize(umt_cuda_stream()));
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: row %lld has label %d, expected 0 <= label < %lld",
+                    deferred_ops[host.op], host.row, host.label, host.cols);
+}
+
+/* Waits for count_correct's kernels and turns a reported label into the CPU's error message
+ * (the lowest bad row, as the CPU's first-to-last scan finds), leaving the report clear. */
 static umt_status finish_label_check(const char *op, const int32_t *labels, int64_t cols, int64_t *correct) {
     label_report host;
     UMT_CUDA_TRY(cudaMemcpyFromSymbolAsync(&host, report, sizeof host, 0, cudaMemcpyDeviceToHost, umt_cuda_stream()));
+    reset_report_kernel<<<1, 1, 0, umt_cuda_stream()>>>();
+    UMT_CUDA_LAUNCHED();
     UMT_CUDA_TRY(cudaStreamSynchronize(umt_cuda_stream()));
     if (host.first_bad_row != NO_BAD_ROW) {
         int32_t label;
@@ -136,7 +182,7 @@ static umt_status finish_label_check(const char *op, const int32_t *labels, int6
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: row %lld has label %d, expected 0 <= label < %lld", op,
                         (long long)host.first_bad_row, (int)label, (long long)cols);
     }
-    if (correct) *correct = (int64_t)host.correct;
+    *correct = (int64_t)host.correct;
     return UMT_OK;
 }
 
@@ -248,7 +294,7 @@ extern "C" umt_status umt_cuda_nll_loss(const float *logp, const int32_t *labels
     UMT_CUDA_LAUNCHED();
     finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>((int)blocks, -1.0, (double)rows, true, loss);
     UMT_CUDA_LAUNCHED();
-    return finish_label_check("nll_loss", labels, cols, NULL);
+    return defer_label_check(NLL_LOSS, labels, cols);
 }
 
 extern "C" umt_status umt_cuda_nll_loss_backward(const float *dloss, const int32_t *labels, float *dlogp,
@@ -256,7 +302,7 @@ extern "C" umt_status umt_cuda_nll_loss_backward(const float *dloss, const int32
     UMT_TRY(start_label_check(labels, rows, cols));
     nll_loss_backward_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(dloss, labels, dlogp, rows, cols);
     UMT_CUDA_LAUNCHED();
-    return finish_label_check("nll_loss_backward", labels, cols, NULL);
+    return defer_label_check(NLL_LOSS_BACKWARD, labels, cols);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -301,7 +347,7 @@ extern "C" umt_status umt_cuda_softmax_xent(const float *logits, const int32_t *
     UMT_CUDA_LAUNCHED();
     finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>((int)blocks, 1.0, (double)rows, true, loss);
     UMT_CUDA_LAUNCHED();
-    return finish_label_check("softmax_xent", labels, cols, NULL);
+    return defer_label_check(SOFTMAX_XENT, labels, cols);
 }
 
 extern "C" umt_status umt_cuda_softmax_xent_backward(const float *probs, const int32_t *labels, const float *dloss,
@@ -311,7 +357,7 @@ extern "C" umt_status umt_cuda_softmax_xent_backward(const float *probs, const i
     softmax_xent_backward_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(probs, labels, dloss, dlogits,
                                                                                     rows, cols);
     UMT_CUDA_LAUNCHED();
-    return finish_label_check("softmax_xent_backward", labels, cols, NULL);
+    return defer_label_check(SOFTMAX_XENT_BACKWARD, labels, cols);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -391,7 +391,9 @@ static __global__ void relu_backward_lp_kernel(umt_dtype dtype, const void *y, c
 
 /* The draw is umt_dropout_keep's (core/backend.h): the f32 kernel's, element for element. */
 static __global__ void dropout_forward_lp_kernel(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n,
-                                                 float p, float scale, uint64_t seed) {
+                                                 float p, float scale, uint64_t seed,
+                                                 const uint64_t *seed_on_device) {
+    if (seed_on_device) seed = *seed_on_device;
     FOR_EACH_INDEX(i, n) {
         bool keep = umt_dropout_keep(seed, (uint64_t)i, p);
         mask[i] = keep ? 1 : 0;
@@ -436,9 +438,9 @@ static umt_status check_dropout(const char *op, umt_dtype dtype, float p) {
 }
 
 extern "C" umt_status umt_cuda_dropout_forward_lp(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n,
-                                                  float p, uint64_t seed) {
+                                                  float p, uint64_t seed, const uint64_t *seed_on_device) {
     UMT_TRY(check_dropout("dropout_forward_lp", dtype, p));
-    LAUNCH_OVER(n, dropout_forward_lp_kernel, dtype, x, y, mask, n, p, 1.0f / (1.0f - p), seed);
+    LAUNCH_OVER(n, dropout_forward_lp_kernel, dtype, x, y, mask, n, p, 1.0f / (1.0f - p), seed, seed_on_device);
     return UMT_OK;
 }
 

@@ -3,7 +3,8 @@
  *
  * Copies are cudaMemcpyAsync on the compute stream, so they stay in order with the kernels.
  * upload and download also wait for the stream: the caller may reuse its host buffer (upload)
- * or read it (download) as soon as they return.
+ * or read it (download) as soon as they return; a training step uses neither (core/step_values.c
+ * queues its per-step uploads from pinned memory).
  *
  * Conversions match kernels/cpu/memory.c bit for bit; the per-element conversions live in
  * kernels/cuda/float16.h (which says how), shared with the fused optimizer updates.
@@ -42,11 +43,12 @@ extern "C" umt_status umt_cuda_upload(void *dst, const void *host_src, size_t by
     return UMT_OK;
 }
 
+/* A host read: the first place a deferred label error (loss.cu) can be reported. */
 extern "C" umt_status umt_cuda_download(void *host_dst, const void *src, size_t bytes) {
     if (bytes == 0) return UMT_OK;
     UMT_CUDA_TRY(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, umt_cuda_stream()));
     UMT_CUDA_TRY(cudaStreamSynchronize(umt_cuda_stream()));
-    return UMT_OK;
+    return umt_cuda_take_label_verdict();
 }
 
 /* ------------------------------------------------------------------------------------------ */

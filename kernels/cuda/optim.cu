@@ -12,6 +12,10 @@
  * Each rule is one kernel in its fused form: the gradient times the step's multiplier, nothing
  * written when the step is skipped, and the low-precision copy rewritten from the new master in
  * the same pass. A zero fusion takes none of those branches, so it is the plain update.
+ *
+ * multi_update runs the same per-element code over up to 32 parameters per launch (a table of
+ * them passed by value; each block updates one chunk of one parameter), so a model's whole
+ * optimizer step is one or a few kernels instead of one per parameter.
  */
 #include <math.h>
 
@@ -40,22 +44,20 @@ static __device__ void store_lowp(const umt_update_fusion &fusion, int64_t i, fl
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* The update rules                                                                            */
+/* The update rules, one element at a time (the one-tensor and the multi-tensor kernels share
+ * them, so both compute the same bits)                                                        */
 
-static __global__ void sgd_kernel(float *param, const float *grad, float *velocity, int64_t n, float lr,
-                                  float momentum, float weight_decay, umt_update_fusion fusion) {
-    if (step_skipped(fusion.scalars)) return;
-    FOR_EACH_INDEX(i, n) {
-        float p = param[i];
-        float g = __fadd_rn(gradient_at(grad, i, fusion.scalars), __fmul_rn(weight_decay, p));
-        if (momentum != 0.0f) {
-            velocity[i] = __fadd_rn(__fmul_rn(momentum, velocity[i]), g);
-            g = velocity[i];
-        }
-        p = __fsub_rn(p, __fmul_rn(lr, g));
-        param[i] = p;
-        store_lowp(fusion, i, p);
+static __device__ void sgd_element(float *param, const float *grad, float *velocity, int64_t i, float lr,
+                                   float momentum, float weight_decay, const umt_update_fusion &fusion) {
+    float p = param[i];
+    float g = __fadd_rn(gradient_at(grad, i, fusion.scalars), __fmul_rn(weight_decay, p));
+    if (momentum != 0.0f) {
+        velocity[i] = __fadd_rn(__fmul_rn(momentum, velocity[i]), g);
+        g = velocity[i];
     }
+    p = __fsub_rn(p, __fmul_rn(lr, g));
+    param[i] = p;
+    store_lowp(fusion, i, p);
 }
 
 /* The step-dependent factors of one Adam step (host-computed, unless step scalars give them). */
@@ -65,55 +67,138 @@ typedef struct {
     float decay;                 /* AdamW's 1 - lr * weight_decay, or 1 */
 } adam_factors;
 
-static __global__ void adam_kernel(float *param, const float *grad, float *m, float *v, int64_t n, float beta1,
-                                   float beta2, float eps, float weight_decay, bool decoupled, adam_factors f,
-                                   umt_update_fusion fusion) {
+/* The factors as the kernel uses them: the scalars' when there are any, AdamW's decay from the
+ * rate read on the device when it is read there (the host's float arithmetic). */
+static __device__ adam_factors adam_factors_now(adam_factors f, float weight_decay, bool decoupled,
+                                                const umt_update_fusion &fusion) {
     const umt_step_scalars *s = fusion.scalars;
-    if (step_skipped(s)) return;
     if (s) {
         f.step_size = s->adam_step_size;
         f.bias_correction2_sqrt = s->adam_bias_correction2_sqrt;
     }
-    float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
-    FOR_EACH_INDEX(i, n) {
-        float p = param[i];
-        float g = gradient_at(grad, i, s);
-        if (decoupled)
-            p = __fmul_rn(p, f.decay);
-        else
-            g = __fadd_rn(g, __fmul_rn(weight_decay, p));
-        float m_i = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_minus_beta1, g));
-        float v_i = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
-        m[i] = m_i;
-        v[i] = v_i;
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v_i), f.bias_correction2_sqrt), eps);
-        p = __fsub_rn(p, __fdiv_rn(__fmul_rn(f.step_size, m_i), denom));
-        param[i] = p;
-        store_lowp(fusion, i, p);
-    }
+    if (fusion.lr_on_device && decoupled) f.decay = __fsub_rn(1.0f, __fmul_rn(*fusion.lr_on_device, weight_decay));
+    return f;
+}
+
+static __device__ void adam_element(float *param, const float *grad, float *m, float *v, int64_t i, float beta1,
+                                    float beta2, float eps, float weight_decay, bool decoupled, const adam_factors &f,
+                                    const umt_update_fusion &fusion) {
+    float p = param[i];
+    float g = gradient_at(grad, i, fusion.scalars);
+    if (decoupled)
+        p = __fmul_rn(p, f.decay);
+    else
+        g = __fadd_rn(g, __fmul_rn(weight_decay, p));
+    float m_i = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(1.0f - beta1, g));
+    float v_i = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(1.0f - beta2, g), g));
+    m[i] = m_i;
+    v[i] = v_i;
+    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v_i), f.bias_correction2_sqrt), eps);
+    p = __fsub_rn(p, __fdiv_rn(__fmul_rn(f.step_size, m_i), denom));
+    param[i] = p;
+    store_lowp(fusion, i, p);
+}
+
+static __device__ void adadelta_element(float *param, const float *grad, float *square_avg, float *delta_avg,
+                                        int64_t i, float lr, float rho, float eps, float weight_decay,
+                                        const umt_update_fusion &fusion) {
+    float one_minus_rho = 1.0f - rho;
+    float p = param[i];
+    float g = __fadd_rn(gradient_at(grad, i, fusion.scalars), __fmul_rn(weight_decay, p));
+    float sq = __fadd_rn(__fmul_rn(rho, square_avg[i]), __fmul_rn(__fmul_rn(one_minus_rho, g), g));
+    float std_dev = __fsqrt_rn(__fadd_rn(sq, eps));
+    float delta = __fmul_rn(__fdiv_rn(__fsqrt_rn(__fadd_rn(delta_avg[i], eps)), std_dev), g);
+    square_avg[i] = sq;
+    delta_avg[i] = __fadd_rn(__fmul_rn(rho, delta_avg[i]), __fmul_rn(__fmul_rn(one_minus_rho, delta), delta));
+    p = __fsub_rn(p, __fmul_rn(lr, delta));
+    param[i] = p;
+    store_lowp(fusion, i, p);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* One tensor per launch                                                                       */
+
+static __global__ void sgd_kernel(float *param, const float *grad, float *velocity, int64_t n, float lr,
+                                  float momentum, float weight_decay, umt_update_fusion fusion) {
+    if (step_skipped(fusion.scalars)) return;
+    if (fusion.lr_on_device) lr = *fusion.lr_on_device;
+    FOR_EACH_INDEX(i, n) sgd_element(param, grad, velocity, i, lr, momentum, weight_decay, fusion);
+}
+
+static __global__ void adam_kernel(float *param, const float *grad, float *m, float *v, int64_t n, float beta1,
+                                   float beta2, float eps, float weight_decay, bool decoupled, adam_factors f,
+                                   umt_update_fusion fusion) {
+    if (step_skipped(fusion.scalars)) return;
+    f = adam_factors_now(f, weight_decay, decoupled, fusion);
+    FOR_EACH_INDEX(i, n) adam_element(param, grad, m, v, i, beta1, beta2, eps, weight_decay, decoupled, f, fusion);
 }
 
 static __global__ void adadelta_kernel(float *param, const float *grad, float *square_avg, float *delta_avg,
                                        int64_t n, float lr, float rho, float eps, float weight_decay,
                                        umt_update_fusion fusion) {
     if (step_skipped(fusion.scalars)) return;
-    float one_minus_rho = 1.0f - rho;
-    FOR_EACH_INDEX(i, n) {
-        float p = param[i];
-        float g = __fadd_rn(gradient_at(grad, i, fusion.scalars), __fmul_rn(weight_decay, p));
-        float sq = __fadd_rn(__fmul_rn(rho, square_avg[i]), __fmul_rn(__fmul_rn(one_minus_rho, g), g));
-        float std_dev = __fsqrt_rn(__fadd_rn(sq, eps));
-        float delta = __fmul_rn(__fdiv_rn(__fsqrt_rn(__fadd_rn(delta_avg[i], eps)), std_dev), g);
-        square_avg[i] = sq;
-        delta_avg[i] = __fadd_rn(__fmul_rn(rho, delta_avg[i]), __fmul_rn(__fmul_rn(one_minus_rho, delta), delta));
-        p = __fsub_rn(p, __fmul_rn(lr, delta));
-        param[i] = p;
-        store_lowp(fusion, i, p);
+    if (fusion.lr_on_device) lr = *fusion.lr_on_device;
+    FOR_EACH_INDEX(i, n) adadelta_element(param, grad, square_avg, delta_avg, i, lr, rho, eps, weight_decay, fusion);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Many tensors per launch: block b updates a chunk of the tensor whose blocks it falls in     */
+
+/* Chunks of two elements per thread: enough blocks to fill the GPU for a model of ~1M weights. */
+enum { MULTI_TENSORS = 32, MULTI_CHUNK = 2 * THREADS };
+
+/* Passed by value (about 2.8 KB, inside the 4 KB every CUDA version takes). */
+typedef struct {
+    umt_update_tensor tensors[MULTI_TENSORS];
+    int64_t first_block[MULTI_TENSORS + 1]; /* tensor t owns blocks first_block[t] .. first_block[t+1]-1 */
+    int count;
+} multi_table;
+
+static __global__ void multi_update_kernel(multi_table table, umt_update_rule rule, adam_factors f,
+                                           umt_update_fusion common) {
+    if (step_skipped(common.scalars)) return;
+    float lr = common.lr_on_device ? *common.lr_on_device : rule.lr;
+    f = adam_factors_now(f, rule.weight_decay, rule.decoupled, common);
+    int t = 0;
+    while (t + 1 < table.count && (int64_t)blockIdx.x >= table.first_block[t + 1]) ++t;
+    const umt_update_tensor &x = table.tensors[t];
+    umt_update_fusion fusion = common;
+    fusion.lowp = x.lowp;
+    fusion.lowp_channels = x.lowp_channels;
+    fusion.lowp_pixels = x.lowp_pixels;
+    int64_t begin = ((int64_t)blockIdx.x - table.first_block[t]) * MULTI_CHUNK;
+    int64_t end = begin + MULTI_CHUNK < x.n ? begin + MULTI_CHUNK : x.n;
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        switch (rule.kind) {
+        case UMT_OPT_SGD:
+            sgd_element(x.param, x.grad, x.state0, i, lr, rule.momentum, rule.weight_decay, fusion);
+            break;
+        case UMT_OPT_ADAM:
+        case UMT_OPT_ADAMW:
+            adam_element(x.param, x.grad, x.state0, x.state1, i, rule.beta1, rule.beta2, rule.eps, rule.weight_decay,
+                         rule.decoupled, f, fusion);
+            break;
+        case UMT_OPT_ADADELTA:
+            adadelta_element(x.param, x.grad, x.state0, x.state1, i, lr, rule.rho, rule.eps, rule.weight_decay, fusion);
+            break;
+        }
     }
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Launchers: the fused forms, and the plain ones as a zero fusion                             */
+
+/* Adam's step factors from the host's step, in double, exactly as kernels/cpu/optim.c. */
+static adam_factors host_adam_factors(float lr, float beta1, float beta2, float weight_decay, bool decoupled,
+                                      int64_t step) {
+    double bias_correction1 = 1.0 - pow(beta1, (double)step);
+    double bias_correction2 = 1.0 - pow(beta2, (double)step);
+    adam_factors f;
+    f.step_size = (float)(lr / bias_correction1);
+    f.bias_correction2_sqrt = (float)sqrt(bias_correction2);
+    f.decay = decoupled ? 1.0f - lr * weight_decay : 1.0f;
+    return f;
+}
 
 extern "C" umt_status umt_cuda_sgd_update_fused(float *param, const float *grad, float *velocity, int64_t n,
                                                 float lr, float momentum, float weight_decay,
@@ -135,12 +220,7 @@ extern "C" umt_status umt_cuda_adam_update_fused(float *param, const float *grad
     if (step < 1) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "adam_update: step %lld (expected >= 1)", (long long)step);
     UMT_TRY(umt_update_fusion_check("adam_update", fusion));
     if (n <= 0) return UMT_OK;
-    double bias_correction1 = 1.0 - pow(beta1, (double)step);
-    double bias_correction2 = 1.0 - pow(beta2, (double)step);
-    adam_factors f;
-    f.step_size = (float)(lr / bias_correction1);
-    f.bias_correction2_sqrt = (float)sqrt(bias_correction2);
-    f.decay = decoupled ? 1.0f - lr * weight_decay : 1.0f;
+    adam_factors f = host_adam_factors(lr, beta1, beta2, weight_decay, decoupled, step);
     adam_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(param, grad, m, v, n, beta1, beta2, eps,
                                                                   weight_decay, decoupled, f, fusion);
     UMT_CUDA_LAUNCHED();
@@ -176,6 +256,51 @@ extern "C" umt_status umt_cuda_adadelta_update(float *param, const float *grad, 
                                                int64_t n, float lr, float rho, float eps, float weight_decay) {
     umt_update_fusion none = {};
     return umt_cuda_adadelta_update_fused(param, grad, square_avg, delta_avg, n, lr, rho, eps, weight_decay, none);
+}
+
+/* The per-tensor launchers' checks, once for the whole list. */
+static umt_status check_multi(const umt_update_tensor *tensors, int count, umt_update_rule rule,
+                              umt_update_fusion common) {
+    bool adam = rule.kind == UMT_OPT_ADAM || rule.kind == UMT_OPT_ADAMW;
+    if (adam && rule.step < 1)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "multi_update: step %lld (expected >= 1)", (long long)rule.step);
+    for (int i = 0; i < count; ++i) {
+        const umt_update_tensor *x = &tensors[i];
+        bool needs_state0 = rule.kind != UMT_OPT_SGD || rule.momentum != 0.0f, needs_state1 = rule.kind != UMT_OPT_SGD;
+        if ((needs_state0 && !x->state0) || (needs_state1 && !x->state1) || !x->param || !x->grad)
+            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "multi_update: tensor %d of %d lacks a buffer its rule needs", i,
+                            count);
+        umt_update_fusion each = common;
+        each.lowp = x->lowp;
+        UMT_TRY(umt_update_fusion_check("multi_update", each));
+    }
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_multi_update(const umt_update_tensor *tensors, int count, umt_update_rule rule,
+                                            umt_update_fusion common) {
+    UMT_TRY(check_multi(tensors, count, rule, common));
+    bool adam = rule.kind == UMT_OPT_ADAM || rule.kind == UMT_OPT_ADAMW;
+    adam_factors f = {1.0f, 1.0f, 1.0f};
+    if (adam) f = host_adam_factors(rule.lr, rule.beta1, rule.beta2, rule.weight_decay, rule.decoupled, rule.step);
+    for (int first = 0; first < count; first += MULTI_TENSORS) {
+        multi_table table;
+        table.count = count - first < MULTI_TENSORS ? count - first : MULTI_TENSORS;
+        table.first_block[0] = 0;
+        for (int t = 0; t < table.count; ++t) {
+            table.tensors[t] = tensors[first + t];
+            int64_t blocks = (tensors[first + t].n + MULTI_CHUNK - 1) / MULTI_CHUNK;
+            table.first_block[t + 1] = table.first_block[t] + blocks;
+        }
+        int64_t blocks = table.first_block[table.count];
+        if (blocks == 0) continue;
+        if (blocks > INT32_MAX)
+            return umt_fail(UMT_ERR_UNSUPPORTED, "multi_update: %lld blocks of %d elements in one launch",
+                            (long long)blocks, (int)MULTI_CHUNK);
+        multi_update_kernel<<<(unsigned int)blocks, THREADS, 0, umt_cuda_stream()>>>(table, rule, f, common);
+        UMT_CUDA_LAUNCHED();
+    }
+    return UMT_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */

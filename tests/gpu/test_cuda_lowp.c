@@ -485,8 +485,8 @@ static void check_dropout(umt_dtype dtype, int64_t n, float p) {
             (long long)n, (double)p, (unsigned long long)seed);
     pair x = pair_random(dtype, false, flat(n), -2, 2), y = pair_poisoned(dtype, false, flat(n));
     uint8_t *mask = poison((size_t)n), *mask_dev = uploaded(mask, (size_t)n);
-    EXPECT_OK(cpu->dropout_forward(x.ref, y.ref, mask, n, p, seed));
-    EXPECT_OK(gpu->dropout_forward_lp(dtype, x.dev, y.dev, mask_dev, n, p, seed));
+    EXPECT_OK(cpu->dropout_forward(x.ref, y.ref, mask, n, p, seed, NULL));
+    EXPECT_OK(gpu->dropout_forward_lp(dtype, x.dev, y.dev, mask_dev, n, p, seed, NULL));
     const uint8_t *got_mask = downloaded(mask_dev, (size_t)n);
     bool *kept = host_alloc((size_t)n * sizeof *kept);
     for (int64_t i = 0; i < n; i++) {

@@ -2,7 +2,9 @@
  * tests/gpu/test_cuda_optim.c — the mixed-precision optimizer step (core/optim_step.h) on the
  * GPU against the CPU reference, on fresh random inputs: the fused updates with their bf16/f16
  * copies, the deterministic sum of squares and the step's decision (clipping, loss scaling,
- * skipping on inf/NaN, growth), then the same through the public API on a CUDA context.
+ * skipping on inf/NaN, growth), then the same through the public API on a CUDA context; and
+ * the multi-tensor update (all parameters in one launch) against the per-tensor fused updates,
+ * both on the GPU, bit for bit.
  *
  * Each kernel runs through the CPU table on host buffers and through the CUDA table on device
  * copies of the same values. Where the plain updates are bit-exact (no clipping: the multiplier
@@ -67,7 +69,7 @@ typedef struct {
     size_t bytes;
 } twin;
 
-enum { MAX_BLOCKS_HELD = 256 };
+enum { MAX_BLOCKS_HELD = 512 };
 static void *host_blocks[MAX_BLOCKS_HELD], *device_blocks[MAX_BLOCKS_HELD];
 static int block_count;
 
@@ -423,6 +425,131 @@ static void test_scaled_backward_and_clipped_step_on_a_cuda_context_match_the_cp
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* The multi-tensor update against the per-tensor updates, both on the GPU                     */
+
+enum { MULTI_COUNT = 40 }; /* more than one launch's 32 tensors */
+
+static int set_up(void **state);
+static int tear_down(void **state);
+
+typedef struct {
+    twin param, grad, s0, s1, lowp;
+    int64_t n, channels, pixels;
+} multi_case;
+
+/* A fresh tensor and its copy with the same bytes: sizes cross chunks and one is a conv weight
+ * whose copy is NHWC (64 filters of 32 channels x 3x3). */
+static void make_pair(int i, multi_case *a, multi_case *b) {
+    static const int64_t sizes[] = {1, 7, 1000, 4097, 64 * 32 * 9};
+    int64_t n = sizes[i % 5];
+    a->n = b->n = n;
+    a->channels = b->channels = i % 5 == 4 ? 32 : 0;
+    a->pixels = b->pixels = i % 5 == 4 ? 9 : 0;
+    a->param = twin_random(n, -1, 1);
+    a->grad = twin_random(n, -1, 1);
+    a->s0 = twin_random(n, 0, 1);
+    a->s1 = twin_random(n, 0, 1);
+    uint16_t *poison = malloc((size_t)n * 2);
+    memset(poison, 0xff, (size_t)n * 2);
+    a->lowp = twin_of(poison, (size_t)n * 2);
+    free(poison);
+    b->param = twin_of(a->param.host, a->param.bytes);
+    b->grad = twin_of(a->grad.host, a->grad.bytes);
+    b->s0 = twin_of(a->s0.host, a->s0.bytes);
+    b->s1 = twin_of(a->s1.host, a->s1.bytes);
+    b->lowp = twin_of(a->lowp.host, a->lowp.bytes);
+}
+
+static void expect_same_device_bytes(const char *what, int i, twin a, twin b) {
+    uint8_t *x = malloc(a.bytes), *y = malloc(b.bytes);
+    assert_non_null(x);
+    assert_non_null(y);
+    downloaded(a, x);
+    downloaded(b, y);
+    for (size_t k = 0; k < a.bytes; k++)
+        if (x[k] != y[k]) fail_msg("%s of tensor %d: byte %zu: per-tensor %02x, multi %02x (seed %u)", what, i, k, x[k],
+                                   y[k], run_seed);
+    free(x);
+    free(y);
+}
+
+/* The per-tensor fused slot on one tensor (the path the multi-tensor kernel must reproduce). */
+static void update_one(const umt_update_rule *rule, const multi_case *c, umt_update_fusion fusion) {
+    switch (rule->kind) {
+    case UMT_OPT_SGD:
+        EXPECT_OK(gpu->sgd_update_fused(c->param.device, c->grad.device, rule->momentum != 0.0f ? c->s0.device : NULL,
+                                        c->n, rule->lr, rule->momentum, rule->weight_decay, fusion));
+        break;
+    case UMT_OPT_ADAM:
+    case UMT_OPT_ADAMW:
+        EXPECT_OK(gpu->adam_update_fused(c->param.device, c->grad.device, c->s0.device, c->s1.device, c->n, rule->lr,
+                                         rule->beta1, rule->beta2, rule->eps, rule->weight_decay, rule->decoupled,
+                                         rule->step, fusion));
+        break;
+    case UMT_OPT_ADADELTA:
+        EXPECT_OK(gpu->adadelta_update_fused(c->param.device, c->grad.device, c->s0.device, c->s1.device, c->n,
+                                             rule->lr, rule->rho, rule->eps, rule->weight_decay, fusion));
+        break;
+    }
+}
+
+/* variant 0: plain; 1: step scalars (1/1024 loss scale) and bf16/f16 copies; 2: the same, and
+ * the multi-tensor side reads the learning rate from the device. */
+static void check_multi(umt_update_rule rule, int variant) {
+    static multi_case a[MULTI_COUNT], b[MULTI_COUNT];
+    umt_update_tensor tensors[MULTI_COUNT];
+    umt_dtype lowp_dtype = (random_u32() & 1) ? UMT_BF16 : UMT_F16;
+    for (int i = 0; i < MULTI_COUNT; i++) {
+        make_pair(i, &a[i], &b[i]);
+        tensors[i] = (umt_update_tensor){b[i].param.device, b[i].grad.device,
+                                         rule.kind != UMT_OPT_SGD || rule.momentum != 0.0f ? b[i].s0.device : NULL,
+                                         rule.kind != UMT_OPT_SGD ? b[i].s1.device : NULL,
+                                         variant ? b[i].lowp.device : NULL, b[i].n, b[i].channels, b[i].pixels};
+    }
+    /* Scalars decided once by step_prepare (a clean step), shared read-only by both paths. */
+    umt_step_scalars initial = umt_step_scalars_initial(true, 1024.0f);
+    twin scalars = twin_of(&initial, sizeof initial), partials = twin_random(UMT_GRAD_SUMSQ_PARTIALS * 2, 0, 1);
+    umt_step_options options = {.loss_scaling = true, .growth_interval = 2000, .lr = rule.lr,
+                                .adam = rule.kind == UMT_OPT_ADAM || rule.kind == UMT_OPT_ADAMW,
+                                .beta1 = rule.beta1, .beta2 = rule.beta2};
+    EXPECT_OK(gpu->step_prepare(scalars.device, partials.device, UMT_GRAD_SUMSQ_PARTIALS * 2, options));
+    twin lr = twin_of(&rule.lr, sizeof rule.lr);
+    umt_update_fusion common = {.scalars = variant ? scalars.device : NULL, .lowp_dtype = lowp_dtype,
+                                .lr_on_device = variant == 2 ? lr.device : NULL};
+    for (int i = 0; i < MULTI_COUNT; i++) {
+        umt_update_fusion fusion = {.scalars = common.scalars, .lowp = variant ? a[i].lowp.device : NULL,
+                                    .lowp_dtype = lowp_dtype, .lowp_channels = a[i].channels,
+                                    .lowp_pixels = a[i].pixels};
+        update_one(&rule, &a[i], fusion);
+    }
+    EXPECT_OK(gpu->multi_update(tensors, MULTI_COUNT, rule, common));
+    for (int i = 0; i < MULTI_COUNT; i++) {
+        expect_same_device_bytes("param", i, a[i].param, b[i].param);
+        expect_same_device_bytes("state 0", i, a[i].s0, b[i].s0);
+        expect_same_device_bytes("state 1", i, a[i].s1, b[i].s1);
+        expect_same_device_bytes("lowp copy", i, a[i].lowp, b[i].lowp);
+    }
+    /* Each case makes 11 blocks per tensor pair: give them back before the next case. */
+    tear_down(NULL);
+    set_up(NULL);
+}
+
+static void test_multi_tensor_update_matches_the_per_tensor_updates_bit_for_bit(void **state) {
+    (void)state;
+    umt_update_rule rules[] = {
+        {.kind = UMT_OPT_SGD, .lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-2f},
+        {.kind = UMT_OPT_SGD, .lr = 0.1f},
+        {.kind = UMT_OPT_ADAM, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-2f,
+         .step = 3},
+        {.kind = UMT_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-2f,
+         .decoupled = true, .step = 3},
+        {.kind = UMT_OPT_ADADELTA, .lr = 1.0f, .rho = 0.9f, .eps = 1e-6f, .weight_decay = 1e-2f},
+    };
+    for (size_t r = 0; r < sizeof rules / sizeof rules[0]; r++)
+        for (int variant = 0; variant < 3; variant++) check_multi(rules[r], variant);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 
 static int set_up(void **state) {
     (void)state;
@@ -464,6 +591,7 @@ int main(void) {
         TEST(test_an_inf_or_nan_gradient_skips_the_step_on_the_gpu_as_on_the_cpu),
         TEST(test_loss_scale_growth_and_backoff_match_the_cpu),
         TEST(test_scaled_backward_and_clipped_step_on_a_cuda_context_match_the_cpu),
+        TEST(test_multi_tensor_update_matches_the_per_tensor_updates_bit_for_bit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,314 @@
+/*
+ * tests/gpu/test_step_graph.c — a whole training step replayed as a CUDA graph gives the same
+ * losses as the same steps launched op by op.
+ *
+ * The MNIST CNN (two convolutions, max-pool, two dropouts, two linear layers, log-softmax, NLL;
+ * with the trainer's fused ops, and once more op by op) trains on a small synthetic IDX dataset for two epochs of batch 64 with a last, shorter batch
+ * and an evaluation between the epochs, from the same seed, once with umt_step_graph capture on
+ * and once with it off. The learning rate changes every step (a cosine schedule), so a replay
+ * that baked in the rate, a dropout seed or the batch indices would drift at once.
+ *
+ * What "the same" means: a third run repeats the eager run. When the two eager runs agree bit
+ * for bit (fp32 here: cuDNN's fp32 heuristic algorithms and our reductions are deterministic),
+ * the graph run must too, every loss and every parameter; a graph may change how the kernels
+ * are launched, never what they compute. Should the eager runs differ (a nondeterministic
+ * library algorithm), the graph run must stay within 1e-6 relative of the eager one, and the
+ * test prints which case it checked. fp16 with dynamic loss scaling (its scale read from the
+ * device) is checked the same way.
+ *
+ * Needs a GPU (tag "gpu"): bazel test --config=cuda //tests/gpu:test_step_graph
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "examples/mnist_cnn_model.h"
+#include "umtrain.h"
+
+enum { SIDE = 28, PIXELS = SIDE * SIDE, CLASSES = 10, SAMPLES = 1000, BATCH = 64, EPOCHS = 2 };
+/* 15 full batches and one of 40 per epoch. */
+enum { STEPS_PER_EPOCH = (SAMPLES + BATCH - 1) / BATCH, STEPS = EPOCHS * STEPS_PER_EPOCH };
+
+#define EXPECT_OK(call)                                                                                            \
+    do {                                                                                                           \
+        if ((call) != UMT_OK) fail_msg("%s failed: %s", #call, umt_last_error());                                  \
+    } while (0)
+
+static char dir[64];
+
+typedef struct {
+    float losses[STEPS];
+    float *parameters; /* every parameter, concatenated */
+    int64_t parameter_count;
+    umt_step_graph_stats stats;
+    bool off_reason; /* the graph turned itself off */
+    double accuracy;
+} run_result;
+
+/* ------------------------------------------------------------------------------------------ */
+/* A synthetic IDX dataset: noisy copies of ten random prototypes                              */
+
+static uint32_t next_random(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(*s >> 33);
+}
+
+static void write_be32(FILE *f, uint32_t v) {
+    unsigned char b[4] = {(unsigned char)(v >> 24), (unsigned char)(v >> 16), (unsigned char)(v >> 8), (unsigned char)v};
+    fwrite(b, 1, 4, f);
+}
+
+static int write_dataset(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/umt_graph_XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    char path[128];
+    snprintf(path, sizeof path, "%s/images", dir);
+    FILE *images = fopen(path, "wb");
+    snprintf(path, sizeof path, "%s/labels", dir);
+    FILE *labels = fopen(path, "wb");
+    if (!images || !labels) return -1;
+    uint64_t seed = 11;
+    uint8_t prototypes[CLASSES][PIXELS], pixels[PIXELS];
+    for (int c = 0; c < CLASSES; ++c)
+        for (int p = 0; p < PIXELS; ++p) prototypes[c][p] = (uint8_t)(next_random(&seed) % 256);
+    write_be32(images, 0x803), write_be32(images, SAMPLES), write_be32(images, SIDE), write_be32(images, SIDE);
+    write_be32(labels, 0x801), write_be32(labels, SAMPLES);
+    for (int i = 0; i < SAMPLES; ++i) {
+        uint8_t label = (uint8_t)(next_random(&seed) % CLASSES);
+        for (int p = 0; p < PIXELS; ++p) {
+            int v = prototypes[label][p] + (int)(next_random(&seed) % 161) - 80;
+            pixels[p] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        }
+        fwrite(pixels, 1, PIXELS, images);
+        fwrite(&label, 1, 1, labels);
+    }
+    fclose(images);
+    fclose(labels);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* One run                                                                                     */
+
+typedef struct {
+    mnist_cnn model;
+    umt_optimizer *opt;
+    umt_dataset *data;
+    bool reads_loss; /* the step reads its loss back (a wait no capture allows) */
+} trainer;
+
+static umt_tensor *step(umt_context *ctx, void *user, const void *input, size_t input_bytes) {
+    trainer *t = user;
+    umt_tensor *images = NULL, *labels = NULL;
+    if (umt_step_begin(ctx) || umt_zero_grad(ctx) ||
+        umt_dataset_batch(ctx, t->data, input, (int64_t)(input_bytes / sizeof(int64_t)), 0.5f, 0.25f, &images,
+                          &labels))
+        return NULL;
+    umt_tensor *loss = mnist_cnn_loss(ctx, &t->model, images, labels);
+    if (!loss || umt_backward_scaled(ctx, loss, t->opt) || umt_optimizer_step(t->opt)) return NULL;
+    float value;
+    if (t->reads_loss && umt_tensor_get_f32(loss, 0, &value)) return NULL;
+    return loss;
+}
+
+static void copy_parameters(umt_context *ctx, run_result *out) {
+    int64_t total = 0;
+    for (int i = 0; i < umt_parameter_count(ctx); ++i) total += umt_tensor_numel(umt_parameter_at(ctx, i));
+    out->parameters = malloc((size_t)total * sizeof(float));
+    assert_non_null(out->parameters);
+    out->parameter_count = total;
+    int64_t at = 0;
+    for (int i = 0; i < umt_parameter_count(ctx); ++i) {
+        const umt_tensor *p = umt_parameter_at(ctx, i);
+        EXPECT_OK(umt_tensor_copy_to_host(p, out->parameters + at, (size_t)umt_tensor_numel(p) * sizeof(float)));
+        at += umt_tensor_numel(p);
+    }
+}
+
+/* The accuracy on the training set in evaluation mode (its batches of 500 move the arena). */
+static double evaluate(umt_context *ctx, trainer *t) {
+    bool was_training = umt_set_training(ctx, false), was_grad = umt_set_grad_enabled(ctx, false);
+    int64_t indices[500], correct = 0;
+    for (int64_t start = 0; start < SAMPLES; start += 500) {
+        for (int i = 0; i < 500; ++i) indices[i] = start + i;
+        umt_tensor *images = NULL, *labels = NULL;
+        int64_t right = 0;
+        EXPECT_OK(umt_step_begin(ctx));
+        EXPECT_OK(umt_dataset_batch(ctx, t->data, indices, 500, 0.5f, 0.25f, &images, &labels));
+        umt_tensor *scores = mnist_cnn_forward(ctx, &t->model, images);
+        assert_non_null(scores);
+        EXPECT_OK(umt_count_correct(ctx, scores, labels, &right));
+        correct += right;
+    }
+    umt_set_training(ctx, was_training);
+    umt_set_grad_enabled(ctx, was_grad);
+    return 100.0 * (double)correct / SAMPLES;
+}
+
+static void train_with(umt_precision precision, bool fuse, bool graph, bool reads_loss, run_result *out) {
+    umt_context_options co = umt_context_defaults();
+    co.device = UMT_DEVICE_CUDA;
+    co.seed = 5;
+    co.precision = precision;
+    umt_context *ctx = NULL;
+    EXPECT_OK(umt_context_create(&co, &ctx));
+    trainer t = {.reads_loss = reads_loss};
+    char images_path[128], labels_path[128];
+    snprintf(images_path, sizeof images_path, "%s/images", dir);
+    snprintf(labels_path, sizeof labels_path, "%s/labels", dir);
+    EXPECT_OK(umt_dataset_load_idx(ctx, images_path, labels_path, CLASSES, &t.data));
+    if (mnist_cnn_build(ctx, &t.model)) fail_msg("mnist_cnn_build: %s", umt_last_error());
+    t.model.fuse = fuse;
+    umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_SGD);
+    oo.momentum = 0.9f;
+    oo.loss_scaling = precision == UMT_PRECISION_FP16;
+    EXPECT_OK(umt_optimizer_create(ctx, &oo, &t.opt));
+    umt_step_graph *g = NULL;
+    EXPECT_OK(umt_step_graph_create(ctx, graph, &g));
+    int64_t order[SAMPLES];
+    for (int epoch = 0, s = 0; epoch < EPOCHS; ++epoch) {
+        EXPECT_OK(umt_permutation(ctx, SAMPLES, order));
+        for (int64_t first = 0; first < SAMPLES; first += BATCH, ++s) {
+            int64_t count = SAMPLES - first < BATCH ? SAMPLES - first : BATCH;
+            /* A new rate every step: a replay must read it from the device. */
+            umt_optimizer_set_lr(t.opt, umt_lr_cosine(0.05f, 0.001f, s, STEPS));
+            EXPECT_OK(umt_step_graph_run(g, step, &t, order + first, (size_t)count * sizeof *order));
+            EXPECT_OK(umt_tensor_get_f32(umt_step_graph_loss(g), 0, &out->losses[s]));
+        }
+        if (epoch == 0) out->accuracy = evaluate(ctx, &t);
+    }
+    assert_int_equal(umt_optimizer_steps(t.opt), STEPS);
+    out->stats = umt_step_graph_stats_get(g);
+    out->off_reason = umt_step_graph_off_reason(g) != NULL;
+    copy_parameters(ctx, out);
+    umt_context_destroy(ctx);
+}
+
+static void train(umt_precision precision, bool fuse, bool graph, run_result *out) {
+    train_with(precision, fuse, graph, false, out);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Comparison                                                                                  */
+
+static bool bitwise_same(const run_result *a, const run_result *b) {
+    return !memcmp(a->losses, b->losses, sizeof a->losses) && a->parameter_count == b->parameter_count &&
+           !memcmp(a->parameters, b->parameters, (size_t)a->parameter_count * sizeof(float));
+}
+
+static double relative(float a, float b) { return fabs((double)a - b) / fmax(fabs((double)b), 1e-30); }
+
+static void expect_same_run(const char *what, const run_result *graph, const run_result *eager, bool bitwise) {
+    for (int s = 0; s < STEPS; ++s) {
+        assert_true(isfinite(eager->losses[s]));
+        if (bitwise ? memcmp(&graph->losses[s], &eager->losses[s], sizeof(float)) != 0
+                    : relative(graph->losses[s], eager->losses[s]) > 1e-6)
+            fail_msg("%s: step %d loss: graph %.9g, eager %.9g (%s)", what, s, (double)graph->losses[s],
+                     (double)eager->losses[s], bitwise ? "expected the same bits" : "expected <= 1e-6 relative");
+    }
+    for (int64_t i = 0; i < eager->parameter_count; ++i) {
+        float a = graph->parameters[i], b = eager->parameters[i];
+        if (bitwise ? memcmp(&a, &b, sizeof a) != 0 : relative(a, b) > 1e-6 && fabs((double)a - b) > 1e-9)
+            fail_msg("%s: parameter element %lld: graph %.9g, eager %.9g", what, (long long)i, (double)a, (double)b);
+    }
+}
+
+/* fuse: the fused ops the trainer uses by default (mnist_cnn_model.h), or one op at a time. */
+static void check_precision(umt_precision precision, bool fuse) {
+    char name[32];
+    snprintf(name, sizeof name, "%s, fuse %s", umt_precision_name(precision), fuse ? "on" : "off");
+    run_result eager = {0}, again = {0}, graph = {0};
+    train(precision, fuse, false, &eager);
+    train(precision, fuse, false, &again);
+    train(precision, fuse, true, &graph);
+    bool deterministic = bitwise_same(&eager, &again);
+    printf("%s: eager runs %s; graph run checked %s; graph: %lld captures, %lld replayed, %lld eager; "
+           "loss %.4f -> %.4f, accuracy after epoch 1 %.1f%%\n",
+           name, deterministic ? "bit-identical" : "differ", deterministic ? "bit for bit" : "to 1e-6 relative",
+           (long long)graph.stats.captures, (long long)graph.stats.replayed_steps, (long long)graph.stats.eager_steps,
+           (double)eager.losses[0], (double)eager.losses[STEPS - 1], graph.accuracy);
+    expect_same_run(name, &graph, &eager, deterministic);
+    assert_true(graph.accuracy == eager.accuracy);
+    /* The graph really ran: replays in both epochs (captured again if the evaluation moved the
+     * arena), the short batches and the warm-up steps eager, and the eager run never captured. */
+    assert_true(graph.stats.captures >= 1);
+    assert_true(graph.stats.replayed_steps >= STEPS - 2 * (1 + 2 + 1));
+    assert_int_equal(graph.stats.replayed_steps + graph.stats.eager_steps, STEPS);
+    assert_int_equal(eager.stats.captures, 0);
+    assert_int_equal(eager.stats.eager_steps, STEPS);
+    /* It learned something (the classes are easy): the loss fell. */
+    assert_true(eager.losses[STEPS - 1] < 0.8f * eager.losses[0]);
+    free(eager.parameters);
+    free(again.parameters);
+    free(graph.parameters);
+}
+
+static void test_graph_replays_give_the_eager_losses_in_fp32(void **state) {
+    (void)state;
+    check_precision(UMT_PRECISION_FP32, true);
+}
+
+static void test_graph_replays_give_the_eager_losses_op_by_op(void **state) {
+    (void)state;
+    check_precision(UMT_PRECISION_FP32, false);
+}
+
+static void test_graph_replays_follow_the_loss_scale_in_fp16(void **state) {
+    (void)state;
+    check_precision(UMT_PRECISION_FP16, true);
+}
+
+/* A step that waits for the GPU (it reads its loss back) cannot be captured: the first capture
+ * fails, the graph turns itself off, and every step runs eagerly, with the capture's host
+ * effects (dropout draws, the optimizer's step count) taken back, so the losses and parameters
+ * are still those of the eager run. */
+static void test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_losses(void **state) {
+    (void)state;
+    run_result eager = {0}, fallback = {0};
+    train(UMT_PRECISION_FP32, true, false, &eager);
+    train_with(UMT_PRECISION_FP32, true, true, true, &fallback);
+    assert_true(fallback.off_reason);
+    assert_int_equal(fallback.stats.captures, 0);
+    assert_int_equal(fallback.stats.replayed_steps, 0);
+    assert_int_equal(fallback.stats.eager_steps, STEPS);
+    expect_same_run("fallback", &fallback, &eager, true);
+    free(eager.parameters);
+    free(fallback.parameters);
+}
+
+/* The same API on the CPU: no capture, every step eager, same loss bookkeeping. */
+static void test_cpu_steps_run_eagerly(void **state) {
+    (void)state;
+    umt_context_options co = umt_context_defaults();
+    co.device = UMT_DEVICE_CPU;
+    umt_context *ctx = NULL;
+    EXPECT_OK(umt_context_create(&co, &ctx));
+    umt_step_graph *g = NULL;
+    EXPECT_OK(umt_step_graph_create(ctx, true, &g));
+    double mean = -1;
+    int64_t steps = -1;
+    EXPECT_OK(umt_step_graph_take_mean_loss(g, &mean, &steps));
+    assert_int_equal(steps, 0);
+    assert_true(mean == 0.0);
+    umt_context_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_graph_replays_give_the_eager_losses_in_fp32),
+        cmocka_unit_test(test_graph_replays_give_the_eager_losses_op_by_op),
+        cmocka_unit_test(test_graph_replays_follow_the_loss_scale_in_fp16),
+        cmocka_unit_test(test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_losses),
+        cmocka_unit_test(test_cpu_steps_run_eagerly),
+    };
+    return cmocka_run_group_tests(tests, write_dataset, NULL);
+}
