@@ -68,7 +68,7 @@ umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_byt
 size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed_bytes, size_t *weight_slot_bytes,
                              size_t *activation_slot_bytes);
 
-/* One line per pool (on GPU: count and bytes; offloaded: count and bytes), then the buffers and
+/* One line per pool that has items (on GPU: count and bytes; offloaded: count and bytes), then the buffers and
  * the budget. */
 void umt_plan_print(FILE *out, const umt_plan_item *items, int count, const umt_placement_plan *plan);
 
