@@ -245,11 +245,15 @@ static umt_status plan_activations(umt_offload *o) {
         const umt_offload_activation *r = &o->activations[i];
         items[i] = (umt_plan_item){r->op, UMT_POOL_ACTIVATIONS, r->group, r->bytes, false};
     }
-    /* The GPU holds now what the first step needed with every activation away, its buffers for
-     * the ones brought back included. The planner adds its two activation buffers (the largest
-     * layer's, twice) on top: the margin the second step needs, recorded less tightly than a plan
-     * places it (first fit, no merging of freed ranges). */
-    size_t fixed = ctx->memory.device_bytes;
+    /* Fixed: what the GPU holds now, the arena counted at the first step's peak rather than its
+     * plan's, because keeping any activation means recording the second step afresh, and a
+     * recorded step places its tensors less tightly than a plan (first fit, no merging of freed
+     * ranges, growth by blocks). The planner adds its two activation buffers (the largest layer's,
+     * twice) on top: they are in the arena already, and this is the margin. */
+    umt_pool_stats arena;
+    umt_memory_stats(&ctx->memory, UMT_POOL_ACTIVATIONS, &arena);
+    size_t recorded = arena.peak_bytes > arena.capacity_bytes ? arena.peak_bytes : arena.capacity_bytes;
+    size_t fixed = ctx->memory.device_bytes - arena.capacity_bytes + recorded;
     umt_placement_plan plan;
     umt_status st = umt_plan_placement(items, n, ctx->memory.budget_bytes, fixed, &plan);
     fprintf(stderr, "placement plan: the first step saved %d activations for backward; stage 3 on them:\n", n);
