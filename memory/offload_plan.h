@@ -14,7 +14,9 @@
  *      use is copied into a device double buffer one layer ahead of use, so only two layers'
  *      weights and gradients are on the GPU at once;
  *   3. activations saved for backward, largest first: out after their forward, back one layer
- *      ahead in backward, through a second double buffer.
+ *      ahead in backward, through a second double buffer (at run time, core/offload_activations.c:
+ *      buffers in the activation arena, which its plan places with the rest; the planner counts
+ *      two of the largest layer's as that buffer).
  *
  * Streaming has a price in device memory: the double buffers. Offloading the first item of a
  * stage can therefore raise the total before later items lower it; the planner keeps going and
