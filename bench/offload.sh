@@ -3,7 +3,8 @@
 #     bash gpu_bundle/offload.sh
 # The offload tier's GPU tests, examples/big_mlp trained for 10 steps with UMT_DEVICE_BUDGET=2G
 # (state 4x the budget) and in GPU memory, their losses compared, the benchmark of both at two
-# batch sizes, and the memory trace of the offloaded run drawn as an SVG. Logs, the trace and the
+# batch sizes, the same at batch 2048 with saved activations offloaded too (--offload-activations;
+# tools/trace_phases.py splits its step), and the memory trace of the offloaded run drawn as an SVG. Logs, the trace and the
 # SVG go to $OUT (or /tmp/umt_offload_logs); a refused allocation with a 1G budget shows the pools
 # largest first; a summary table comes last.
 set -uo pipefail
@@ -46,6 +47,20 @@ row "big_mlp losses offloaded (first, last)" "$(grep '^step' "$logs/big_mlp_offl
 python3 mem_trace_svg.py "$logs/big_mlp_trace.json" --step 5 -o "$logs/big_mlp_memory.svg" > "$logs/svg.log" 2>&1
 row "mem_trace_svg.py (step 5)" "$(tail -n 1 "$logs/svg.log")"
 
+# Saved activations offloaded too: at batch 2048 big_mlp's activations (2.1 GiB) alone pass what a
+# 2G budget leaves (without the flag the plan is refused); with it, the same losses as in memory.
+UMT_DEVICE_BUDGET=2G timeout 60 bin/big_mlp --batch 2048 --steps 1 > "$logs/big_mlp_2048_refused.log" 2>&1
+row "big_mlp b2048 2G, activations in memory" "exit $? ($(grep -o 'placement plan: even' "$logs/big_mlp_2048_refused.log"))"
+UMT_DEVICE_BUDGET=2G UMT_MEM_TRACE="$logs/big_mlp_act_trace.json" timeout 100 bin/big_mlp --batch 2048 --steps 10 \
+    --offload-activations > "$logs/big_mlp_act.log" 2>&1
+rc4=$?
+timeout 100 bin/big_mlp --batch 2048 --no-offload --steps 10 > "$logs/big_mlp_memory_2048.log" 2>&1
+rc5=$?
+grep 'placement plan' "$logs/big_mlp_act.log"
+row "big_mlp b2048 10 steps: 2G, activations offloaded, vs in memory" "$(compare "$logs/big_mlp_act.log" "$logs/big_mlp_memory_2048.log") (exit $rc4, $rc5)"
+python3 trace_phases.py "$logs/big_mlp_act_trace.json" > "$logs/phases_act.txt" 2>&1
+row "trace_phases.py (b2048, activations offloaded), step 5" "$(grep '^step 5' "$logs/phases_act.txt" | cut -d';' -f1,5,6)"
+
 # Refusals print the pools, largest first: a plan that cannot fit 1G (the offload tier holds the
 # model), and a plain run past the same budget (the weights pool refuses a layer).
 for run in "offload" "no-offload"; do
@@ -69,6 +84,13 @@ for run in "2G 512 backward" "2G 512 auto" "4G 2048 backward" "4G 2048 auto"; do
     grep -E '^bench' "$log"
     row "big_mlp --bench 4 -b $batch offloaded ($budget, $where)" "$(grep '^bench: step' "$log" | awk '{print $3, $4}'); $(grep 'floor /' "$log" | sed 's/.*per step //')"
     [[ $where == auto ]] && row "  updates timed" "$(grep 'update measured' "$log" | sed 's/.*measured: //')"
+done
+for where in auto backward; do
+    log="$logs/bench_offload_2G_2048_activations_$where.log"
+    UMT_DEVICE_BUDGET=2G timeout 80 bin/big_mlp --bench 4 --batch 2048 --update-on "$where" --offload-activations > "$log" 2>&1
+    grep -E '^bench' "$log"
+    row "big_mlp --bench 4 -b 2048 offloaded (2G, $where, activations)" "$(grep '^bench: step' "$log" | awk '{print $3, $4}'); $(grep 'floor /' "$log" | sed 's/.*per step //')"
+    row "  of which activations" "$(grep 'saved activations' "$log" | sed 's/.*activations //')"
 done
 for batch in 512 2048; do
     log="$logs/bench_memory_$batch.log"

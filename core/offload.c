@@ -109,6 +109,7 @@ void umt_offload_destroy(umt_context *ctx) {
             if (events[e]) cudaEventDestroy((cudaEvent_t)events[e]);
     }
     if (o->updated) cudaEventDestroy((cudaEvent_t)o->updated);
+    umt_offload_activations_destroy(o);
     free(o->uses);
     free(o->cpu_jobs);
     free(o);
@@ -162,7 +163,6 @@ static umt_status make_slots(umt_offload *o, umt_tensor **tensors, const umt_pla
             largest_weights = tensors[i]->bytes;
     largest_weights = (largest_weights + 255) / 256 * 256;
     o->slot_bytes = o->plan.weight_slot_bytes;
-    UMT_TRY(create_streams(o));
     for (int s = 0; s < 2; ++s) {
         UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_STREAM, o->slot_bytes, &o->slots[s].base));
         o->slots[s].grads = (char *)o->slots[s].base + largest_weights;
@@ -221,6 +221,7 @@ static umt_status plan_once(umt_offload *o) {
 umt_status umt_offload_step_begin(umt_context *ctx) {
     umt_offload *o = ctx->offload;
     if (!o) return UMT_OK;
+    UMT_TRY(umt_offload_activations_step_begin(o));
     if (!o->planned) return plan_once(o);
     o->next_use = 0;
     o->following = !o->recording;
@@ -339,6 +340,7 @@ umt_status umt_offload_acquire(umt_context *ctx, umt_tensor *p, bool for_backwar
 }
 
 umt_status umt_offload_before_backward(umt_context *ctx, const umt_node *node) {
+    UMT_TRY(umt_offload_activations_before_backward(ctx, (int)(node - ctx->tape.nodes)));
     int offloaded = 0;
     for (int i = 0; i < node->input_count; ++i) offloaded += node->inputs[i]->is_parameter && node->inputs[i]->home != NULL;
     /* Two would share the double buffer with the prefetch, which could evict one mid-op. */
@@ -424,8 +426,11 @@ umt_status umt_offload_create(umt_context *ctx) {
     o->compute = ctx->memory.stream;
     o->optimizer = ctx->options.offload_optimizer;
     o->stats.optimizer = o->optimizer;
+    o->activation_pending = -1;
     ctx->offload = o;
-    return UMT_OK;
+    /* Saved activations use the copy streams even when every parameter stays on the GPU. */
+    if (ctx->options.offload_activations) umt_memory_set_recycle(&ctx->memory, UMT_POOL_ACTIVATIONS, true);
+    return create_streams(o);
 }
 
 #else /* no CUDA: the offload tier is never created, every hook is a no-op */

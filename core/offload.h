@@ -22,9 +22,10 @@
  * A tensor in the offload tier keeps its host bytes in `home`; `data` points there, or at the
  * slot while the slot holds it, so ops and kernels need not know. Scope: parameters read through
  * umt_weight_for_compute (linear, matmul, conv2d weights) are streamed, one per op, fp32 only;
- * parameters smaller than UMT_OFFLOAD_MIN_STREAM_BYTES (memory/offload_plan.h) stay on the GPU; saved activations are not offloaded
- * at run time (offload_reserve_bytes holds them); clipping and loss scaling refuse offloaded
- * parameters.
+ * parameters smaller than UMT_OFFLOAD_MIN_STREAM_BYTES (memory/offload_plan.h) stay on the GPU;
+ * saved activations stay in the arena (offload_reserve_bytes holds them) unless
+ * options.offload_activations sends them out too (core/offload_activations.c); clipping and loss
+ * scaling refuse offloaded parameters.
  */
 #ifndef UMT_CORE_OFFLOAD_H
 #define UMT_CORE_OFFLOAD_H
@@ -57,6 +58,12 @@ umt_status umt_offload_acquire(umt_context *ctx, umt_tensor *p, bool for_backwar
 umt_status umt_offload_before_backward(umt_context *ctx, const umt_node *node);
 /* The tape says p's gradient is final for this step: it is copied out to the offload tier. */
 umt_status umt_offload_gradient_ready(umt_context *ctx, umt_tensor *p);
+/* Saved activations (options.offload_activations, core/offload_activations.c): the tape has
+ * recorded node n (its kernels are queued): what it read goes out; before node n's backward:
+ * its activations come back, the next node's start to; after it: buffers no longer read go. */
+umt_status umt_offload_activations_recorded(umt_context *ctx, int n);
+umt_status umt_offload_activations_before_backward(umt_context *ctx, int n);
+umt_status umt_offload_activations_after_backward(umt_context *ctx, int n);
 /* End of backward: work queued after this sees every offloaded gradient in the offload tier. */
 umt_status umt_offload_backward_done(umt_context *ctx);
 /* umt_zero_grad for an offloaded gradient: marked zero, nothing copied (true if it handled g). */

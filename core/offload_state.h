@@ -29,6 +29,29 @@ typedef struct {
     bool for_backward;
 } umt_offload_use;
 
+/* Where a saved activation is (core/offload_activations.c). */
+typedef enum {
+    UMT_ACTIVATION_RESIDENT, /* in the arena, as any activation (kept by the plan, or the last one) */
+    UMT_ACTIVATION_LEAVING,  /* its copy out is queued; the arena bytes are still its own */
+    UMT_ACTIVATION_AWAY,     /* data points at its pinned copy; the arena bytes are free for reuse */
+    UMT_ACTIVATION_BACK,     /* copied into an arena buffer for backward (or on its way there) */
+} umt_activation_state;
+
+/* One saved activation of this step, by order of discovery. home, bytes and the events outlive
+ * the step: the next step's activation of the same index reuses them. */
+typedef struct {
+    umt_tensor *tensor;
+    size_t bytes;
+    void *home;               /* its pinned copy (offload pool) */
+    void *arena;              /* its own bytes in the arena, for the view check */
+    int first_node, group;    /* the earliest tape node that reads it; the node that sent it out */
+    const char *op;           /* that node's op, for the plan and the trace */
+    umt_activation_state state;
+    bool offload;             /* the plan's decision (the first step: every one) */
+    int buffer_slot;          /* the arena plan's slot of the buffer it came back to */
+    void *left, *loaded;      /* events: copy out done (copy-out stream); copy in done (copy-in stream) */
+} umt_offload_activation;
+
 struct umt_offload {
     umt_context *ctx;
     bool planned;
@@ -52,6 +75,12 @@ struct umt_offload {
     struct umt_offload_cpu_job *cpu_jobs;
     int cpu_job_count, cpu_job_slots;
     const umt_optimizer *attached; /* UMT_OFFLOAD_OPTIM_BACKWARD: the optimizer that updates in backward */
+    /* Saved activations (options.offload_activations, core/offload_activations.c) */
+    umt_offload_activation *activations;
+    int activation_count, activation_slots, activation_events; /* this step's; allocated; with events made */
+    bool activations_planned;  /* stage 3 has run on the first step's activations */
+    int activation_pending;    /* the LEAVING one whose arena bytes are freed at the next send, or -1 */
+    bool in_backward;
     umt_offload_stats stats;
 };
 
@@ -62,5 +91,10 @@ umt_status umt_offload_record(void *event, void *stream);
 /* A host <-> device copy on stream, counted in the stats and traced. */
 umt_status umt_offload_copy(umt_offload *o, void *dst, const void *src, size_t bytes, bool to_device, const char *what);
 double umt_offload_seconds(void);
+
+/* Saved activations (core/offload_activations.c): the step's start (after the first step: the
+ * plan's stage 3), and freeing the events and pinned copies. */
+umt_status umt_offload_activations_step_begin(umt_offload *o);
+void umt_offload_activations_destroy(umt_offload *o);
 
 #endif /* UMT_CORE_OFFLOAD_STATE_H */

@@ -35,7 +35,8 @@ umt_status umt_tape_record(umt_context *ctx, const char *op, umt_backward_fn bac
         /* Counted so that backward knows when a parameter's last contribution has arrived. */
         if (inputs[i]->is_parameter) inputs[i]->pending_uses++;
     }
-    return UMT_OK;
+    /* The offload tier may send what the op read to pinned memory now. */
+    return umt_offload_activations_recorded(ctx, tape->count - 1);
 }
 
 void umt_tape_clear(umt_tape *tape) { tape->count = 0; }
@@ -144,6 +145,7 @@ static umt_status backward_from(umt_context *ctx, umt_tensor *loss, const float 
             umt_memory_end_of_life(&ctx->memory, UMT_POOL_ACTIVATIONS, node->output->grad->arena_slot);
         }
         UMT_TRY(announce_finished_parameters(ctx, node));
+        UMT_TRY(umt_offload_activations_after_backward(ctx, n));
     }
     /* The tape has been consumed: a second backward needs a new forward. */
     umt_tape_clear(&ctx->tape);

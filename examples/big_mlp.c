@@ -11,7 +11,12 @@
  *        updated: after backward on the GPU in chunks or by CPU threads, auto the faster, or during
  *        backward on the GPU as each gradient is final)
  *        --reserve SIZE (device bytes kept for activations; default: what the batch needs)
+ *        --offload-activations (saved activations may go to the offload tier too: the first step
+ *        sends all, the plan then keeps what fits; the reserve shrinks to what that step needs)
  *        --no-offload (plain pools: fails past the budget) --bench N (N timed steps after warm-up)
+ *
+ *   UMT_DEVICE_BUDGET=2G bazel-bin/examples/big_mlp --batch 2048 --offload-activations
+ *                                             # activations (2.1 GiB) alone past what 2G leaves
  *
  * The task is synthetic and fixed: one random batch of `batch` inputs with random labels among
  * `width` classes, which the network learns to fit, so the loss falls step after step and two
@@ -32,14 +37,15 @@ typedef struct {
     int steps, bench;
     uint64_t seed;
     float lr;
-    bool offload;
+    bool offload, offload_activations;
     size_t reserve;
     umt_offload_optimizer update_on;
 } options;
 
 static int usage(const char *why) {
     fprintf(stderr, "big_mlp: %s\nusage: big_mlp [--width N] [--depth N] [--batch N] [--steps N] [--seed N] [--lr X]\n"
-            "               [--update-on auto|gpu|cpu|backward] [--reserve SIZE] [--no-offload] [--bench N]\n", why);
+            "               [--update-on auto|gpu|cpu|backward] [--reserve SIZE] [--offload-activations] [--no-offload]\n"
+            "               [--bench N]\n", why);
     return 2;
 }
 
@@ -48,6 +54,7 @@ static int parse(int argc, char **argv, options *o) {
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-offload")) { o->offload = false; continue; }
+        if (!strcmp(a, "--offload-activations")) { o->offload_activations = true; continue; }
         if (!v) return usage("a flag is missing its value");
         i++;
         if (!strcmp(a, "--width")) o->width = atoll(v);
@@ -65,7 +72,11 @@ static int parse(int argc, char **argv, options *o) {
     /* Activations: the first step, which the arena records before it can plan reuse, holds every
      * output (linear and ReLU per layer, the loss's probabilities) and every gradient of one at
      * once: about 4 depth + 2 tensors of batch x width f32; and 64 MiB of scratch. */
-    if (!o->reserve) o->reserve = (size_t)(4 * o->depth + 2) * (size_t)(o->batch * o->width) * 4 + ((size_t)64 << 20);
+    size_t tensor = (size_t)(o->batch * o->width) * 4;
+    if (!o->reserve) o->reserve = (size_t)(4 * o->depth + 2) * tensor + ((size_t)64 << 20);
+    /* With activations sent out, the recorded first step holds a few at once: the op's input and
+     * output, the one leaving, the probabilities; in backward two gradients and the ones back. */
+    if (o->offload_activations) o->reserve = 8 * tensor + ((size_t)64 << 20);
     return 0;
 }
 
@@ -97,6 +108,7 @@ static int build(const options *o, model *m) {
     co.offload = o->offload;
     co.offload_reserve_bytes = o->reserve;
     co.offload_optimizer = o->update_on;
+    co.offload_activations = o->offload_activations;
     if (umt_context_create(&co, &m->ctx)) return fail("context");
     m->layers = calloc((size_t)o->depth, sizeof *m->layers);
     for (int64_t l = 0; l < o->depth; ++l) {
@@ -175,6 +187,10 @@ static int bench(const options *o, model *m) {
            link.to_device_gbps, link.to_host_gbps, link.both_ways_gbps);
     printf("bench: per step %.3f GB to device + %.3f GB to host; link-bound floor %.1f ms; floor / step = %.2f\n",
            in / 1e9, out / 1e9, 1e3 * floor_s, floor_s / step_s);
+    if (o->offload_activations)
+        printf("bench: of which saved activations %.3f GB to device + %.3f GB to host per step\n",
+               (double)(after.activation_bytes_to_device - before.activation_bytes_to_device) / o->bench / 1e9,
+               (double)(after.activation_bytes_to_host - before.activation_bytes_to_host) / o->bench / 1e9);
     return 0;
 }
 
@@ -200,9 +216,11 @@ int main(int argc, char **argv) {
     umt_offload_stats st;
     umt_offload_stats_get(m.ctx, &st);
     if (!rc)
-        printf("big_mlp: %d tensors (%.2f GiB) in the offload tier; %.2f GB copied to the device, %.2f GB to the host\n",
+        printf("big_mlp: %d tensors (%.2f GiB) in the offload tier; %.2f GB copied to the device, %.2f GB to the host; "
+               "saved activations: %llu sent out (%.2f GB out, %.2f GB back)\n",
                st.offloaded_tensors, (double)st.offloaded_bytes / (1 << 30), (double)st.bytes_to_device / 1e9,
-               (double)st.bytes_to_host / 1e9);
+               (double)st.bytes_to_host / 1e9, (unsigned long long)st.activations_offloaded,
+               (double)st.activation_bytes_to_host / 1e9, (double)st.activation_bytes_to_device / 1e9);
     free(m.layers);
     umt_context_destroy(m.ctx);
     return rc;

@@ -160,6 +160,10 @@ typedef struct {
     bool offload;
     size_t offload_reserve_bytes;            /* device bytes the plan leaves for activations and scratch */
     umt_offload_optimizer offload_optimizer; /* where offloaded parameters are updated */
+    /* With offload: activations saved for backward may go to the offload tier too. The first
+     * step sends every one (their sizes are unknown before a forward pass); from the second the
+     * planner keeps on the GPU those that fit (core/offload_activations.c). */
+    bool offload_activations;
 } umt_context_options;
 
 /* Options with defaults: umt_default_device(), seed 1, managed memory, GPU 0, fp32. */
@@ -209,6 +213,9 @@ typedef struct {
     size_t offloaded_bytes;
     uint64_t bytes_to_device;     /* host -> device copies: weights, gradients, optimizer chunks */
     uint64_t bytes_to_host;       /* device -> host copies: gradients, updated parameters and state */
+    uint64_t activation_bytes_to_device; /* of which saved activations (options.offload_activations) */
+    uint64_t activation_bytes_to_host;
+    uint64_t activations_offloaded;      /* saved activations whose device bytes were given up, all steps */
     umt_offload_optimizer optimizer; /* where offloaded updates run now (auto until measured) */
     double optimizer_gpu_ms;      /* the measured offloaded update of each kind (0: not measured) */
     double optimizer_cpu_ms;

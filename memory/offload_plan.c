@@ -162,6 +162,7 @@ void umt_plan_print(FILE *out, const umt_plan_item *items, int count, const umt_
             if (items[i].offloaded) off++, off_bytes += align_up(items[i].bytes);
             else on++, on_bytes += align_up(items[i].bytes);
         }
+        if (!on && !off) continue; /* a pool the model has nothing in */
         fprintf(out, "placement plan:              %-11s %6d %12.3f %8d %12.3f\n", umt_pool_name(pools[k]), on,
                 gib(on_bytes), off, gib(off_bytes));
     }

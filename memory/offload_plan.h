@@ -14,7 +14,9 @@
  *      use is copied into a device double buffer one layer ahead of use, so only two layers'
  *      weights and gradients are on the GPU at once;
  *   3. activations saved for backward, largest first: out after their forward, back one layer
- *      ahead in backward, through a second double buffer.
+ *      ahead in backward, through a second double buffer (at run time, core/offload_activations.c:
+ *      buffers in the activation arena, which its plan places with the rest; the planner counts
+ *      two of the largest layer's as that buffer).
  *
  * Streaming has a price in device memory: the double buffers. Offloading the first item of a
  * stage can therefore raise the total before later items lower it; the planner keeps going and
@@ -68,7 +70,7 @@ umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_byt
 size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed_bytes, size_t *weight_slot_bytes,
                              size_t *activation_slot_bytes);
 
-/* One line per pool (on GPU: count and bytes; offloaded: count and bytes), then the buffers and
+/* One line per pool that has items (on GPU: count and bytes; offloaded: count and bytes), then the buffers and
  * the budget. */
 void umt_plan_print(FILE *out, const umt_plan_item *items, int count, const umt_placement_plan *plan);
 

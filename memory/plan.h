@@ -26,6 +26,7 @@
 typedef struct {
     size_t bytes;
     size_t offset;
+    void *ptr; /* while recording: where the arena put it (for umt_memory_end_of_life's recycling) */
     int birth; /* event count when allocated */
     int death; /* event count when backward was done with it; INT_MAX: end of step */
 } umt_plan_slot;

@@ -41,6 +41,9 @@ void umt_memory_release(umt_memory *mem) {
     for (int p = 0; p < UMT_POOL_COUNT; ++p) {
         release_blocks(mem, &mem->pools[p]);
         umt_plan_release(&mem->pools[p].plan);
+        free(mem->pools[p].dead);
+        mem->pools[p].dead = NULL;
+        mem->pools[p].dead_count = mem->pools[p].dead_slots = 0;
         free(mem->pools[p].blocks);
         mem->pools[p].blocks = NULL;
         mem->pools[p].block_slots = 0;
@@ -129,12 +132,32 @@ static void count(umt_pool_state *s, size_t bytes, size_t high_water) {
     s->allocations++;
 }
 
+/* Recycling while recording: the first dead range large enough, its front part. */
+static bool take_dead(umt_pool_state *s, size_t bytes, void **out) {
+    for (int i = 0; i < s->dead_count; ++i) {
+        umt_block *d = &s->dead[i];
+        if (d->bytes < bytes) continue;
+        *out = d->ptr;
+        d->ptr = (char *)d->ptr + bytes;
+        d->bytes -= bytes;
+        if (!d->bytes) *d = s->dead[--s->dead_count];
+        return true;
+    }
+    return false;
+}
+
 static umt_status arena_alloc(umt_memory *mem, umt_pool_state *s, size_t bytes, void **out, int *slot) {
     size_t offset = 0;
     if (umt_plan_next(&s->plan, bytes, &offset, slot)) {
         /* umt_memory_reset sized blocks[0] to hold the whole plan. */
         *out = (char *)s->blocks[0].ptr + offset;
         count(s, bytes, offset + bytes);
+        trace_pools(mem);
+        return UMT_OK;
+    }
+    if (*slot != UMT_PLAN_NO_SLOT && take_dead(s, bytes, out)) {
+        s->plan.slots[*slot].ptr = *out;
+        count(s, bytes, s->in_use_bytes);
         trace_pools(mem);
         return UMT_OK;
     }
@@ -151,6 +174,7 @@ static umt_status arena_alloc(umt_memory *mem, umt_pool_state *s, size_t bytes, 
         s->arena_offset = 0;
     }
     *out = (char *)top->ptr + s->arena_offset;
+    if (*slot != UMT_PLAN_NO_SLOT) s->plan.slots[*slot].ptr = *out;
     s->arena_offset += bytes;
     count(s, bytes, s->capacity_bytes - top->bytes + s->arena_offset);
     trace_pools(mem);
@@ -178,7 +202,32 @@ umt_status umt_memory_alloc_slot(umt_memory *mem, umt_pool pool, size_t bytes, v
 }
 
 void umt_memory_end_of_life(umt_memory *mem, umt_pool pool, int slot) {
-    if ((unsigned)pool < UMT_POOL_COUNT) umt_plan_end_of_life(&mem->pools[pool].plan, slot);
+    if ((unsigned)pool >= UMT_POOL_COUNT) return;
+    umt_pool_state *s = &mem->pools[pool];
+    bool recorded = !s->plan.planned && slot >= 0 && slot < s->plan.count;
+    umt_plan_end_of_life(&s->plan, slot);
+    if (!s->recycle || !recorded) return;
+    if (s->dead_count == s->dead_slots) {
+        int slots = s->dead_slots ? 2 * s->dead_slots : 64;
+        umt_block *grown = realloc(s->dead, (size_t)slots * sizeof *grown);
+        if (!grown) return; /* not recycled: the arena grows instead, nothing is lost */
+        s->dead = grown;
+        s->dead_slots = slots;
+    }
+    s->dead[s->dead_count++] = (umt_block){s->plan.slots[slot].ptr, s->plan.slots[slot].bytes};
+}
+
+void umt_memory_set_recycle(umt_memory *mem, umt_pool pool, bool on) {
+    if ((unsigned)pool < UMT_POOL_COUNT) mem->pools[pool].recycle = on;
+}
+
+void umt_memory_rerecord(umt_memory *mem, umt_pool pool) {
+    umt_pool_state *s = &mem->pools[pool];
+    if (s->policy->lifetime != UMT_LIFETIME_STEP) return;
+    umt_plan_release(&s->plan);
+    umt_plan_begin_step(&s->plan); /* nothing planned: cannot fail */
+    s->arena_offset = 0;
+    s->dead_count = 0;
 }
 
 void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr) {
@@ -213,6 +262,7 @@ umt_status umt_memory_reset(umt_memory *mem, umt_pool pool) {
     }
     /* Allocations that depart from the plan go after the planned region. */
     s->arena_offset = s->plan.planned ? s->plan.planned_peak_bytes : 0;
+    s->dead_count = 0;
     s->in_use_bytes = 0;
     trace_pools(mem);
     return UMT_OK;

@@ -37,6 +37,13 @@ typedef struct {
     int block_slots;
     size_t arena_offset; /* STEP pools: bytes used in blocks[block_count-1] */
     umt_arena_plan plan; /* STEP pools: offsets planned from the first training step */
+    /* STEP pools with recycling on (the offload tier's activations): while a step is recorded,
+     * bytes whose life has ended are handed out again, first fit, so that the recorded step
+     * needs about what the plan will, not the sum of every size. */
+    bool recycle;
+    umt_block *dead;
+    int dead_count;
+    int dead_slots;
     /* statistics */
     size_t in_use_bytes;
     size_t peak_bytes;
@@ -66,8 +73,15 @@ umt_status umt_memory_alloc(umt_memory *mem, umt_pool pool, size_t bytes, void *
 /* The same, and for STEP pools *slot names the allocation in the arena's plan (for
  * umt_memory_end_of_life); UMT_PLAN_NO_SLOT otherwise. */
 umt_status umt_memory_alloc_slot(umt_memory *mem, umt_pool pool, size_t bytes, void **out, int *slot);
-/* Backward is done with the activation in slot: the plan may reuse its bytes after this. */
+/* Backward is done with the activation in slot: the plan may reuse its bytes after this (and,
+ * with recycling on, the recorded step itself: the caller has ordered every queued use of them
+ * before any later work on the compute stream). */
 void umt_memory_end_of_life(umt_memory *mem, umt_pool pool, int slot);
+/* Recycling on or off for a STEP pool (see umt_pool_state.recycle). */
+void umt_memory_set_recycle(umt_memory *mem, umt_pool pool, bool on);
+/* Forgets a STEP pool's plan: this step (just begun) is recorded afresh and the next one planned
+ * from it. For a context whose sequence of allocations has changed on purpose. */
+void umt_memory_rerecord(umt_memory *mem, umt_pool pool);
 /* Returns a block to a RUN pool (a no-op for STEP pools, which free at reset). */
 void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr);
 /* Resets a STEP pool: every pointer it handed out becomes invalid. */

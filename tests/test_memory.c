@@ -80,6 +80,39 @@ static void test_arena_overflow_is_merged_into_one_block_at_reset(void **state) 
     umt_memory_release(&mem);
 }
 
+/* With recycling on (the offload tier's activations), the recorded step hands out again the
+ * bytes whose life ended, so it needs about what the plan will; re-recording forgets the plan. */
+static void test_recorded_step_recycles_ended_bytes_and_rerecord_forgets_the_plan(void **state) {
+    (void)state;
+    umt_memory mem;
+    umt_memory_init(&mem, UMT_DEVICE_CPU, UMT_MEM_MANAGED, 0);
+    umt_memory_set_recycle(&mem, UMT_POOL_ACTIVATIONS, true);
+    void *a, *b, *c;
+    int slot_a, slot_b, slot_c;
+    assert_int_equal(umt_memory_alloc_slot(&mem, UMT_POOL_ACTIVATIONS, 4 << 20, &a, &slot_a), UMT_OK);
+    assert_int_equal(umt_memory_alloc_slot(&mem, UMT_POOL_ACTIVATIONS, 4 << 20, &b, &slot_b), UMT_OK);
+    umt_memory_end_of_life(&mem, UMT_POOL_ACTIVATIONS, slot_a);
+    /* A smaller request takes the front of a's bytes, a larger one cannot. */
+    assert_int_equal(umt_memory_alloc_slot(&mem, UMT_POOL_ACTIVATIONS, 1 << 20, &c, &slot_c), UMT_OK);
+    assert_ptr_equal(c, a);
+    void *d;
+    int slot_d;
+    assert_int_equal(umt_memory_alloc_slot(&mem, UMT_POOL_ACTIVATIONS, 8 << 20, &d, &slot_d), UMT_OK);
+    assert_true((char *)d >= (char *)b + (4 << 20) || (char *)d + (8 << 20) <= (char *)a);
+    /* The plan made from that step reuses a's bytes too: its peak is below the sum of the sizes. */
+    assert_int_equal(umt_memory_reset(&mem, UMT_POOL_ACTIVATIONS), UMT_OK);
+    umt_pool_stats s;
+    umt_memory_stats(&mem, UMT_POOL_ACTIVATIONS, &s);
+    assert_true(s.planned_peak_bytes < s.planned_total_bytes);
+    umt_memory_rerecord(&mem, UMT_POOL_ACTIVATIONS);
+    assert_false(mem.pools[UMT_POOL_ACTIVATIONS].plan.planned);
+    /* Recorded afresh from offset 0 of the block the plan left, with slots again. */
+    assert_int_equal(umt_memory_alloc_slot(&mem, UMT_POOL_ACTIVATIONS, 1 << 20, &a, &slot_a), UMT_OK);
+    assert_int_equal(slot_a, 0);
+    assert_ptr_equal(a, mem.pools[UMT_POOL_ACTIVATIONS].blocks[0].ptr);
+    umt_memory_release(&mem);
+}
+
 static void test_parameters_live_in_weights_and_gradients_in_grads(void **state) {
     (void)state;
     umt_context *ctx;
@@ -215,6 +248,7 @@ int main(void) {
         cmocka_unit_test(test_allocations_are_aligned_and_counted),
         cmocka_unit_test(test_zero_byte_request_is_refused_naming_the_pool),
         cmocka_unit_test(test_arena_overflow_is_merged_into_one_block_at_reset),
+        cmocka_unit_test(test_recorded_step_recycles_ended_bytes_and_rerecord_forgets_the_plan),
         cmocka_unit_test(test_parameters_live_in_weights_and_gradients_in_grads),
         cmocka_unit_test(test_bad_shapes_are_refused_with_the_dimension),
         cmocka_unit_test(test_conversion_to_bf16_and_back_keeps_representable_values),

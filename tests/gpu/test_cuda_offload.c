@@ -3,7 +3,9 @@
  * that forces its parameters, gradients and Adam state into pinned host memory gives the same
  * losses over 10 steps as the same model in GPU memory (fp32, updates on the GPU, on the CPU,
  * auto, and during backward); a middle budget offloads optimizer state only; the device stays within the budget; the
- * UMT_MEM_TRACE file is valid JSON naming every pool; a refusal prints the pools largest first.
+ * UMT_MEM_TRACE file is valid JSON naming every pool; a refusal prints the pools largest first;
+ * at a batch whose saved activations do not fit beside the rest, a run that offloads them gives
+ * the in-memory losses too, where the same budget without them is refused.
  */
 #include <fcntl.h>
 #include <math.h>
@@ -20,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/context.h"
+#include "core/error.h"
 #include "core/tensor.h"
 #include "umtrain.h"
 
@@ -27,6 +30,8 @@
 #define DEPTH 6
 #define BATCH 64
 #define STEPS 10
+/* The activation test: 8 MiB per saved activation, 13 of them, and their gradients. */
+#define BATCH_WIDE 1024
 
 typedef struct {
     umt_context *ctx;
@@ -36,14 +41,16 @@ typedef struct {
 } model;
 
 /* budget NULL: no UMT_DEVICE_BUDGET, no offload (the in-memory run). */
-static void build(model *m, const char *budget, umt_offload_optimizer where) {
+static void build_with(model *m, const char *budget, umt_offload_optimizer where, int batch, size_t reserve,
+                       bool activations) {
     if (budget) setenv("UMT_DEVICE_BUDGET", budget, 1);
     umt_context_options o = umt_context_defaults();
     o.device = UMT_DEVICE_CUDA;
     o.seed = 7;
     o.offload = budget != NULL;
-    o.offload_reserve_bytes = (size_t)16 << 20;
+    o.offload_reserve_bytes = reserve;
     o.offload_optimizer = where;
+    o.offload_activations = activations;
     umt_status st = umt_context_create(&o, &m->ctx);
     unsetenv("UMT_DEVICE_BUDGET");
     if (st != UMT_OK) fail_msg("context: %s", umt_last_error());
@@ -55,29 +62,37 @@ static void build(model *m, const char *budget, umt_offload_optimizer where) {
     }
     umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_ADAM);
     assert_int_equal(umt_optimizer_create(m->ctx, &oo, &m->opt), UMT_OK);
-    m->x = umt_tensor_new_2d(m->ctx, UMT_POOL_DATASET, UMT_F32, BATCH, WIDTH);
-    m->labels = umt_tensor_new_1d(m->ctx, UMT_POOL_DATASET, UMT_I32, BATCH);
+    m->x = umt_tensor_new_2d(m->ctx, UMT_POOL_DATASET, UMT_F32, batch, WIDTH);
+    m->labels = umt_tensor_new_1d(m->ctx, UMT_POOL_DATASET, UMT_I32, batch);
     assert_int_equal(umt_tensor_uniform(m->ctx, m->x, -1.0f, 1.0f), UMT_OK);
-    int32_t labels[BATCH];
-    for (int i = 0; i < BATCH; ++i) labels[i] = (i * 37) % WIDTH;
-    assert_int_equal(umt_tensor_copy_from_host(m->labels, labels, sizeof labels), UMT_OK);
+    int32_t labels[BATCH_WIDE];
+    for (int i = 0; i < batch; ++i) labels[i] = (i * 37) % WIDTH;
+    assert_int_equal(umt_tensor_copy_from_host(m->labels, labels, (size_t)batch * sizeof *labels), UMT_OK);
+}
+
+static void build(model *m, const char *budget, umt_offload_optimizer where) {
+    build_with(m, budget, where, BATCH, (size_t)16 << 20, false);
+}
+
+/* One training step; its loss read back. */
+static umt_status train_step(model *m, float *loss_out) {
+    UMT_TRY(umt_step_begin(m->ctx));
+    UMT_TRY(umt_zero_grad(m->ctx));
+    umt_tensor *h = m->x;
+    for (int l = 0; l < DEPTH; ++l) {
+        h = umt_layer_forward(m->ctx, m->layers[l], h);
+        if (l + 1 < DEPTH) h = umt_relu(m->ctx, h);
+    }
+    umt_tensor *loss = umt_softmax_cross_entropy(m->ctx, h, m->labels);
+    if (!loss) return umt_last_status();
+    UMT_TRY(umt_backward(m->ctx, loss));
+    UMT_TRY(umt_optimizer_step(m->opt));
+    return umt_tensor_get_f32(loss, 0, loss_out);
 }
 
 static void train(model *m, float losses[STEPS]) {
-    for (int s = 0; s < STEPS; ++s) {
-        assert_int_equal(umt_step_begin(m->ctx), UMT_OK);
-        assert_int_equal(umt_zero_grad(m->ctx), UMT_OK);
-        umt_tensor *h = m->x;
-        for (int l = 0; l < DEPTH; ++l) {
-            h = umt_layer_forward(m->ctx, m->layers[l], h);
-            if (l + 1 < DEPTH) h = umt_relu(m->ctx, h);
-        }
-        umt_tensor *loss = umt_softmax_cross_entropy(m->ctx, h, m->labels);
-        if (!loss) fail_msg("forward: %s", umt_last_error());
-        if (umt_backward(m->ctx, loss) != UMT_OK) fail_msg("backward: %s", umt_last_error());
-        if (umt_optimizer_step(m->opt) != UMT_OK) fail_msg("step: %s", umt_last_error());
-        assert_int_equal(umt_tensor_get_f32(loss, 0, &losses[s]), UMT_OK);
-    }
+    for (int s = 0; s < STEPS; ++s)
+        if (train_step(m, &losses[s]) != UMT_OK) fail_msg("step %d: %s", s + 1, umt_last_error());
 }
 
 static void expect_same_losses(const float *a, const float *b) {
@@ -274,6 +289,48 @@ static void test_a_refused_allocation_prints_the_pools_largest_first(void **stat
     umt_context_destroy(m.ctx);
 }
 
+/* 13 saved activations of 8 MiB and their gradients: about 200 MiB for the recorded first step,
+ * where the budget leaves some 110 MiB beside the three resident layers and the double buffer. */
+static void test_saved_activations_offloaded_match_in_memory_losses(void **state) {
+    (void)state;
+    const size_t reserve = (size_t)96 << 20;
+    model m;
+    build_with(&m, NULL, UMT_OFFLOAD_OPTIM_GPU, BATCH_WIDE, 0, false);
+    float reference_wide[STEPS], losses[STEPS];
+    train(&m, reference_wide);
+    umt_context_destroy(m.ctx);
+
+    build_with(&m, "288M", UMT_OFFLOAD_OPTIM_GPU, BATCH_WIDE, reserve, false);
+    float loss;
+    umt_status refused = train_step(&m, &loss);
+    print_message("without offloaded activations: %s\n", refused == UMT_OK ? "trained" : umt_last_error());
+    assert_int_not_equal(refused, UMT_OK);
+    assert_non_null(strstr(umt_last_error(), "device budget"));
+    umt_context_destroy(m.ctx);
+
+    build_with(&m, "288M", UMT_OFFLOAD_OPTIM_GPU, BATCH_WIDE, reserve, true);
+    train(&m, losses);
+    umt_offload_stats st;
+    assert_int_equal(umt_offload_stats_get(m.ctx, &st), UMT_OK);
+    print_message("saved activations given up %llu times; %.1f MB out, %.1f MB back\n",
+                  (unsigned long long)st.activations_offloaded, st.activation_bytes_to_host / 1e6,
+                  st.activation_bytes_to_device / 1e6);
+    /* The first step gives up all 2 DEPTH - 1 it sends but the last; every later step at least one. */
+    assert_true(st.activations_offloaded >= (uint64_t)(2 * DEPTH - 1 + STEPS - 1));
+    assert_true(st.activation_bytes_to_device > 0 && st.activation_bytes_to_host >= st.activation_bytes_to_device);
+    size_t budget, used;
+    umt_device_budget(m.ctx, &budget, &used);
+    assert_true(used <= budget);
+    for (int s = 0; s < STEPS; ++s) {
+        double rel = fabs((double)losses[s] - reference_wide[s]) / fabs((double)reference_wide[s]);
+        print_message("step %2d: in memory %.9g, activations offloaded %.9g, relative %.2e%s\n", s + 1,
+                      reference_wide[s], losses[s], rel, losses[s] == reference_wide[s] ? " (bit-identical)" : "");
+        assert_true(rel <= 1e-5);
+    }
+    assert_true(reference_wide[STEPS - 1] < reference_wide[0]);
+    umt_context_destroy(m.ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offloaded_run_matches_in_memory_losses_with_gpu_updates),
@@ -283,6 +340,7 @@ int main(void) {
         cmocka_unit_test(test_a_middle_budget_offloads_optimizer_state_only),
         cmocka_unit_test(test_trace_is_valid_json_naming_every_pool),
         cmocka_unit_test(test_a_refused_allocation_prints_the_pools_largest_first),
+        cmocka_unit_test(test_saved_activations_offloaded_match_in_memory_losses),
     };
     return cmocka_run_group_tests(tests, make_reference, NULL);
 }
