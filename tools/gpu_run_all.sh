@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu_bundle/run_all.sh (copied from tools/gpu_run_all.sh) — on the GPU machine: every GPU test,
-# the MLP trainer on CUDA in each memory mode, a clean budget refusal, and the benchmarks.
+# the MLP trainer on CUDA in each memory mode, a clean budget refusal, and the benchmarks
+# (`bash run_all.sh --skip-offload` leaves out the offload tier's few minutes).
 # Logs go to $OUT (or /tmp/umt_gpu_logs); the summary table comes last.
 set -uo pipefail
 cd "$(dirname "$0")" || exit 1
@@ -51,8 +52,11 @@ for precision in fp32 bf16 fp16; do
 done
 # Speed: umtrain against PyTorch (eager and torch.compile) with the floor, in fp32 and bf16
 # (bench/speed.sh; the bf16 table is the one docs/PERF.md and the README show).
+# torch.compile takes minutes per batch size: it runs for bf16 only, fp32 against eager.
 for precision in fp32 bf16; do
-    PRECISION=$precision bash bench/speed.sh > "$logs/speed_$precision.txt" 2>&1
+    modes=eager,default,reduce-overhead
+    [[ $precision == fp32 ]] && modes=eager
+    PRECISION=$precision MODES=$modes bash bench/speed.sh > "$logs/speed_$precision.txt" 2>&1
     while read -r line; do row "speed $precision ${line%%|*}" "${line#*|}"; done < <(grep '^| [0-9]' "$logs/speed_$precision.txt")
 done
 cat "$logs/speed_bf16.txt"
@@ -69,6 +73,17 @@ if [[ $rc -ne 0 ]] && grep -q 'device budget' "$log"; then row "UMT_DEVICE_BUDGE
 else row "UMT_DEVICE_BUDGET=64M mnist_mlp" "NOT refused as expected (exit $rc)"; fi
 
 bin/mlp_mem_modes 200 5 | tee "$logs/mlp_mem_modes.txt"
+
+# The offload tier (bench/offload.sh: big_mlp at 4x a 2 GiB budget against GPU memory, the
+# benchmark, the memory picture); a few minutes, left out with --skip-offload.
+if [[ ${1:-} != --skip-offload ]]; then
+    bash offload.sh > "$logs/offload.txt" 2>&1
+    # offload.sh's rows are a 52-character name, a space, the value.
+    while read -r line; do
+        name="${line:0:52}"
+        row "offload: ${name%"${name##*[! ]}"}" "${line:53}"
+    done < <(sed -n '/^== summary/,$p' "$logs/offload.txt" | tail -n +2)
+fi
 
 echo
 echo "== summary ($(head -n 1 "$logs/gpu.txt")) =="
