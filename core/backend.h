@@ -196,6 +196,18 @@ typedef struct umt_backend {
                                           void *workspace, size_t workspace_bytes);
     umt_status (*conv2d_backward_filter_lp)(const umt_conv_shape *shape, const void *x, const void *dy, float *dw,
                                             void *workspace, size_t workspace_bytes);
+    /* Convolution, bias and ReLU in one pass, where the backend has it for the shape (the slot
+     * NULL or conv2d_relu_fused_lp false: the op runs conv2d_forward_lp, then bias_relu). The
+     * forward gives bit for bit those two ops' y (the product rounded to the dtype, then the
+     * bias and the ReLU). The backward's weight side reads y and dy once: the masked gradient
+     * (y > 0 ? dy : 0, written over dy when keep_dy, for conv2d_backward_data_lp to read), and
+     * from it dw += the weight gradient and dbias += its channel sums (dbias may be NULL). */
+    bool (*conv2d_relu_fused_lp)(const umt_conv_shape *shape);
+    umt_status (*conv2d_relu_forward_lp)(const umt_conv_shape *shape, const void *x, const void *w, const float *bias,
+                                         void *y, void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_relu_backward_filter_lp)(const umt_conv_shape *shape, const void *x, const void *y, void *dy,
+                                                 bool keep_dy, float *dw, float *dbias, void *workspace,
+                                                 size_t workspace_bytes);
     umt_status (*add_channel_bias_lp)(umt_dtype dtype, bool nhwc, const void *x, const float *bias, void *y,
                                       int64_t n, int64_t k, int64_t hw);
     umt_status (*sum_channel_bias_lp)(umt_dtype dtype, bool nhwc, const void *dy, float *dbias, int64_t n,

@@ -62,15 +62,52 @@ static umt_status conv_backward_from(umt_context *ctx, const umt_node *node, boo
 
 static umt_status conv_backward(umt_context *ctx, const umt_node *node) { return conv_backward_from(ctx, node, true); }
 
+/* Whether the backend runs this convolution, its bias and its ReLU as one (core/backend.h). */
+static bool fused_by_backend(const umt_backend *be, const umt_conv_shape *s) {
+    return umt_dtype_is_lowp(s->dtype) && be->conv2d_relu_fused_lp && be->conv2d_relu_fused_lp(s);
+}
+
+/* The backend's fused backward: the weight gradient reads y and dy once, masks, and sums the
+ * bias; the masked gradient is kept only for the input's gradient. */
+static umt_status conv_relu_backward_fused(umt_context *ctx, const umt_node *node, const umt_conv_shape *s) {
+    const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
+    void *dx = umt_input_grad(node, 0), *dy = y->grad->data;
+    float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
+    size_t bytes = 0;
+    void *workspace = NULL;
+    UMT_TRY(ctx->backend->conv2d_workspace_bytes(s, &bytes));
+    UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
+    UMT_TRY(ctx->backend->conv2d_relu_backward_filter_lp(s, x->data, y->data, dy, dx != NULL, umt_input_grad(node, 1),
+                                                         dbias, workspace, bytes));
+    return dx ? ctx->backend->conv2d_backward_data_lp(s, w->lowp->data, dy, dx, workspace, bytes) : UMT_OK;
+}
+
 /* The fused op's backward: one pass turns the output's gradient into the pre-ReLU gradient, in
  * place (nothing reads the output's gradient after this node), and takes the bias gradient on
  * the way; the convolution's gradients then read it. */
 static umt_status conv_relu_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
+    umt_conv_shape s = conv_shape(node->inputs[0], node->inputs[1], node->params[0], node->params[1]);
+    if (fused_by_backend(ctx->backend, &s) && umt_input_grad(node, 1)) return conv_relu_backward_fused(ctx, node, &s);
     float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     UMT_TRY(ctx->backend->bias_relu_backward(y->dtype, y->nhwc, y->data, y->grad->data, dbias, y->shape[0],
                                              y->shape[1], y->shape[2] * y->shape[3]));
     return conv_backward_from(ctx, node, false);
+}
+
+/* y = conv(x, w), then the bias (b may be NULL) and with relu the ReLU, in one pass after the
+ * product, or with the product where the backend fuses all three. */
+static umt_status forward_into(const umt_backend *be, const umt_conv_shape *s, const void *x, const void *w,
+                               const float *b, bool relu, void *y, void *workspace, size_t bytes) {
+    if (relu && fused_by_backend(be, s)) return be->conv2d_relu_forward_lp(s, x, w, b, y, workspace, bytes);
+    bool lowp = umt_dtype_is_lowp(s->dtype);
+    UMT_TRY(lowp ? be->conv2d_forward_lp(s, x, w, y, workspace, bytes)
+                 : be->conv2d_forward(s, x, w, y, workspace, bytes));
+    int64_t pixels = s->p * s->q;
+    if (relu) return be->bias_relu(s->dtype, s->nhwc, y, b, y, s->n, s->k, pixels);
+    if (!b) return UMT_OK;
+    return lowp ? be->add_channel_bias_lp(s->dtype, s->nhwc, y, b, y, s->n, s->k, pixels)
+                : be->add_channel_bias(y, b, y, s->n, s->k, pixels);
 }
 
 /* y = conv(x, w) + bias, then max(y, 0) when relu: the bias and the ReLU in one pass. */
@@ -85,21 +122,13 @@ static umt_tensor *conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, u
     umt_conv_shape s = conv_shape(x, weight, stride, padding);
     umt_tensor *y = umt_op_output_typed(ctx, s.dtype, s.nhwc, 4, (int64_t[]){s.n, s.k, s.p, s.q});
     if (!y) return NULL;
-    const umt_backend *be = ctx->backend;
-    bool lowp = umt_dtype_is_lowp(s.dtype);
     size_t bytes = 0;
     void *workspace = NULL;
-    umt_status st = be->conv2d_workspace_bytes(&s, &bytes);
+    umt_status st = ctx->backend->conv2d_workspace_bytes(&s, &bytes);
     if (st == UMT_OK) st = umt_context_workspace(ctx, bytes, &workspace);
     if (st == UMT_OK)
-        st = lowp ? be->conv2d_forward_lp(&s, x->data, w->data, y->data, workspace, bytes)
-                  : be->conv2d_forward(&s, x->data, w->data, y->data, workspace, bytes);
-    const float *b = bias ? bias->data : NULL;
-    if (st == UMT_OK && relu)
-        st = be->bias_relu(s.dtype, s.nhwc, y->data, b, y->data, s.n, s.k, s.p * s.q);
-    else if (st == UMT_OK && bias)
-        st = lowp ? be->add_channel_bias_lp(s.dtype, s.nhwc, y->data, b, y->data, s.n, s.k, s.p * s.q)
-                  : be->add_channel_bias(y->data, b, y->data, s.n, s.k, s.p * s.q);
+        st = forward_into(ctx->backend, &s, x->data, w->data, bias ? bias->data : NULL, relu, y->data, workspace,
+                          bytes);
     const char *op = relu ? "umt_conv2d_relu" : "umt_conv2d";
     return umt_op_finish_with(ctx, st, op, relu ? conv_relu_backward : conv_backward, y, NULL, x, weight, bias, stride,
                               padding, 0.0f);

@@ -42,7 +42,7 @@ done
 # Compressed, the four MNIST files travel in 12 MB instead of 55 (the IDX reader inflates them).
 for f in data/mnist/*-ubyte; do gzip -9 -c "$f" > "$bundle/data/$(basename "$f").gz"; done
 cp tools/gpu_run_all.sh "$bundle"/run_all.sh
-cp bench/torch_ref.py bench/input_pipeline.sh "$bundle"/
+cp bench/torch_ref.py bench/input_pipeline.sh tools/kernel_profile.sh "$bundle"/
 # The offload tier: big_mlp's losses and benchmark, and the trace drawn as an SVG (bench/offload.sh).
 cp bench/offload.sh tools/mem_trace_svg.py tools/trace_phases.py "$bundle"/
 # Data parallelism: tools/gpu_run_dist.sh runs its checks and bench/dist_bench.sh (with DDP).

@@ -26,12 +26,18 @@
  * weight gradient is an f32 master's, but cuDNN writes dw in the filter's dtype and layout, so
  * it goes to a half-precision scratch behind the algorithm's workspace (same call, beta 0) and
  * is then added to the f32 gradient in K,C,R,S order by one recast.
+ *
+ * Thin inputs (a one-channel image, c*r*s <= 9) in bf16/f16 go to our own direct kernels for
+ * the forward and the weight gradient (kernels/cuda/conv_thin.cu says why); their plan's
+ * workspace holds those kernels' partials too.
  */
 #include <limits.h>
 #include <string.h>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cuda/chunk_sums.h"
+#include "kernels/cuda/conv_thin.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cudnn_handle.h"
 #include "kernels/cuda/launch.h"
@@ -225,6 +231,8 @@ static umt_status make_plan(cudnnHandle_t handle, const umt_conv_shape *s, conv_
     UMT_TRY(choose_backward_filter(handle, p, &filter_bytes));
     p->algorithm_bytes = forward_bytes > data_bytes ? forward_bytes : data_bytes;
     if (filter_bytes > p->algorithm_bytes) p->algorithm_bytes = filter_bytes;
+    if (umt_cuda_conv_is_thin(s) && umt_cuda_conv_thin_workspace_bytes(s) > p->algorithm_bytes)
+        p->algorithm_bytes = umt_cuda_conv_thin_workspace_bytes(s);
     p->workspace_bytes = p->algorithm_bytes;
     if (is_half(s->dtype)) p->workspace_bytes = filter_scratch_offset(p) + filter_scratch_bytes(s);
     p->used = true;
@@ -338,6 +346,7 @@ extern "C" umt_status umt_cuda_conv2d_forward_lp(const umt_conv_shape *shape, co
                                                  void *workspace, size_t workspace_bytes) {
     const conv_plan *p;
     UMT_TRY(plan_for_call_lp("conv2d_forward_lp", shape, workspace, workspace_bytes, &p));
+    if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, NULL, false, y);
     const float one = 1.0f, zero = 0.0f;
     UMT_CUDNN_TRY(cudnnConvolutionForward(umt_cuda_cudnn_handle(), &one, p->x, x, p->w, w, p->conv, p->forward,
                                           workspace, p->algorithm_bytes, &zero, p->y, y));
@@ -358,6 +367,8 @@ extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *s
                                                          float *dw, void *workspace, size_t workspace_bytes) {
     const conv_plan *p;
     UMT_TRY(plan_for_call_lp("conv2d_backward_filter_lp", shape, workspace, workspace_bytes, &p));
+    if (umt_cuda_conv_thin_takes(shape, dy, workspace))
+        return umt_cuda_conv2d_backward_filter_thin(shape, x, NULL, (void *)dy, false, dw, NULL, workspace);
     const float one = 1.0f, zero = 0.0f;
     void *scratch = (char *)workspace + filter_scratch_offset(p);
     UMT_CUDNN_TRY(cudnnConvolutionBackwardFilter(umt_cuda_cudnn_handle(), &one, p->x, x, p->y, dy, p->conv,
@@ -366,6 +377,32 @@ extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *s
     /* K,R,S,C half -> += into K,C,R,S f32: k "images" of c channels of r*s pixels. */
     const umt_conv_shape *s = shape;
     return umt_cuda_recast(scratch, s->dtype, true, dw, UMT_F32, false, s->k, s->c, s->r * s->s, true);
+}
+
+/* Convolution + bias + ReLU fused: thin shapes only (conv_thin.cu); a call whose tensors are
+ * not aligned for its vectors runs the two ops it replaces. */
+extern "C" bool umt_cuda_conv2d_relu_fused_lp(const umt_conv_shape *shape) { return umt_cuda_conv_is_thin(shape); }
+
+extern "C" umt_status umt_cuda_conv2d_relu_forward_lp(const umt_conv_shape *shape, const void *x, const void *w,
+                                                      const float *bias, void *y, void *workspace,
+                                                      size_t workspace_bytes) {
+    const conv_plan *p;
+    UMT_TRY(plan_for_call_lp("conv2d_relu_forward_lp", shape, workspace, workspace_bytes, &p));
+    if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, bias, true, y);
+    UMT_TRY(umt_cuda_conv2d_forward_lp(shape, x, w, y, workspace, workspace_bytes));
+    return umt_cuda_bias_relu(shape->dtype, true, y, bias, y, shape->n, shape->k, shape->p * shape->q);
+}
+
+extern "C" umt_status umt_cuda_conv2d_relu_backward_filter_lp(const umt_conv_shape *shape, const void *x,
+                                                              const void *y, void *dy, bool keep_dy, float *dw,
+                                                              float *dbias, void *workspace,
+                                                              size_t workspace_bytes) {
+    const conv_plan *p;
+    UMT_TRY(plan_for_call_lp("conv2d_relu_backward_filter_lp", shape, workspace, workspace_bytes, &p));
+    if (umt_cuda_conv_thin_takes(shape, dy, workspace) && umt_cuda_conv_thin_takes(shape, y, y))
+        return umt_cuda_conv2d_backward_filter_thin(shape, x, y, dy, keep_dy, dw, dbias, workspace);
+    UMT_TRY(umt_cuda_bias_relu_backward(shape->dtype, true, y, dy, dbias, shape->n, shape->k, shape->p * shape->q));
+    return umt_cuda_conv2d_backward_filter_lp(shape, x, dy, dw, workspace, workspace_bytes);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -398,7 +435,8 @@ static __device__ double block_sum(double v) {
 }
 
 /* The channel sums' partials: block (channel, chunk) of the first stage writes
- * partials[chunk * k + channel]; the second stage adds each channel's chunks in chunk order.
+ * partials[chunk * k + channel]; the second stage (kernels/cuda/chunk_sums.h) adds each
+ * channel's chunks.
  * A batch's planes of one channel lie hw apart in k-strided runs, so one block per channel
  * (k blocks: 32 or 64 here) would leave most of the GPU idle; cutting the images into chunks
  * fills it, and the fixed split keeps the result the same bits on every run (no atomics).
@@ -428,11 +466,7 @@ static __global__ void sum_channel_chunks_kernel(const float *dy, float *dbias, 
 }
 
 static __global__ void add_channel_chunks_kernel(float *dbias, int64_t k, int chunks) {
-    FOR_EACH_INDEX(channel, k) {
-        double sum = 0.0;
-        for (int chunk = 0; chunk < chunks; chunk++) sum += bias_partials[chunk * k + channel];
-        dbias[channel] = (float)((double)dbias[channel] + sum);
-    }
+    umt_dev_add_chunk_partials(bias_partials, dbias, k, chunks);
 }
 
 extern "C" umt_status umt_cuda_add_channel_bias(const float *x, const float *bias, float *y, int64_t n, int64_t k,
@@ -461,7 +495,7 @@ extern "C" umt_status umt_cuda_sum_channel_bias(const float *dy, float *dbias, i
     sum_channel_chunks_kernel<<<grid, BIAS_THREADS, 0, umt_cuda_stream()>>>(dy, dbias, n, k, hw, images_per_chunk);
     UMT_CUDA_LAUNCHED();
     if (chunks > 1) {
-        add_channel_chunks_kernel<<<blocks_for(k), THREADS, 0, umt_cuda_stream()>>>(dbias, k, (int)chunks);
+        add_channel_chunks_kernel<<<umt_chunk_sum_blocks(k), THREADS, 0, umt_cuda_stream()>>>(dbias, k, (int)chunks);
         UMT_CUDA_LAUNCHED();
     }
     return UMT_OK;

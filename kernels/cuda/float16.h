@@ -59,4 +59,20 @@ static __device__ inline void umt_dev_store_from_f32(void *dst, umt_dtype dtype,
     }
 }
 
+/* Eight halves in one 16-byte load or store: the vector kernels' unit (8 channels of an NHWC
+ * pixel when the channel count is a multiple of 8 and the pointers 16-byte aligned). */
+enum { UMT_HALVES_PER_VECTOR = 8 };
+typedef union {
+    uint4 bits;
+    uint16_t h[UMT_HALVES_PER_VECTOR];
+} umt_halves8;
+
+/* bf16 or f16 (a template argument: no switch per element) <-> f32, as above. */
+template <umt_dtype D> static __device__ inline float umt_dev_widen(uint16_t v) {
+    return D == UMT_BF16 ? umt_dev_bf16_to_f32(v) : umt_dev_f16_to_f32(v);
+}
+template <umt_dtype D> static __device__ inline uint16_t umt_dev_narrow(float v) {
+    return D == UMT_BF16 ? umt_dev_f32_to_bf16(v) : umt_dev_f32_to_f16(v);
+}
+
 #endif /* UMT_KERNELS_CUDA_FLOAT16_H */

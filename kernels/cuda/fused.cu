@@ -19,6 +19,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
@@ -26,7 +27,8 @@
 /* Chunk partials of the bias sums: [chunk * k + channel]. One stream runs every kernel in
  * order, so one static buffer per layout (module memory, not a pool) serves every call; a
  * shape with more channels than a buffer holds takes one chunk (no partials). */
-enum { PARTIALS = 1 << 16, TARGET_BLOCKS = 1024, VECTOR = 8, SUM_COLUMNS = 32, SUM_ROW_GROUPS = 16 };
+enum { PARTIALS = 1 << 16, TARGET_BLOCKS = 1024, SUM_COLUMNS = 32, SUM_ROW_GROUPS = 16 };
+enum { VECTOR = UMT_HALVES_PER_VECTOR }; /* halves in one umt_halves8 (kernels/cuda/float16.h) */
 static __device__ float row_partials[PARTIALS];
 static __device__ double plane_partials[PARTIALS];
 
@@ -45,22 +47,17 @@ static __global__ void bias_relu_rows_kernel(const void *x, const float *bias, v
     FOR_EACH_INDEX(i, count) store<D>(y, i, relu(load<D>(x, i) + (bias ? bias[i % k] : 0.0f)));
 }
 
-typedef union {
-    uint4 bits;
-    uint16_t h[VECTOR];
-} halves8;
-
 /* Eight halves per 16-byte load; k % 8 == 0, so a vector's values are channels first..first+7. */
 template <umt_dtype D>
 static __global__ void bias_relu_rows_vector_kernel(const uint4 *x, const float *bias, uint4 *y, int64_t vectors,
                                                     int64_t k) {
     FOR_EACH_INDEX(v, vectors) {
-        halves8 in, out;
+        umt_halves8 in, out;
         in.bits = x[v];
         int64_t first = v * VECTOR % k;
         for (int e = 0; e < VECTOR; e++) {
             float sum = load<D>(in.h, e) + (bias ? bias[first + e] : 0.0f);
-            out.h[e] = D == UMT_BF16 ? umt_dev_f32_to_bf16(relu(sum)) : umt_dev_f32_to_f16(relu(sum));
+            out.h[e] = umt_dev_narrow<D>(relu(sum));
         }
         y[v] = out.bits;
     }
@@ -125,7 +122,7 @@ extern "C" umt_status umt_cuda_bias_relu(umt_dtype dtype, bool nhwc, const void 
 /* Backward: dy = y > 0 ? dy : 0 in place, and the per-channel sums of the result             */
 
 /* Where a block's channel sum goes: straight into dbias when there is one chunk, else into the
- * chunk's partial, added in chunk order by add_partials_kernel. */
+ * chunk's partial, added by add_partials_kernel (kernels/cuda/chunk_sums.h). */
 template <typename T> static __device__ void put_sum(float *dbias, T *partials, int64_t chunk, int64_t k, int64_t c,
                                                     T sum, bool chunked) {
     if (chunked)
@@ -169,7 +166,7 @@ static __global__ void mask_rows_vector_kernel(const uint4 *y, uint4 *dy, float 
     int64_t last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
     float sum[VECTOR] = {0};
     for (int64_t r = first + threadIdx.x / lanes; r < last; r += rows_at_once) {
-        halves8 out, grad;
+        umt_halves8 out, grad;
         out.bits = y[r * lanes + lane];
         grad.bits = dy[r * lanes + lane];
         for (int e = 0; e < VECTOR; e++) {
@@ -219,12 +216,7 @@ template <> __device__ float *partial_buffer<float>() { return row_partials; }
 template <> __device__ double *partial_buffer<double>() { return plane_partials; }
 
 template <typename T> static __global__ void add_partials_kernel(float *dbias, int64_t k, int chunks) {
-    const T *partials = partial_buffer<T>();
-    FOR_EACH_INDEX(c, k) {
-        T sum = 0;
-        for (int chunk = 0; chunk < chunks; chunk++) sum += partials[chunk * k + c];
-        dbias[c] = (float)((T)dbias[c] + sum);
-    }
+    umt_dev_add_chunk_partials(partial_buffer<T>(), dbias, k, chunks);
 }
 
 /* How many chunks (at least 1) cut `items` so that `tiles` blocks per chunk give the GPU about
@@ -262,7 +254,7 @@ static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows,
     }
     UMT_CUDA_LAUNCHED();
     if (chunks > 1 && dbias) {
-        add_partials_kernel<float><<<blocks_for(k), THREADS, 0, stream>>>(dbias, k, (int)chunks);
+        add_partials_kernel<float><<<umt_chunk_sum_blocks(k), THREADS, 0, stream>>>(dbias, k, (int)chunks);
         UMT_CUDA_LAUNCHED();
     }
     return UMT_OK;
@@ -278,7 +270,7 @@ static umt_status mask_planes(const void *y, void *dy, float *dbias, int64_t n, 
                                                                                                 per_chunk, chunks > 1);
     UMT_CUDA_LAUNCHED();
     if (chunks > 1 && dbias) {
-        add_partials_kernel<double><<<blocks_for(k), THREADS, 0, stream>>>(dbias, k, (int)chunks);
+        add_partials_kernel<double><<<umt_chunk_sum_blocks(k), THREADS, 0, stream>>>(dbias, k, (int)chunks);
         UMT_CUDA_LAUNCHED();
     }
     return UMT_OK;

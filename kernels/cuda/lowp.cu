@@ -10,6 +10,7 @@
  */
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
@@ -21,8 +22,9 @@ enum { SUM_COLUMNS = 32, SUM_ROW_GROUPS = 16, ROW_CHUNKS = 128, MAX_CHUNKED_COLU
 /* The chunks' partial sums. A bias gradient under NHWC is a sum over n*h*w rows (millions) of
  * few columns (the channels): one block per column tile would leave the GPU idle, so the rows
  * are cut into chunks summed by separate blocks, and a second kernel adds the chunks' partials
- * in chunk order — deterministic, without atomics. One stream runs every kernel in order, so
- * one static buffer (512 KiB of module memory, not a pool) serves every call. */
+ * in a fixed order (kernels/cuda/chunk_sums.h) — deterministic, without atomics. One stream
+ * runs every kernel in order, so one static buffer (512 KiB of module memory, not a pool)
+ * serves every call. */
 static __device__ float row_chunk_partials[ROW_CHUNKS * MAX_CHUNKED_COLUMNS];
 
 #define LAUNCH_OVER(n, kernel, ...)                                                                                \
@@ -39,20 +41,7 @@ static __device__ float row_chunk_partials[ROW_CHUNKS * MAX_CHUNKED_COLUMNS];
 /* store carries eight values instead of two bytes. Used when n is a multiple of 8 and every   */
 /* pointer 16-byte aligned (the pools align to 256); the scalar kernels take the rest.          */
 
-enum { VECTOR = 8 };
-
-template <umt_dtype D> static __device__ float widen(uint16_t v) {
-    return D == UMT_BF16 ? umt_dev_bf16_to_f32(v) : umt_dev_f16_to_f32(v);
-}
-
-template <umt_dtype D> static __device__ uint16_t narrow(float v) {
-    return D == UMT_BF16 ? umt_dev_f32_to_bf16(v) : umt_dev_f32_to_f16(v);
-}
-
-typedef union {
-    uint4 bits;
-    uint16_t h[VECTOR];
-} halves8;
+enum { VECTOR = UMT_HALVES_PER_VECTOR }; /* kernels/cuda/float16.h: umt_halves8, widen, narrow */
 
 static bool vectorizable(int64_t n, const void *a, const void *b, const void *c) {
     return n % VECTOR == 0 && ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % sizeof(uint4) == 0;
@@ -77,11 +66,11 @@ static bool vectorizable(int64_t n, const void *a, const void *b, const void *c)
 
 template <umt_dtype D> static __global__ void relu_lp_vector_kernel(const uint4 *x, uint4 *y, int64_t vectors) {
     FOR_EACH_INDEX(v, vectors) {
-        halves8 in, out;
+        umt_halves8 in, out;
         in.bits = x[v];
         for (int e = 0; e < VECTOR; e++) {
-            float f = widen<D>(in.h[e]);
-            out.h[e] = narrow<D>(f < 0.0f ? 0.0f : f); /* the scalar kernel's rounding, NaNs included */
+            float f = umt_dev_widen<D>(in.h[e]);
+            out.h[e] = umt_dev_narrow<D>(f < 0.0f ? 0.0f : f); /* the scalar kernel's rounding, NaNs included */
         }
         y[v] = out.bits;
     }
@@ -90,12 +79,13 @@ template <umt_dtype D> static __global__ void relu_lp_vector_kernel(const uint4 
 template <umt_dtype D>
 static __global__ void relu_backward_lp_vector_kernel(const uint4 *y, const uint4 *dy, uint4 *dx, int64_t vectors) {
     FOR_EACH_INDEX(v, vectors) {
-        halves8 yv, dyv, dxv;
+        umt_halves8 yv, dyv, dxv;
         yv.bits = y[v];
         dyv.bits = dy[v];
         dxv.bits = dx[v];
         for (int e = 0; e < VECTOR; e++)
-            if (widen<D>(yv.h[e]) > 0.0f) dxv.h[e] = narrow<D>(widen<D>(dxv.h[e]) + widen<D>(dyv.h[e]));
+            if (umt_dev_widen<D>(yv.h[e]) > 0.0f)
+                dxv.h[e] = umt_dev_narrow<D>(umt_dev_widen<D>(dxv.h[e]) + umt_dev_widen<D>(dyv.h[e]));
         dx[v] = dxv.bits;
     }
 }
@@ -105,10 +95,10 @@ template <umt_dtype D>
 static __global__ void add_rows_lp_vector_kernel(const uint4 *x, const float *bias, uint4 *out, int64_t vectors,
                                                  int64_t cols) {
     FOR_EACH_INDEX(v, vectors) {
-        halves8 in, result;
+        umt_halves8 in, result;
         in.bits = x[v];
         int64_t first = v * VECTOR % cols;
-        for (int e = 0; e < VECTOR; e++) result.h[e] = narrow<D>(widen<D>(in.h[e]) + bias[first + e]);
+        for (int e = 0; e < VECTOR; e++) result.h[e] = umt_dev_narrow<D>(umt_dev_widen<D>(in.h[e]) + bias[first + e]);
         out[v] = result.bits;
     }
 }
@@ -189,15 +179,91 @@ static __global__ void transpose_kernel(const void *src, void *dst, int64_t imag
     }
 }
 
+/* Half to half, the common case of a bf16 step (the flatten of an NHWC activation, 75 MB at
+ * batch 4096, and its backward), with rows and cols multiples of 8 and 16-byte aligned ends:
+ * 64x64 tiles moved as 16-byte vectors both ways. The tile is kept as pairs of halves, 33 words
+ * a row, so that the column reads of eight rows at once meet at most two to a bank. */
+enum { VTILE = 64, VTILE_WORDS = VTILE / 2 + 1 };
+
+template <umt_dtype S, umt_dtype D>
+static __global__ void transpose_vector_kernel(const uint4 *src, uint4 *dst, int64_t images, int64_t rows,
+                                               int64_t cols, bool accumulate) {
+    __shared__ uint32_t tile[VTILE][VTILE_WORDS];
+    int64_t col0 = (int64_t)blockIdx.x * VTILE, row0 = (int64_t)blockIdx.y * VTILE;
+    for (int64_t image = blockIdx.z; image < images; image += gridDim.z) {
+        int64_t base = image * rows * cols; /* a multiple of 64 elements: whole vectors */
+        for (int v = threadIdx.x; v < VTILE * VTILE / VECTOR; v += blockDim.x) {
+            int r = v / (VTILE / VECTOR), part = v % (VTILE / VECTOR);
+            int64_t row = row0 + r, col = col0 + part * VECTOR;
+            if (row >= rows || col >= cols) continue;
+            uint4 bits = src[(base + row * cols + col) / VECTOR];
+            uint32_t *words = &tile[r][part * VECTOR / 2];
+            words[0] = bits.x, words[1] = bits.y, words[2] = bits.z, words[3] = bits.w;
+        }
+        __syncthreads();
+        /* dst row = src column c of the tile; each vector is 8 consecutive src rows of it */
+        for (int v = threadIdx.x; v < VTILE * VTILE / VECTOR; v += blockDim.x) {
+            int part = v % (VTILE / VECTOR), c = v / (VTILE / VECTOR);
+            int64_t col = col0 + c, row = row0 + part * VECTOR;
+            if (row >= rows || col >= cols) continue;
+            int64_t at = (base + col * rows + row) / VECTOR;
+            umt_halves8 out, old;
+            if (accumulate) old.bits = dst[at];
+            for (int e = 0; e < VECTOR; e++) {
+                uint32_t pair = tile[part * VECTOR + e][c / 2];
+                float value = umt_dev_widen<S>((uint16_t)(c % 2 ? pair >> 16 : pair & 0xffffu));
+                out.h[e] = umt_dev_narrow<D>(accumulate ? value + umt_dev_widen<D>(old.h[e]) : value);
+            }
+            dst[at] = out.bits;
+        }
+        __syncthreads();
+    }
+}
+
+/* Half to half, eight at a time (the flatten's backward accumulates 75 MB this way). */
+template <umt_dtype S, umt_dtype D>
+static __global__ void cast_vector_kernel(const uint4 *src, uint4 *dst, int64_t vectors, bool accumulate) {
+    FOR_EACH_INDEX(v, vectors) {
+        umt_halves8 in, out, old;
+        in.bits = src[v];
+        if (accumulate) old.bits = dst[v];
+        for (int e = 0; e < VECTOR; e++) {
+            float value = umt_dev_widen<S>(in.h[e]);
+            out.h[e] = umt_dev_narrow<D>(accumulate ? value + umt_dev_widen<D>(old.h[e]) : value);
+        }
+        dst[v] = out.bits;
+    }
+}
+
+/* Whether both dtypes are halves, the sizes multiples of 8 and both ends 16-byte aligned. */
+static bool vector_recast(umt_dtype s, umt_dtype d, const void *src, const void *dst, int64_t a, int64_t b) {
+    return is_half(s) && is_half(d) && a % VECTOR == 0 && b % VECTOR == 0 && vectorizable(VECTOR, src, dst, dst);
+}
+
 template <umt_dtype S, umt_dtype D>
 static umt_status recast_fast(const void *src, bool src_nhwc, void *dst, bool dst_nhwc, int64_t n, int64_t c,
                               int64_t hw, bool accumulate) {
     /* The layouts agree when they are the same, or when c or hw is 1. */
     if (src_nhwc == dst_nhwc || c == 1 || hw == 1) {
+        if constexpr (S != UMT_F32 && D != UMT_F32)
+            if (vector_recast(S, D, src, dst, n * c * hw, VECTOR)) {
+                LAUNCH_VECTORS(n * c * hw, (cast_vector_kernel<S, D>), (const uint4 *)src, (uint4 *)dst,
+                               n * c * hw / VECTOR, accumulate);
+                return UMT_OK;
+            }
         LAUNCH_OVER(n * c * hw, (cast_kernel<S, D>), src, dst, n * c * hw, accumulate);
         return UMT_OK;
     }
     int64_t rows = src_nhwc ? hw : c, cols = src_nhwc ? c : hw;
+    if constexpr (S != UMT_F32 && D != UMT_F32)
+        if (vector_recast(S, D, src, dst, rows, cols)) {
+            dim3 grid((unsigned int)((cols + VTILE - 1) / VTILE), (unsigned int)((rows + VTILE - 1) / VTILE),
+                      (unsigned int)(n < (int64_t)MAX_GRID_Z ? n : (int64_t)MAX_GRID_Z));
+            transpose_vector_kernel<S, D><<<grid, THREADS, 0, umt_cuda_stream()>>>((const uint4 *)src, (uint4 *)dst, n,
+                                                                                 rows, cols, accumulate);
+            UMT_CUDA_LAUNCHED();
+            return UMT_OK;
+        }
     dim3 grid((unsigned int)((cols + TILE - 1) / TILE), (unsigned int)((rows + TILE - 1) / TILE),
               (unsigned int)(n < (int64_t)MAX_GRID_Z ? n : (int64_t)MAX_GRID_Z));
     transpose_kernel<S, D><<<grid, dim3(TILE, TILE_ROWS), 0, umt_cuda_stream()>>>(src, dst, n, rows, cols, accumulate);
@@ -285,11 +351,7 @@ static __global__ void sum_row_chunks_lp_kernel(umt_dtype dtype, const void *dy,
 }
 
 static __global__ void add_row_chunks_kernel(float *dbias, int64_t cols, int chunks) {
-    FOR_EACH_INDEX(c, cols) {
-        float total = 0.0f;
-        for (int chunk = 0; chunk < chunks; chunk++) total += row_chunk_partials[chunk * cols + c];
-        dbias[c] += total;
-    }
+    umt_dev_add_chunk_partials(row_chunk_partials, dbias, cols, chunks);
 }
 
 extern "C" umt_status umt_cuda_add_rows_lp(umt_dtype dtype, const void *x, const float *bias, void *out, int64_t rows,
@@ -316,7 +378,8 @@ extern "C" umt_status umt_cuda_sum_rows_lp(umt_dtype dtype, const void *dy, floa
         sum_row_chunks_lp_kernel<<<dim3((unsigned int)tiles, (unsigned int)chunks), dim3(SUM_COLUMNS, SUM_ROW_GROUPS),
                                    0, umt_cuda_stream()>>>(dtype, dy, rows, cols, rows_per_chunk);
         UMT_CUDA_LAUNCHED();
-        LAUNCH_OVER(cols, add_row_chunks_kernel, dbias, cols, chunks);
+        add_row_chunks_kernel<<<umt_chunk_sum_blocks(cols), THREADS, 0, umt_cuda_stream()>>>(dbias, cols, chunks);
+        UMT_CUDA_LAUNCHED();
         return UMT_OK;
     }
     dim3 block(SUM_COLUMNS, SUM_ROW_GROUPS);

@@ -347,12 +347,7 @@ static __global__ void max_pool_forward_lp_fast_kernel(umt_pool_shape s, const v
 
 /* NHWC with channels in eights: a thread takes eight neighbouring channels of one output pixel,
  * reading each window position as one 16-byte load; each lane keeps its own first maximum. */
-enum { LANES = 8 };
-
-typedef union {
-    uint4 bits;
-    uint16_t h[LANES];
-} lanes8;
+enum { LANES = UMT_HALVES_PER_VECTOR }; /* one umt_halves8 (kernels/cuda/float16.h) */
 
 template <umt_dtype D>
 static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const uint4 *x, uint4 *y, int4 *argmax) {
@@ -365,7 +360,7 @@ static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const 
         int best_index[LANES];
         for (int i = 0; i < window; i++) {
             for (int j = 0; j < window; j++) {
-                lanes8 v;
+                umt_halves8 v;
                 v.bits = x[((n * (int)s.h + y0 + i) * w + x0 + j) * groups + group];
                 for (int e = 0; e < LANES; e++) {
                     float f = umt_dev_load_as_f32(v.h, D, e);
@@ -376,7 +371,7 @@ static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const 
                 }
             }
         }
-        lanes8 result;
+        umt_halves8 result;
         for (int e = 0; e < LANES; e++) umt_dev_store_from_f32(result.h, D, e, best[e]);
         y[out] = result.bits;
         argmax[2 * out] = make_int4(best_index[0], best_index[1], best_index[2], best_index[3]);

@@ -7,7 +7,8 @@
  * under fp32, 1e-2 under bf16 (outputs element by element, with a floor of 1e-3 of the largest
  * magnitude; gradients, sums over the batch, relative to their largest magnitude). Under fp32 the fused outputs and ReLU masks are the unfused ones bit for
  * bit; only the bias sums are split differently. The fused ops: umt_conv2d_relu (NCHW fp32,
- * NHWC bf16, channel counts that take the vector and the scalar kernels), umt_linear_relu,
+ * NHWC bf16, channel counts that take the vector and the scalar kernels, and one input channel,
+ * which under bf16 the backend runs as one kernel each way), umt_linear_relu,
  * umt_max_pool2d_dropout, umt_softmax_cross_entropy for log-softmax + NLL, and one training step
  * of the whole MNIST CNN with fuse on and off.
  * Needs a GPU (tag "gpu"):  bazel test --config=cuda //tests/gpu:test_cuda_fused
@@ -220,13 +221,17 @@ static const umt_precision PRECISIONS[2] = {UMT_PRECISION_FP32, UMT_PRECISION_BF
 static void test_conv2d_relu_matches_relu_of_conv2d(void **state) {
     (void)state;
     /* 64 channels: the vector kernels under bf16 (the MNIST CNN's conv2); 12 channels, stride 2,
-     * padding 1: the scalar ones. */
+     * padding 1: the scalar ones; one input channel: under bf16 the backend's own fused kernels
+     * (kernels/cuda/conv_thin.cu, the MNIST CNN's conv1), here with the input's gradient too. */
     const int ndims[3] = {4, 4, 1};
     const int64_t wide[3][4] = {{8, 32, 14, 14}, {64, 32, 3, 3}, {64}};
     const int64_t odd[3][4] = {{3, 5, 9, 7}, {12, 5, 3, 3}, {12}};
+    const int64_t thin[3][4] = {{8, 1, 12, 12}, {32, 1, 3, 3}, {32}};
     for (int p = 0; p < 2; p++) {
         compare(PRECISIONS[p], conv_relu_pad0, 3, wide, ndims, 0, "conv2d_relu 64 channels");
         compare(PRECISIONS[p], conv_relu_strided, 3, odd, ndims, 0, "conv2d_relu 12 channels strided");
+        compare(PRECISIONS[p], conv_relu_pad0, 3, thin, ndims, 0, "conv2d_relu 1 channel");
+        compare(PRECISIONS[p], conv_relu_strided, 3, thin, ndims, 0, "conv2d_relu 1 channel strided");
     }
 }
 

@@ -311,15 +311,17 @@ static void check_recast(dims d, umt_dtype src_dtype, bool src_nhwc, umt_dtype d
 
 static void test_recast_converts_moves_and_accumulates_every_element_bit_for_bit(void **state) {
     (void)state;
-    /* The last two cross the transposes' 32x32 tiles (MNIST's flatten is 64 channels x 144). */
-    static const dims shapes[] = {{3, 5, 7}, {2, 64, 9}, {4, 1, 10}, {3, 64, 144}, {2, 33, 70}};
+    /* The last three cross the transposes' tiles: 32x32 for any dtype, 64x64 half to half when
+     * both sides are multiples of 8 (MNIST's flatten is 64 channels x 144 pixels). */
+    static const dims shapes[] = {{3, 5, 7}, {2, 64, 9}, {4, 1, 10}, {3, 64, 144}, {2, 33, 70}, {2, 72, 200}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int from = 0; from < 3; from++)
             for (int to = 0; to < 3; to++)
                 for (int layouts = 0; layouts < 4; layouts++)
                     for (int accumulate = 0; accumulate < 2; accumulate++)
                         check_recast(shapes[i], FLOATS[from], layouts & 1, FLOATS[to], layouts & 2, accumulate);
-    /* A flatten's gradient: one plane of more than 65535 tiles of 32, accumulated in place. */
+    /* A flatten's gradient: one plane of more than 65535 tiles of 32, accumulated in place
+     * (eight halves at a time). */
     check_recast((dims){1, 1, 2200000}, UMT_BF16, false, UMT_BF16, false, true);
 }
 
@@ -568,11 +570,15 @@ static void check_conv(umt_dtype dtype, const int64_t *shape) {
 }
 
 /* n, c, h, w, k, r, s, stride, pad: MNIST's first layer (c = 1) and a c = 32, k = 64 layer, each
- * at stride 1 and 2 with padding 0 and 1. */
+ * at stride 1 and 2 with padding 0 and 1. The c*r*s <= 9 shapes take conv.cu's direct kernels
+ * (conv_thin.cu): the first layer at batch 64 spreads its weight gradient over all of their
+ * blocks, and c = 2 with 2x2 filters, k = 8 and k = 16 vary their terms and channel groups;
+ * k = 12 (not a multiple of 8) stays on cuDNN. */
 static const int64_t conv_shapes[][9] = {
     {4, 1, 12, 12, 32, 3, 3, 1, 0},  {4, 1, 12, 12, 32, 3, 3, 1, 1},  {4, 1, 12, 12, 32, 3, 3, 2, 0},
     {4, 1, 12, 12, 32, 3, 3, 2, 1},  {2, 32, 10, 10, 64, 3, 3, 1, 0}, {2, 32, 10, 10, 64, 3, 3, 1, 1},
-    {2, 32, 9, 9, 64, 3, 3, 2, 0},   {2, 32, 9, 9, 64, 3, 3, 2, 1},
+    {2, 32, 9, 9, 64, 3, 3, 2, 0},   {2, 32, 9, 9, 64, 3, 3, 2, 1},   {64, 1, 28, 28, 32, 3, 3, 1, 0},
+    {3, 2, 9, 9, 16, 2, 2, 1, 1},    {5, 1, 7, 7, 8, 3, 3, 2, 1},     {4, 1, 12, 12, 12, 3, 3, 1, 0},
 };
 
 static void test_conv2d_lp_and_its_backwards_match_the_cpu_within_tolerance_of_the_sum_of_terms(void **state) {

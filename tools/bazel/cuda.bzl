@@ -14,7 +14,14 @@ def umt_cuda_library(name, srcs, hdrs = []):
             name = "%s_%s" % (name, src.replace("/", "_").replace(".", "_")),
             srcs = [src] + hdrs,
             outs = [obj],
-            cmd = "%s/bin/nvcc %s -c $(location %s) -o $@" % (CUDA_HOME, NVCC_FLAGS, src),
+            # A temporary folder of its own: in the sandbox every nvcc may run as the same process
+            # id, and nvcc names its intermediate files in TMPDIR after that id, so two parallel
+            # compiles sharing /tmp can overwrite each other's files.
+            cmd = "tmp=$$(mktemp -d) && TMPDIR=$$tmp %s/bin/nvcc %s -c $(location %s) -o $@ && rm -rf $$tmp" % (
+                CUDA_HOME,
+                NVCC_FLAGS,
+                src,
+            ),
         )
         objects.append(obj)
     native.cc_library(
