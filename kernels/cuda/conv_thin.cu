@@ -102,14 +102,19 @@ static __device__ void window_terms(const uint16_t *x, const thin_shape &s, cons
 /* Written as "v < 0 ? 0 : v" so that a NaN passes through, as the ReLU kernels do. */
 static __device__ float relu(float v) { return v < 0.0f ? 0.0f : v; }
 
-/* With RELU, y = max(round(conv) + bias, 0) rounded again: bias_relu after the plain forward. */
+/* With RELU, y = max(round(conv) + bias, 0) rounded again: bias_relu after the plain forward.
+ * The weights sit in shared memory as [group][term][8 channels], so that each term's eight
+ * weights are two 16-byte reads that every thread of the block makes alike (one broadcast). */
 template <umt_dtype D, bool RELU>
 static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w, const float *bias, uint4 *y,
                                            thin_shape s) {
-    extern __shared__ float weights[]; /* [k][terms], f32, then the k biases */
+    extern __shared__ float4 shared[]; /* the weights, then the k biases */
     __shared__ window_table table;
-    float *biases = weights + s.k * s.terms;
-    for (int i = threadIdx.x; i < s.k * s.terms; i += blockDim.x) weights[i] = umt_dev_widen<D>(w[i]);
+    float *weights = (float *)shared, *biases = weights + s.k * s.terms;
+    for (int i = threadIdx.x; i < s.k * s.terms; i += blockDim.x) {
+        int k = i / s.terms, t = i % s.terms; /* w is K,R,S,C: k's terms in (r, s, c) order */
+        weights[((k / GROUP) * s.terms + t) * GROUP + k % GROUP] = umt_dev_widen<D>(w[i]);
+    }
     for (int i = threadIdx.x; i < s.k; i += blockDim.x) biases[i] = bias ? bias[i] : 0.0f;
     make_window_table(s, &table);
     __syncthreads();
@@ -118,15 +123,20 @@ static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w,
         float terms[THIN_TERMS];
         window_terms<D>(x, s, &table, pixel, terms);
         for (int group = 0; group < s.groups; group++) {
-            const float *filter = weights + group * GROUP * s.terms; /* the same for every thread */
+            const float4 *filter = shared + group * s.terms * 2;
+            float sum[GROUP] = {};
+#pragma unroll
+            for (int t = 0; t < THIN_TERMS; t++) {
+                if (t >= s.terms) break;
+                float4 a = filter[2 * t], b = filter[2 * t + 1];
+                sum[0] += a.x * terms[t], sum[1] += a.y * terms[t], sum[2] += a.z * terms[t];
+                sum[3] += a.w * terms[t], sum[4] += b.x * terms[t], sum[5] += b.y * terms[t];
+                sum[6] += b.z * terms[t], sum[7] += b.w * terms[t];
+            }
             umt_halves8 out;
 #pragma unroll
             for (int e = 0; e < GROUP; e++) {
-                float sum = 0.0f;
-#pragma unroll
-                for (int t = 0; t < THIN_TERMS; t++)
-                    if (t < s.terms) sum += filter[e * s.terms + t] * terms[t];
-                out.h[e] = umt_dev_narrow<D>(sum);
+                out.h[e] = umt_dev_narrow<D>(sum[e]);
                 if (RELU) out.h[e] = umt_dev_narrow<D>(relu(umt_dev_widen<D>(out.h[e]) + biases[group * GROUP + e]));
             }
             y[pixel * s.groups + group] = out.bits;
