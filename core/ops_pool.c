@@ -1,4 +1,5 @@
-/* core/ops_pool.c — max and average pooling (and max pooling fused with dropout), forward and backward. */
+/* core/ops_pool.c — max and average pooling (and max pooling fused with dropout, and with a
+ * convolution's bias and ReLU before it), forward and backward. */
 #include "core/ops.h"
 
 static umt_status check_pool(const char *op, const umt_tensor *x, int64_t window, int64_t stride) {
@@ -108,4 +109,60 @@ umt_tensor *umt_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, int64_t wind
     }
     return umt_op_finish_with(ctx, st, "umt_max_pool2d_dropout", max_pool_dropout_backward, y, saved, x, NULL, NULL,
                               window, stride, p);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* bias + ReLU + max pool + dropout: a convolution's bias and ReLU move past the pool, which
+ * commutes with both (the same bias over a window, and both monotone), so the full-size
+ * activation is read once and never written: the op's output, argmax and mask are a quarter. */
+
+static umt_status bias_relu_pool_dropout_backward(umt_context *ctx, const umt_node *node) {
+    umt_pool_shape s = pool_shape(node->inputs[0], node->params[0], node->params[1]);
+    const umt_tensor *y = node->output;
+    return ctx->backend->bias_relu_max_pool_dropout_backward(&s, node->saved->data, y->data, y->grad->data,
+                                                             umt_input_grad(node, 0), umt_input_grad(node, 1),
+                                                             node->fparam);
+}
+
+static umt_status check_bias_relu_pool(const umt_tensor *x, const umt_tensor *bias, int64_t window, int64_t stride,
+                                       float p) {
+    const char *op = "umt_bias_relu_max_pool2d_dropout";
+    UMT_TRY(check_pool(op, x, window, stride));
+    UMT_TRY(umt_check_tensor(op, "bias", bias, UMT_F32, 1));
+    if (bias->shape[0] != x->shape[1])
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: bias has %lld elements for %lld channels", op,
+                        (long long)bias->shape[0], (long long)x->shape[1]);
+    if (!(p >= 0.0f && p < 1.0f)) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: p = %g (expected 0 <= p < 1)", op, p);
+    /* The backward puts each output's gradient on its one pick: windows may not share inputs. */
+    if (stride < window)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "%s: window %lld, stride %lld (expected stride >= window; overlapping "
+                        "windows: umt_conv2d_relu and umt_max_pool2d_dropout)", op, (long long)window,
+                        (long long)stride);
+    return UMT_OK;
+}
+
+umt_tensor *umt_bias_relu_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, umt_tensor *bias, int64_t window,
+                                             int64_t stride, float p) {
+    if (!x || !bias) return NULL;
+    if (check_bias_relu_pool(x, bias, window, stride, p) != UMT_OK) return NULL;
+    umt_pool_shape s = pool_shape(x, window, stride);
+    umt_tensor *y = umt_op_output_typed(ctx, x->dtype, x->nhwc, 4, (int64_t[]){s.n, s.c, s.p, s.q});
+    umt_tensor *saved = y ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_U8, 1, (int64_t[]){y->numel * 5}) : NULL;
+    if (!saved) return NULL;
+    int32_t *argmax = saved->data;
+    uint8_t *mask = (uint8_t *)(argmax + y->numel);
+    const umt_backend *be = ctx->backend;
+    umt_status st = be->bias_relu_max_pool_forward(&s, x->data, bias->data, y->data, argmax);
+    /* Dropout as umt_dropout would draw it (in evaluation, or with p = 0, none). The backward
+     * needs no mask: the output is 0 wherever the dropout or the ReLU zeroed it. */
+    float dropped = ctx->training ? p : 0.0f;
+    uint64_t seed;
+    void *seed_on_device;
+    if (st == UMT_OK && dropped > 0.0f) st = umt_dropout_seed(ctx, &seed, &seed_on_device);
+    if (st == UMT_OK && dropped > 0.0f)
+        st = umt_dtype_is_lowp(s.dtype)
+                 ? be->dropout_forward_lp(s.dtype, y->data, y->data, mask, y->numel, p, seed, seed_on_device)
+                 : be->dropout_forward(y->data, y->data, mask, y->numel, p, seed, seed_on_device);
+    return umt_op_finish_with(ctx, st, "umt_bias_relu_max_pool2d_dropout", bias_relu_pool_dropout_backward, y, saved,
+                              x, bias, NULL, window, stride, dropped);
 }

@@ -17,10 +17,11 @@ static umt_tensor *layer_relu(umt_context *ctx, const mnist_cnn *m, umt_layer *l
 
 /* The scores before the log-softmax, [N,10]. */
 static umt_tensor *logits(umt_context *ctx, const mnist_cnn *m, umt_tensor *images) {
-    umt_tensor *x = layer_relu(ctx, m, m->conv1, images);                   /* [N,32,26,26] */
-    x = layer_relu(ctx, m, m->conv2, x);                                    /* [N,64,24,24] */
-    x = m->fuse ? umt_max_pool2d_dropout(ctx, x, 2, 2, 0.25f)
-                : umt_dropout(ctx, umt_max_pool2d(ctx, x, 2, 2), 0.25f);    /* [N,64,12,12] */
+    umt_tensor *x = layer_relu(ctx, m, m->conv1, images); /* [N,32,26,26] */
+    /* conv2 [N,64,24,24], its ReLU, the pool and the dropout [N,64,12,12]; fused, the bias and
+     * the ReLU are applied inside the pool, so only the pooled quarter is written. */
+    x = m->fuse ? umt_layer_forward_relu_max_pool2d_dropout(ctx, m->conv2, x, 2, 2, 0.25f)
+                : umt_dropout(ctx, umt_max_pool2d(ctx, layer_relu(ctx, m, m->conv2, x), 2, 2), 0.25f);
     x = layer_relu(ctx, m, m->fc1, umt_flatten(ctx, x));                    /* [N,128] */
     return umt_layer_forward(ctx, m->fc2, umt_dropout(ctx, x, 0.5f));       /* [N,10] */
 }

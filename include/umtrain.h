@@ -351,6 +351,11 @@ umt_tensor *umt_avg_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int6
 umt_tensor *umt_dropout(umt_context *ctx, umt_tensor *x, float p);
 /* umt_dropout(umt_max_pool2d(x, window, stride), p) as one op: its backward is one pass. */
 umt_tensor *umt_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, int64_t window, int64_t stride, float p);
+/* umt_max_pool2d_dropout(relu(x + bias[channel]), ...) as one op over the pooled quarter: x is
+ * a convolution's output without its bias (umt_conv2d with bias NULL), so the full-size ReLU
+ * output is never written. Windows apart (stride >= window). */
+umt_tensor *umt_bias_relu_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, umt_tensor *bias, int64_t window,
+                                             int64_t stride, float p);
 /* Batch norm over the channels of x [N,C,H,W] (or [N,C]): gamma, beta [C] parameters,
  * running_mean, running_var [C] buffers updated by momentum in training. */
 umt_tensor *umt_batch_norm(umt_context *ctx, umt_tensor *x, umt_tensor *gamma, umt_tensor *beta,
@@ -380,6 +385,10 @@ umt_layer *umt_batchnorm_layer_new(umt_context *ctx, const char *name, int64_t c
 umt_tensor *umt_layer_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x);
 /* relu(umt_layer_forward(...)), as one fused op for the layers that have one (linear, conv2d). */
 umt_tensor *umt_layer_forward_relu(umt_context *ctx, umt_layer *layer, umt_tensor *x);
+/* umt_max_pool2d_dropout(umt_layer_forward_relu(...), window, stride, p): for a conv2d layer
+ * with a bias and windows apart, its product, then umt_bias_relu_max_pool2d_dropout. */
+umt_tensor *umt_layer_forward_relu_max_pool2d_dropout(umt_context *ctx, umt_layer *layer, umt_tensor *x,
+                                                      int64_t window, int64_t stride, float p);
 
 /* ----------------------------------------------------------------------------------------- */
 /* Optimizers and learning-rate schedules */

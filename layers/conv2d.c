@@ -10,6 +10,10 @@ static umt_tensor *conv2d_forward_relu(umt_context *ctx, umt_layer *layer, umt_t
     return umt_conv2d_relu(ctx, x, layer->weight, layer->bias, layer->stride, layer->padding);
 }
 
+static umt_tensor *conv2d_product(umt_context *ctx, umt_layer *layer, umt_tensor *x) {
+    return umt_conv2d(ctx, x, layer->weight, NULL, layer->stride, layer->padding);
+}
+
 umt_layer *umt_conv2d_layer_new(umt_context *ctx, const char *name, int64_t in_channels, int64_t out_channels,
                                 int64_t kernel, int64_t stride, int64_t padding, bool bias) {
     if (!ctx || !name || in_channels <= 0 || out_channels <= 0 || kernel <= 0 || stride <= 0 || padding < 0) {
@@ -23,6 +27,7 @@ umt_layer *umt_conv2d_layer_new(umt_context *ctx, const char *name, int64_t in_c
     umt_layer *layer = umt_layer_alloc(ctx, "conv2d", conv2d_forward);
     if (!layer) return NULL;
     layer->forward_relu = conv2d_forward_relu;
+    layer->product = conv2d_product;
     layer->stride = stride;
     layer->padding = padding;
     char buf[256];

@@ -55,3 +55,15 @@ umt_tensor *umt_layer_forward_relu(umt_context *ctx, umt_layer *layer, umt_tenso
     if (layer->forward_relu) return layer->forward_relu(ctx, layer, x);
     return umt_relu(ctx, layer->forward(ctx, layer, x));
 }
+
+umt_tensor *umt_layer_forward_relu_max_pool2d_dropout(umt_context *ctx, umt_layer *layer, umt_tensor *x,
+                                                      int64_t window, int64_t stride, float p) {
+    if (!layer) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_layer_forward_relu_max_pool2d_dropout: layer is NULL");
+        return NULL;
+    }
+    /* The bias and ReLU then ride on the pool (core/ops_pool.c), which needs windows apart. */
+    if (layer->product && layer->bias && stride >= window)
+        return umt_bias_relu_max_pool2d_dropout(ctx, layer->product(ctx, layer, x), layer->bias, window, stride, p);
+    return umt_max_pool2d_dropout(ctx, umt_layer_forward_relu(ctx, layer, x), window, stride, p);
+}

@@ -160,6 +160,10 @@ static umt_tensor *build_conv_strided(umt_context *c, umt_tensor **in, umt_tenso
 static umt_tensor *build_conv_relu(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_conv2d_relu(c, in[0], in[1], in[2], 1, 0); }
 static umt_tensor *build_linear_relu(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_linear_relu(c, in[0], in[1], in[2]); }
 static umt_tensor *build_pool_dropout(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_max_pool2d_dropout(c, in[0], 2, 2, 0.3f); }
+static umt_tensor *build_bias_relu_pool_dropout(umt_context *c, umt_tensor **in, umt_tensor *l) {
+    (void)l;
+    return umt_bias_relu_max_pool2d_dropout(c, in[0], in[1], 2, 2, 0.3f);
+}
 static umt_tensor *build_max_pool(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_max_pool2d(c, in[0], 2, 2); }
 static umt_tensor *build_avg_pool(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_avg_pool2d(c, in[0], 3, 2); }
 static umt_tensor *build_dropout(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_dropout(c, in[0], 0.3f); }
@@ -275,6 +279,10 @@ static void test_fused_ops_gradients_match_finite_differences(void **state) {
     gradcheck(&linear, build_linear_relu, 0);
     input_spec pool = {1, {4}, {{2, 3, 4, 6}}, false, true}; /* a fixed mask, as for dropout */
     gradcheck(&pool, build_pool_dropout, 0);
+    /* bias, ReLU, pool and dropout: distinct inputs (no step changes a pick) and, for this
+     * fixed stream, no x + bias near the ReLU's kink. */
+    input_spec block = {2, {4, 1}, {{2, 3, 4, 6}, {3}}, false, true};
+    gradcheck(&block, build_bias_relu_pool_dropout, 0);
 }
 
 static void test_pooling_gradients_match_finite_differences(void **state) {

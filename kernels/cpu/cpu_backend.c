@@ -51,6 +51,8 @@ static const umt_backend cpu_backend = {
     .max_pool_forward = umt_cpu_max_pool_forward,
     .max_pool_backward = umt_cpu_max_pool_backward,
     .max_pool_dropout_backward = umt_cpu_max_pool_dropout_backward,
+    .bias_relu_max_pool_forward = umt_cpu_bias_relu_max_pool_forward,
+    .bias_relu_max_pool_dropout_backward = umt_cpu_bias_relu_max_pool_dropout_backward,
     .avg_pool_forward = umt_cpu_avg_pool_forward,
     .avg_pool_backward = umt_cpu_avg_pool_backward,
 

@@ -85,8 +85,13 @@ umt_status umt_cpu_bias_relu_backward(umt_dtype dtype, bool nhwc, const void *y,
                                       int64_t k, int64_t hw);
 umt_status umt_cpu_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax, const uint8_t *mask,
                                              const void *dy, void *dx, float p);
+umt_status umt_cpu_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
+                                              int32_t *argmax);
+umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax,
+                                                       const void *y, void *dy, void *dx, float *dbias, float p);
 
-/* pool.c */
+/* pool.c (the shape check is shared with fused.c) */
+umt_status umt_cpu_check_pool_shape(const char *op, const umt_pool_shape *s);
 umt_status umt_cpu_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y, int32_t *argmax);
 umt_status umt_cpu_max_pool_backward(const umt_pool_shape *shape, const int32_t *argmax, const float *dy, float *dx);
 umt_status umt_cpu_avg_pool_forward(const umt_pool_shape *shape, const float *x, float *y);

@@ -1,12 +1,14 @@
 /*
- * kernels/cpu/fused.c — bias + ReLU and its backward, and max pool + dropout's backward: the
- * reference for kernels/cuda/fused.cu.
+ * kernels/cpu/fused.c — bias + ReLU and its backward, max pool + dropout's backward, and bias +
+ * ReLU + max pool (+ dropout) each way: the reference for kernels/cuda/fused.cu and pool.cu.
  *
  * On the CPU a fusion saves nothing worth the code: each slot is the composition of the
  * unfused kernels it replaces (or their loops, where composing would need a buffer), so the
  * fused op means exactly what the unfused ops mean. Only f32 reaches the CPU
  * (core/precision.c keeps bf16/f16 on CUDA).
  */
+#include <math.h>
+
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -69,4 +71,56 @@ umt_status umt_cpu_max_pool_dropout_backward(const umt_pool_shape *shape, const 
             if (mask[o]) out[plane * hw + argmax[o]] += grad[o] * scale;
         }
     return UMT_OK;
+}
+
+/* bias_relu, then max_pool_forward's scan (first maximum; a NaN beats a number), per window,
+ * without the full-size intermediate. */
+umt_status umt_cpu_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
+                                              int32_t *argmax) {
+    const umt_pool_shape *s = shape;
+    if (s->dtype != UMT_F32 || s->nhwc || s->stride < s->window)
+        return umt_fail(UMT_ERR_UNSUPPORTED,
+                        "bias_relu_max_pool_forward: dtype %s, %s, window %lld, stride %lld (expected f32 NCHW, "
+                        "stride >= window)", umt_dtype_name(s->dtype), s->nhwc ? "NHWC" : "NCHW",
+                        (long long)s->window, (long long)s->stride);
+    UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_forward", s));
+    const float *in = x;
+    float *out = y;
+    for (int64_t plane = 0; plane < s->n * s->c; plane++) {
+        const float *x_plane = in + plane * s->h * s->w;
+        float b = bias[plane % s->c];
+        for (int64_t o = plane * s->p * s->q; o < (plane + 1) * s->p * s->q; o++) {
+            int64_t y0 = (o / s->q % s->p) * s->stride, x0 = o % s->q * s->stride;
+            int64_t best_index = y0 * s->w + x0;
+            float best = 0.0f;
+            for (int64_t i = 0; i < s->window; i++)
+                for (int64_t j = 0; j < s->window; j++) {
+                    int64_t at = (y0 + i) * s->w + x0 + j;
+                    float v = x_plane[at] + b;
+                    v = v < 0.0f ? 0.0f : v; /* umt_cpu_relu's rule: a NaN passes */
+                    if ((i == 0 && j == 0) || v > best || (isnan(v) && !isnan(best))) best = v, best_index = at;
+                }
+            out[o] = best;
+            argmax[o] = (int32_t)best_index;
+        }
+    }
+    return UMT_OK;
+}
+
+/* dropout_backward and bias_relu_backward at the pooled size (the mask is y > 0), then
+ * max_pool_backward's scatter. */
+umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax,
+                                                       const void *y, void *dy, void *dx, float *dbias, float p) {
+    const umt_pool_shape *s = shape;
+    if (s->dtype != UMT_F32 || s->nhwc || s->stride < s->window || !(p >= 0.0f && p < 1.0f))
+        return umt_fail(UMT_ERR_UNSUPPORTED,
+                        "bias_relu_max_pool_dropout_backward: dtype %s, %s, window %lld, stride %lld, p %g (expected "
+                        "f32 NCHW, stride >= window, 0 <= p < 1)", umt_dtype_name(s->dtype), s->nhwc ? "NHWC" : "NCHW",
+                        (long long)s->window, (long long)s->stride, (double)p);
+    float scale = 1.0f / (1.0f - p), *grad = dy;
+    const float *out = y;
+    int64_t outputs = s->n * s->c * s->p * s->q;
+    for (int64_t o = 0; o < outputs; o++) grad[o] = out[o] > 0.0f ? 0.0f + grad[o] * scale : 0.0f;
+    if (dbias) UMT_TRY(umt_cpu_sum_channel_bias(grad, dbias, s->n, s->c, s->p * s->q));
+    return dx ? umt_cpu_max_pool_backward(s, argmax, grad, dx) : UMT_OK;
 }

@@ -20,7 +20,7 @@
 
 /* Sizes positive, the window inside the input, p and q as the ops derive them, and plane
  * indices small enough for the int32 argmax. */
-static umt_status check_pool_shape(const char *op, const umt_pool_shape *s) {
+umt_status umt_cpu_check_pool_shape(const char *op, const umt_pool_shape *s) {
     if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->window < 1 || s->stride < 1) {
         return umt_fail(UMT_ERR_INVALID_ARGUMENT,
                         "%s: n=%lld c=%lld h=%lld w=%lld window=%lld stride=%lld, expected all >= 1", op,
@@ -70,7 +70,7 @@ static void max_of_window(const umt_pool_shape *s, const float *plane, int64_t o
 }
 
 umt_status umt_cpu_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y, int32_t *argmax) {
-    UMT_TRY(check_pool_shape("max_pool_forward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("max_pool_forward", shape));
     const umt_pool_shape *s = shape;
     for (int64_t plane = 0; plane < s->n * s->c; plane++) {
         const float *x_plane = x + plane * s->h * s->w;
@@ -85,7 +85,7 @@ umt_status umt_cpu_max_pool_forward(const umt_pool_shape *shape, const float *x,
 }
 
 umt_status umt_cpu_max_pool_backward(const umt_pool_shape *shape, const int32_t *argmax, const float *dy, float *dx) {
-    UMT_TRY(check_pool_shape("max_pool_backward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("max_pool_backward", shape));
     const umt_pool_shape *s = shape;
     int64_t plane_size = s->h * s->w, outputs = s->p * s->q;
     for (int64_t plane = 0; plane < s->n * s->c; plane++) {
@@ -107,7 +107,7 @@ umt_status umt_cpu_max_pool_backward(const umt_pool_shape *shape, const int32_t 
 /* Average pooling                                                                             */
 
 umt_status umt_cpu_avg_pool_forward(const umt_pool_shape *shape, const float *x, float *y) {
-    UMT_TRY(check_pool_shape("avg_pool_forward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("avg_pool_forward", shape));
     const umt_pool_shape *s = shape;
     double area = (double)(s->window * s->window);
     for (int64_t plane = 0; plane < s->n * s->c; plane++) {
@@ -128,7 +128,7 @@ umt_status umt_cpu_avg_pool_forward(const umt_pool_shape *shape, const float *x,
 }
 
 umt_status umt_cpu_avg_pool_backward(const umt_pool_shape *shape, const float *dy, float *dx) {
-    UMT_TRY(check_pool_shape("avg_pool_backward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("avg_pool_backward", shape));
     const umt_pool_shape *s = shape;
     float area = (float)(s->window * s->window);
     for (int64_t plane = 0; plane < s->n * s->c; plane++) {

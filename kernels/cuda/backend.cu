@@ -153,6 +153,8 @@ static const umt_backend cuda_backend = {
     .max_pool_forward = umt_cuda_max_pool_forward,
     .max_pool_backward = umt_cuda_max_pool_backward,
     .max_pool_dropout_backward = umt_cuda_max_pool_dropout_backward,
+    .bias_relu_max_pool_forward = umt_cuda_bias_relu_max_pool_forward,
+    .bias_relu_max_pool_dropout_backward = umt_cuda_bias_relu_max_pool_dropout_backward,
     .avg_pool_forward = umt_cuda_avg_pool_forward,
     .avg_pool_backward = umt_cuda_avg_pool_backward,
 

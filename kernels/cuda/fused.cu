@@ -1,6 +1,8 @@
 /*
  * kernels/cuda/fused.cu — bias + ReLU in one pass, and its backward in one read of the gradient;
- * max pool + dropout's backward in one pass (at the end of the file).
+ * the same backward at a pooled size after a dropout, for bias + ReLU + max pool + dropout (whose
+ * forward is pool.cu's, the bias and ReLU applied on the way in); max pool + dropout's backward
+ * in one pass (at the end of the file).
  *
  * Unfused, a convolution or linear layer followed by a ReLU costs, after the library's product:
  * a bias pass (read and write the activation), a ReLU pass (read it, write the output), and in
@@ -37,6 +39,16 @@ template <umt_dtype D> static __device__ void store(void *p, int64_t i, float v)
 
 /* Written as "v < 0 ? 0 : v" so that a NaN passes through, as umt_cpu_relu does. */
 static __device__ float relu(float v) { return v < 0.0f ? 0.0f : v; }
+
+/* The gradient that passes where y > 0: dy itself (scale 0: bias_relu_backward), or after a
+ * dropout (scale 1/(1-p): bias_relu_max_pool_dropout_backward) 0 + dy * scale rounded to the
+ * dtype, as the dropout's backward stores it into a zeroed gradient. */
+template <umt_dtype D> static __device__ float passed(float g, float scale) {
+    if (scale == 0.0f) return g;
+    float v = 0.0f + g * scale;
+    if constexpr (D == UMT_F32) return v;
+    else return umt_dev_widen<D>(umt_dev_narrow<D>(v));
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Forward: y = max(x + bias, 0)                                                                */
@@ -135,14 +147,14 @@ template <typename T> static __device__ void put_sum(float *dbias, T *partials, 
  * over its chunk's rows; the 16 groups' sums are added in group order. */
 template <umt_dtype D>
 static __global__ void mask_rows_kernel(const void *y, void *dy, float *dbias, int64_t rows, int64_t k,
-                                        int64_t rows_per_chunk, bool chunked) {
+                                        int64_t rows_per_chunk, bool chunked, float scale) {
     __shared__ float partial[SUM_ROW_GROUPS][SUM_COLUMNS];
     int64_t c = (int64_t)blockIdx.x * SUM_COLUMNS + threadIdx.x, chunk = blockIdx.y;
     int64_t first = chunk * rows_per_chunk, last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
     float sum = 0.0f;
     if (c < k)
         for (int64_t r = first + threadIdx.y; r < last; r += SUM_ROW_GROUPS) {
-            float g = load<D>(y, r * k + c) > 0.0f ? load<D>(dy, r * k + c) : 0.0f;
+            float g = load<D>(y, r * k + c) > 0.0f ? passed<D>(load<D>(dy, r * k + c), scale) : 0.0f;
             store<D>(dy, r * k + c, g);
             sum += g;
         }
@@ -159,7 +171,7 @@ static __global__ void mask_rows_kernel(const void *y, void *dy, float *dbias, i
  * eight channels of lane t % lanes, and the block adds its lanes' sums in thread order. */
 template <umt_dtype D>
 static __global__ void mask_rows_vector_kernel(const uint4 *y, uint4 *dy, float *dbias, int64_t rows, int64_t k,
-                                               int64_t rows_per_chunk, bool chunked) {
+                                               int64_t rows_per_chunk, bool chunked, float scale) {
     __shared__ float sums[THREADS][VECTOR];
     int lanes = (int)(k / VECTOR), lane = threadIdx.x % lanes, rows_at_once = THREADS / lanes;
     int64_t chunk = blockIdx.x, first = chunk * rows_per_chunk;
@@ -170,7 +182,10 @@ static __global__ void mask_rows_vector_kernel(const uint4 *y, uint4 *dy, float 
         out.bits = y[r * lanes + lane];
         grad.bits = dy[r * lanes + lane];
         for (int e = 0; e < VECTOR; e++) {
-            if (!(load<D>(out.h, e) > 0.0f)) grad.h[e] = 0;
+            if (!(load<D>(out.h, e) > 0.0f))
+                grad.h[e] = 0;
+            else if (scale != 0.0f)
+                grad.h[e] = umt_dev_narrow<D>(passed<D>(load<D>(grad.h, e), scale));
             sum[e] += load<D>(grad.h, e);
         }
         dy[r * lanes + lane] = grad.bits;
@@ -189,14 +204,14 @@ static __global__ void mask_rows_vector_kernel(const uint4 *y, uint4 *dy, float 
  * double, as kernels/cuda/conv.cu's sum_channel_bias does. */
 template <umt_dtype D>
 static __global__ void mask_planes_kernel(const void *y, void *dy, float *dbias, int64_t n, int64_t k, int64_t hw,
-                                          int64_t images_per_chunk, bool chunked) {
+                                          int64_t images_per_chunk, bool chunked, float scale) {
     __shared__ double partial[THREADS];
     int64_t channel = blockIdx.x, chunk = blockIdx.y, first = chunk * images_per_chunk;
     int64_t last = first + images_per_chunk < n ? first + images_per_chunk : n;
     double sum = 0.0;
     for (int64_t image = first; image < last; image++)
         for (int64_t i = (image * k + channel) * hw + threadIdx.x; i < (image * k + channel + 1) * hw; i += THREADS) {
-            float g = load<D>(y, i) > 0.0f ? load<D>(dy, i) : 0.0f;
+            float g = load<D>(y, i) > 0.0f ? passed<D>(load<D>(dy, i), scale) : 0.0f;
             store<D>(dy, i, g);
             sum += g;
         }
@@ -231,7 +246,7 @@ static int64_t chunks_for(int64_t items, int64_t tiles, int64_t k, int64_t *per_
 }
 
 template <umt_dtype D>
-static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows, int64_t k) {
+static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows, int64_t k, float scale) {
     cudaStream_t stream = umt_cuda_stream();
     int64_t per_chunk = 0, chunks = 0;
     bool vector = false;
@@ -240,7 +255,7 @@ static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows,
         if (vector) {
             chunks = chunks_for(rows, 1, k, &per_chunk);
             mask_rows_vector_kernel<D><<<(unsigned int)chunks, THREADS, 0, stream>>>(
-                (const uint4 *)y, (uint4 *)dy, dbias, rows, k, per_chunk, chunks > 1);
+                (const uint4 *)y, (uint4 *)dy, dbias, rows, k, per_chunk, chunks > 1, scale);
         }
     }
     if (!vector) {
@@ -250,7 +265,7 @@ static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows,
                             (long long)MAX_BLOCKS * SUM_COLUMNS);
         chunks = chunks_for(rows, tiles, k, &per_chunk);
         mask_rows_kernel<D><<<dim3((unsigned int)tiles, (unsigned int)chunks), dim3(SUM_COLUMNS, SUM_ROW_GROUPS), 0,
-                              stream>>>(y, dy, dbias, rows, k, per_chunk, chunks > 1);
+                              stream>>>(y, dy, dbias, rows, k, per_chunk, chunks > 1, scale);
     }
     UMT_CUDA_LAUNCHED();
     if (chunks > 1 && dbias) {
@@ -261,13 +276,13 @@ static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows,
 }
 
 template <umt_dtype D>
-static umt_status mask_planes(const void *y, void *dy, float *dbias, int64_t n, int64_t k, int64_t hw) {
+static umt_status mask_planes(const void *y, void *dy, float *dbias, int64_t n, int64_t k, int64_t hw, float scale) {
     if (k > MAX_BLOCKS)
         return umt_fail(UMT_ERR_UNSUPPORTED, "bias_relu_backward: %lld channels (at most %d)", (long long)k, MAX_BLOCKS);
     cudaStream_t stream = umt_cuda_stream();
     int64_t per_chunk = 0, chunks = chunks_for(n, k, k, &per_chunk);
-    mask_planes_kernel<D><<<dim3((unsigned int)k, (unsigned int)chunks), THREADS, 0, stream>>>(y, dy, dbias, n, k, hw,
-                                                                                                per_chunk, chunks > 1);
+    mask_planes_kernel<D><<<dim3((unsigned int)k, (unsigned int)chunks), THREADS, 0, stream>>>(
+        y, dy, dbias, n, k, hw, per_chunk, chunks > 1, scale);
     UMT_CUDA_LAUNCHED();
     if (chunks > 1 && dbias) {
         add_partials_kernel<double><<<umt_chunk_sum_blocks(k), THREADS, 0, stream>>>(dbias, k, (int)chunks);
@@ -276,10 +291,12 @@ static umt_status mask_planes(const void *y, void *dy, float *dbias, int64_t n, 
     return UMT_OK;
 }
 
+/* scale 0: bias_relu_backward; else the gradient after a dropout (passed() above). */
 template <umt_dtype D>
 static umt_status bias_relu_backward(bool nhwc, const void *y, void *dy, float *dbias, int64_t n, int64_t k,
-                                     int64_t hw) {
-    return channels_last(nhwc, hw) ? mask_rows<D>(y, dy, dbias, n * hw, k) : mask_planes<D>(y, dy, dbias, n, k, hw);
+                                     int64_t hw, float scale) {
+    return channels_last(nhwc, hw) ? mask_rows<D>(y, dy, dbias, n * hw, k, scale)
+                                   : mask_planes<D>(y, dy, dbias, n, k, hw, scale);
 }
 
 extern "C" umt_status umt_cuda_bias_relu_backward(umt_dtype dtype, bool nhwc, const void *y, void *dy, float *dbias,
@@ -287,10 +304,35 @@ extern "C" umt_status umt_cuda_bias_relu_backward(umt_dtype dtype, bool nhwc, co
     UMT_TRY(check_args("bias_relu_backward", dtype, n, k, hw));
     if (n == 0 || k == 0 || hw == 0) return UMT_OK;
     switch (dtype) {
-    case UMT_BF16: return bias_relu_backward<UMT_BF16>(nhwc, y, dy, dbias, n, k, hw);
-    case UMT_F16: return bias_relu_backward<UMT_F16>(nhwc, y, dy, dbias, n, k, hw);
-    default: return bias_relu_backward<UMT_F32>(nhwc, y, dy, dbias, n, k, hw);
+    case UMT_BF16: return bias_relu_backward<UMT_BF16>(nhwc, y, dy, dbias, n, k, hw, 0.0f);
+    case UMT_F16: return bias_relu_backward<UMT_F16>(nhwc, y, dy, dbias, n, k, hw, 0.0f);
+    default: return bias_relu_backward<UMT_F32>(nhwc, y, dy, dbias, n, k, hw, 0.0f);
     }
+}
+
+/* Bias + ReLU + max pool + dropout, backward (core/backend.h): the masked, scaled gradient and
+ * its channel sums at the pooled size (the mask is y > 0), then the pool's scatter onto the
+ * picks (windows apart: one addition each). */
+extern "C" umt_status umt_cuda_bias_relu_max_pool_dropout_backward(const umt_pool_shape *s, const int32_t *argmax,
+                                                                   const void *y, void *dy, void *dx, float *dbias,
+                                                                   float p) {
+    UMT_TRY(check_args("bias_relu_max_pool_dropout_backward", s->dtype, s->n, s->c, s->p * s->q));
+    if (s->stride < s->window || (s->dtype == UMT_F32 && s->nhwc) || !(p >= 0.0f && p < 1.0f))
+        return umt_fail(UMT_ERR_UNSUPPORTED,
+                        "bias_relu_max_pool_dropout_backward: dtype %s, %s, window %lld, stride %lld, p %g (expected "
+                        "f32 NCHW or bf16/f16, stride >= window, 0 <= p < 1)", umt_dtype_name(s->dtype),
+                        s->nhwc ? "NHWC" : "NCHW", (long long)s->window, (long long)s->stride, (double)p);
+    float scale = 1.0f / (1.0f - p); /* as the dropout kernels compute it */
+    int64_t n = s->n, k = s->c, pixels = s->p * s->q;
+    if (n == 0 || k == 0 || pixels == 0) return UMT_OK;
+    switch (s->dtype) {
+    case UMT_BF16: UMT_TRY(bias_relu_backward<UMT_BF16>(s->nhwc, y, dy, dbias, n, k, pixels, scale)); break;
+    case UMT_F16: UMT_TRY(bias_relu_backward<UMT_F16>(s->nhwc, y, dy, dbias, n, k, pixels, scale)); break;
+    default: UMT_TRY(bias_relu_backward<UMT_F32>(s->nhwc, y, dy, dbias, n, k, pixels, scale)); break;
+    }
+    if (!dx) return UMT_OK;
+    return s->dtype == UMT_F32 ? umt_cuda_max_pool_backward(s, argmax, (const float *)dy, (float *)dx)
+                               : umt_cuda_max_pool_backward_lp(s, argmax, dy, dx);
 }
 
 /* ------------------------------------------------------------------------------------------ */

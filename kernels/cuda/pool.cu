@@ -72,18 +72,31 @@ static __device__ void covering(int64_t i, int64_t window, int64_t stride, int64
 
 static __device__ bool takes_over(float value, float best) { return value > best || (isnan(value) && !isnan(best)); }
 
-static __global__ void max_pool_forward_kernel(umt_pool_shape s, const float *x, float *y, int32_t *argmax) {
+/* With a bias (bias_relu_max_pool_forward), each input is first max(x + bias[channel], 0) as
+ * bias_relu computes it (a NaN passes the ReLU), then rounded to the dtype as bias_relu stores
+ * it: the pool then scans exactly the values it would have read. */
+static __device__ float biased_relu(float v, const float *bias, int64_t channel, umt_dtype dtype) {
+    if (!bias) return v;
+    v = __fadd_rn(v, bias[channel]);
+    v = v < 0.0f ? 0.0f : v;
+    if (dtype == UMT_F32) return v;
+    return dtype == UMT_BF16 ? umt_dev_bf16_to_f32(umt_dev_f32_to_bf16(v)) : umt_dev_f16_to_f32(umt_dev_f32_to_f16(v));
+}
+
+static __global__ void max_pool_forward_kernel(umt_pool_shape s, const float *x, const float *bias, float *y,
+                                               int32_t *argmax) {
     FOR_EACH_INDEX(out, s.n * s.c * s.p * s.q) {
-        int64_t plane = out / (s.p * s.q), oy = out / s.q % s.p, ox = out % s.q;
+        int64_t plane = out / (s.p * s.q), oy = out / s.q % s.p, ox = out % s.q, channel = plane % s.c;
         const float *x_plane = x + plane * s.h * s.w;
         int64_t y0 = oy * s.stride, x0 = ox * s.stride;
         int64_t best_index = y0 * s.w + x0;
-        float best = x_plane[best_index];
+        float best = biased_relu(x_plane[best_index], bias, channel, UMT_F32);
         for (int64_t i = 0; i < s.window; i++) {
             for (int64_t j = 0; j < s.window; j++) {
                 int64_t at = (y0 + i) * s.w + x0 + j;
-                if (takes_over(x_plane[at], best)) {
-                    best = x_plane[at];
+                float v = biased_relu(x_plane[at], bias, channel, UMT_F32);
+                if (takes_over(v, best)) {
+                    best = v;
                     best_index = at;
                 }
             }
@@ -147,7 +160,7 @@ static bool scatter_applies(const umt_pool_shape *s) {
 extern "C" umt_status umt_cuda_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y,
                                                 int32_t *argmax) {
     UMT_TRY(check_pool_shape("max_pool_forward", shape));
-    LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_kernel, *shape, x, y, argmax);
+    LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_kernel, *shape, x, NULL, y, argmax);
     return UMT_OK;
 }
 
@@ -234,15 +247,19 @@ static __device__ void coordinates_of(bool nhwc, int64_t i, int64_t c, int64_t h
     }
 }
 
-static __global__ void max_pool_forward_lp_kernel(umt_pool_shape s, const void *x, void *y, int32_t *argmax) {
+static __global__ void max_pool_forward_lp_kernel(umt_pool_shape s, const void *x, const float *bias, void *y,
+                                                  int32_t *argmax) {
     FOR_EACH_INDEX(out, s.n * s.c * s.p * s.q) {
         int64_t n, ch, oy, ox;
         coordinates_of(s.nhwc, out, s.c, s.p, s.q, &n, &ch, &oy, &ox);
         int64_t y0 = oy * s.stride, x0 = ox * s.stride, best_index = y0 * s.w + x0;
-        float best = umt_dev_load_as_f32(x, s.dtype, offset_of(s.nhwc, n, ch, y0, x0, s.c, s.h, s.w));
+        float best = biased_relu(umt_dev_load_as_f32(x, s.dtype, offset_of(s.nhwc, n, ch, y0, x0, s.c, s.h, s.w)),
+                                 bias, ch, s.dtype);
         for (int64_t i = 0; i < s.window; i++) {
             for (int64_t j = 0; j < s.window; j++) {
-                float v = umt_dev_load_as_f32(x, s.dtype, offset_of(s.nhwc, n, ch, y0 + i, x0 + j, s.c, s.h, s.w));
+                float v = biased_relu(
+                    umt_dev_load_as_f32(x, s.dtype, offset_of(s.nhwc, n, ch, y0 + i, x0 + j, s.c, s.h, s.w)), bias, ch,
+                    s.dtype);
                 if (takes_over(v, best)) {
                     best = v;
                     best_index = (y0 + i) * s.w + x0 + j;
@@ -324,16 +341,17 @@ static __device__ void coordinates32(bool nhwc, int i, int c, int h, int w, int 
 }
 
 template <umt_dtype D>
-static __global__ void max_pool_forward_lp_fast_kernel(umt_pool_shape s, const void *x, void *y, int32_t *argmax) {
+static __global__ void max_pool_forward_lp_fast_kernel(umt_pool_shape s, const void *x, const float *bias, void *y,
+                                                       int32_t *argmax) {
     int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, h = (int)s.h, w = (int)s.w, window = (int)s.window;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int n, ch, oy, ox;
         coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
         int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride, best_index = y0 * w + x0;
-        float best = load_f32<D>(x, offset32(s.nhwc, n, ch, y0, x0, c, h, w));
+        float best = biased_relu(load_f32<D>(x, offset32(s.nhwc, n, ch, y0, x0, c, h, w)), bias, ch, D);
         for (int i = 0; i < window; i++) {
             for (int j = 0; j < window; j++) {
-                float v = load_f32<D>(x, offset32(s.nhwc, n, ch, y0 + i, x0 + j, c, h, w));
+                float v = biased_relu(load_f32<D>(x, offset32(s.nhwc, n, ch, y0 + i, x0 + j, c, h, w)), bias, ch, D);
                 if (takes_over(v, best)) {
                     best = v;
                     best_index = (y0 + i) * w + x0 + j;
@@ -350,7 +368,8 @@ static __global__ void max_pool_forward_lp_fast_kernel(umt_pool_shape s, const v
 enum { LANES = UMT_HALVES_PER_VECTOR }; /* one umt_halves8 (kernels/cuda/float16.h) */
 
 template <umt_dtype D>
-static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const uint4 *x, uint4 *y, int4 *argmax) {
+static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const uint4 *x, const float *bias, uint4 *y,
+                                                        int4 *argmax) {
     int groups = (int)s.c / LANES, w = (int)s.w, q = (int)s.q, p = (int)s.p, window = (int)s.window;
     int total = (int)(s.n * s.p * s.q) * groups;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
@@ -363,7 +382,7 @@ static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const 
                 umt_halves8 v;
                 v.bits = x[((n * (int)s.h + y0 + i) * w + x0 + j) * groups + group];
                 for (int e = 0; e < LANES; e++) {
-                    float f = umt_dev_load_as_f32(v.h, D, e);
+                    float f = biased_relu(umt_dev_load_as_f32(v.h, D, e), bias, group * LANES + e, D);
                     if ((i == 0 && j == 0) || takes_over(f, best[e])) {
                         best[e] = f;
                         best_index[e] = (y0 + i) * w + x0 + j;
@@ -397,6 +416,29 @@ static __global__ void max_pool_backward_lp_scatter_kernel(umt_pool_shape s, con
     }
 }
 
+/* The same scatter, NHWC with channels in eights: a thread takes eight neighbouring channels of
+ * one output pixel (one 16-byte load of dy, two of argmax) and works out the pixel once; each
+ * channel's gradient still lands on its own pick with the same single addition. */
+template <umt_dtype D>
+static __global__ void max_pool_backward_lp_scatter_nhwc8_kernel(umt_pool_shape s, const int4 *argmax, const uint4 *dy,
+                                                                 uint16_t *dx) {
+    int groups = (int)s.c / LANES, c = (int)s.c, w = (int)s.w, q = (int)s.q, p = (int)s.p;
+    int total = (int)(s.n * s.p * s.q) * groups;
+    for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
+        int group = out % groups, pixel = out / groups, ox = pixel % q, oy = pixel / q % p, n = pixel / (q * p);
+        int4 first = argmax[2 * out], second = argmax[2 * out + 1];
+        int picks[LANES] = {first.x, first.y, first.z, first.w, second.x, second.y, second.z, second.w};
+        umt_halves8 grad;
+        grad.bits = dy[out];
+        for (int e = 0; e < LANES; e++) {
+            int row, col;
+            if (!pick_in_window(picks[e], oy, ox, w, (int)s.window, (int)s.stride, &row, &col)) continue;
+            int at = ((n * (int)s.h + row) * w + col) * c + group * LANES + e;
+            dx[at] = umt_dev_narrow<D>(umt_dev_widen<D>(dx[at]) + (0.0f + umt_dev_widen<D>(grad.h[e])));
+        }
+    }
+}
+
 /* The f32 checks, plus a half dtype. */
 static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
     if (s->dtype != UMT_BF16 && s->dtype != UMT_F16)
@@ -404,31 +446,68 @@ static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
     return check_pool_shape(op, s);
 }
 
-extern "C" umt_status umt_cuda_max_pool_forward_lp(const umt_pool_shape *shape, const void *x, void *y,
-                                                   int32_t *argmax) {
-    UMT_TRY(check_pool_shape_lp("max_pool_forward_lp", shape));
+/* The half-precision forward, with or without a bias and ReLU on the way in (checked shape). */
+static umt_status max_pool_forward_half(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
+                                        int32_t *argmax) {
+    int64_t outputs = shape->n * shape->c * shape->p * shape->q;
     if (shape->n * shape->c * shape->h * shape->w < INT32_MAX && lanes_apply(shape, x, y, argmax)) {
-        int64_t groups = shape->n * shape->p * shape->q * shape->c / LANES;
+        int64_t groups = outputs / LANES;
         if (shape->dtype == UMT_BF16)
-            LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_BF16>, *shape, (const uint4 *)x, (uint4 *)y, (int4 *)argmax);
+            LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_BF16>, *shape, (const uint4 *)x, bias, (uint4 *)y,
+                        (int4 *)argmax);
         else
-            LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_F16>, *shape, (const uint4 *)x, (uint4 *)y, (int4 *)argmax);
+            LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_F16>, *shape, (const uint4 *)x, bias, (uint4 *)y,
+                        (int4 *)argmax);
         return UMT_OK;
     }
     if (shape->n * shape->c * shape->h * shape->w < INT32_MAX) {
         if (shape->dtype == UMT_BF16)
-            LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_lp_fast_kernel<UMT_BF16>, *shape, x, y, argmax);
+            LAUNCH_OVER(outputs, max_pool_forward_lp_fast_kernel<UMT_BF16>, *shape, x, bias, y, argmax);
         else
-            LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_lp_fast_kernel<UMT_F16>, *shape, x, y, argmax);
+            LAUNCH_OVER(outputs, max_pool_forward_lp_fast_kernel<UMT_F16>, *shape, x, bias, y, argmax);
         return UMT_OK;
     }
-    LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_lp_kernel, *shape, x, y, argmax);
+    LAUNCH_OVER(outputs, max_pool_forward_lp_kernel, *shape, x, bias, y, argmax);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_max_pool_forward_lp(const umt_pool_shape *shape, const void *x, void *y,
+                                                   int32_t *argmax) {
+    UMT_TRY(check_pool_shape_lp("max_pool_forward_lp", shape));
+    return max_pool_forward_half(shape, x, NULL, y, argmax);
+}
+
+/* Bias + ReLU + max pool (core/backend.h): f32 NCHW, or a half dtype in either layout. */
+extern "C" umt_status umt_cuda_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x,
+                                                          const float *bias, void *y, int32_t *argmax) {
+    const umt_pool_shape *s = shape;
+    if ((s->dtype == UMT_F32 && s->nhwc) || s->stride < s->window)
+        return umt_fail(UMT_ERR_UNSUPPORTED,
+                        "bias_relu_max_pool_forward: dtype %s, %s, window %lld, stride %lld (expected f32 NCHW or "
+                        "bf16/f16, stride >= window)", umt_dtype_name(s->dtype), s->nhwc ? "NHWC" : "NCHW",
+                        (long long)s->window, (long long)s->stride);
+    if (s->dtype != UMT_F32) {
+        UMT_TRY(check_pool_shape_lp("bias_relu_max_pool_forward", s));
+        return max_pool_forward_half(s, x, bias, y, argmax);
+    }
+    UMT_TRY(check_pool_shape("bias_relu_max_pool_forward", s));
+    LAUNCH_OVER(s->n * s->c * s->p * s->q, max_pool_forward_kernel, *s, (const float *)x, bias, (float *)y, argmax);
     return UMT_OK;
 }
 
 extern "C" umt_status umt_cuda_max_pool_backward_lp(const umt_pool_shape *shape, const int32_t *argmax, const void *dy,
                                                     void *dx) {
     UMT_TRY(check_pool_shape_lp("max_pool_backward_lp", shape));
+    if (scatter_applies(shape) && lanes_apply(shape, dy, argmax, argmax)) {
+        int64_t groups = shape->n * shape->p * shape->q * shape->c / LANES;
+        if (shape->dtype == UMT_BF16)
+            LAUNCH_OVER(groups, max_pool_backward_lp_scatter_nhwc8_kernel<UMT_BF16>, *shape, (const int4 *)argmax,
+                        (const uint4 *)dy, (uint16_t *)dx);
+        else
+            LAUNCH_OVER(groups, max_pool_backward_lp_scatter_nhwc8_kernel<UMT_F16>, *shape, (const int4 *)argmax,
+                        (const uint4 *)dy, (uint16_t *)dx);
+        return UMT_OK;
+    }
     if (scatter_applies(shape)) {
         if (shape->dtype == UMT_BF16)
             LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_backward_lp_scatter_kernel<UMT_BF16>, *shape, argmax, dy, dx);

@@ -9,6 +9,7 @@
  * bit; only the bias sums are split differently. The fused ops: umt_conv2d_relu (NCHW fp32,
  * NHWC bf16, channel counts that take the vector and the scalar kernels, and one input channel,
  * which under bf16 the backend runs as one kernel each way), umt_linear_relu,
+ * umt_bias_relu_max_pool2d_dropout (a convolution's bias and ReLU moved into the pool),
  * umt_max_pool2d_dropout, umt_softmax_cross_entropy for log-softmax + NLL, and one training step
  * of the whole MNIST CNN with fuse on and off.
  * Needs a GPU (tag "gpu"):  bazel test --config=cuda //tests/gpu:test_cuda_fused
@@ -216,6 +217,13 @@ static umt_tensor *pool_dropout(umt_context *c, umt_tensor **in, umt_tensor *l, 
     return fused ? umt_max_pool2d_dropout(c, x, 2, 2, 0.25f) : umt_dropout(c, umt_max_pool2d(c, x, 2, 2), 0.25f);
 }
 
+/* A convolution's bias and ReLU moved into the pool: fused, the product without its bias. */
+static umt_tensor *bias_relu_pool_dropout(umt_context *c, umt_tensor **in, umt_tensor *l, bool fused) {
+    (void)l;
+    if (fused) return umt_bias_relu_max_pool2d_dropout(c, umt_conv2d(c, in[0], in[1], NULL, 1, 0), in[2], 2, 2, 0.25f);
+    return umt_dropout(c, umt_max_pool2d(c, umt_conv2d_relu(c, in[0], in[1], in[2], 1, 0), 2, 2), 0.25f);
+}
+
 static const umt_precision PRECISIONS[2] = {UMT_PRECISION_FP32, UMT_PRECISION_BF16};
 
 static void test_conv2d_relu_matches_relu_of_conv2d(void **state) {
@@ -256,6 +264,8 @@ static void test_max_pool2d_dropout_matches_dropout_of_max_pool2d(void **state) 
     for (int p = 0; p < 2; p++) {
         compare(PRECISIONS[p], pool_dropout, 3, wide, ndims, 0, "max_pool2d_dropout 64 channels");
         compare(PRECISIONS[p], pool_dropout, 3, odd, ndims, 0, "max_pool2d_dropout 5 channels");
+        compare(PRECISIONS[p], bias_relu_pool_dropout, 3, wide, ndims, 0, "bias_relu_max_pool2d_dropout 64 channels");
+        compare(PRECISIONS[p], bias_relu_pool_dropout, 3, odd, ndims, 0, "bias_relu_max_pool2d_dropout 5 channels");
     }
 }
 
