@@ -148,9 +148,11 @@ typedef struct umt_backend {
      * dropout's output (0 wherever the ReLU or the dropout zeroed it): IN PLACE dy = y > 0 ?
      * dy / (1 - p) rounded to the dtype : 0 (the gradient before the dropout and the ReLU, as
      * the unfused backwards store it), dbias[channel] += its sums (NULL: none), and dx[pick of
-     * output o] += dy[o] (NULL: none). */
+     * output o] += dy[o] (NULL: none); dx_fresh: dx holds no values yet (the tape's unzeroed
+     * new gradient, core/tape.h) and every element is written, 0 off the picks. */
     umt_status (*bias_relu_max_pool_dropout_backward)(const umt_pool_shape *shape, const int32_t *argmax,
-                                                      const void *y, void *dy, void *dx, float *dbias, float p);
+                                                      const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
+                                                      float p);
     umt_status (*avg_pool_forward)(const umt_pool_shape *shape, const float *x, float *y);
     umt_status (*avg_pool_backward)(const umt_pool_shape *shape, const float *dy, float *dx);
 

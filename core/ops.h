@@ -41,4 +41,11 @@ static inline void *umt_input_grad(const umt_node *node, int i) {
     return t->requires_grad ? t->grad->data : NULL;
 }
 
+/* Whether input i's gradient is new and unzeroed: the backward writes all of it (umt_node). */
+static inline bool umt_input_grad_fresh(const umt_node *node, int i) { return node->fresh >> i & 1u; }
+
+/* Marks out's node (the tape's last, if out was recorded) as writing input i's whole gradient
+ * when it is the first to produce it; returns out. */
+umt_tensor *umt_op_overwrites_input_grad(umt_context *ctx, umt_tensor *out, int i);
+
 #endif /* UMT_CORE_OPS_H */

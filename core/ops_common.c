@@ -25,6 +25,11 @@ umt_tensor *umt_op_finish(umt_context *ctx, umt_status kernel_status, const char
     return out;
 }
 
+umt_tensor *umt_op_overwrites_input_grad(umt_context *ctx, umt_tensor *out, int i) {
+    if (out && out->requires_grad) ctx->tape.nodes[ctx->tape.count - 1].overwrites |= 1u << i;
+    return out;
+}
+
 umt_tensor *umt_op_finish_with(umt_context *ctx, umt_status kernel_status, const char *op, umt_backward_fn backward,
                                umt_tensor *out, umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2,
                                int64_t param0, int64_t param1, float fparam) {

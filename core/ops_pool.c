@@ -120,8 +120,8 @@ static umt_status bias_relu_pool_dropout_backward(umt_context *ctx, const umt_no
     umt_pool_shape s = pool_shape(node->inputs[0], node->params[0], node->params[1]);
     const umt_tensor *y = node->output;
     return ctx->backend->bias_relu_max_pool_dropout_backward(&s, node->saved->data, y->data, y->grad->data,
-                                                             umt_input_grad(node, 0), umt_input_grad(node, 1),
-                                                             node->fparam);
+                                                             umt_input_grad(node, 0), umt_input_grad_fresh(node, 0),
+                                                             umt_input_grad(node, 1), node->fparam);
 }
 
 static umt_status check_bias_relu_pool(const umt_tensor *x, const umt_tensor *bias, int64_t window, int64_t stride,
@@ -163,6 +163,10 @@ umt_tensor *umt_bias_relu_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, um
         st = umt_dtype_is_lowp(s.dtype)
                  ? be->dropout_forward_lp(s.dtype, y->data, y->data, mask, y->numel, p, seed, seed_on_device)
                  : be->dropout_forward(y->data, y->data, mask, y->numel, p, seed, seed_on_device);
-    return umt_op_finish_with(ctx, st, "umt_bias_relu_max_pool2d_dropout", bias_relu_pool_dropout_backward, y, saved,
-                              x, bias, NULL, window, stride, dropped);
+    /* Its backward writes x's whole gradient (0 off the picks) when it is the first to. */
+    return umt_op_overwrites_input_grad(ctx,
+                                        umt_op_finish_with(ctx, st, "umt_bias_relu_max_pool2d_dropout",
+                                                           bias_relu_pool_dropout_backward, y, saved, x, bias, NULL,
+                                                           window, stride, dropped),
+                                        0);
 }

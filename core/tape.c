@@ -113,6 +113,29 @@ static umt_status announce_finished_parameters(umt_context *ctx, const umt_node 
     return UMT_OK;
 }
 
+/* Whether input i of node is another of its inputs too (x * x): its gradient gets two writes. */
+static bool repeated_input(const umt_node *node, int i) {
+    for (int j = 0; j < node->input_count; ++j)
+        if (j != i && node->inputs[j] == node->inputs[i]) return true;
+    return false;
+}
+
+/* The gradients node's backward will write: new ones zeroed, or left unset (and marked fresh)
+ * where the node writes the whole gradient (umt_node's overwrites). */
+static umt_status input_grads(umt_context *ctx, umt_node *node) {
+    node->fresh = 0;
+    for (int i = 0; i < node->input_count; ++i) {
+        umt_tensor *in = node->inputs[i];
+        if (!in->requires_grad) continue;
+        bool unset = !in->grad && (node->overwrites >> i & 1u) && !repeated_input(node, i);
+        if (!(unset ? umt_tensor_grad_unset(ctx, in) : umt_tensor_grad_or_zeros(ctx, in)))
+            return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_backward: %s: no memory for a gradient (%s)", node->op,
+                            umt_last_error());
+        if (unset) node->fresh |= 1u << i;
+    }
+    return UMT_OK;
+}
+
 /* Backward from loss, its gradient seeded with 1, or with the f32 at seed_on_device (a copy in
  * stream order: the host never reads it). */
 static umt_status backward_from(umt_context *ctx, umt_tensor *loss, const float *seed_on_device) {
@@ -131,13 +154,10 @@ static umt_status backward_from(umt_context *ctx, umt_tensor *loss, const float 
         UMT_TRY(ctx->backend->fill(seed->data, 1, 1.0f));
 
     for (int n = ctx->tape.count - 1; n >= 0; --n) {
-        const umt_node *node = &ctx->tape.nodes[n];
+        umt_node *node = &ctx->tape.nodes[n];
         /* A node whose output received no gradient lies on no path to the loss. */
         if (node->output->grad) {
-            for (int i = 0; i < node->input_count; ++i)
-                if (node->inputs[i]->requires_grad && !umt_tensor_grad_or_zeros(ctx, node->inputs[i]))
-                    return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_backward: %s: no memory for a gradient (%s)", node->op,
-                                    umt_last_error());
+            UMT_TRY(input_grads(ctx, node));
             umt_status st = umt_offload_before_backward(ctx, node);
             if (st == UMT_OK) st = node->backward(ctx, node);
             if (st != UMT_OK) return umt_fail(st, "umt_backward: %s: %s", node->op, umt_last_error());

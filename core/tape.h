@@ -27,6 +27,10 @@ struct umt_node {
     umt_tensor *saved; /* an extra tensor kept for backward (e.g. softmax probabilities) */
     int64_t params[2]; /* the op's integer arguments (stride, padding, window) */
     float fparam;      /* the op's real argument (dropout's p) */
+    /* Bit i of overwrites: the backward can write input i's whole gradient rather than add to
+     * it. When this node is the first to produce that gradient, the tape allocates it without
+     * zeroing it and sets bit i of fresh: the backward must then write every element. */
+    unsigned overwrites, fresh;
 };
 
 typedef struct {

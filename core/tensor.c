@@ -159,15 +159,18 @@ void umt_tensor_free(umt_tensor *t) {
     free(t);
 }
 
-umt_tensor *umt_tensor_grad_or_zeros(umt_context *ctx, umt_tensor *t) {
+static umt_tensor *new_grad(umt_context *ctx, umt_tensor *t, bool zeroed) {
     if (t->grad) return t->grad;
     /* An activation's gradient has its dtype and layout (bf16 NHWC under bf16, say). */
     umt_tensor *g = umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, t->dtype, t->ndim, t->shape);
-    if (!g || ctx->backend->zero(g->data, g->bytes) != UMT_OK) return NULL;
+    if (!g || (zeroed && ctx->backend->zero(g->data, g->bytes) != UMT_OK)) return NULL;
     g->nhwc = t->nhwc;
     t->grad = g;
     return g;
 }
+
+umt_tensor *umt_tensor_grad_or_zeros(umt_context *ctx, umt_tensor *t) { return new_grad(ctx, t, true); }
+umt_tensor *umt_tensor_grad_unset(umt_context *ctx, umt_tensor *t) { return new_grad(ctx, t, false); }
 
 /* ----------------------------------------------------------------------------------------- */
 /* Accessors */

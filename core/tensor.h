@@ -53,6 +53,8 @@ umt_tensor *umt_tensor_alloc_kind(umt_context *ctx, umt_pool kind_pool, umt_dtyp
 umt_tensor *umt_tensor_view(umt_context *ctx, umt_tensor *base, int ndim, const int64_t *shape);
 /* t->grad, made (zero-filled, in the activations pool) if t has none yet. */
 umt_tensor *umt_tensor_grad_or_zeros(umt_context *ctx, umt_tensor *t);
+/* The same, a new gradient left unzeroed (for a backward that writes all of it). */
+umt_tensor *umt_tensor_grad_unset(umt_context *ctx, umt_tensor *t);
 
 /* Writes "[2,3,4]" into buf, for error messages. */
 const char *umt_shape_string(const umt_tensor *t, char *buf, size_t size);

@@ -88,7 +88,8 @@ umt_status umt_cpu_max_pool_dropout_backward(const umt_pool_shape *shape, const 
 umt_status umt_cpu_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
                                               int32_t *argmax);
 umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax,
-                                                       const void *y, void *dy, void *dx, float *dbias, float p);
+                                                       const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
+                                                       float p);
 
 /* pool.c (the shape check is shared with fused.c) */
 umt_status umt_cpu_check_pool_shape(const char *op, const umt_pool_shape *s);

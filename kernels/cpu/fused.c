@@ -8,6 +8,7 @@
  * (core/precision.c keeps bf16/f16 on CUDA).
  */
 #include <math.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -110,7 +111,8 @@ umt_status umt_cpu_bias_relu_max_pool_forward(const umt_pool_shape *shape, const
 /* dropout_backward and bias_relu_backward at the pooled size (the mask is y > 0), then
  * max_pool_backward's scatter. */
 umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax,
-                                                       const void *y, void *dy, void *dx, float *dbias, float p) {
+                                                       const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
+                                                       float p) {
     const umt_pool_shape *s = shape;
     if (s->dtype != UMT_F32 || s->nhwc || s->stride < s->window || !(p >= 0.0f && p < 1.0f))
         return umt_fail(UMT_ERR_UNSUPPORTED,
@@ -122,5 +124,7 @@ umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *sha
     int64_t outputs = s->n * s->c * s->p * s->q;
     for (int64_t o = 0; o < outputs; o++) grad[o] = out[o] > 0.0f ? 0.0f + grad[o] * scale : 0.0f;
     if (dbias) UMT_TRY(umt_cpu_sum_channel_bias(grad, dbias, s->n, s->c, s->p * s->q));
-    return dx ? umt_cpu_max_pool_backward(s, argmax, grad, dx) : UMT_OK;
+    if (!dx) return UMT_OK;
+    if (dx_fresh) memset(dx, 0, (size_t)(s->n * s->c * s->h * s->w) * sizeof(float));
+    return umt_cpu_max_pool_backward(s, argmax, grad, dx);
 }

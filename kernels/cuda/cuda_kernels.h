@@ -106,7 +106,12 @@ umt_status umt_cuda_max_pool_dropout_backward(const umt_pool_shape *shape, const
 umt_status umt_cuda_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
                                                int32_t *argmax);
 umt_status umt_cuda_bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax,
-                                                        const void *y, void *dy, void *dx, float *dbias, float p);
+                                                        const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
+                                                        float p);
+/* Inside kernels/cuda (fused.cu -> pool.cu): the max pool's scatter, windows apart, of a half
+ * dtype; fresh: dx holds nothing yet and is written whole (0 off the picks). */
+umt_status umt_cuda_max_pool_scatter_lp(const umt_pool_shape *shape, const int32_t *argmax, const void *dy, void *dx,
+                                        bool fresh);
 
 /* pool.cu */
 umt_status umt_cuda_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y, int32_t *argmax);

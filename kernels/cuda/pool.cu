@@ -439,6 +439,34 @@ static __global__ void max_pool_backward_lp_scatter_nhwc8_kernel(umt_pool_shape 
     }
 }
 
+/* The scatter of a fresh gradient whose windows tile the input exactly (stride = window, no
+ * tail): each thread writes its windows' eight channels whole, the gradient at the picks and 0
+ * elsewhere, as 16-byte stores; nothing is read from dx, and nothing zeroed it first. Each
+ * value is the scatter's (0 + (0 + dy)), rounded the same. */
+template <umt_dtype D>
+static __global__ void max_pool_backward_lp_write_nhwc8_kernel(umt_pool_shape s, const int4 *argmax, const uint4 *dy,
+                                                               uint4 *dx) {
+    int groups = (int)s.c / LANES, w = (int)s.w, q = (int)s.q, p = (int)s.p, window = (int)s.window;
+    int total = (int)(s.n * s.p * s.q) * groups;
+    for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
+        int group = out % groups, pixel = out / groups, ox = pixel % q, oy = pixel / q % p, n = pixel / (q * p);
+        int4 first = argmax[2 * out], second = argmax[2 * out + 1];
+        int picks[LANES] = {first.x, first.y, first.z, first.w, second.x, second.y, second.z, second.w};
+        umt_halves8 grad;
+        grad.bits = dy[out];
+        for (int i = 0; i < window; i++)
+            for (int j = 0; j < window; j++) {
+                int row = oy * window + i, col = ox * window + j;
+                umt_halves8 v;
+                for (int e = 0; e < LANES; e++)
+                    v.h[e] = picks[e] == row * w + col
+                                 ? umt_dev_narrow<D>(0.0f + (0.0f + umt_dev_widen<D>(grad.h[e])))
+                                 : (uint16_t)0;
+                dx[((n * (int)s.h + row) * w + col) * groups + group] = v.bits;
+            }
+    }
+}
+
 /* The f32 checks, plus a half dtype. */
 static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
     if (s->dtype != UMT_BF16 && s->dtype != UMT_F16)
@@ -529,4 +557,22 @@ extern "C" umt_status umt_cuda_avg_pool_backward_lp(const umt_pool_shape *shape,
     UMT_TRY(check_pool_shape_lp("avg_pool_backward_lp", shape));
     LAUNCH_OVER(shape->n * shape->c * shape->h * shape->w, avg_pool_backward_lp_kernel, *shape, dy, dx);
     return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_max_pool_scatter_lp(const umt_pool_shape *s, const int32_t *argmax, const void *dy,
+                                                   void *dx, bool fresh) {
+    bool tiles = s->stride == s->window && s->h == s->p * s->window && s->w == s->q * s->window;
+    if (fresh && tiles && scatter_applies(s) && lanes_apply(s, dy, dx, argmax)) {
+        UMT_TRY(check_pool_shape_lp("max_pool_backward_lp", s));
+        int64_t groups = s->n * s->p * s->q * s->c / LANES;
+        if (s->dtype == UMT_BF16)
+            LAUNCH_OVER(groups, max_pool_backward_lp_write_nhwc8_kernel<UMT_BF16>, *s, (const int4 *)argmax,
+                        (const uint4 *)dy, (uint4 *)dx);
+        else
+            LAUNCH_OVER(groups, max_pool_backward_lp_write_nhwc8_kernel<UMT_F16>, *s, (const int4 *)argmax,
+                        (const uint4 *)dy, (uint4 *)dx);
+        return UMT_OK;
+    }
+    if (fresh) UMT_CUDA_TRY(cudaMemsetAsync(dx, 0, (size_t)(s->n * s->c * s->h * s->w) * 2, umt_cuda_stream()));
+    return umt_cuda_max_pool_backward_lp(s, argmax, dy, dx);
 }
