@@ -204,11 +204,12 @@ typedef struct umt_backend {
                                      uint64_t seed, const uint64_t *seed_on_device);
     umt_status (*dropout_backward_lp)(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx, int64_t n,
                                       float p);
-    /* Convolution on bf16/f16 NHWC tensors; dw is an f32 gradient (accumulated) */
+    /* Convolution on bf16/f16 NHWC tensors; dw is an f32 gradient (accumulated); dx accumulates,
+     * or with overwrite is written whole (a fresh gradient, core/tape.h: nothing to add to) */
     umt_status (*conv2d_forward_lp)(const umt_conv_shape *shape, const void *x, const void *w, void *y,
                                     void *workspace, size_t workspace_bytes);
     umt_status (*conv2d_backward_data_lp)(const umt_conv_shape *shape, const void *w, const void *dy, void *dx,
-                                          void *workspace, size_t workspace_bytes);
+                                          bool overwrite, void *workspace, size_t workspace_bytes);
     umt_status (*conv2d_backward_filter_lp)(const umt_conv_shape *shape, const void *x, const void *dy, float *dw,
                                             void *workspace, size_t workspace_bytes);
     /* Convolution, bias and ReLU in one pass, where the backend has it for the shape (the slot

@@ -48,12 +48,14 @@ static umt_status conv_backward_from(umt_context *ctx, const umt_node *node, boo
     void *workspace = NULL;
     UMT_TRY(be->conv2d_workspace_bytes(&s, &bytes));
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
+    bool fresh = umt_input_grad_fresh(node, 0);
     if (umt_dtype_is_lowp(s.dtype)) {
-        if (dx) UMT_TRY(be->conv2d_backward_data_lp(&s, w->lowp->data, dy, dx, workspace, bytes));
+        if (dx) UMT_TRY(be->conv2d_backward_data_lp(&s, w->lowp->data, dy, dx, fresh, workspace, bytes));
         if (dw) UMT_TRY(be->conv2d_backward_filter_lp(&s, x->data, dy, dw, workspace, bytes));
         if (dbias) UMT_TRY(be->sum_channel_bias_lp(s.dtype, s.nhwc, dy, dbias, s.n, s.k, s.p * s.q));
         return UMT_OK;
     }
+    if (dx && fresh) UMT_TRY(be->zero(dx, (size_t)x->numel * sizeof(float)));
     if (dx) UMT_TRY(be->conv2d_backward_data(&s, w->data, dy, dx, workspace, bytes));
     if (dw) UMT_TRY(be->conv2d_backward_filter(&s, x->data, dy, dw, workspace, bytes));
     if (dbias) UMT_TRY(be->sum_channel_bias(dy, dbias, s.n, s.k, s.p * s.q));
@@ -79,7 +81,9 @@ static umt_status conv_relu_backward_fused(umt_context *ctx, const umt_node *nod
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
     UMT_TRY(ctx->backend->conv2d_relu_backward_filter_lp(s, x->data, y->data, dy, dx != NULL, umt_input_grad(node, 1),
                                                          dbias, workspace, bytes));
-    return dx ? ctx->backend->conv2d_backward_data_lp(s, w->lowp->data, dy, dx, workspace, bytes) : UMT_OK;
+    return dx ? ctx->backend->conv2d_backward_data_lp(s, w->lowp->data, dy, dx, umt_input_grad_fresh(node, 0),
+                                                      workspace, bytes)
+              : UMT_OK;
 }
 
 /* The fused op's backward: one pass turns the output's gradient into the pre-ReLU gradient, in
@@ -130,8 +134,11 @@ static umt_tensor *conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, u
         st = forward_into(ctx->backend, &s, x->data, w->data, bias ? bias->data : NULL, relu, y->data, workspace,
                           bytes);
     const char *op = relu ? "umt_conv2d_relu" : "umt_conv2d";
-    return umt_op_finish_with(ctx, st, op, relu ? conv_relu_backward : conv_backward, y, NULL, x, weight, bias, stride,
-                              padding, 0.0f);
+    /* The data gradient is written whole (cuDNN's beta 0) when it is the first (core/tape.h). */
+    return umt_op_overwrites_input_grad(ctx,
+                                        umt_op_finish_with(ctx, st, op, relu ? conv_relu_backward : conv_backward, y,
+                                                           NULL, x, weight, bias, stride, padding, 0.0f),
+                                        0);
 }
 
 umt_tensor *umt_conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, int64_t stride,

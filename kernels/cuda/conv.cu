@@ -353,13 +353,15 @@ extern "C" umt_status umt_cuda_conv2d_forward_lp(const umt_conv_shape *shape, co
     return UMT_OK;
 }
 
+/* overwrite: beta 0, so cuDNN neither reads dx nor needs it zeroed first. */
 extern "C" umt_status umt_cuda_conv2d_backward_data_lp(const umt_conv_shape *shape, const void *w, const void *dy,
-                                                       void *dx, void *workspace, size_t workspace_bytes) {
+                                                       void *dx, bool overwrite, void *workspace,
+                                                       size_t workspace_bytes) {
     const conv_plan *p;
     UMT_TRY(plan_for_call_lp("conv2d_backward_data_lp", shape, workspace, workspace_bytes, &p));
-    const float one = 1.0f;
+    const float one = 1.0f, beta = overwrite ? 0.0f : 1.0f;
     UMT_CUDNN_TRY(cudnnConvolutionBackwardData(umt_cuda_cudnn_handle(), &one, p->w, w, p->y, dy, p->conv,
-                                               p->backward_data, workspace, p->algorithm_bytes, &one, p->x, dx));
+                                               p->backward_data, workspace, p->algorithm_bytes, &beta, p->x, dx));
     return UMT_OK;
 }
 

@@ -144,7 +144,7 @@ umt_status umt_cuda_dropout_backward_lp(umt_dtype dtype, const uint8_t *mask, co
 umt_status umt_cuda_conv2d_forward_lp(const umt_conv_shape *shape, const void *x, const void *w, void *y,
                                       void *workspace, size_t workspace_bytes);
 umt_status umt_cuda_conv2d_backward_data_lp(const umt_conv_shape *shape, const void *w, const void *dy, void *dx,
-                                            void *workspace, size_t workspace_bytes);
+                                            bool overwrite, void *workspace, size_t workspace_bytes);
 umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *shape, const void *x, const void *dy, float *dw,
                                               void *workspace, size_t workspace_bytes);
 bool umt_cuda_conv2d_relu_fused_lp(const umt_conv_shape *shape);

@@ -563,8 +563,14 @@ static void check_conv(umt_dtype dtype, const int64_t *shape) {
     EXPECT_OK(gpu->conv2d_forward_lp(&h, x.dev, w.dev, y.dev, gpu_ws, gpu_bytes));
     expect_close("conv2d_forward_lp y", y, y_scale, dtype);
     EXPECT_OK(cpu->conv2d_backward_data(&f, w.ref, dy.ref, dx.ref, cpu_ws, cpu_bytes));
-    EXPECT_OK(gpu->conv2d_backward_data_lp(&h, w.dev, dy.dev, dx.dev, gpu_ws, gpu_bytes));
+    EXPECT_OK(gpu->conv2d_backward_data_lp(&h, w.dev, dy.dev, dx.dev, false, gpu_ws, gpu_bytes));
     expect_close("conv2d_backward_data_lp dx", dx, dx_scale, dtype);
+    /* Overwriting (a fresh gradient): a poisoned dx ends as the gradient alone. */
+    pair fresh = pair_poisoned(dtype, true, xd);
+    memset(fresh.ref, 0, (size_t)numel(xd) * sizeof(float));
+    EXPECT_OK(cpu->conv2d_backward_data(&f, w.ref, dy.ref, fresh.ref, cpu_ws, cpu_bytes));
+    EXPECT_OK(gpu->conv2d_backward_data_lp(&h, w.dev, dy.dev, fresh.dev, true, gpu_ws, gpu_bytes));
+    expect_close("conv2d_backward_data_lp dx (overwrite)", fresh, dx_scale, dtype);
     EXPECT_OK(cpu->conv2d_backward_filter(&f, x.ref, dy.ref, dw.ref, cpu_ws, cpu_bytes));
     EXPECT_OK(gpu->conv2d_backward_filter_lp(&h, x.dev, dy.dev, (float *)dw.dev, gpu_ws, gpu_bytes));
     expect_close("conv2d_backward_filter_lp dw (f32, K,C,R,S)", dw, dw_scale, dtype);
