@@ -98,11 +98,14 @@ umt_tensor *umt_relu(umt_context *ctx, umt_tensor *x) {
 /* ----------------------------------------------------------------------------------------- */
 /* reshape / flatten: a view; the gradient flows through unchanged */
 
+/* The gradient passes through: added to x's, or copied when this is its first (core/tape.h). */
 static umt_status reshape_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
+    bool fresh = umt_input_grad_fresh(node, 0);
     if (umt_dtype_is_lowp(y->dtype))
         return ctx->backend->recast(y->grad->data, y->dtype, false, umt_input_grad(node, 0), y->dtype, false, 1, 1,
-                                    y->numel, true);
+                                    y->numel, !fresh);
+    if (fresh) return ctx->backend->copy(umt_input_grad(node, 0), y->grad->data, y->grad->bytes);
     return ctx->backend->accumulate(umt_input_grad(node, 0), y->grad->data, 1.0f, y->numel);
 }
 
@@ -113,7 +116,9 @@ umt_tensor *umt_reshape(umt_context *ctx, umt_tensor *x, int ndim, const int64_t
     if (x->nhwc && !(x = umt_recast(ctx, x, x->dtype, false))) return NULL;
     umt_tensor *y = umt_tensor_view(ctx, x, ndim, shape);
     if (!y) return NULL;
-    return umt_op_finish(ctx, UMT_OK, "umt_reshape", reshape_backward, y, NULL, x, NULL, NULL);
+    return umt_op_overwrites_input_grad(ctx, umt_op_finish(ctx, UMT_OK, "umt_reshape", reshape_backward, y, NULL, x,
+                                                           NULL, NULL),
+                                        0);
 }
 
 umt_tensor *umt_flatten(umt_context *ctx, umt_tensor *x) {

@@ -74,8 +74,9 @@ static umt_status linear_backward_lp(umt_context *ctx, const umt_node *node, boo
     const void *dy = y->grad->data;
     void *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
     float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
+    float beta = umt_input_grad_fresh(node, 0) ? 0.0f : 1.0f; /* a fresh dx is written, not added to */
     if (dx)
-        UMT_TRY(ctx->backend->gemm_lp(false, false, batch, in, out, 1.0f, dy, out, operand(w), in, 1.0f, dx, in,
+        UMT_TRY(ctx->backend->gemm_lp(false, false, batch, in, out, 1.0f, dy, out, operand(w), in, beta, dx, in,
                                       y->dtype, x->grad->dtype));
     if (dw)
         UMT_TRY(ctx->backend->gemm_lp(true, false, out, in, batch, 1.0f, dy, out, operand(x), in, 1.0f, dw, in,
@@ -92,8 +93,9 @@ static umt_status linear_backward_from(umt_context *ctx, const umt_node *node, b
     const float *dy = y->grad->data;
     float *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
     float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
-    /* dx += dy W ; dW += dyᵀ x ; dbias += column sums of dy */
-    if (dx) UMT_TRY(ctx->backend->gemm(false, false, batch, in, out, 1.0f, dy, out, w->data, in, 1.0f, dx, in));
+    /* dx += dy W (dx = when fresh) ; dW += dyᵀ x ; dbias += column sums of dy */
+    float beta = umt_input_grad_fresh(node, 0) ? 0.0f : 1.0f;
+    if (dx) UMT_TRY(ctx->backend->gemm(false, false, batch, in, out, 1.0f, dy, out, w->data, in, beta, dx, in));
     if (dw) UMT_TRY(ctx->backend->gemm(true, false, out, in, batch, 1.0f, dy, out, x->data, in, 1.0f, dw, in));
     if (dbias) UMT_TRY(ctx->backend->sum_rows(dy, dbias, batch, out));
     return UMT_OK;
@@ -150,8 +152,12 @@ static umt_tensor *linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, u
     else if (st == UMT_OK && bias)
         st = lowp ? ctx->backend->add_rows_lp(dtype, y->data, b, y->data, batch, out)
                   : ctx->backend->add_rows(y->data, b, y->data, batch, out);
-    return umt_op_finish(ctx, st, relu ? "umt_linear_relu" : "umt_linear", relu ? linear_relu_backward : linear_backward,
-                         y, NULL, x, weight, bias);
+    /* x's gradient is written whole (the product's beta 0) when it is the first (core/tape.h). */
+    return umt_op_overwrites_input_grad(ctx,
+                                        umt_op_finish(ctx, st, relu ? "umt_linear_relu" : "umt_linear",
+                                                      relu ? linear_relu_backward : linear_backward, y, NULL, x,
+                                                      weight, bias),
+                                        0);
 }
 
 umt_tensor *umt_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias) {

@@ -75,7 +75,9 @@ static umt_status recast_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *x = node->inputs[0], *y = node->output;
     int64_t n, c, hw;
     umt_recast_dims(x, &n, &c, &hw);
-    return ctx->backend->recast(y->grad->data, y->dtype, y->nhwc, x->grad->data, x->dtype, x->nhwc, n, c, hw, true);
+    /* Added to x's gradient, or written over it when this is its first (core/tape.h). */
+    return ctx->backend->recast(y->grad->data, y->dtype, y->nhwc, x->grad->data, x->dtype, x->nhwc, n, c, hw,
+                                !umt_input_grad_fresh(node, 0));
 }
 
 umt_tensor *umt_recast(umt_context *ctx, umt_tensor *x, umt_dtype dtype, bool nhwc) {
@@ -92,7 +94,8 @@ umt_tensor *umt_recast(umt_context *ctx, umt_tensor *x, umt_dtype dtype, bool nh
     int64_t n, c, hw;
     umt_recast_dims(x, &n, &c, &hw);
     umt_status st = ctx->backend->recast(x->data, x->dtype, x->nhwc, y->data, dtype, nhwc, n, c, hw, false);
-    return umt_op_finish(ctx, st, "recast", recast_backward, y, NULL, x, NULL, NULL);
+    return umt_op_overwrites_input_grad(ctx, umt_op_finish(ctx, st, "recast", recast_backward, y, NULL, x, NULL, NULL),
+                                        0);
 }
 
 umt_tensor *umt_to_compute(umt_context *ctx, umt_tensor *x) {
