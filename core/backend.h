@@ -139,18 +139,19 @@ typedef struct umt_backend {
     umt_status (*max_pool_dropout_backward)(const umt_pool_shape *shape, const int32_t *argmax, const uint8_t *mask,
                                             const void *dy, void *dx, float p);
     /* A convolution's bias and ReLU applied on the way into a max pool (core/ops_pool.c), in
-     * shape->dtype and layout as above, windows apart: y = the window's first maximum of
-     * max(x + bias[channel], 0) rounded to the dtype, with its argmax: bit for bit bias_relu
-     * then max_pool_forward, without the full-size intermediate. */
+     * shape->dtype and layout as above, windows apart and at most 256 positions each: y = the
+     * window's first maximum of max(x + bias[channel], 0) rounded to the dtype, bit for bit
+     * bias_relu then max_pool_forward, without the full-size intermediate; pick[o] = the
+     * maximum's position in its window, i * window + j (one byte, where argmax takes four). */
     umt_status (*bias_relu_max_pool_forward)(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
-                                             int32_t *argmax);
+                                             uint8_t *pick);
     /* Its backward, after the dropout of probability p that followed (0: none), y that
      * dropout's output (0 wherever the ReLU or the dropout zeroed it): IN PLACE dy = y > 0 ?
      * dy / (1 - p) rounded to the dtype : 0 (the gradient before the dropout and the ReLU, as
-     * the unfused backwards store it), dbias[channel] += its sums (NULL: none), and dx[pick of
-     * output o] += dy[o] (NULL: none); dx_fresh: dx holds no values yet (the tape's unzeroed
+     * the unfused backwards store it), dbias[channel] += its sums (NULL: none), and dx[the
+     * input at pick[o] in o's window] += dy[o] (NULL: none); dx_fresh: dx holds no values yet (the tape's unzeroed
      * new gradient, core/tape.h) and every element is written, 0 off the picks. */
-    umt_status (*bias_relu_max_pool_dropout_backward)(const umt_pool_shape *shape, const int32_t *argmax,
+    umt_status (*bias_relu_max_pool_dropout_backward)(const umt_pool_shape *shape, const uint8_t *pick,
                                                       const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
                                                       float p);
     umt_status (*avg_pool_forward)(const umt_pool_shape *shape, const float *x, float *y);

@@ -134,10 +134,10 @@ static umt_status check_bias_relu_pool(const umt_tensor *x, const umt_tensor *bi
                         (long long)bias->shape[0], (long long)x->shape[1]);
     if (!(p >= 0.0f && p < 1.0f)) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: p = %g (expected 0 <= p < 1)", op, p);
     /* The backward puts each output's gradient on its one pick: windows may not share inputs. */
-    if (stride < window)
-        return umt_fail(UMT_ERR_UNSUPPORTED, "%s: window %lld, stride %lld (expected stride >= window; overlapping "
-                        "windows: umt_conv2d_relu and umt_max_pool2d_dropout)", op, (long long)window,
-                        (long long)stride);
+    if (stride < window || window > 16)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "%s: window %lld, stride %lld (expected stride >= window and window <= "
+                        "16, a pick in one byte; otherwise umt_conv2d_relu and umt_max_pool2d_dropout)", op,
+                        (long long)window, (long long)stride);
     return UMT_OK;
 }
 
@@ -147,12 +147,12 @@ umt_tensor *umt_bias_relu_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, um
     if (check_bias_relu_pool(x, bias, window, stride, p) != UMT_OK) return NULL;
     umt_pool_shape s = pool_shape(x, window, stride);
     umt_tensor *y = umt_op_output_typed(ctx, x->dtype, x->nhwc, 4, (int64_t[]){s.n, s.c, s.p, s.q});
-    umt_tensor *saved = y ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_U8, 1, (int64_t[]){y->numel * 5}) : NULL;
+    /* Each output's pick (its window position, a byte), then the dropout's mask. */
+    umt_tensor *saved = y ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_U8, 1, (int64_t[]){y->numel * 2}) : NULL;
     if (!saved) return NULL;
-    int32_t *argmax = saved->data;
-    uint8_t *mask = (uint8_t *)(argmax + y->numel);
+    uint8_t *pick = saved->data, *mask = pick + y->numel;
     const umt_backend *be = ctx->backend;
-    umt_status st = be->bias_relu_max_pool_forward(&s, x->data, bias->data, y->data, argmax);
+    umt_status st = be->bias_relu_max_pool_forward(&s, x->data, bias->data, y->data, pick);
     /* Dropout as umt_dropout would draw it (in evaluation, or with p = 0, none). The backward
      * needs no mask: the output is 0 wherever the dropout or the ReLU zeroed it. */
     float dropped = ctx->training ? p : 0.0f;

@@ -77,12 +77,12 @@ umt_status umt_cpu_max_pool_dropout_backward(const umt_pool_shape *shape, const 
 /* bias_relu, then max_pool_forward's scan (first maximum; a NaN beats a number), per window,
  * without the full-size intermediate. */
 umt_status umt_cpu_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
-                                              int32_t *argmax) {
+                                              uint8_t *pick) {
     const umt_pool_shape *s = shape;
-    if (s->dtype != UMT_F32 || s->nhwc || s->stride < s->window)
+    if (s->dtype != UMT_F32 || s->nhwc || s->stride < s->window || s->window > 16)
         return umt_fail(UMT_ERR_UNSUPPORTED,
                         "bias_relu_max_pool_forward: dtype %s, %s, window %lld, stride %lld (expected f32 NCHW, "
-                        "stride >= window)", umt_dtype_name(s->dtype), s->nhwc ? "NHWC" : "NCHW",
+                        "stride >= window, window <= 16)", umt_dtype_name(s->dtype), s->nhwc ? "NHWC" : "NCHW",
                         (long long)s->window, (long long)s->stride);
     UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_forward", s));
     const float *in = x;
@@ -91,26 +91,24 @@ umt_status umt_cpu_bias_relu_max_pool_forward(const umt_pool_shape *shape, const
         const float *x_plane = in + plane * s->h * s->w;
         float b = bias[plane % s->c];
         for (int64_t o = plane * s->p * s->q; o < (plane + 1) * s->p * s->q; o++) {
-            int64_t y0 = (o / s->q % s->p) * s->stride, x0 = o % s->q * s->stride;
-            int64_t best_index = y0 * s->w + x0;
+            int64_t y0 = (o / s->q % s->p) * s->stride, x0 = o % s->q * s->stride, best_at = 0;
             float best = 0.0f;
             for (int64_t i = 0; i < s->window; i++)
                 for (int64_t j = 0; j < s->window; j++) {
-                    int64_t at = (y0 + i) * s->w + x0 + j;
-                    float v = x_plane[at] + b;
+                    float v = x_plane[(y0 + i) * s->w + x0 + j] + b;
                     v = v < 0.0f ? 0.0f : v; /* umt_cpu_relu's rule: a NaN passes */
-                    if ((i == 0 && j == 0) || v > best || (isnan(v) && !isnan(best))) best = v, best_index = at;
+                    if ((i == 0 && j == 0) || v > best || (isnan(v) && !isnan(best))) best = v, best_at = i * s->window + j;
                 }
             out[o] = best;
-            argmax[o] = (int32_t)best_index;
+            pick[o] = (uint8_t)best_at;
         }
     }
     return UMT_OK;
 }
 
 /* dropout_backward and bias_relu_backward at the pooled size (the mask is y > 0), then
- * max_pool_backward's scatter. */
-umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax,
+ * max_pool_backward's scatter (from window positions rather than plane indices). */
+umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const uint8_t *pick,
                                                        const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
                                                        float p) {
     const umt_pool_shape *s = shape;
@@ -125,6 +123,16 @@ umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *sha
     for (int64_t o = 0; o < outputs; o++) grad[o] = out[o] > 0.0f ? 0.0f + grad[o] * scale : 0.0f;
     if (dbias) UMT_TRY(umt_cpu_sum_channel_bias(grad, dbias, s->n, s->c, s->p * s->q));
     if (!dx) return UMT_OK;
-    if (dx_fresh) memset(dx, 0, (size_t)(s->n * s->c * s->h * s->w) * sizeof(float));
-    return umt_cpu_max_pool_backward(s, argmax, grad, dx);
+    float *in = dx;
+    if (dx_fresh) memset(in, 0, (size_t)(s->n * s->c * s->h * s->w) * sizeof(float));
+    for (int64_t o = 0; o < outputs; o++) {
+        if (pick[o] >= s->window * s->window)
+            return umt_fail(UMT_ERR_INVALID_ARGUMENT,
+                            "bias_relu_max_pool_dropout_backward: pick[%lld] = %d, expected < %lld (window^2)",
+                            (long long)o, pick[o], (long long)(s->window * s->window));
+        int64_t plane = o / (s->p * s->q), row = o / s->q % s->p * s->stride + pick[o] / s->window;
+        int64_t col = o % s->q * s->stride + pick[o] % s->window;
+        in[(plane * s->h + row) * s->w + col] += grad[o];
+    }
+    return UMT_OK;
 }

@@ -104,14 +104,14 @@ umt_status umt_cuda_bias_relu_backward(umt_dtype dtype, bool nhwc, const void *y
 umt_status umt_cuda_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax, const uint8_t *mask,
                                               const void *dy, void *dx, float p);
 umt_status umt_cuda_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
-                                               int32_t *argmax);
-umt_status umt_cuda_bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax,
+                                               uint8_t *pick);
+umt_status umt_cuda_bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const uint8_t *pick,
                                                         const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
                                                         float p);
-/* Inside kernels/cuda (fused.cu -> pool.cu): the max pool's scatter, windows apart, of a half
- * dtype; fresh: dx holds nothing yet and is written whole (0 off the picks). */
-umt_status umt_cuda_max_pool_scatter_lp(const umt_pool_shape *shape, const int32_t *argmax, const void *dy, void *dx,
-                                        bool fresh);
+/* Inside kernels/cuda (fused.cu -> pool.cu): the pool's scatter from window positions (pick),
+ * windows apart, any dtype; fresh: dx holds nothing yet and is written whole (0 off the picks). */
+umt_status umt_cuda_pick_scatter(const umt_pool_shape *shape, const uint8_t *pick, const void *dy, void *dx,
+                                 bool fresh);
 
 /* pool.cu */
 umt_status umt_cuda_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y, int32_t *argmax);

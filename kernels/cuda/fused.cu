@@ -313,7 +313,7 @@ extern "C" umt_status umt_cuda_bias_relu_backward(umt_dtype dtype, bool nhwc, co
 /* Bias + ReLU + max pool + dropout, backward (core/backend.h): the masked, scaled gradient and
  * its channel sums at the pooled size (the mask is y > 0), then the pool's scatter onto the
  * picks (windows apart: one addition each). */
-extern "C" umt_status umt_cuda_bias_relu_max_pool_dropout_backward(const umt_pool_shape *s, const int32_t *argmax,
+extern "C" umt_status umt_cuda_bias_relu_max_pool_dropout_backward(const umt_pool_shape *s, const uint8_t *pick,
                                                                    const void *y, void *dy, void *dx, bool dx_fresh,
                                                                    float *dbias, float p) {
     UMT_TRY(check_args("bias_relu_max_pool_dropout_backward", s->dtype, s->n, s->c, s->p * s->q));
@@ -330,11 +330,7 @@ extern "C" umt_status umt_cuda_bias_relu_max_pool_dropout_backward(const umt_poo
     case UMT_F16: UMT_TRY(bias_relu_backward<UMT_F16>(s->nhwc, y, dy, dbias, n, k, pixels, scale)); break;
     default: UMT_TRY(bias_relu_backward<UMT_F32>(s->nhwc, y, dy, dbias, n, k, pixels, scale)); break;
     }
-    if (!dx) return UMT_OK;
-    if (s->dtype != UMT_F32) return umt_cuda_max_pool_scatter_lp(s, argmax, dy, dx, dx_fresh);
-    if (dx_fresh)
-        UMT_CUDA_TRY(cudaMemsetAsync(dx, 0, (size_t)(s->n * s->c * s->h * s->w) * sizeof(float), umt_cuda_stream()));
-    return umt_cuda_max_pool_backward(s, argmax, (const float *)dy, (float *)dx);
+    return dx ? umt_cuda_pick_scatter(s, pick, dy, dx, dx_fresh) : UMT_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -83,13 +83,15 @@ static __device__ float biased_relu(float v, const float *bias, int64_t channel,
     return dtype == UMT_BF16 ? umt_dev_bf16_to_f32(umt_dev_f32_to_bf16(v)) : umt_dev_f16_to_f32(umt_dev_f32_to_f16(v));
 }
 
+/* Every max-pool forward writes, per output, either argmax (the pick's index in its plane) or,
+ * when pick is given instead, the pick's position in its window, i * window + j, in one byte. */
 static __global__ void max_pool_forward_kernel(umt_pool_shape s, const float *x, const float *bias, float *y,
-                                               int32_t *argmax) {
+                                               int32_t *argmax, uint8_t *pick) {
     FOR_EACH_INDEX(out, s.n * s.c * s.p * s.q) {
         int64_t plane = out / (s.p * s.q), oy = out / s.q % s.p, ox = out % s.q, channel = plane % s.c;
         const float *x_plane = x + plane * s.h * s.w;
         int64_t y0 = oy * s.stride, x0 = ox * s.stride;
-        int64_t best_index = y0 * s.w + x0;
+        int64_t best_index = y0 * s.w + x0, best_at = 0;
         float best = biased_relu(x_plane[best_index], bias, channel, UMT_F32);
         for (int64_t i = 0; i < s.window; i++) {
             for (int64_t j = 0; j < s.window; j++) {
@@ -97,12 +99,15 @@ static __global__ void max_pool_forward_kernel(umt_pool_shape s, const float *x,
                 float v = biased_relu(x_plane[at], bias, channel, UMT_F32);
                 if (takes_over(v, best)) {
                     best = v;
-                    best_index = at;
+                    best_index = at, best_at = i * s.window + j;
                 }
             }
         }
         y[out] = best;
-        argmax[out] = (int32_t)best_index;
+        if (pick)
+            pick[out] = (uint8_t)best_at;
+        else
+            argmax[out] = (int32_t)best_index;
     }
 }
 
@@ -160,7 +165,7 @@ static bool scatter_applies(const umt_pool_shape *s) {
 extern "C" umt_status umt_cuda_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y,
                                                 int32_t *argmax) {
     UMT_TRY(check_pool_shape("max_pool_forward", shape));
-    LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_kernel, *shape, x, NULL, y, argmax);
+    LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_kernel, *shape, x, NULL, y, argmax, NULL);
     return UMT_OK;
 }
 
@@ -248,11 +253,11 @@ static __device__ void coordinates_of(bool nhwc, int64_t i, int64_t c, int64_t h
 }
 
 static __global__ void max_pool_forward_lp_kernel(umt_pool_shape s, const void *x, const float *bias, void *y,
-                                                  int32_t *argmax) {
+                                                  int32_t *argmax, uint8_t *pick) {
     FOR_EACH_INDEX(out, s.n * s.c * s.p * s.q) {
         int64_t n, ch, oy, ox;
         coordinates_of(s.nhwc, out, s.c, s.p, s.q, &n, &ch, &oy, &ox);
-        int64_t y0 = oy * s.stride, x0 = ox * s.stride, best_index = y0 * s.w + x0;
+        int64_t y0 = oy * s.stride, x0 = ox * s.stride, best_index = y0 * s.w + x0, best_at = 0;
         float best = biased_relu(umt_dev_load_as_f32(x, s.dtype, offset_of(s.nhwc, n, ch, y0, x0, s.c, s.h, s.w)),
                                  bias, ch, s.dtype);
         for (int64_t i = 0; i < s.window; i++) {
@@ -262,13 +267,16 @@ static __global__ void max_pool_forward_lp_kernel(umt_pool_shape s, const void *
                     s.dtype);
                 if (takes_over(v, best)) {
                     best = v;
-                    best_index = (y0 + i) * s.w + x0 + j;
+                    best_index = (y0 + i) * s.w + x0 + j, best_at = i * s.window + j;
                 }
             }
         }
         /* The pick is a value of x: storing it back into the same dtype is exact. */
         umt_dev_store_from_f32(y, s.dtype, out, best);
-        argmax[out] = (int32_t)best_index;
+        if (pick)
+            pick[out] = (uint8_t)best_at;
+        else
+            argmax[out] = (int32_t)best_index;
     }
 }
 
@@ -342,24 +350,27 @@ static __device__ void coordinates32(bool nhwc, int i, int c, int h, int w, int 
 
 template <umt_dtype D>
 static __global__ void max_pool_forward_lp_fast_kernel(umt_pool_shape s, const void *x, const float *bias, void *y,
-                                                       int32_t *argmax) {
+                                                       int32_t *argmax, uint8_t *pick) {
     int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, h = (int)s.h, w = (int)s.w, window = (int)s.window;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int n, ch, oy, ox;
         coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
-        int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride, best_index = y0 * w + x0;
+        int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride, best_index = y0 * w + x0, best_at = 0;
         float best = biased_relu(load_f32<D>(x, offset32(s.nhwc, n, ch, y0, x0, c, h, w)), bias, ch, D);
         for (int i = 0; i < window; i++) {
             for (int j = 0; j < window; j++) {
                 float v = biased_relu(load_f32<D>(x, offset32(s.nhwc, n, ch, y0 + i, x0 + j, c, h, w)), bias, ch, D);
                 if (takes_over(v, best)) {
                     best = v;
-                    best_index = (y0 + i) * w + x0 + j;
+                    best_index = (y0 + i) * w + x0 + j, best_at = i * window + j;
                 }
             }
         }
         umt_dev_store_from_f32(y, D, out, best);
-        argmax[out] = best_index;
+        if (pick)
+            pick[out] = (uint8_t)best_at;
+        else
+            argmax[out] = best_index;
     }
 }
 
@@ -369,14 +380,14 @@ enum { LANES = UMT_HALVES_PER_VECTOR }; /* one umt_halves8 (kernels/cuda/float16
 
 template <umt_dtype D>
 static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const uint4 *x, const float *bias, uint4 *y,
-                                                        int4 *argmax) {
+                                                        int4 *argmax, uint64_t *pick) {
     int groups = (int)s.c / LANES, w = (int)s.w, q = (int)s.q, p = (int)s.p, window = (int)s.window;
     int total = (int)(s.n * s.p * s.q) * groups;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int group = out % groups, pixel = out / groups, ox = pixel % q, oy = pixel / q % p, n = pixel / (q * p);
         int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride;
         float best[LANES];
-        int best_index[LANES];
+        int best_index[LANES], best_at[LANES];
         for (int i = 0; i < window; i++) {
             for (int j = 0; j < window; j++) {
                 umt_halves8 v;
@@ -385,7 +396,7 @@ static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const 
                     float f = biased_relu(umt_dev_load_as_f32(v.h, D, e), bias, group * LANES + e, D);
                     if ((i == 0 && j == 0) || takes_over(f, best[e])) {
                         best[e] = f;
-                        best_index[e] = (y0 + i) * w + x0 + j;
+                        best_index[e] = (y0 + i) * w + x0 + j, best_at[e] = i * window + j;
                     }
                 }
             }
@@ -393,6 +404,12 @@ static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const 
         umt_halves8 result;
         for (int e = 0; e < LANES; e++) umt_dev_store_from_f32(result.h, D, e, best[e]);
         y[out] = result.bits;
+        if (pick) { /* eight bytes, channel e's in byte e */
+            uint64_t bytes = 0;
+            for (int e = 0; e < LANES; e++) bytes |= (uint64_t)best_at[e] << (8 * e);
+            pick[out] = bytes;
+            continue;
+        }
         argmax[2 * out] = make_int4(best_index[0], best_index[1], best_index[2], best_index[3]);
         argmax[2 * out + 1] = make_int4(best_index[4], best_index[5], best_index[6], best_index[7]);
     }
@@ -439,30 +456,44 @@ static __global__ void max_pool_backward_lp_scatter_nhwc8_kernel(umt_pool_shape 
     }
 }
 
-/* The scatter of a fresh gradient whose windows tile the input exactly (stride = window, no
- * tail): each thread writes its windows' eight channels whole, the gradient at the picks and 0
- * elsewhere, as 16-byte stores; nothing is read from dx, and nothing zeroed it first. Each
- * value is the scatter's (0 + (0 + dy)), rounded the same. */
+/* Bias + ReLU + max pool's backward scatter (fused.cu), from each output's pick: its position
+ * in its window (one byte). The same single addition as the scatter above, any dtype. */
 template <umt_dtype D>
-static __global__ void max_pool_backward_lp_write_nhwc8_kernel(umt_pool_shape s, const int4 *argmax, const uint4 *dy,
-                                                               uint4 *dx) {
+static __global__ void pick_scatter_kernel(umt_pool_shape s, const uint8_t *pick, const void *dy, void *dx) {
+    int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, h = (int)s.h, w = (int)s.w, window = (int)s.window;
+    for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
+        int n, ch, oy, ox;
+        coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
+        int at = offset32(s.nhwc, n, ch, oy * (int)s.stride + pick[out] / window, ox * (int)s.stride + pick[out] % window,
+                          c, h, w);
+        if constexpr (D == UMT_F32)
+            ((float *)dx)[at] = __fadd_rn(((float *)dx)[at], ((const float *)dy)[out]);
+        else
+            umt_dev_store_from_f32(dx, D, at, load_f32<D>(dx, at) + (0.0f + load_f32<D>(dy, out)));
+    }
+}
+
+/* The same for a fresh gradient whose windows tile the input exactly (stride = window, no
+ * tail), NHWC halves in eights: each thread writes its windows' eight channels whole, the
+ * gradient at the picks and 0 elsewhere, as 16-byte stores; nothing is read from dx, and
+ * nothing zeroed it first. Each value is the scatter's (0 + (0 + dy)), rounded the same. */
+template <umt_dtype D>
+static __global__ void pick_write_nhwc8_kernel(umt_pool_shape s, const uint64_t *pick, const uint4 *dy, uint4 *dx) {
     int groups = (int)s.c / LANES, w = (int)s.w, q = (int)s.q, p = (int)s.p, window = (int)s.window;
     int total = (int)(s.n * s.p * s.q) * groups;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int group = out % groups, pixel = out / groups, ox = pixel % q, oy = pixel / q % p, n = pixel / (q * p);
-        int4 first = argmax[2 * out], second = argmax[2 * out + 1];
-        int picks[LANES] = {first.x, first.y, first.z, first.w, second.x, second.y, second.z, second.w};
+        uint64_t picks = pick[out]; /* channel e's in byte e */
         umt_halves8 grad;
         grad.bits = dy[out];
         for (int i = 0; i < window; i++)
             for (int j = 0; j < window; j++) {
-                int row = oy * window + i, col = ox * window + j;
                 umt_halves8 v;
                 for (int e = 0; e < LANES; e++)
-                    v.h[e] = picks[e] == row * w + col
+                    v.h[e] = (int)(picks >> (8 * e) & 0xffu) == i * window + j
                                  ? umt_dev_narrow<D>(0.0f + (0.0f + umt_dev_widen<D>(grad.h[e])))
                                  : (uint16_t)0;
-                dx[((n * (int)s.h + row) * w + col) * groups + group] = v.bits;
+                dx[((n * (int)s.h + oy * window + i) * w + ox * window + j) * groups + group] = v.bits;
             }
     }
 }
@@ -474,52 +505,54 @@ static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
     return check_pool_shape(op, s);
 }
 
-/* The half-precision forward, with or without a bias and ReLU on the way in (checked shape). */
+/* The half-precision forward, with or without a bias and ReLU on the way in (checked shape),
+ * writing argmax or pick (the other NULL). */
 static umt_status max_pool_forward_half(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
-                                        int32_t *argmax) {
+                                        int32_t *argmax, uint8_t *pick) {
     int64_t outputs = shape->n * shape->c * shape->p * shape->q;
-    if (shape->n * shape->c * shape->h * shape->w < INT32_MAX && lanes_apply(shape, x, y, argmax)) {
+    const void *picks = argmax ? (const void *)argmax : (const void *)pick;
+    if (shape->n * shape->c * shape->h * shape->w < INT32_MAX && lanes_apply(shape, x, y, picks)) {
         int64_t groups = outputs / LANES;
         if (shape->dtype == UMT_BF16)
             LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_BF16>, *shape, (const uint4 *)x, bias, (uint4 *)y,
-                        (int4 *)argmax);
+                        (int4 *)argmax, (uint64_t *)pick);
         else
             LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_F16>, *shape, (const uint4 *)x, bias, (uint4 *)y,
-                        (int4 *)argmax);
+                        (int4 *)argmax, (uint64_t *)pick);
         return UMT_OK;
     }
     if (shape->n * shape->c * shape->h * shape->w < INT32_MAX) {
         if (shape->dtype == UMT_BF16)
-            LAUNCH_OVER(outputs, max_pool_forward_lp_fast_kernel<UMT_BF16>, *shape, x, bias, y, argmax);
+            LAUNCH_OVER(outputs, max_pool_forward_lp_fast_kernel<UMT_BF16>, *shape, x, bias, y, argmax, pick);
         else
-            LAUNCH_OVER(outputs, max_pool_forward_lp_fast_kernel<UMT_F16>, *shape, x, bias, y, argmax);
+            LAUNCH_OVER(outputs, max_pool_forward_lp_fast_kernel<UMT_F16>, *shape, x, bias, y, argmax, pick);
         return UMT_OK;
     }
-    LAUNCH_OVER(outputs, max_pool_forward_lp_kernel, *shape, x, bias, y, argmax);
+    LAUNCH_OVER(outputs, max_pool_forward_lp_kernel, *shape, x, bias, y, argmax, pick);
     return UMT_OK;
 }
 
 extern "C" umt_status umt_cuda_max_pool_forward_lp(const umt_pool_shape *shape, const void *x, void *y,
                                                    int32_t *argmax) {
     UMT_TRY(check_pool_shape_lp("max_pool_forward_lp", shape));
-    return max_pool_forward_half(shape, x, NULL, y, argmax);
+    return max_pool_forward_half(shape, x, NULL, y, argmax, NULL);
 }
 
 /* Bias + ReLU + max pool (core/backend.h): f32 NCHW, or a half dtype in either layout. */
 extern "C" umt_status umt_cuda_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x,
-                                                          const float *bias, void *y, int32_t *argmax) {
+                                                          const float *bias, void *y, uint8_t *pick) {
     const umt_pool_shape *s = shape;
-    if ((s->dtype == UMT_F32 && s->nhwc) || s->stride < s->window)
+    if ((s->dtype == UMT_F32 && s->nhwc) || s->stride < s->window || s->window > 16)
         return umt_fail(UMT_ERR_UNSUPPORTED,
                         "bias_relu_max_pool_forward: dtype %s, %s, window %lld, stride %lld (expected f32 NCHW or "
-                        "bf16/f16, stride >= window)", umt_dtype_name(s->dtype), s->nhwc ? "NHWC" : "NCHW",
-                        (long long)s->window, (long long)s->stride);
+                        "bf16/f16, stride >= window, window <= 16)", umt_dtype_name(s->dtype),
+                        s->nhwc ? "NHWC" : "NCHW", (long long)s->window, (long long)s->stride);
     if (s->dtype != UMT_F32) {
         UMT_TRY(check_pool_shape_lp("bias_relu_max_pool_forward", s));
-        return max_pool_forward_half(s, x, bias, y, argmax);
+        return max_pool_forward_half(s, x, bias, y, NULL, pick);
     }
     UMT_TRY(check_pool_shape("bias_relu_max_pool_forward", s));
-    LAUNCH_OVER(s->n * s->c * s->p * s->q, max_pool_forward_kernel, *s, (const float *)x, bias, (float *)y, argmax);
+    LAUNCH_OVER(s->n * s->c * s->p * s->q, max_pool_forward_kernel, *s, (const float *)x, bias, (float *)y, NULL, pick);
     return UMT_OK;
 }
 
@@ -559,20 +592,32 @@ extern "C" umt_status umt_cuda_avg_pool_backward_lp(const umt_pool_shape *shape,
     return UMT_OK;
 }
 
-extern "C" umt_status umt_cuda_max_pool_scatter_lp(const umt_pool_shape *s, const int32_t *argmax, const void *dy,
-                                                   void *dx, bool fresh) {
+extern "C" umt_status umt_cuda_pick_scatter(const umt_pool_shape *s, const uint8_t *pick, const void *dy, void *dx,
+                                            bool fresh) {
+    UMT_TRY(check_pool_shape("bias_relu_max_pool_dropout_backward", s));
+    if (!scatter_applies(s) || s->window > 16)
+        return umt_fail(UMT_ERR_UNSUPPORTED,
+                        "bias_relu_max_pool_dropout_backward: window %lld, stride %lld, %lld elements (expected stride "
+                        ">= window, window <= 16, fewer than 2^31 elements)", (long long)s->window, (long long)s->stride,
+                        (long long)(s->n * s->c * s->h * s->w));
     bool tiles = s->stride == s->window && s->h == s->p * s->window && s->w == s->q * s->window;
-    if (fresh && tiles && scatter_applies(s) && lanes_apply(s, dy, dx, argmax)) {
-        UMT_TRY(check_pool_shape_lp("max_pool_backward_lp", s));
-        int64_t groups = s->n * s->p * s->q * s->c / LANES;
+    int64_t outputs = s->n * s->c * s->p * s->q;
+    if (fresh && tiles && s->dtype != UMT_F32 && lanes_apply(s, dy, dx, pick)) {
         if (s->dtype == UMT_BF16)
-            LAUNCH_OVER(groups, max_pool_backward_lp_write_nhwc8_kernel<UMT_BF16>, *s, (const int4 *)argmax,
+            LAUNCH_OVER(outputs / LANES, pick_write_nhwc8_kernel<UMT_BF16>, *s, (const uint64_t *)pick,
                         (const uint4 *)dy, (uint4 *)dx);
         else
-            LAUNCH_OVER(groups, max_pool_backward_lp_write_nhwc8_kernel<UMT_F16>, *s, (const int4 *)argmax,
+            LAUNCH_OVER(outputs / LANES, pick_write_nhwc8_kernel<UMT_F16>, *s, (const uint64_t *)pick,
                         (const uint4 *)dy, (uint4 *)dx);
         return UMT_OK;
     }
-    if (fresh) UMT_CUDA_TRY(cudaMemsetAsync(dx, 0, (size_t)(s->n * s->c * s->h * s->w) * 2, umt_cuda_stream()));
-    return umt_cuda_max_pool_backward_lp(s, argmax, dy, dx);
+    if (fresh)
+        UMT_CUDA_TRY(cudaMemsetAsync(dx, 0, (size_t)(s->n * s->c * s->h * s->w) * umt_dtype_size(s->dtype),
+                                     umt_cuda_stream()));
+    switch (s->dtype) {
+    case UMT_BF16: LAUNCH_OVER(outputs, pick_scatter_kernel<UMT_BF16>, *s, pick, dy, dx); break;
+    case UMT_F16: LAUNCH_OVER(outputs, pick_scatter_kernel<UMT_F16>, *s, pick, dy, dx); break;
+    default: LAUNCH_OVER(outputs, pick_scatter_kernel<UMT_F32>, *s, pick, dy, dx); break;
+    }
+    return UMT_OK;
 }
