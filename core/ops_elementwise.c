@@ -109,11 +109,38 @@ static umt_status reshape_backward(umt_context *ctx, const umt_node *node) {
     return ctx->backend->accumulate(umt_input_grad(node, 0), y->grad->data, 1.0f, y->numel);
 }
 
+/* Shapes are NCHW whatever the storage, so an NHWC tensor's values are put in NCHW order: the
+ * flattened features then mean the same under every precision (and in checkpoints). That is
+ * one transpose straight into the new shape, and one back in backward (written over x's
+ * gradient when it is the first), with no NCHW copy of x in between. */
+static umt_status reshape_nhwc_backward(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *x = node->inputs[0], *y = node->output;
+    int64_t n, c, hw;
+    umt_recast_dims(x, &n, &c, &hw);
+    return ctx->backend->recast(y->grad->data, y->dtype, false, x->grad->data, x->dtype, true, n, c, hw,
+                                !umt_input_grad_fresh(node, 0));
+}
+
+static umt_tensor *reshape_nhwc(umt_context *ctx, umt_tensor *x, int ndim, const int64_t *shape) {
+    int64_t numel = 1, n, c, hw;
+    for (int d = 0; d < ndim; d++) numel *= shape[d];
+    if (numel != x->numel) {
+        char sx[64];
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_reshape: %lld elements into a shape of %lld (input %s)",
+                 (long long)x->numel, (long long)numel, umt_shape_string(x, sx, sizeof sx));
+        return NULL;
+    }
+    umt_tensor *y = umt_op_output_typed(ctx, x->dtype, false, ndim, shape);
+    if (!y) return NULL;
+    umt_recast_dims(x, &n, &c, &hw);
+    umt_status st = ctx->backend->recast(x->data, x->dtype, true, y->data, y->dtype, false, n, c, hw, false);
+    return umt_op_overwrites_input_grad(
+        ctx, umt_op_finish(ctx, st, "umt_reshape", reshape_nhwc_backward, y, NULL, x, NULL, NULL), 0);
+}
+
 umt_tensor *umt_reshape(umt_context *ctx, umt_tensor *x, int ndim, const int64_t *shape) {
     if (!x) return NULL;
-    /* Shapes are NCHW whatever the storage, so an NHWC tensor is put in NCHW order first: the
-     * flattened features then mean the same under every precision (and in checkpoints). */
-    if (x->nhwc && !(x = umt_recast(ctx, x, x->dtype, false))) return NULL;
+    if (x->nhwc) return reshape_nhwc(ctx, x, ndim, shape);
     umt_tensor *y = umt_tensor_view(ctx, x, ndim, shape);
     if (!y) return NULL;
     return umt_op_overwrites_input_grad(ctx, umt_op_finish(ctx, UMT_OK, "umt_reshape", reshape_backward, y, NULL, x,
