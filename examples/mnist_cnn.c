@@ -22,7 +22,8 @@
  *
  * Precision (core/precision.h): bf16 on GPUs that have it, else fp32; fp16 turns on dynamic loss
  * scaling and reports the steps it skipped. --clip-grad-norm clips by the global norm.
- * --fuse off runs each layer, ReLU, log-softmax and NLL as separate ops (fused by default).
+ * --fuse off runs each layer, ReLU, pool, dropout, log-softmax and NLL as separate ops (fused by
+ * default: examples/mnist_cnn_model.h says which).
  *
  * Input: by default MNIST is uploaded once into the GPU's dataset pool and batches are gathered
  * there (--data-on gpu; "auto" falls back to the host when it does not fit the budget). With

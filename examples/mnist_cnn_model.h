@@ -5,10 +5,11 @@
  *   conv 1->32 3x3, relu, conv 32->64 3x3, relu, max-pool 2, dropout 0.25, flatten,
  *   linear 9216->128, relu, dropout 0.5, linear 128->10, log-softmax
  *
- * With fuse (the default) each layer and its ReLU run as one op (umt_conv2d_relu,
- * umt_linear_relu), so do the max pool and its dropout (umt_max_pool2d_dropout), and the
- * training loss is umt_softmax_cross_entropy, log-softmax and NLL in one op; without it every
- * op runs on its own. Both compute the same function, with the same dropout draws.
+ * With fuse (the default) conv1 and fc1 run with their ReLU as one op (umt_conv2d_relu,
+ * umt_linear_relu); conv2 is its product alone, then its bias, ReLU, max pool and dropout one op
+ * over the pooled quarter (umt_layer_forward_relu_max_pool2d_dropout); the training loss is
+ * umt_softmax_cross_entropy, log-softmax and NLL in one op. Without it every op runs on its own.
+ * Both compute the same function, with the same dropout draws.
  */
 #ifndef UMT_EXAMPLE_MNIST_CNN_MODEL_H
 #define UMT_EXAMPLE_MNIST_CNN_MODEL_H

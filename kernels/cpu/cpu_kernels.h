@@ -8,6 +8,7 @@
 #ifndef UMT_KERNELS_CPU_KERNELS_H
 #define UMT_KERNELS_CPU_KERNELS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -91,7 +92,12 @@ umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *sha
                                                        const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
                                                        float p);
 
-/* pool.c (the shape check is shared with fused.c) */
+/* pool.c (the shape check and the pick rule are shared with fused.c) */
+/* Whether value replaces best as a window's pick: strictly greater keeps the first of equal
+ * maxima; a NaN replaces a number but not an earlier NaN. */
+static inline bool umt_cpu_takes_over(float value, float best) {
+    return value > best || (isnan(value) && !isnan(best));
+}
 umt_status umt_cpu_check_pool_shape(const char *op, const umt_pool_shape *s);
 umt_status umt_cpu_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y, int32_t *argmax);
 umt_status umt_cpu_max_pool_backward(const umt_pool_shape *shape, const int32_t *argmax, const float *dy, float *dx);

@@ -50,15 +50,22 @@ umt_status umt_cpu_bias_relu_backward(umt_dtype dtype, bool nhwc, const void *y,
                                    : umt_cpu_sum_channel_bias(grad, dbias, n, k, hw);
 }
 
+/* What the CPU's fused pooling slots take: f32 NCHW, windows apart (each input in at most one
+ * window: one addition per pick), a dropout probability in [0, 1). */
+static umt_status check_pooled(const char *op, const umt_pool_shape *s, float p) {
+    if (s->dtype != UMT_F32 || s->nhwc || s->stride < s->window || !(p >= 0.0f && p < 1.0f))
+        return umt_fail(UMT_ERR_UNSUPPORTED,
+                        "%s: dtype %s, %s, window %lld, stride %lld, p %g (expected f32 NCHW, stride >= window, "
+                        "0 <= p < 1)", op, umt_dtype_name(s->dtype), s->nhwc ? "NHWC" : "NCHW", (long long)s->window,
+                        (long long)s->stride, (double)p);
+    return UMT_OK;
+}
+
 /* dropout_backward into the pool's output gradient, then max_pool_backward, without the
  * intermediate: each output's scaled gradient lands on its window's pick. */
 umt_status umt_cpu_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax, const uint8_t *mask,
                                              const void *dy, void *dx, float p) {
-    if (shape->dtype != UMT_F32 || shape->nhwc || shape->stride < shape->window || !(p >= 0.0f && p < 1.0f))
-        return umt_fail(UMT_ERR_UNSUPPORTED,
-                        "max_pool_dropout_backward: dtype %s, %s, window %lld, stride %lld, p %g (expected f32 NCHW, "
-                        "stride >= window, 0 <= p < 1)", umt_dtype_name(shape->dtype), shape->nhwc ? "NHWC" : "NCHW",
-                        (long long)shape->window, (long long)shape->stride, (double)p);
+    UMT_TRY(check_pooled("max_pool_dropout_backward", shape, p));
     float scale = 1.0f / (1.0f - p); /* as the dropout kernels compute it */
     const float *grad = dy;
     float *out = dx;
@@ -79,11 +86,10 @@ umt_status umt_cpu_max_pool_dropout_backward(const umt_pool_shape *shape, const 
 umt_status umt_cpu_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
                                               uint8_t *pick) {
     const umt_pool_shape *s = shape;
-    if (s->dtype != UMT_F32 || s->nhwc || s->stride < s->window || s->window > 16)
-        return umt_fail(UMT_ERR_UNSUPPORTED,
-                        "bias_relu_max_pool_forward: dtype %s, %s, window %lld, stride %lld (expected f32 NCHW, "
-                        "stride >= window, window <= 16)", umt_dtype_name(s->dtype), s->nhwc ? "NHWC" : "NCHW",
-                        (long long)s->window, (long long)s->stride);
+    UMT_TRY(check_pooled("bias_relu_max_pool_forward", s, 0.0f));
+    if (s->window > 16) /* each pick is one byte */
+        return umt_fail(UMT_ERR_UNSUPPORTED, "bias_relu_max_pool_forward: window %lld (expected at most 16)",
+                        (long long)s->window);
     UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_forward", s));
     const float *in = x;
     float *out = y;
@@ -97,7 +103,7 @@ umt_status umt_cpu_bias_relu_max_pool_forward(const umt_pool_shape *shape, const
                 for (int64_t j = 0; j < s->window; j++) {
                     float v = x_plane[(y0 + i) * s->w + x0 + j] + b;
                     v = v < 0.0f ? 0.0f : v; /* umt_cpu_relu's rule: a NaN passes */
-                    if ((i == 0 && j == 0) || v > best || (isnan(v) && !isnan(best))) best = v, best_at = i * s->window + j;
+                    if ((i == 0 && j == 0) || umt_cpu_takes_over(v, best)) best = v, best_at = i * s->window + j;
                 }
             out[o] = best;
             pick[o] = (uint8_t)best_at;
@@ -112,11 +118,7 @@ umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *sha
                                                        const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
                                                        float p) {
     const umt_pool_shape *s = shape;
-    if (s->dtype != UMT_F32 || s->nhwc || s->stride < s->window || !(p >= 0.0f && p < 1.0f))
-        return umt_fail(UMT_ERR_UNSUPPORTED,
-                        "bias_relu_max_pool_dropout_backward: dtype %s, %s, window %lld, stride %lld, p %g (expected "
-                        "f32 NCHW, stride >= window, 0 <= p < 1)", umt_dtype_name(s->dtype), s->nhwc ? "NHWC" : "NCHW",
-                        (long long)s->window, (long long)s->stride, (double)p);
+    UMT_TRY(check_pooled("bias_relu_max_pool_dropout_backward", s, p));
     float scale = 1.0f / (1.0f - p), *grad = dy;
     const float *out = y;
     int64_t outputs = s->n * s->c * s->p * s->q;

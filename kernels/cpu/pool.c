@@ -46,9 +46,6 @@ umt_status umt_cpu_check_pool_shape(const char *op, const umt_pool_shape *s) {
 /* ------------------------------------------------------------------------------------------ */
 /* Max pooling                                                                                 */
 
-/* Whether value replaces best as the window's pick: strictly greater keeps the first of equal
- * maxima; a NaN replaces a number but not an earlier NaN. */
-static inline bool takes_over(float value, float best) { return value > best || (isnan(value) && !isnan(best)); }
 
 /* The window of output (oy, ox) in one plane: its pick's index and value. */
 static void max_of_window(const umt_pool_shape *s, const float *plane, int64_t oy, int64_t ox, float *max,
@@ -59,7 +56,7 @@ static void max_of_window(const umt_pool_shape *s, const float *plane, int64_t o
     for (int64_t i = 0; i < s->window; i++) {
         for (int64_t j = 0; j < s->window; j++) {
             int64_t at = (y0 + i) * s->w + x0 + j;
-            if (takes_over(plane[at], best)) {
+            if (umt_cpu_takes_over(plane[at], best)) {
                 best = plane[at];
                 best_index = at;
             }
