@@ -2,16 +2,20 @@
  * kernels/cuda/conv.cu — 2-D convolution on cuDNN, and the per-channel bias kernels
  * (kernels/cpu/conv.c is the reference).
  *
- * The first call for a convolution shape makes its plan: cuDNN descriptors for x, w, y and the
- * convolution, and one algorithm per direction, the first of cuDNN's heuristic ranking
- * (cudnnGet*Algorithm_v7) that meets three conditions:
+ * The first call for a convolution shape makes its plan. In f32 (NCHW), that is cuDNN's legacy
+ * descriptors for x, w, y and the convolution, and one algorithm per direction, the first of
+ * cuDNN's heuristic ranking (cudnnGet*Algorithm_v7) that meets three conditions:
  *   - fp32 arithmetic: the descriptor asks for CUDNN_FMA_MATH and tensor-op candidates are
  *     skipped, because cuDNN's default math lets fp32 convolutions run on TF32 tensor cores
  *     (10-bit mantissas), three orders of magnitude off the fp32 CPU reference;
  *   - deterministic: the same inputs give the same bits, as every kernel of this folder does
  *     (cuDNN's atomics-based backward algorithms are skipped);
  *   - a workspace of at most MAX_WORKSPACE_BYTES.
- * conv2d_workspace_bytes reports the largest of the plan's three workspaces, so the one buffer
+ * In bf16/f16 it is one set of engines per direction from cuDNN's graph API
+ * (kernels/cuda/conv_engines.cu: the legacy calls do not reach Hopper's faster kernels), each
+ * timed on its first run. The data gradient has two sets, one that overwrites dx and one that
+ * adds to it; only the first may be timed on the call's dx.
+ * conv2d_workspace_bytes reports the largest workspace any of them may need, so the one buffer
  * the op takes from the workspace pool serves forward and both backwards.
  *
  * Plans are kept in a table of PLAN_SLOTS: a network has a handful of shapes (each layer, at the
@@ -37,6 +41,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/cuda/chunk_sums.h"
+#include "kernels/cuda/conv_engines.h"
 #include "kernels/cuda/conv_thin.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cudnn_handle.h"
@@ -46,16 +51,22 @@
 enum { PLAN_SLOTS = 32, BIAS_THREADS = 256, SCRATCH_ALIGNMENT = 256 };
 static const size_t MAX_WORKSPACE_BYTES = (size_t)256 << 20;
 
+/* A half-precision plan's engine sets (conv_engines.h). */
+enum { FORWARD, DATA_WRITTEN, DATA_ADDED, FILTER, ENGINE_SETS };
+
 typedef struct {
     bool used;
     umt_conv_shape shape;
+    /* f32: cuDNN's legacy descriptors and an algorithm per direction */
     cudnnTensorDescriptor_t x, y;
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
     cudnnConvolutionFwdAlgo_t forward;
     cudnnConvolutionBwdDataAlgo_t backward_data;
     cudnnConvolutionBwdFilterAlgo_t backward_filter;
-    size_t algorithm_bytes; /* the largest of the three algorithms' workspaces */
+    /* bf16/f16: cuDNN's graph API, a set of engines per direction */
+    umt_conv_engines *engines[ENGINE_SETS];
+    size_t algorithm_bytes; /* the largest workspace of the algorithms or engines */
     size_t workspace_bytes; /* that, and under mixed precision the dw scratch behind it */
 } conv_plan;
 
@@ -108,6 +119,7 @@ static void release_plan(conv_plan *plan) {
     if (plan->y) cudnnDestroyTensorDescriptor(plan->y);
     if (plan->w) cudnnDestroyFilterDescriptor(plan->w);
     if (plan->conv) cudnnDestroyConvolutionDescriptor(plan->conv);
+    for (int i = 0; i < ENGINE_SETS; i++) umt_cuda_conv_engines_free(plan->engines[i]);
     memset(plan, 0, sizeof *plan);
 }
 
@@ -118,13 +130,10 @@ extern "C" void umt_cuda_conv_forget_plans(void) {
 
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
 
-static cudnnDataType_t cudnn_dtype(umt_dtype dtype) {
-    return dtype == UMT_BF16 ? CUDNN_DATA_BFLOAT16 : dtype == UMT_F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
-}
-
+/* The f32 path's legacy descriptors: NCHW tensors. */
 static umt_status describe(conv_plan *p, const umt_conv_shape *s) {
-    cudnnDataType_t type = cudnn_dtype(s->dtype);
-    cudnnTensorFormat_t format = s->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    const cudnnDataType_t type = CUDNN_DATA_FLOAT;
+    const cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW;
     UMT_CUDNN_TRY(cudnnCreateTensorDescriptor(&p->x));
     UMT_CUDNN_TRY(cudnnCreateTensorDescriptor(&p->y));
     UMT_CUDNN_TRY(cudnnCreateFilterDescriptor(&p->w));
@@ -132,20 +141,16 @@ static umt_status describe(conv_plan *p, const umt_conv_shape *s) {
     UMT_CUDNN_TRY(cudnnSetTensor4dDescriptor(p->x, format, type, (int)s->n, (int)s->c, (int)s->h, (int)s->w));
     UMT_CUDNN_TRY(cudnnSetTensor4dDescriptor(p->y, format, type, (int)s->n, (int)s->k, (int)s->p, (int)s->q));
     UMT_CUDNN_TRY(cudnnSetFilter4dDescriptor(p->w, type, format, (int)s->k, (int)s->c, (int)s->r, (int)s->s));
-    /* Sums in f32 for every dtype (cuDNN's "pseudo half" configurations). */
     UMT_CUDNN_TRY(cudnnSetConvolution2dDescriptor(p->conv, (int)s->pad, (int)s->pad, (int)s->stride, (int)s->stride,
                                                   1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    UMT_CUDNN_TRY(cudnnSetConvolutionMathType(p->conv, is_half(s->dtype) ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    UMT_CUDNN_TRY(cudnnSetConvolutionMathType(p->conv, CUDNN_FMA_MATH));
     return UMT_OK;
 }
 
-/* Whether a heuristic's candidate meets the conditions above (its workspace is asked apart):
- * tensor cores are what half types are for, and what fp32 must avoid. */
-static bool acceptable(const conv_plan *p, cudnnStatus_t status, cudnnDeterminism_t determinism,
-                       cudnnMathType_t math) {
+/* Whether a heuristic's candidate meets the conditions above (its workspace is asked apart). */
+static bool acceptable(cudnnStatus_t status, cudnnDeterminism_t determinism, cudnnMathType_t math) {
     bool tensor_ops = math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-    return status == CUDNN_STATUS_SUCCESS && determinism == CUDNN_DETERMINISTIC &&
-           (is_half(p->shape.dtype) || !tensor_ops);
+    return status == CUDNN_STATUS_SUCCESS && determinism == CUDNN_DETERMINISTIC && !tensor_ops;
 }
 
 static umt_status no_algorithm(const char *direction, const umt_conv_shape *s) {
@@ -165,7 +170,7 @@ static umt_status choose_forward(cudnnHandle_t handle, conv_plan *p, size_t *byt
     UMT_CUDNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(handle, p->x, p->w, p->conv, p->y,
                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, found));
     for (int i = 0; i < count; i++) {
-        if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionForwardWorkspaceSize(handle, p->x, p->w, p->conv, p->y, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
             *bytes > MAX_WORKSPACE_BYTES) {
@@ -183,7 +188,7 @@ static umt_status choose_backward_data(cudnnHandle_t handle, conv_plan *p, size_
     UMT_CUDNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, p->w, p->y, p->conv, p->x,
                                                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, found));
     for (int i = 0; i < count; i++) {
-        if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionBackwardDataWorkspaceSize(handle, p->w, p->y, p->conv, p->x, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
             *bytes > MAX_WORKSPACE_BYTES) {
@@ -202,7 +207,7 @@ static umt_status choose_backward_filter(cudnnHandle_t handle, conv_plan *p, siz
                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
                                                                 found));
     for (int i = 0; i < count; i++) {
-        if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, p->x, p->y, p->conv, p->w, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
             *bytes > MAX_WORKSPACE_BYTES) {
@@ -222,15 +227,43 @@ static size_t filter_scratch_offset(const conv_plan *p) {
     return (p->algorithm_bytes + SCRATCH_ALIGNMENT - 1) / SCRATCH_ALIGNMENT * SCRATCH_ALIGNMENT;
 }
 
-static umt_status make_plan(cudnnHandle_t handle, const umt_conv_shape *s, conv_plan *p) {
+static umt_status choose_algorithms(cudnnHandle_t handle, conv_plan *p) {
     size_t forward_bytes = 0, data_bytes = 0, filter_bytes = 0;
-    p->shape = *s;
-    UMT_TRY(describe(p, s));
+    UMT_TRY(describe(p, &p->shape));
     UMT_TRY(choose_forward(handle, p, &forward_bytes));
     UMT_TRY(choose_backward_data(handle, p, &data_bytes));
     UMT_TRY(choose_backward_filter(handle, p, &filter_bytes));
     p->algorithm_bytes = forward_bytes > data_bytes ? forward_bytes : data_bytes;
     if (filter_bytes > p->algorithm_bytes) p->algorithm_bytes = filter_bytes;
+    return UMT_OK;
+}
+
+/* Forward and the weight gradient (into the dw scratch) overwrite what they write, so their
+ * first runs may time candidates on the call's tensors; of the data gradient's two sets, only
+ * the one that overwrites dx. */
+static umt_status make_engines(cudnnHandle_t handle, conv_plan *p) {
+    static const struct {
+        umt_conv_direction direction;
+        bool accumulate;
+    } sets[ENGINE_SETS] = {{UMT_CONV_FORWARD, false},
+                           {UMT_CONV_BACKWARD_DATA, false},
+                           {UMT_CONV_BACKWARD_DATA, true},
+                           {UMT_CONV_BACKWARD_FILTER, false}};
+    for (int i = 0; i < ENGINE_SETS; i++) {
+        size_t bytes = 0;
+        UMT_TRY(umt_cuda_conv_engines_make(handle, &p->shape, sets[i].direction, sets[i].accumulate,
+                                           !sets[i].accumulate, MAX_WORKSPACE_BYTES, &p->engines[i], &bytes));
+        if (bytes > p->algorithm_bytes) p->algorithm_bytes = bytes;
+    }
+    return UMT_OK;
+}
+
+static umt_status make_plan(cudnnHandle_t handle, const umt_conv_shape *s, conv_plan *p) {
+    p->shape = *s;
+    if (is_half(s->dtype) && !s->nhwc)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "conv2d: %s NCHW tensors; half-precision convolutions take NHWC",
+                        umt_dtype_name(s->dtype));
+    UMT_TRY(is_half(s->dtype) ? make_engines(handle, p) : choose_algorithms(handle, p));
     if (umt_cuda_conv_is_thin(s) && umt_cuda_conv_thin_workspace_bytes(s) > p->algorithm_bytes)
         p->algorithm_bytes = umt_cuda_conv_thin_workspace_bytes(s);
     p->workspace_bytes = p->algorithm_bytes;
@@ -347,10 +380,7 @@ extern "C" umt_status umt_cuda_conv2d_forward_lp(const umt_conv_shape *shape, co
     const conv_plan *p;
     UMT_TRY(plan_for_call_lp("conv2d_forward_lp", shape, workspace, workspace_bytes, &p));
     if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, NULL, false, y);
-    const float one = 1.0f, zero = 0.0f;
-    UMT_CUDNN_TRY(cudnnConvolutionForward(umt_cuda_cudnn_handle(), &one, p->x, x, p->w, w, p->conv, p->forward,
-                                          workspace, p->algorithm_bytes, &zero, p->y, y));
-    return UMT_OK;
+    return umt_cuda_conv_engines_run(p->engines[FORWARD], x, w, y, workspace);
 }
 
 /* overwrite: beta 0, so cuDNN neither reads dx nor needs it zeroed first. */
@@ -359,10 +389,7 @@ extern "C" umt_status umt_cuda_conv2d_backward_data_lp(const umt_conv_shape *sha
                                                        size_t workspace_bytes) {
     const conv_plan *p;
     UMT_TRY(plan_for_call_lp("conv2d_backward_data_lp", shape, workspace, workspace_bytes, &p));
-    const float one = 1.0f, beta = overwrite ? 0.0f : 1.0f;
-    UMT_CUDNN_TRY(cudnnConvolutionBackwardData(umt_cuda_cudnn_handle(), &one, p->w, w, p->y, dy, p->conv,
-                                               p->backward_data, workspace, p->algorithm_bytes, &beta, p->x, dx));
-    return UMT_OK;
+    return umt_cuda_conv_engines_run(p->engines[overwrite ? DATA_WRITTEN : DATA_ADDED], dx, w, dy, workspace);
 }
 
 extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *shape, const void *x, const void *dy,
@@ -371,11 +398,8 @@ extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *s
     UMT_TRY(plan_for_call_lp("conv2d_backward_filter_lp", shape, workspace, workspace_bytes, &p));
     if (umt_cuda_conv_thin_takes(shape, dy, workspace))
         return umt_cuda_conv2d_backward_filter_thin(shape, x, NULL, (void *)dy, false, dw, NULL, workspace);
-    const float one = 1.0f, zero = 0.0f;
     void *scratch = (char *)workspace + filter_scratch_offset(p);
-    UMT_CUDNN_TRY(cudnnConvolutionBackwardFilter(umt_cuda_cudnn_handle(), &one, p->x, x, p->y, dy, p->conv,
-                                                 p->backward_filter, workspace, p->algorithm_bytes, &zero, p->w,
-                                                 scratch));
+    UMT_TRY(umt_cuda_conv_engines_run(p->engines[FILTER], x, scratch, dy, workspace));
     /* K,R,S,C half -> += into K,C,R,S f32: k "images" of c channels of r*s pixels. */
     const umt_conv_shape *s = shape;
     return umt_cuda_recast(scratch, s->dtype, true, dw, UMT_F32, false, s->k, s->c, s->r * s->s, true);

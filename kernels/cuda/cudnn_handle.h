@@ -3,7 +3,8 @@
  *
  * backend.cu owns the one cuDNN handle, bound to the compute stream like the cuBLAS handle;
  * conv.cu and batchnorm.cu run on it. conv.cu caches a plan per convolution shape (descriptors
- * and algorithms), which the backend's stop destroys along with the handle.
+ * and algorithms in f32, cuDNN graph-API engines in bf16/f16), which the backend's stop destroys
+ * along with the handle.
  */
 #ifndef UMT_KERNELS_CUDA_CUDNN_HANDLE_H
 #define UMT_KERNELS_CUDA_CUDNN_HANDLE_H

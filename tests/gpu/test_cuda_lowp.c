@@ -34,6 +34,7 @@
 
 #include "core/backend.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cudnn_handle.h"
 #include "umtrain.h"
 
 enum { CUBLAS_WORKSPACE_BYTES = 32 << 20 };
@@ -588,10 +589,30 @@ static const int64_t conv_shapes[][9] = {
     {3, 2, 9, 9, 16, 2, 2, 1, 1},    {5, 1, 7, 7, 8, 3, 3, 2, 1},     {4, 1, 12, 12, 12, 3, 3, 1, 0},
 };
 
-static void test_conv2d_lp_and_its_backwards_match_the_cpu_within_tolerance_of_the_sum_of_terms(void **state) {
-    (void)state;
+static void check_conv_shapes(void) {
     for (int t = 0; t < 2; t++)
         for (size_t i = 0; i < sizeof conv_shapes / sizeof conv_shapes[0]; i++) check_conv(HALVES[t], conv_shapes[i]);
+}
+
+static void test_conv2d_lp_and_its_backwards_match_the_cpu_within_tolerance_of_the_sum_of_terms(void **state) {
+    (void)state;
+    check_conv_shapes();
+}
+
+/* These shapes are too small for conv_engines.cu to time its candidates by default (the first
+ * runs in microseconds). UMT_CONV_TIMING=all makes every first run build, run and time each
+ * candidate before keeping the fastest; =0 keeps the heuristic's first without timing. Either
+ * way, the engine kept must match the CPU. Fresh plans for each setting. */
+static void test_conv2d_lp_matches_the_cpu_with_every_engine_timed_and_with_none(void **state) {
+    (void)state;
+    const char *settings[2] = {"all", "0"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(setenv("UMT_CONV_TIMING", settings[i], 1), 0);
+        umt_cuda_conv_forget_plans();
+        check_conv_shapes();
+    }
+    assert_int_equal(unsetenv("UMT_CONV_TIMING"), 0);
+    umt_cuda_conv_forget_plans();
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -722,6 +743,7 @@ int main(void) {
         TEST(test_relu_matches_the_cpu_exactly_and_its_backward_within_tolerance),
         TEST(test_dropout_keeps_the_cpus_elements_and_scales_them_within_tolerance),
         TEST(test_conv2d_lp_and_its_backwards_match_the_cpu_within_tolerance_of_the_sum_of_terms),
+        TEST(test_conv2d_lp_matches_the_cpu_with_every_engine_timed_and_with_none),
         TEST(test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows),
     };
     return cmocka_run_group_tests(tests, start_backend, stop_backend);

@@ -1,0 +1,441 @@
+/*
+ * kernels/cuda/conv_engines.cu — half-precision convolutions through cuDNN's graph API, each
+ * direction's engine timed on its first run.
+ *
+ * cuDNN has two front doors. The legacy calls (cudnnConvolutionForward and its two backwards,
+ * conv.cu's f32 path) choose among a fixed list of algorithms. The graph API (cudnnBackend*)
+ * describes the same convolution as a graph of one operation and reaches every engine cuDNN
+ * has, Hopper's own kernels among them. For conv2 of the MNIST CNN at batch 4096 in bf16 on an
+ * H200, the legacy calls' best weight gradient took 0.73 ms and the graph API's 0.42 ms
+ * (docs/PERF.md).
+ *
+ * Making a direction's set of engines:
+ *   1. descriptors: x, w, y as N,H,W,C tensors (w as K,R,S,C), the convolution (sums in f32),
+ *      the operation (forward, backward data or backward filter, with its alpha and beta) and
+ *      the graph that holds it; they live as long as the set;
+ *   2. candidates: the MAX_CANDIDATES configurations that cuDNN's instant heuristic (mode A)
+ *      ranks first (the fallback heuristic's when it offers none), kept when deterministic (no
+ *      NONDETERMINISTIC note, as every kernel of this folder), compiled ahead of time (run-time
+ *      compilation costs seconds) and within the workspace limit. The first that cuDNN can
+ *      build as an execution plan is built at once, so that a shape no engine takes fails
+ *      here; the others are built only if they are timed.
+ * Mode B, cuDNN's other ranking, took 30-100 ms a query on the H200 against mode A's 1-2 ms,
+ * and ranked no better: with four sets per shape it added a second to a run's start.
+ *
+ * Mode A's order is a guess, and a poor one for the backward directions: for conv2 at batch
+ * 4096 its first weight-gradient engine is 1.7x slower than the fastest on its list. So a
+ * timed set's first run times the first candidate on the call's own tensors and, if one run
+ * of it takes WORTH_TIMING_US or more, every other one; it keeps the fastest and releases the
+ * rest. Below that, the search (milliseconds per candidate, most of it loading kernels) costs
+ * more than a training run can win back. Timing makes the host wait for the GPU, so a first
+ * run inside a CUDA graph capture takes the first candidate, as an untimed set does.
+ *
+ * Close timings may pick different engines in two runs of a program, and two engines may round
+ * f32 sums differently: UMT_CONV_TIMING=0 takes the heuristic's first everywhere, for runs that
+ * must match bit for bit. UMT_CONV_TIMING=all times every candidate whatever the first one's
+ * time (the GPU tests use it to run every engine).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/cuda/conv_engines.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+enum { MAX_CANDIDATES = 24, TIMED_RUNS = 8 };
+static const float WORTH_TIMING_US = 50.0f;
+/* The byte alignment the engines may assume of every tensor (16-byte vector loads); the pools
+ * align each allocation to 256 bytes. */
+enum { TENSOR_ALIGNMENT = 16 };
+/* The tensors' ids in the graph and in each run's variant pack. */
+enum { UID_X = 1, UID_W, UID_Y };
+/* The descriptors a set's graph is built from. */
+enum { X, W, Y, CONVOLUTION, OPERATION, GRAPH, DESCRIPTORS };
+
+/* cuDNN 9.19's headers (this machine's) deprecate the handle attributes of graphs and plans in
+ * favour of device-property descriptors; cuDNN 9.14 on the GPU machine runs with these. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static const cudnnBackendAttributeName_t GRAPH_HANDLE = CUDNN_ATTR_OPERATIONGRAPH_HANDLE;
+static const cudnnBackendAttributeName_t PLAN_HANDLE = CUDNN_ATTR_EXECUTION_PLAN_HANDLE;
+#pragma GCC diagnostic pop
+
+typedef struct {
+    cudnnBackendDescriptor_t config;
+    cudnnBackendDescriptor_t plan; /* NULL until built */
+    size_t workspace_bytes;        /* the configuration's */
+} candidate;
+
+struct umt_conv_engines {
+    cudnnHandle_t handle;
+    float worth_timing_us; /* a first candidate quicker than this is kept without timing the rest */
+    cudnnBackendDescriptor_t graph[DESCRIPTORS];
+    candidate candidates[MAX_CANDIDATES];
+    int count;
+    bool chosen; /* after the first run: candidates[0] is the engine, the only one left */
+    /* The last run's variant pack (its tensors' addresses): a replayed step reuses it. */
+    cudnnBackendDescriptor_t pack;
+    const void *pack_pointers[4];
+};
+
+/* Each direction's operation and the attribute names of its three tensors. */
+typedef struct {
+    cudnnBackendDescriptorType_t type;
+    cudnnBackendAttributeName_t x, w, y, convolution, alpha, beta;
+} operation_names;
+
+static const operation_names OPERATIONS[3] = {
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
+};
+
+static const char *const DIRECTION_NAMES[3] = {"forward", "backward data", "backward filter"};
+
+/* ------------------------------------------------------------------------------------------ */
+/* The graph                                                                                   */
+
+/* Dimensions are always given N,C,H,W; the strides say the memory is N,H,W,C. */
+static umt_status tensor(cudnnBackendDescriptor_t *d, int64_t uid, cudnnDataType_t type, int64_t n, int64_t c,
+                         int64_t h, int64_t w) {
+    const int64_t dims[4] = {n, c, h, w}, strides[4] = {h * w * c, 1, w * c, c}, alignment = TENSOR_ALIGNMENT;
+    UMT_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, d));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment));
+    UMT_CUDNN_TRY(cudnnBackendFinalize(*d));
+    return UMT_OK;
+}
+
+static umt_status convolution(cudnnBackendDescriptor_t *d, const umt_conv_shape *s) {
+    const cudnnDataType_t sums = CUDNN_DATA_FLOAT;
+    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+    const int64_t dims = 2, dilations[2] = {1, 1}, strides[2] = {s->stride, s->stride}, pads[2] = {s->pad, s->pad};
+    UMT_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, d));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &sums));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilations));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, strides));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pads));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*d, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pads));
+    UMT_CUDNN_TRY(cudnnBackendFinalize(*d));
+    return UMT_OK;
+}
+
+/* output = alpha * convolution + beta * output, alpha 1. */
+static umt_status operation(umt_conv_engines *e, umt_conv_direction direction, bool accumulate) {
+    const operation_names *names = &OPERATIONS[direction];
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const cudnnBackendAttributeType_t described = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+    cudnnBackendDescriptor_t *op = &e->graph[OPERATION];
+    UMT_CUDNN_TRY(cudnnBackendCreateDescriptor(names->type, op));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*op, names->x, described, 1, &e->graph[X]));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*op, names->w, described, 1, &e->graph[W]));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*op, names->y, described, 1, &e->graph[Y]));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*op, names->convolution, described, 1, &e->graph[CONVOLUTION]));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*op, names->alpha, CUDNN_TYPE_FLOAT, 1, &alpha));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*op, names->beta, CUDNN_TYPE_FLOAT, 1, &beta));
+    UMT_CUDNN_TRY(cudnnBackendFinalize(*op));
+    return UMT_OK;
+}
+
+static umt_status describe(umt_conv_engines *e, const umt_conv_shape *s, umt_conv_direction direction,
+                           bool accumulate) {
+    const cudnnDataType_t type = s->dtype == UMT_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+    UMT_TRY(tensor(&e->graph[X], UID_X, type, s->n, s->c, s->h, s->w));
+    UMT_TRY(tensor(&e->graph[W], UID_W, type, s->k, s->c, s->r, s->s));
+    UMT_TRY(tensor(&e->graph[Y], UID_Y, type, s->n, s->k, s->p, s->q));
+    UMT_TRY(convolution(&e->graph[CONVOLUTION], s));
+    UMT_TRY(operation(e, direction, accumulate));
+    cudnnBackendDescriptor_t *graph = &e->graph[GRAPH];
+    UMT_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, graph));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                           &e->graph[OPERATION]));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*graph, GRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &e->handle));
+    UMT_CUDNN_TRY(cudnnBackendFinalize(*graph));
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Candidates                                                                                  */
+
+static void release_candidate(candidate *c) {
+    if (c->plan) cudnnBackendDestroyDescriptor(c->plan);
+    if (c->config) cudnnBackendDestroyDescriptor(c->config);
+    memset(c, 0, sizeof *c);
+}
+
+/* Whether a configuration's engine may be used: deterministic and compiled ahead of time. */
+static umt_status usable(cudnnBackendDescriptor_t config, bool *ok) {
+    cudnnBackendDescriptor_t engine;
+    cudnnBackendNumericalNote_t numerical[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    cudnnBackendBehaviorNote_t behavior[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
+    int64_t count = 0, numerical_count = 0, behavior_count = 0;
+    UMT_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine));
+    cudnnStatus_t status = cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE,
+                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &engine);
+    if (status == CUDNN_STATUS_SUCCESS)
+        status = cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                          CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &numerical_count, numerical);
+    if (status == CUDNN_STATUS_SUCCESS)
+        status = cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                                          CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &behavior_count, behavior);
+    cudnnBackendDestroyDescriptor(engine);
+    if (status != CUDNN_STATUS_SUCCESS)
+        return umt_fail(UMT_ERR_DEVICE, "conv2d: reading a cuDNN engine's notes: %s", cudnnGetErrorString(status));
+    *ok = true;
+    for (int64_t i = 0; i < numerical_count && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; i++)
+        if (numerical[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) *ok = false;
+    for (int64_t i = 0; i < behavior_count && i < CUDNN_BEHAVIOR_NOTE_TYPE_COUNT; i++)
+        if (behavior[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) *ok = false;
+    return UMT_OK;
+}
+
+/* Takes config (the set owns it from here) as the next candidate if it is usable and its
+ * workspace fits; otherwise lets it go. */
+static umt_status consider(umt_conv_engines *e, cudnnBackendDescriptor_t config, size_t max_workspace) {
+    candidate *c = &e->candidates[e->count];
+    c->config = config;
+    bool ok = false;
+    UMT_TRY(usable(config, &ok));
+    int64_t bytes = -1, count = 0;
+    ok = ok &&
+         cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count, &bytes) ==
+             CUDNN_STATUS_SUCCESS &&
+         bytes >= 0 && (size_t)bytes <= max_workspace;
+    c->workspace_bytes = (size_t)bytes;
+    if (ok)
+        e->count++;
+    else
+        release_candidate(c);
+    return UMT_OK;
+}
+
+/* Builds candidate c's execution plan; *built is false when cuDNN cannot build it for this
+ * graph, or the plan wants more workspace than its configuration said (the buffer's size). */
+static umt_status build(umt_conv_engines *e, candidate *c, bool *built) {
+    *built = c->plan != NULL;
+    if (*built) return UMT_OK;
+    UMT_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &c->plan));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(c->plan, PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &e->handle));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(c->plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c->config));
+    int64_t bytes = -1, count = 0;
+    *built = cudnnBackendFinalize(c->plan) == CUDNN_STATUS_SUCCESS &&
+             cudnnBackendGetAttribute(c->plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                      &count, &bytes) == CUDNN_STATUS_SUCCESS &&
+             bytes >= 0 && (size_t)bytes <= c->workspace_bytes;
+    if (!*built) {
+        cudnnBackendDestroyDescriptor(c->plan);
+        c->plan = NULL;
+    }
+    return UMT_OK;
+}
+
+/* Drops candidates from the front until the first one builds (none left: the shape has no engine). */
+static umt_status build_first(umt_conv_engines *e) {
+    bool built = false;
+    while (e->count > 0) {
+        UMT_TRY(build(e, &e->candidates[0], &built));
+        if (built) return UMT_OK;
+        release_candidate(&e->candidates[0]);
+        memmove(&e->candidates[0], &e->candidates[1], (size_t)(e->count - 1) * sizeof(candidate));
+        memset(&e->candidates[--e->count], 0, sizeof(candidate));
+    }
+    return UMT_OK;
+}
+
+/* The configurations heuristic `mode` ranks first (at most MAX_CANDIDATES), in its order;
+ * none when the mode does not take this graph. */
+static umt_status rank(umt_conv_engines *e, cudnnBackendHeurMode_t mode, cudnnBackendDescriptor_t *heuristic,
+                       cudnnBackendDescriptor_t *configs, int64_t *count) {
+    *count = 0;
+    UMT_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, heuristic));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*heuristic, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->graph[GRAPH]));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(*heuristic, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
+    if (cudnnBackendFinalize(*heuristic) != CUDNN_STATUS_SUCCESS) return UMT_OK;
+    for (int i = 0; i < MAX_CANDIDATES; i++)
+        UMT_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &configs[i]));
+    UMT_CUDNN_TRY(cudnnBackendGetAttribute(*heuristic, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                           MAX_CANDIDATES, count, configs));
+    if (*count > MAX_CANDIDATES) *count = MAX_CANDIDATES;
+    return UMT_OK;
+}
+
+/* Considers heuristic `mode`'s ranking in order. */
+static umt_status add_ranked(umt_conv_engines *e, cudnnBackendHeurMode_t mode, size_t max_workspace) {
+    cudnnBackendDescriptor_t heuristic = NULL, configs[MAX_CANDIDATES] = {NULL};
+    int64_t count = 0;
+    umt_status status = rank(e, mode, &heuristic, configs, &count);
+    for (int64_t i = 0; i < count && status == UMT_OK && e->count < MAX_CANDIDATES; i++) {
+        status = consider(e, configs[i], max_workspace);
+        configs[i] = NULL;
+    }
+    for (int i = 0; i < MAX_CANDIDATES; i++)
+        if (configs[i]) cudnnBackendDestroyDescriptor(configs[i]);
+    if (heuristic) cudnnBackendDestroyDescriptor(heuristic);
+    return status;
+}
+
+/* Keeps candidate i as the set's engine, candidates[0], and releases the others. */
+static void keep(umt_conv_engines *e, int i) {
+    candidate kept = e->candidates[i];
+    memset(&e->candidates[i], 0, sizeof kept);
+    for (int j = 0; j < e->count; j++) release_candidate(&e->candidates[j]);
+    e->candidates[0] = kept;
+    e->count = 1;
+    e->chosen = true;
+}
+
+/* UMT_CONV_TIMING: "0" no timing, "all" every candidate, otherwise when worth it. */
+static const char *timing_setting(void) {
+    const char *setting = getenv("UMT_CONV_TIMING");
+    return setting ? setting : "";
+}
+
+static umt_status no_engine(umt_conv_direction direction, const umt_conv_shape *s, size_t max_workspace) {
+    return umt_fail(UMT_ERR_UNSUPPORTED,
+                    "conv2d: cuDNN offers no deterministic %s %s engine within %zu MiB of workspace for n=%lld "
+                    "c=%lld h=%lld w=%lld k=%lld r=%lld s=%lld stride=%lld pad=%lld",
+                    umt_dtype_name(s->dtype), DIRECTION_NAMES[direction], max_workspace >> 20, (long long)s->n,
+                    (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k, (long long)s->r,
+                    (long long)s->s, (long long)s->stride, (long long)s->pad);
+}
+
+umt_status umt_cuda_conv_engines_make(cudnnHandle_t handle, const umt_conv_shape *s, umt_conv_direction direction,
+                                      bool accumulate, bool timed, size_t max_workspace, umt_conv_engines **out,
+                                      size_t *workspace_bytes) {
+    umt_conv_engines *e = (umt_conv_engines *)calloc(1, sizeof *e);
+    if (!e) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "conv2d: no host memory for a set of cuDNN engines");
+    e->handle = handle;
+    timed = timed && strcmp(timing_setting(), "0") != 0;
+    e->worth_timing_us = strcmp(timing_setting(), "all") == 0 ? 0.0f : WORTH_TIMING_US;
+    umt_status status = describe(e, s, direction, accumulate);
+    if (status == UMT_OK) status = add_ranked(e, CUDNN_HEUR_MODE_A, max_workspace);
+    if (status == UMT_OK) status = build_first(e);
+    if (status == UMT_OK && e->count == 0) status = add_ranked(e, CUDNN_HEUR_MODE_FALLBACK, max_workspace);
+    if (status == UMT_OK) status = build_first(e);
+    if (status == UMT_OK && e->count == 0) status = no_engine(direction, s, max_workspace);
+    if (status == UMT_OK && !timed) keep(e, 0);
+    if (status != UMT_OK) {
+        umt_cuda_conv_engines_free(e);
+        return status;
+    }
+    *workspace_bytes = 0;
+    for (int i = 0; i < e->count; i++)
+        if (e->candidates[i].workspace_bytes > *workspace_bytes) *workspace_bytes = e->candidates[i].workspace_bytes;
+    *out = e;
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Runs                                                                                        */
+
+/* The variant pack for these addresses: the last one when they are the same. */
+static umt_status pack_for(umt_conv_engines *e, const void *const pointers[4]) {
+    if (e->pack && memcmp(e->pack_pointers, pointers, sizeof e->pack_pointers) == 0) return UMT_OK;
+    if (e->pack) cudnnBackendDestroyDescriptor(e->pack);
+    e->pack = NULL;
+    const int64_t uids[3] = {UID_X, UID_W, UID_Y};
+    void *data[3] = {(void *)pointers[0], (void *)pointers[1], (void *)pointers[2]}, *workspace = (void *)pointers[3];
+    UMT_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &e->pack));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(e->pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(e->pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3,
+                                           data));
+    UMT_CUDNN_TRY(cudnnBackendSetAttribute(e->pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1,
+                                           &workspace));
+    UMT_CUDNN_TRY(cudnnBackendFinalize(e->pack));
+    memcpy(e->pack_pointers, pointers, sizeof e->pack_pointers);
+    return UMT_OK;
+}
+
+/* Candidate i's time for one run (the mean of TIMED_RUNS, after one to warm it up); INFINITY
+ * when cuDNN will not build or run it on these tensors after all. */
+static umt_status time_candidate(umt_conv_engines *e, int i, cudaEvent_t start, cudaEvent_t stop, float *us) {
+    *us = INFINITY;
+    bool built;
+    UMT_TRY(build(e, &e->candidates[i], &built));
+    if (!built) return UMT_OK;
+    cudnnBackendDescriptor_t plan = e->candidates[i].plan;
+    if (cudnnBackendExecute(e->handle, plan, e->pack) != CUDNN_STATUS_SUCCESS) return UMT_OK;
+    UMT_CUDA_TRY(cudaEventRecord(start, umt_cuda_stream()));
+    for (int run = 0; run < TIMED_RUNS; run++) UMT_CUDNN_TRY(cudnnBackendExecute(e->handle, plan, e->pack));
+    UMT_CUDA_TRY(cudaEventRecord(stop, umt_cuda_stream()));
+    UMT_CUDA_TRY(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    UMT_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+    *us = ms * 1000.0f / TIMED_RUNS;
+    return UMT_OK;
+}
+
+/* The fastest candidate; the first without timing the others when it is quick already. */
+static umt_status fastest(umt_conv_engines *e, int *best) {
+    cudaEvent_t start = NULL, stop = NULL;
+    umt_status status = UMT_OK;
+    if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess)
+        status = umt_fail(UMT_ERR_DEVICE, "conv2d: no CUDA events to time cuDNN's engines");
+    float best_us = INFINITY;
+    for (int i = 0; i < e->count && status == UMT_OK; i++) {
+        float us;
+        status = time_candidate(e, i, start, stop, &us);
+        if (status == UMT_OK && us < best_us) {
+            best_us = us;
+            *best = i;
+        }
+        if (i == 0 && best_us < e->worth_timing_us) break;
+    }
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    return status;
+}
+
+/* A timed set's first run: the fastest candidate, or the first when the stream is being
+ * captured into a CUDA graph. The others are released. */
+static umt_status choose(umt_conv_engines *e) {
+    cudaStreamCaptureStatus capture;
+    UMT_CUDA_TRY(cudaStreamIsCapturing(umt_cuda_stream(), &capture));
+    int best = 0;
+    if (e->count > 1 && capture == cudaStreamCaptureStatusNone) UMT_TRY(fastest(e, &best));
+    keep(e, best);
+    return UMT_OK;
+}
+
+umt_status umt_cuda_conv_engines_run(umt_conv_engines *e, const void *x, const void *w, const void *y,
+                                     void *workspace) {
+    const void *const pointers[4] = {x, w, y, workspace};
+    static const char *const names[3] = {"x", "w", "y"};
+    for (int i = 0; i < 3; i++) {
+        if ((uintptr_t)pointers[i] % TENSOR_ALIGNMENT != 0)
+            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "conv2d: %s at %p, expected %d-byte alignment (cuDNN's engines)",
+                            names[i], pointers[i], TENSOR_ALIGNMENT);
+    }
+    UMT_TRY(pack_for(e, pointers));
+    if (!e->chosen) UMT_TRY(choose(e));
+    UMT_CUDNN_TRY(cudnnBackendExecute(e->handle, e->candidates[0].plan, e->pack));
+    return UMT_OK;
+}
+
+void umt_cuda_conv_engines_free(umt_conv_engines *e) {
+    if (!e) return;
+    for (int i = 0; i < MAX_CANDIDATES; i++) release_candidate(&e->candidates[i]);
+    if (e->pack) cudnnBackendDestroyDescriptor(e->pack);
+    for (int i = DESCRIPTORS - 1; i >= 0; i--)
+        if (e->graph[i]) cudnnBackendDestroyDescriptor(e->graph[i]);
+    free(e);
+}
