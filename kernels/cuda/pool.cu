@@ -375,20 +375,27 @@ static __global__ void max_pool_forward_lp_fast_kernel(umt_pool_shape s, const v
 }
 
 /* NHWC with channels in eights: a thread takes eight neighbouring channels of one output pixel,
- * reading each window position as one 16-byte load; each lane keeps its own first maximum. */
+ * reading each window position as one 16-byte load; each lane keeps its own first maximum.
+ * WINDOW: the window's size when known at compile time (0: read from the shape). A known window
+ * unrolls the loops, so that a thread issues all its loads before it compares: with the 2x2
+ * window read in a loop, conv2's pool at batch 4096 waited on one load at a time. */
 enum { LANES = UMT_HALVES_PER_VECTOR }; /* one umt_halves8 (kernels/cuda/float16.h) */
 
-template <umt_dtype D>
-static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const uint4 *x, const float *bias, uint4 *y,
-                                                        int4 *argmax, uint64_t *pick) {
-    int groups = (int)s.c / LANES, w = (int)s.w, q = (int)s.q, p = (int)s.p, window = (int)s.window;
+template <umt_dtype D, int WINDOW>
+static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const uint4 *__restrict__ x,
+                                                        const float *__restrict__ bias, uint4 *y, int4 *argmax,
+                                                        uint64_t *pick) {
+    const int window = WINDOW ? WINDOW : (int)s.window;
+    int groups = (int)s.c / LANES, w = (int)s.w, q = (int)s.q, p = (int)s.p;
     int total = (int)(s.n * s.p * s.q) * groups;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int group = out % groups, pixel = out / groups, ox = pixel % q, oy = pixel / q % p, n = pixel / (q * p);
         int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride;
         float best[LANES];
         int best_index[LANES], best_at[LANES];
+#pragma unroll
         for (int i = 0; i < window; i++) {
+#pragma unroll
             for (int j = 0; j < window; j++) {
                 umt_halves8 v;
                 v.bits = x[((n * (int)s.h + y0 + i) * w + x0 + j) * groups + group];
@@ -513,12 +520,12 @@ static umt_status max_pool_forward_half(const umt_pool_shape *shape, const void 
     const void *picks = argmax ? (const void *)argmax : (const void *)pick;
     if (shape->n * shape->c * shape->h * shape->w < INT32_MAX && lanes_apply(shape, x, y, picks)) {
         int64_t groups = outputs / LANES;
-        if (shape->dtype == UMT_BF16)
-            LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_BF16>, *shape, (const uint4 *)x, bias, (uint4 *)y,
-                        (int4 *)argmax, (uint64_t *)pick);
-        else
-            LAUNCH_OVER(groups, max_pool_forward_lp_nhwc8_kernel<UMT_F16>, *shape, (const uint4 *)x, bias, (uint4 *)y,
-                        (int4 *)argmax, (uint64_t *)pick);
+        bool bf16 = shape->dtype == UMT_BF16, two = shape->window == 2;
+        auto kernel = bf16 ? (two ? max_pool_forward_lp_nhwc8_kernel<UMT_BF16, 2>
+                                  : max_pool_forward_lp_nhwc8_kernel<UMT_BF16, 0>)
+                           : (two ? max_pool_forward_lp_nhwc8_kernel<UMT_F16, 2>
+                                  : max_pool_forward_lp_nhwc8_kernel<UMT_F16, 0>);
+        LAUNCH_OVER(groups, kernel, *shape, (const uint4 *)x, bias, (uint4 *)y, (int4 *)argmax, (uint64_t *)pick);
         return UMT_OK;
     }
     if (shape->n * shape->c * shape->h * shape->w < INT32_MAX) {
