@@ -10,6 +10,10 @@
 # that time cuDNN's candidate engines (kernels/cuda/conv_engines.cu). Steps are told apart by the
 # batch gather that starts each one.
 # The graph is off so that every kernel is a launch of its own; the kernels are the same.
+# Caveat: conv_engines.cu times cuDNN's candidate engines on the first step, and under Nsight
+# Compute each kernel runs alone with the profiler's overhead, so the engines kept here can be
+# other (slower) ones than a plain run keeps: read the cuDNN rows as an upper bound, and take
+# their plain-run time as the step's time less the other kernels'.
 set -euo pipefail
 cd "$(dirname "$0")"
 export LD_LIBRARY_PATH="$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
