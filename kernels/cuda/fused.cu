@@ -25,6 +25,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pool_scatter.h"
 
 /* Chunk partials of the bias sums: [chunk * k + channel]. One stream runs every kernel in
  * order, so one static buffer per layout (module memory, not a pool) serves every call; a
@@ -344,18 +345,15 @@ static __global__ void max_pool_dropout_backward_kernel(umt_pool_shape s, const 
     int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, p = (int)s.p, q = (int)s.q, h = (int)s.h, w = (int)s.w;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         if (!mask[out]) continue;
-        int image, channel;
-        if (s.nhwc)
-            channel = out % c, image = out / (c * p * q);
-        else
-            channel = out / (p * q) % c, image = out / (p * q * c);
-        int pick = argmax[out], row = pick / w, col = pick % w;
-        int at = s.nhwc ? ((image * h + row) * w + col) * c + channel : ((image * c + channel) * h + row) * w + col;
+        int image, channel, oy, ox;
+        umt_dev_pool_coordinates32(s.nhwc, out, c, p, q, &image, &channel, &oy, &ox);
+        int pick = argmax[out];
+        int at = umt_dev_pool_offset32(s.nhwc, image, channel, pick / w, pick % w, c, h, w);
         /* Rounded to the dtype first: the value the unfused dropout backward would have stored. */
         float grad = load<D>(dy, out) * scale;
         if constexpr (D != UMT_F32) grad = D == UMT_BF16 ? umt_dev_bf16_to_f32(umt_dev_f32_to_bf16(grad))
                                                          : umt_dev_f16_to_f32(umt_dev_f32_to_f16(grad));
-        store<D>(dx, at, load<D>(dx, at) + grad);
+        umt_dev_scatter_add<D>(dx, at, grad);
     }
 }
 

@@ -26,6 +26,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pool_scatter.h"
 
 /* The CPU's shape check, in its words. */
 static umt_status check_pool_shape(const char *op, const umt_pool_shape *s) {
@@ -336,30 +337,20 @@ static __global__ void avg_pool_backward_lp_kernel(umt_pool_shape s, const void 
  * 32-bit coordinates (scatter_applies' bound). Same windows, picks and roundings as above. */
 template <umt_dtype D> static __device__ float load_f32(const void *x, int i) { return umt_dev_load_as_f32(x, D, i); }
 
-static __device__ int offset32(bool nhwc, int n, int ch, int row, int col, int c, int h, int w) {
-    return nhwc ? ((n * h + row) * w + col) * c + ch : ((n * c + ch) * h + row) * w + col;
-}
-
-static __device__ void coordinates32(bool nhwc, int i, int c, int h, int w, int *n, int *ch, int *row, int *col) {
-    if (nhwc) {
-        *ch = i % c, *col = i / c % w, *row = i / (c * w) % h, *n = i / (c * w * h);
-    } else {
-        *col = i % w, *row = i / w % h, *ch = i / (w * h) % c, *n = i / (w * h * c);
-    }
-}
-
 template <umt_dtype D>
 static __global__ void max_pool_forward_lp_fast_kernel(umt_pool_shape s, const void *x, const float *bias, void *y,
                                                        int32_t *argmax, uint8_t *pick) {
     int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, h = (int)s.h, w = (int)s.w, window = (int)s.window;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int n, ch, oy, ox;
-        coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
+        umt_dev_pool_coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
         int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride, best_index = y0 * w + x0, best_at = 0;
-        float best = biased_relu(load_f32<D>(x, offset32(s.nhwc, n, ch, y0, x0, c, h, w)), bias, ch, D);
+        float best =
+            biased_relu(load_f32<D>(x, umt_dev_pool_offset32(s.nhwc, n, ch, y0, x0, c, h, w)), bias, ch, D);
         for (int i = 0; i < window; i++) {
             for (int j = 0; j < window; j++) {
-                float v = biased_relu(load_f32<D>(x, offset32(s.nhwc, n, ch, y0 + i, x0 + j, c, h, w)), bias, ch, D);
+                int at = umt_dev_pool_offset32(s.nhwc, n, ch, y0 + i, x0 + j, c, h, w);
+                float v = biased_relu(load_f32<D>(x, at), bias, ch, D);
                 if (takes_over(v, best)) {
                     best = v;
                     best_index = (y0 + i) * w + x0 + j, best_at = i * window + j;
@@ -426,10 +417,10 @@ static __global__ void max_pool_backward_lp_scatter_kernel(umt_pool_shape s, con
     int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, h = (int)s.h, w = (int)s.w;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int n, ch, oy, ox, row, col;
-        coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
+        umt_dev_pool_coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
         if (!pick_in_window(argmax[out], oy, ox, w, (int)s.window, (int)s.stride, &row, &col)) continue;
-        int at = offset32(s.nhwc, n, ch, row, col, c, h, w);
-        umt_dev_store_from_f32(dx, D, at, load_f32<D>(dx, at) + (0.0f + load_f32<D>(dy, out)));
+        int at = umt_dev_pool_offset32(s.nhwc, n, ch, row, col, c, h, w);
+        umt_dev_scatter_add<D>(dx, at, 0.0f + load_f32<D>(dy, out));
     }
 }
 
@@ -463,13 +454,13 @@ static __global__ void pick_scatter_kernel(umt_pool_shape s, const uint8_t *pick
     int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, h = (int)s.h, w = (int)s.w, window = (int)s.window;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int n, ch, oy, ox;
-        coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
-        int at = offset32(s.nhwc, n, ch, oy * (int)s.stride + pick[out] / window, ox * (int)s.stride + pick[out] % window,
-                          c, h, w);
+        umt_dev_pool_coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
+        int at = umt_dev_pool_offset32(s.nhwc, n, ch, oy * (int)s.stride + pick[out] / window,
+                                       ox * (int)s.stride + pick[out] % window, c, h, w);
         if constexpr (D == UMT_F32)
             ((float *)dx)[at] = __fadd_rn(((float *)dx)[at], ((const float *)dy)[out]);
         else
-            umt_dev_store_from_f32(dx, D, at, load_f32<D>(dx, at) + (0.0f + load_f32<D>(dy, out)));
+            umt_dev_scatter_add<D>(dx, at, 0.0f + load_f32<D>(dy, out));
     }
 }
 
