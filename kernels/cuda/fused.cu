@@ -21,6 +21,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cuda/bias_rows.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
@@ -38,9 +39,6 @@ static __device__ double plane_partials[PARTIALS];
 template <umt_dtype D> static __device__ float load(const void *p, int64_t i) { return umt_dev_load_as_f32(p, D, i); }
 template <umt_dtype D> static __device__ void store(void *p, int64_t i, float v) { umt_dev_store_from_f32(p, D, i, v); }
 
-/* Written as "v < 0 ? 0 : v" so that a NaN passes through, as umt_cpu_relu does. */
-static __device__ float relu(float v) { return v < 0.0f ? 0.0f : v; }
-
 /* The gradient that passes where y > 0: dy itself (scale 0: bias_relu_backward), or after a
  * dropout (scale 1/(1-p): bias_relu_max_pool_dropout_backward) 0 + dy * scale rounded to the
  * dtype, as the dropout's backward stores it into a zeroed gradient. */
@@ -57,23 +55,14 @@ template <umt_dtype D> static __device__ float passed(float g, float scale) {
 /* Channels last (NHWC, or a linear layer's rows): element i is channel i % k. */
 template <umt_dtype D>
 static __global__ void bias_relu_rows_kernel(const void *x, const float *bias, void *y, int64_t count, int64_t k) {
-    FOR_EACH_INDEX(i, count) store<D>(y, i, relu(load<D>(x, i) + (bias ? bias[i % k] : 0.0f)));
+    FOR_EACH_INDEX(i, count) store<D>(y, i, umt_dev_relu(load<D>(x, i) + (bias ? bias[i % k] : 0.0f)));
 }
 
-/* Eight halves per 16-byte load; k % 8 == 0, so a vector's values are channels first..first+7. */
+/* Eight halves per 16-byte load (k % 8 == 0): lowp.cu's bias rows with the ReLU. */
 template <umt_dtype D>
 static __global__ void bias_relu_rows_vector_kernel(const uint4 *x, const float *bias, uint4 *y, int64_t vectors,
                                                     int64_t k) {
-    FOR_EACH_INDEX(v, vectors) {
-        umt_halves8 in, out;
-        in.bits = x[v];
-        int64_t first = v * VECTOR % k;
-        for (int e = 0; e < VECTOR; e++) {
-            float sum = load<D>(in.h, e) + (bias ? bias[first + e] : 0.0f);
-            out.h[e] = umt_dev_narrow<D>(relu(sum));
-        }
-        y[v] = out.bits;
-    }
+    umt_dev_bias_rows_vectors<D, true>(x, bias, y, vectors, k);
 }
 
 /* NCHW: a block per plane (grid-strided), so the channel is known without a division per pixel. */
@@ -83,7 +72,7 @@ static __global__ void bias_relu_planes_kernel(const void *x, const float *bias,
     for (int64_t plane = blockIdx.x; plane < planes; plane += gridDim.x) {
         float b = bias ? bias[plane % k] : 0.0f;
         for (int64_t i = plane * hw + threadIdx.x; i < (plane + 1) * hw; i += blockDim.x)
-            store<D>(y, i, relu(load<D>(x, i) + b));
+            store<D>(y, i, umt_dev_relu(load<D>(x, i) + b));
     }
 }
 
