@@ -235,6 +235,17 @@ static int64_t chunks_for(int64_t items, int64_t tiles, int64_t k, int64_t *per_
     return (items + *per_chunk - 1) / *per_chunk;
 }
 
+/* After a first stage's launch (checked here): with several chunks, the second stage adds the
+ * chunks' partials of T into dbias; one chunk wrote dbias itself. */
+template <typename T> static umt_status finish_sums(float *dbias, int64_t k, int64_t chunks) {
+    UMT_CUDA_LAUNCHED();
+    if (chunks > 1 && dbias) {
+        add_partials_kernel<T><<<umt_chunk_sum_blocks(k), THREADS, 0, umt_cuda_stream()>>>(dbias, k, (int)chunks);
+        UMT_CUDA_LAUNCHED();
+    }
+    return UMT_OK;
+}
+
 template <umt_dtype D>
 static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows, int64_t k, float scale) {
     cudaStream_t stream = umt_cuda_stream();
@@ -257,12 +268,7 @@ static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows,
         mask_rows_kernel<D><<<dim3((unsigned int)tiles, (unsigned int)chunks), dim3(SUM_COLUMNS, SUM_ROW_GROUPS), 0,
                               stream>>>(y, dy, dbias, rows, k, per_chunk, chunks > 1, scale);
     }
-    UMT_CUDA_LAUNCHED();
-    if (chunks > 1 && dbias) {
-        add_partials_kernel<float><<<umt_chunk_sum_blocks(k), THREADS, 0, stream>>>(dbias, k, (int)chunks);
-        UMT_CUDA_LAUNCHED();
-    }
-    return UMT_OK;
+    return finish_sums<float>(dbias, k, chunks);
 }
 
 template <umt_dtype D>
@@ -273,12 +279,7 @@ static umt_status mask_planes(const void *y, void *dy, float *dbias, int64_t n, 
     int64_t per_chunk = 0, chunks = chunks_for(n, k, k, &per_chunk);
     mask_planes_kernel<D><<<dim3((unsigned int)k, (unsigned int)chunks), THREADS, 0, stream>>>(
         y, dy, dbias, n, k, hw, per_chunk, chunks > 1, scale);
-    UMT_CUDA_LAUNCHED();
-    if (chunks > 1 && dbias) {
-        add_partials_kernel<double><<<umt_chunk_sum_blocks(k), THREADS, 0, stream>>>(dbias, k, (int)chunks);
-        UMT_CUDA_LAUNCHED();
-    }
-    return UMT_OK;
+    return finish_sums<double>(dbias, k, chunks);
 }
 
 /* scale 0: bias_relu_backward; else the gradient after a dropout (passed() above). */
