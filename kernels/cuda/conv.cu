@@ -375,12 +375,19 @@ static umt_status plan_for_call_lp(const char *op, const umt_conv_shape *s, cons
     return plan_for_call(op, s, workspace, workspace_bytes, out);
 }
 
+/* The forward on the call's plan p (found once by the entry point): the thin kernel where it
+ * takes the shape, else the plan's engines. */
+static umt_status forward_lp(const conv_plan *p, const umt_conv_shape *shape, const void *x, const void *w, void *y,
+                             void *workspace) {
+    if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, NULL, false, y);
+    return umt_cuda_conv_engines_run(p->engines[FORWARD], x, w, y, workspace);
+}
+
 extern "C" umt_status umt_cuda_conv2d_forward_lp(const umt_conv_shape *shape, const void *x, const void *w, void *y,
                                                  void *workspace, size_t workspace_bytes) {
     const conv_plan *p;
     UMT_TRY(plan_for_call_lp("conv2d_forward_lp", shape, workspace, workspace_bytes, &p));
-    if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, NULL, false, y);
-    return umt_cuda_conv_engines_run(p->engines[FORWARD], x, w, y, workspace);
+    return forward_lp(p, shape, x, w, y, workspace);
 }
 
 /* overwrite: beta 0, so cuDNN neither reads dx nor needs it zeroed first. */
@@ -392,10 +399,9 @@ extern "C" umt_status umt_cuda_conv2d_backward_data_lp(const umt_conv_shape *sha
     return umt_cuda_conv_engines_run(p->engines[overwrite ? DATA_WRITTEN : DATA_ADDED], dx, w, dy, workspace);
 }
 
-extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *shape, const void *x, const void *dy,
-                                                         float *dw, void *workspace, size_t workspace_bytes) {
-    const conv_plan *p;
-    UMT_TRY(plan_for_call_lp("conv2d_backward_filter_lp", shape, workspace, workspace_bytes, &p));
+/* The weight gradient on the call's plan p, as forward_lp. */
+static umt_status backward_filter_lp(const conv_plan *p, const umt_conv_shape *shape, const void *x, const void *dy,
+                                     float *dw, void *workspace) {
     if (umt_cuda_conv_thin_takes(shape, dy, workspace))
         return umt_cuda_conv2d_backward_filter_thin(shape, x, NULL, (void *)dy, false, dw, NULL, workspace);
     void *scratch = (char *)workspace + filter_scratch_offset(p);
@@ -403,6 +409,13 @@ extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *s
     /* K,R,S,C half -> += into K,C,R,S f32: k "images" of c channels of r*s pixels. */
     const umt_conv_shape *s = shape;
     return umt_cuda_recast(scratch, s->dtype, true, dw, UMT_F32, false, s->k, s->c, s->r * s->s, true);
+}
+
+extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *shape, const void *x, const void *dy,
+                                                         float *dw, void *workspace, size_t workspace_bytes) {
+    const conv_plan *p;
+    UMT_TRY(plan_for_call_lp("conv2d_backward_filter_lp", shape, workspace, workspace_bytes, &p));
+    return backward_filter_lp(p, shape, x, dy, dw, workspace);
 }
 
 /* Convolution + bias + ReLU fused: thin shapes only (conv_thin.cu); a call whose tensors are
@@ -415,7 +428,7 @@ extern "C" umt_status umt_cuda_conv2d_relu_forward_lp(const umt_conv_shape *shap
     const conv_plan *p;
     UMT_TRY(plan_for_call_lp("conv2d_relu_forward_lp", shape, workspace, workspace_bytes, &p));
     if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, bias, true, y);
-    UMT_TRY(umt_cuda_conv2d_forward_lp(shape, x, w, y, workspace, workspace_bytes));
+    UMT_TRY(forward_lp(p, shape, x, w, y, workspace));
     return umt_cuda_bias_relu(shape->dtype, true, y, bias, y, shape->n, shape->k, shape->p * shape->q);
 }
 
@@ -428,7 +441,7 @@ extern "C" umt_status umt_cuda_conv2d_relu_backward_filter_lp(const umt_conv_sha
     if (umt_cuda_conv_thin_takes(shape, dy, workspace) && umt_cuda_conv_thin_takes(shape, y, y))
         return umt_cuda_conv2d_backward_filter_thin(shape, x, y, dy, keep_dy, dw, dbias, workspace);
     UMT_TRY(umt_cuda_bias_relu_backward(shape->dtype, true, y, dy, dbias, shape->n, shape->k, shape->p * shape->q));
-    return umt_cuda_conv2d_backward_filter_lp(shape, x, dy, dw, workspace, workspace_bytes);
+    return backward_filter_lp(p, shape, x, dy, dw, workspace);
 }
 
 /* ------------------------------------------------------------------------------------------ */
