@@ -23,34 +23,11 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/pool_scatter.h"
-
-/* The CPU's shape check, in its words. */
-static umt_status check_pool_shape(const char *op, const umt_pool_shape *s) {
-    if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->window < 1 || s->stride < 1) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
-                        "%s: n=%lld c=%lld h=%lld w=%lld window=%lld stride=%lld, expected all >= 1", op,
-                        (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->window,
-                        (long long)s->stride);
-    }
-    if (s->window > s->h || s->window > s->w) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: window %lld larger than the input %lldx%lld", op,
-                        (long long)s->window, (long long)s->h, (long long)s->w);
-    }
-    int64_t p = (s->h - s->window) / s->stride + 1, q = (s->w - s->window) / s->stride + 1;
-    if (s->p != p || s->q != q) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: output %lldx%lld, expected %lldx%lld for this input and window",
-                        op, (long long)s->p, (long long)s->q, (long long)p, (long long)q);
-    }
-    if (s->h > INT32_MAX / s->w) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: plane %lldx%lld has more than INT32_MAX elements", op,
-                        (long long)s->h, (long long)s->w);
-    }
-    return UMT_OK;
-}
 
 /* One thread per element of n (n >= 1 once the shape is checked). The kernels take the shape by
  * value, so it travels in the launch's parameters. */
@@ -165,14 +142,14 @@ static bool scatter_applies(const umt_pool_shape *s) {
 
 extern "C" umt_status umt_cuda_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y,
                                                 int32_t *argmax) {
-    UMT_TRY(check_pool_shape("max_pool_forward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("max_pool_forward", shape));
     LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_kernel, *shape, x, NULL, y, argmax, NULL);
     return UMT_OK;
 }
 
 extern "C" umt_status umt_cuda_max_pool_backward(const umt_pool_shape *shape, const int32_t *argmax, const float *dy,
                                                  float *dx) {
-    UMT_TRY(check_pool_shape("max_pool_backward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("max_pool_backward", shape));
     if (scatter_applies(shape)) {
         LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_backward_scatter_kernel, *shape, argmax, dy, dx);
         return UMT_OK;
@@ -219,13 +196,13 @@ static __global__ void avg_pool_backward_kernel(umt_pool_shape s, const float *d
 }
 
 extern "C" umt_status umt_cuda_avg_pool_forward(const umt_pool_shape *shape, const float *x, float *y) {
-    UMT_TRY(check_pool_shape("avg_pool_forward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("avg_pool_forward", shape));
     LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, avg_pool_forward_kernel, *shape, x, y);
     return UMT_OK;
 }
 
 extern "C" umt_status umt_cuda_avg_pool_backward(const umt_pool_shape *shape, const float *dy, float *dx) {
-    UMT_TRY(check_pool_shape("avg_pool_backward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("avg_pool_backward", shape));
     LAUNCH_OVER(shape->n * shape->c * shape->h * shape->w, avg_pool_backward_kernel, *shape, dy, dx);
     return UMT_OK;
 }
@@ -493,7 +470,7 @@ static __global__ void pick_write_nhwc8_kernel(umt_pool_shape s, const uint64_t 
 static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
     if (s->dtype != UMT_BF16 && s->dtype != UMT_F16)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: dtype %s (expected bf16 or f16)", op, umt_dtype_name(s->dtype));
-    return check_pool_shape(op, s);
+    return umt_cpu_check_pool_shape(op, s);
 }
 
 /* The half-precision forward, with or without a bias and ReLU on the way in (checked shape),
@@ -542,7 +519,7 @@ extern "C" umt_status umt_cuda_bias_relu_max_pool_forward(const umt_pool_shape *
         UMT_TRY(check_pool_shape_lp("bias_relu_max_pool_forward", s));
         return max_pool_forward_half(s, x, bias, y, NULL, pick);
     }
-    UMT_TRY(check_pool_shape("bias_relu_max_pool_forward", s));
+    UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_forward", s));
     LAUNCH_OVER(s->n * s->c * s->p * s->q, max_pool_forward_kernel, *s, (const float *)x, bias, (float *)y, NULL, pick);
     return UMT_OK;
 }
@@ -585,7 +562,7 @@ extern "C" umt_status umt_cuda_avg_pool_backward_lp(const umt_pool_shape *shape,
 
 extern "C" umt_status umt_cuda_pick_scatter(const umt_pool_shape *s, const uint8_t *pick, const void *dy, void *dx,
                                             bool fresh) {
-    UMT_TRY(check_pool_shape("bias_relu_max_pool_dropout_backward", s));
+    UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_dropout_backward", s));
     if (!scatter_applies(s) || s->window > 16)
         return umt_fail(UMT_ERR_UNSUPPORTED,
                         "bias_relu_max_pool_dropout_backward: window %lld, stride %lld, %lld elements (expected stride "
