@@ -10,16 +10,14 @@
 # with every run's images/s; logs go to $OUT (or /tmp/umt_graph_speed).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-bundle="$(dirname "$here")"
-export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# shellcheck source=bench/common.sh
+source "$here/common.sh"
 logs="${OUT:-/tmp/umt_graph_speed}"
 mkdir -p "$logs"
 precision="${PRECISION:-bf16}"
 repeats="${REPEATS:-2}"
 log="$logs/graph_speed.log"
 : > "$log"
-# About a second of timed work per batch size.
-steps_for() { case $1 in 64) echo 1000 ;; 512) echo 400 ;; *) echo 100 ;; esac; }
 
 # images/s of one bench run, or "failed".
 bench() {

@@ -12,27 +12,26 @@
 # measured rates) with our percentage of it. Logs go to $OUT (or /tmp/umt_speed).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-bundle="$(dirname "$here")"
-export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# shellcheck source=bench/common.sh
+source "$here/common.sh"
 logs="${OUT:-/tmp/umt_speed}"
 mkdir -p "$logs"
 precision="${PRECISION:-bf16}"
 batches="${BATCHES:-64 512 4096}"
 modes="${MODES:-eager,default,reduce-overhead}"
 scale="${STEPS_SCALE:-1}"
-# About a second of timed work per batch size.
-steps_for() { python3 -c "print(max(20, int({64: 1000, 512: 400, 4096: 100}.get($1, 100) * $scale)))"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$logs/speed_gpu.txt"
 : > "$logs/speed_ours.log"
 for batch in $batches; do
     echo "== ours batch $batch" >> "$logs/speed_ours.log"
-    timeout 120 "$bundle/bin/mnist_cnn" --device cuda --data-dir "$bundle/data" --bench "$(steps_for "$batch")" \
-        --batch-size "$batch" --precision "$precision" >> "$logs/speed_ours.log" 2>&1
+    timeout 120 "$bundle/bin/mnist_cnn" --device cuda --data-dir "$bundle/data" \
+        --bench "$(steps_for "$batch" "$scale")" --batch-size "$batch" --precision "$precision" \
+        >> "$logs/speed_ours.log" 2>&1
 done
 batch_list=$(echo $batches | tr ' ' ',')
 timeout 400 python3 "$bundle/torch_ref.py" --dtype "$precision" --batches "$batch_list" --modes "$modes" --floor \
-    --steps "$(steps_for 512)" > "$logs/speed_torch.log" 2>&1
+    --steps "$(steps_for 512 "$scale")" > "$logs/speed_torch.log" 2>&1
 tail -n 3 "$logs/speed_torch.log"
 python3 "$here/speed_table.py" --precision "$precision" --gpu "$(cat "$logs/speed_gpu.txt")" \
     "$logs/speed_ours.log" "$logs/speed_torch.log" | tee "$logs/speed_table.md"

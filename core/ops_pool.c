@@ -124,6 +124,11 @@ static umt_status bias_relu_pool_dropout_backward(umt_context *ctx, const umt_no
                                                              umt_input_grad(node, 1), node->fparam);
 }
 
+/* The backward puts each output's gradient on its one pick: windows may not share inputs. */
+bool umt_bias_relu_max_pool2d_dropout_supports(int64_t window, int64_t stride) {
+    return stride >= window && window <= 16;
+}
+
 static umt_status check_bias_relu_pool(const umt_tensor *x, const umt_tensor *bias, int64_t window, int64_t stride,
                                        float p) {
     const char *op = "umt_bias_relu_max_pool2d_dropout";
@@ -133,8 +138,7 @@ static umt_status check_bias_relu_pool(const umt_tensor *x, const umt_tensor *bi
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: bias has %lld elements for %lld channels", op,
                         (long long)bias->shape[0], (long long)x->shape[1]);
     if (!(p >= 0.0f && p < 1.0f)) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: p = %g (expected 0 <= p < 1)", op, p);
-    /* The backward puts each output's gradient on its one pick: windows may not share inputs. */
-    if (stride < window || window > 16)
+    if (!umt_bias_relu_max_pool2d_dropout_supports(window, stride))
         return umt_fail(UMT_ERR_UNSUPPORTED, "%s: window %lld, stride %lld (expected stride >= window and window <= "
                         "16, a pick in one byte; otherwise umt_conv2d_relu and umt_max_pool2d_dropout)", op,
                         (long long)window, (long long)stride);

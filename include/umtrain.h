@@ -356,6 +356,9 @@ umt_tensor *umt_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, int64_t wind
  * output is never written. Windows apart (stride >= window). */
 umt_tensor *umt_bias_relu_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, umt_tensor *bias, int64_t window,
                                              int64_t stride, float p);
+/* Whether umt_bias_relu_max_pool2d_dropout takes this window and stride: windows apart (stride >=
+ * window) and window <= 16 (a pick in one byte). */
+bool umt_bias_relu_max_pool2d_dropout_supports(int64_t window, int64_t stride);
 /* Batch norm over the channels of x [N,C,H,W] (or [N,C]): gamma, beta [C] parameters,
  * running_mean, running_var [C] buffers updated by momentum in training. */
 umt_tensor *umt_batch_norm(umt_context *ctx, umt_tensor *x, umt_tensor *gamma, umt_tensor *beta,

@@ -63,7 +63,7 @@ umt_tensor *umt_layer_forward_relu_max_pool2d_dropout(umt_context *ctx, umt_laye
         return NULL;
     }
     /* The bias and ReLU then ride on the pool (core/ops_pool.c), which needs windows apart. */
-    if (layer->product && layer->bias && stride >= window && window <= 16)
+    if (layer->product && layer->bias && umt_bias_relu_max_pool2d_dropout_supports(window, stride))
         return umt_bias_relu_max_pool2d_dropout(ctx, layer->product(ctx, layer, x), layer->bias, window, stride, p);
     return umt_max_pool2d_dropout(ctx, umt_layer_forward_relu(ctx, layer, x), window, stride, p);
 }

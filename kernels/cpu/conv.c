@@ -25,7 +25,7 @@
 
 /* Every size positive, stride >= 1, pad >= 0, the filter fits the padded input, and p, q as
  * core/backend.h defines them: an op that computed them differently is caught here. */
-static umt_status check_conv_shape(const char *op, const umt_conv_shape *s) {
+umt_status umt_conv_check_shape(const char *op, const umt_conv_shape *s) {
     if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->k < 1 || s->r < 1 || s->s < 1 || s->stride < 1 ||
         s->pad < 0) {
         return umt_fail(UMT_ERR_INVALID_ARGUMENT,
@@ -50,7 +50,7 @@ static umt_status check_conv_shape(const char *op, const umt_conv_shape *s) {
 /* The elements of one image's cols, c*r*s*p*q, after checking the shape; their byte count
  * must fit in 64 bits. */
 static umt_status cols_numel(const char *op, const umt_conv_shape *s, int64_t *numel) {
-    UMT_TRY(check_conv_shape(op, s));
+    UMT_TRY(umt_conv_check_shape(op, s));
     const int64_t factors[5] = {s->c, s->r, s->s, s->p, s->q};
     int64_t product = 1;
     for (int f = 0; f < 5; f++) {
@@ -178,7 +178,7 @@ umt_status umt_cpu_conv2d_backward_filter(const umt_conv_shape *shape, const flo
 /* Per-channel bias                                                                            */
 
 /* Refuses a negative count: n, k or hw of 0 is an empty tensor and does nothing. */
-static umt_status check_channel_sizes(const char *op, int64_t n, int64_t k, int64_t hw) {
+umt_status umt_conv_check_channel_sizes(const char *op, int64_t n, int64_t k, int64_t hw) {
     if (n < 0 || k < 0 || hw < 0) {
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: n=%lld k=%lld hw=%lld, expected sizes >= 0", op, (long long)n,
                         (long long)k, (long long)hw);
@@ -188,7 +188,7 @@ static umt_status check_channel_sizes(const char *op, int64_t n, int64_t k, int6
 
 /* y = x + bias per channel; the ops pass y == x, which is the "y += bias" of core/backend.h. */
 umt_status umt_cpu_add_channel_bias(const float *x, const float *bias, float *y, int64_t n, int64_t k, int64_t hw) {
-    UMT_TRY(check_channel_sizes("add_channel_bias", n, k, hw));
+    UMT_TRY(umt_conv_check_channel_sizes("add_channel_bias", n, k, hw));
     for (int64_t img = 0; img < n; img++) {
         for (int64_t ch = 0; ch < k; ch++) {
             const float *x_plane = x + (img * k + ch) * hw;
@@ -200,7 +200,7 @@ umt_status umt_cpu_add_channel_bias(const float *x, const float *bias, float *y,
 }
 
 umt_status umt_cpu_sum_channel_bias(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw) {
-    UMT_TRY(check_channel_sizes("sum_channel_bias", n, k, hw));
+    UMT_TRY(umt_conv_check_channel_sizes("sum_channel_bias", n, k, hw));
     /* Each channel's n*hw terms summed in double, then added once: the result does not depend
      * on how a batch's terms were split, up to the final rounding. */
     for (int64_t ch = 0; ch < k; ch++) {

@@ -34,6 +34,8 @@ float umt_f16_to_f32(uint16_t x);
 umt_status umt_gemm_check_arguments(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda,
                                     int64_t ldb, int64_t ldc);
 umt_status umt_convert_check_arguments(umt_dtype src_dtype, umt_dtype dst_dtype, int64_t n);
+umt_status umt_conv_check_shape(const char *op, const umt_conv_shape *s);
+umt_status umt_conv_check_channel_sizes(const char *op, int64_t n, int64_t k, int64_t hw);
 
 /* gemm.c */
 umt_status umt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
@@ -92,7 +94,7 @@ umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *sha
                                                        const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
                                                        float p);
 
-/* pool.c (the shape check and the pick rule are shared with fused.c) */
+/* pool.c (the shape check is shared with fused.c and the CUDA backend, the pick rule with fused.c) */
 /* Whether value replaces best as a window's pick: strictly greater keeps the first of equal
  * maxima; a NaN replaces a number but not an earlier NaN. */
 static inline bool umt_cpu_takes_over(float value, float best) {

@@ -40,6 +40,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/conv_engines.h"
 #include "kernels/cuda/conv_thin.h"
@@ -74,29 +75,7 @@ static conv_plan plans[PLAN_SLOTS];
 static int next_given_up; /* the slot a full table reuses next */
 
 /* ------------------------------------------------------------------------------------------ */
-/* Shape checks (the CPU's, in its words)                                                      */
-
-static umt_status check_conv_shape(const char *op, const umt_conv_shape *s) {
-    if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->k < 1 || s->r < 1 || s->s < 1 || s->stride < 1 ||
-        s->pad < 0) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
-                        "%s: n=%lld c=%lld h=%lld w=%lld k=%lld r=%lld s=%lld stride=%lld pad=%lld, expected sizes "
-                        "and stride >= 1, pad >= 0",
-                        op, (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k,
-                        (long long)s->r, (long long)s->s, (long long)s->stride, (long long)s->pad);
-    }
-    if (s->h + 2 * s->pad < s->r || s->w + 2 * s->pad < s->s) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: filter %lldx%lld larger than the padded input %lldx%lld", op,
-                        (long long)s->r, (long long)s->s, (long long)(s->h + 2 * s->pad),
-                        (long long)(s->w + 2 * s->pad));
-    }
-    int64_t p = (s->h + 2 * s->pad - s->r) / s->stride + 1, q = (s->w + 2 * s->pad - s->s) / s->stride + 1;
-    if (s->p != p || s->q != q) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: output %lldx%lld, expected %lldx%lld for this input and filter",
-                        op, (long long)s->p, (long long)s->q, (long long)p, (long long)q);
-    }
-    return UMT_OK;
-}
+/* Shape checks (the CPU's, kernels/cpu/conv.c, and cuDNN's limits)                           */
 
 /* cuDNN's descriptors take int sizes and strides; every size is at most its tensor's numel. */
 static umt_status check_cudnn_limits(const char *op, const umt_conv_shape *s) {
@@ -292,7 +271,7 @@ static conv_plan *free_slot(void) {
 
 /* The plan for a checked shape, made on first use. */
 static umt_status plan_for(const char *op, const umt_conv_shape *s, const conv_plan **out) {
-    UMT_TRY(check_conv_shape(op, s));
+    UMT_TRY(umt_conv_check_shape(op, s));
     UMT_TRY(check_cudnn_limits(op, s));
     for (int i = 0; i < PLAN_SLOTS; i++) {
         if (plans[i].used && same_shape(&plans[i].shape, s)) {
@@ -375,12 +354,19 @@ static umt_status plan_for_call_lp(const char *op, const umt_conv_shape *s, cons
     return plan_for_call(op, s, workspace, workspace_bytes, out);
 }
 
+/* The forward on the call's plan p (found once by the entry point): the thin kernel where it
+ * takes the shape, else the plan's engines. */
+static umt_status forward_lp(const conv_plan *p, const umt_conv_shape *shape, const void *x, const void *w, void *y,
+                             void *workspace) {
+    if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, NULL, false, y);
+    return umt_cuda_conv_engines_run(p->engines[FORWARD], x, w, y, workspace);
+}
+
 extern "C" umt_status umt_cuda_conv2d_forward_lp(const umt_conv_shape *shape, const void *x, const void *w, void *y,
                                                  void *workspace, size_t workspace_bytes) {
     const conv_plan *p;
     UMT_TRY(plan_for_call_lp("conv2d_forward_lp", shape, workspace, workspace_bytes, &p));
-    if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, NULL, false, y);
-    return umt_cuda_conv_engines_run(p->engines[FORWARD], x, w, y, workspace);
+    return forward_lp(p, shape, x, w, y, workspace);
 }
 
 /* overwrite: beta 0, so cuDNN neither reads dx nor needs it zeroed first. */
@@ -392,10 +378,9 @@ extern "C" umt_status umt_cuda_conv2d_backward_data_lp(const umt_conv_shape *sha
     return umt_cuda_conv_engines_run(p->engines[overwrite ? DATA_WRITTEN : DATA_ADDED], dx, w, dy, workspace);
 }
 
-extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *shape, const void *x, const void *dy,
-                                                         float *dw, void *workspace, size_t workspace_bytes) {
-    const conv_plan *p;
-    UMT_TRY(plan_for_call_lp("conv2d_backward_filter_lp", shape, workspace, workspace_bytes, &p));
+/* The weight gradient on the call's plan p, as forward_lp. */
+static umt_status backward_filter_lp(const conv_plan *p, const umt_conv_shape *shape, const void *x, const void *dy,
+                                     float *dw, void *workspace) {
     if (umt_cuda_conv_thin_takes(shape, dy, workspace))
         return umt_cuda_conv2d_backward_filter_thin(shape, x, NULL, (void *)dy, false, dw, NULL, workspace);
     void *scratch = (char *)workspace + filter_scratch_offset(p);
@@ -403,6 +388,13 @@ extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *s
     /* K,R,S,C half -> += into K,C,R,S f32: k "images" of c channels of r*s pixels. */
     const umt_conv_shape *s = shape;
     return umt_cuda_recast(scratch, s->dtype, true, dw, UMT_F32, false, s->k, s->c, s->r * s->s, true);
+}
+
+extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *shape, const void *x, const void *dy,
+                                                         float *dw, void *workspace, size_t workspace_bytes) {
+    const conv_plan *p;
+    UMT_TRY(plan_for_call_lp("conv2d_backward_filter_lp", shape, workspace, workspace_bytes, &p));
+    return backward_filter_lp(p, shape, x, dy, dw, workspace);
 }
 
 /* Convolution + bias + ReLU fused: thin shapes only (conv_thin.cu); a call whose tensors are
@@ -415,7 +407,7 @@ extern "C" umt_status umt_cuda_conv2d_relu_forward_lp(const umt_conv_shape *shap
     const conv_plan *p;
     UMT_TRY(plan_for_call_lp("conv2d_relu_forward_lp", shape, workspace, workspace_bytes, &p));
     if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, bias, true, y);
-    UMT_TRY(umt_cuda_conv2d_forward_lp(shape, x, w, y, workspace, workspace_bytes));
+    UMT_TRY(forward_lp(p, shape, x, w, y, workspace));
     return umt_cuda_bias_relu(shape->dtype, true, y, bias, y, shape->n, shape->k, shape->p * shape->q);
 }
 
@@ -428,19 +420,11 @@ extern "C" umt_status umt_cuda_conv2d_relu_backward_filter_lp(const umt_conv_sha
     if (umt_cuda_conv_thin_takes(shape, dy, workspace) && umt_cuda_conv_thin_takes(shape, y, y))
         return umt_cuda_conv2d_backward_filter_thin(shape, x, y, dy, keep_dy, dw, dbias, workspace);
     UMT_TRY(umt_cuda_bias_relu_backward(shape->dtype, true, y, dy, dbias, shape->n, shape->k, shape->p * shape->q));
-    return umt_cuda_conv2d_backward_filter_lp(shape, x, dy, dw, workspace, workspace_bytes);
+    return backward_filter_lp(p, shape, x, dy, dw, workspace);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Per-channel bias                                                                            */
-
-static umt_status check_channel_sizes(const char *op, int64_t n, int64_t k, int64_t hw) {
-    if (n < 0 || k < 0 || hw < 0) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: n=%lld k=%lld hw=%lld, expected sizes >= 0", op, (long long)n,
-                        (long long)k, (long long)hw);
-    }
-    return UMT_OK;
-}
 
 static __global__ void add_channel_bias_kernel(const float *x, const float *bias, float *y, int64_t n, int64_t k,
                                                int64_t hw) {
@@ -497,7 +481,7 @@ static __global__ void add_channel_chunks_kernel(float *dbias, int64_t k, int ch
 
 extern "C" umt_status umt_cuda_add_channel_bias(const float *x, const float *bias, float *y, int64_t n, int64_t k,
                                                 int64_t hw) {
-    UMT_TRY(check_channel_sizes("add_channel_bias", n, k, hw));
+    UMT_TRY(umt_conv_check_channel_sizes("add_channel_bias", n, k, hw));
     if (n == 0 || k == 0 || hw == 0) return UMT_OK;
     add_channel_bias_kernel<<<blocks_for(n * k * hw), THREADS, 0, umt_cuda_stream()>>>(x, bias, y, n, k, hw);
     UMT_CUDA_LAUNCHED();
@@ -505,7 +489,7 @@ extern "C" umt_status umt_cuda_add_channel_bias(const float *x, const float *bia
 }
 
 extern "C" umt_status umt_cuda_sum_channel_bias(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw) {
-    UMT_TRY(check_channel_sizes("sum_channel_bias", n, k, hw));
+    UMT_TRY(umt_conv_check_channel_sizes("sum_channel_bias", n, k, hw));
     if (k == 0) return UMT_OK;
     if (k > MAX_BLOCKS)
         return umt_fail(UMT_ERR_UNSUPPORTED, "sum_channel_bias: %lld channels (at most %d)", (long long)k, MAX_BLOCKS);

@@ -21,10 +21,12 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cuda/bias_rows.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pool_scatter.h"
 
 /* Chunk partials of the bias sums: [chunk * k + channel]. One stream runs every kernel in
  * order, so one static buffer per layout (module memory, not a pool) serves every call; a
@@ -36,9 +38,6 @@ static __device__ double plane_partials[PARTIALS];
 
 template <umt_dtype D> static __device__ float load(const void *p, int64_t i) { return umt_dev_load_as_f32(p, D, i); }
 template <umt_dtype D> static __device__ void store(void *p, int64_t i, float v) { umt_dev_store_from_f32(p, D, i, v); }
-
-/* Written as "v < 0 ? 0 : v" so that a NaN passes through, as umt_cpu_relu does. */
-static __device__ float relu(float v) { return v < 0.0f ? 0.0f : v; }
 
 /* The gradient that passes where y > 0: dy itself (scale 0: bias_relu_backward), or after a
  * dropout (scale 1/(1-p): bias_relu_max_pool_dropout_backward) 0 + dy * scale rounded to the
@@ -56,23 +55,14 @@ template <umt_dtype D> static __device__ float passed(float g, float scale) {
 /* Channels last (NHWC, or a linear layer's rows): element i is channel i % k. */
 template <umt_dtype D>
 static __global__ void bias_relu_rows_kernel(const void *x, const float *bias, void *y, int64_t count, int64_t k) {
-    FOR_EACH_INDEX(i, count) store<D>(y, i, relu(load<D>(x, i) + (bias ? bias[i % k] : 0.0f)));
+    FOR_EACH_INDEX(i, count) store<D>(y, i, umt_dev_relu(load<D>(x, i) + (bias ? bias[i % k] : 0.0f)));
 }
 
-/* Eight halves per 16-byte load; k % 8 == 0, so a vector's values are channels first..first+7. */
+/* Eight halves per 16-byte load (k % 8 == 0): lowp.cu's bias rows with the ReLU. */
 template <umt_dtype D>
 static __global__ void bias_relu_rows_vector_kernel(const uint4 *x, const float *bias, uint4 *y, int64_t vectors,
                                                     int64_t k) {
-    FOR_EACH_INDEX(v, vectors) {
-        umt_halves8 in, out;
-        in.bits = x[v];
-        int64_t first = v * VECTOR % k;
-        for (int e = 0; e < VECTOR; e++) {
-            float sum = load<D>(in.h, e) + (bias ? bias[first + e] : 0.0f);
-            out.h[e] = umt_dev_narrow<D>(relu(sum));
-        }
-        y[v] = out.bits;
-    }
+    umt_dev_bias_rows_vectors<D, true>(x, bias, y, vectors, k);
 }
 
 /* NCHW: a block per plane (grid-strided), so the channel is known without a division per pixel. */
@@ -82,7 +72,7 @@ static __global__ void bias_relu_planes_kernel(const void *x, const float *bias,
     for (int64_t plane = blockIdx.x; plane < planes; plane += gridDim.x) {
         float b = bias ? bias[plane % k] : 0.0f;
         for (int64_t i = plane * hw + threadIdx.x; i < (plane + 1) * hw; i += blockDim.x)
-            store<D>(y, i, relu(load<D>(x, i) + b));
+            store<D>(y, i, umt_dev_relu(load<D>(x, i) + b));
     }
 }
 
@@ -245,6 +235,17 @@ static int64_t chunks_for(int64_t items, int64_t tiles, int64_t k, int64_t *per_
     return (items + *per_chunk - 1) / *per_chunk;
 }
 
+/* After a first stage's launch (checked here): with several chunks, the second stage adds the
+ * chunks' partials of T into dbias; one chunk wrote dbias itself. */
+template <typename T> static umt_status finish_sums(float *dbias, int64_t k, int64_t chunks) {
+    UMT_CUDA_LAUNCHED();
+    if (chunks > 1 && dbias) {
+        add_partials_kernel<T><<<umt_chunk_sum_blocks(k), THREADS, 0, umt_cuda_stream()>>>(dbias, k, (int)chunks);
+        UMT_CUDA_LAUNCHED();
+    }
+    return UMT_OK;
+}
+
 template <umt_dtype D>
 static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows, int64_t k, float scale) {
     cudaStream_t stream = umt_cuda_stream();
@@ -267,12 +268,7 @@ static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows,
         mask_rows_kernel<D><<<dim3((unsigned int)tiles, (unsigned int)chunks), dim3(SUM_COLUMNS, SUM_ROW_GROUPS), 0,
                               stream>>>(y, dy, dbias, rows, k, per_chunk, chunks > 1, scale);
     }
-    UMT_CUDA_LAUNCHED();
-    if (chunks > 1 && dbias) {
-        add_partials_kernel<float><<<umt_chunk_sum_blocks(k), THREADS, 0, stream>>>(dbias, k, (int)chunks);
-        UMT_CUDA_LAUNCHED();
-    }
-    return UMT_OK;
+    return finish_sums<float>(dbias, k, chunks);
 }
 
 template <umt_dtype D>
@@ -283,12 +279,7 @@ static umt_status mask_planes(const void *y, void *dy, float *dbias, int64_t n, 
     int64_t per_chunk = 0, chunks = chunks_for(n, k, k, &per_chunk);
     mask_planes_kernel<D><<<dim3((unsigned int)k, (unsigned int)chunks), THREADS, 0, stream>>>(
         y, dy, dbias, n, k, hw, per_chunk, chunks > 1, scale);
-    UMT_CUDA_LAUNCHED();
-    if (chunks > 1 && dbias) {
-        add_partials_kernel<double><<<umt_chunk_sum_blocks(k), THREADS, 0, stream>>>(dbias, k, (int)chunks);
-        UMT_CUDA_LAUNCHED();
-    }
-    return UMT_OK;
+    return finish_sums<double>(dbias, k, chunks);
 }
 
 /* scale 0: bias_relu_backward; else the gradient after a dropout (passed() above). */
@@ -344,18 +335,15 @@ static __global__ void max_pool_dropout_backward_kernel(umt_pool_shape s, const 
     int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, p = (int)s.p, q = (int)s.q, h = (int)s.h, w = (int)s.w;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         if (!mask[out]) continue;
-        int image, channel;
-        if (s.nhwc)
-            channel = out % c, image = out / (c * p * q);
-        else
-            channel = out / (p * q) % c, image = out / (p * q * c);
-        int pick = argmax[out], row = pick / w, col = pick % w;
-        int at = s.nhwc ? ((image * h + row) * w + col) * c + channel : ((image * c + channel) * h + row) * w + col;
+        int image, channel, oy, ox;
+        umt_dev_pool_coordinates32(s.nhwc, out, c, p, q, &image, &channel, &oy, &ox);
+        int pick = argmax[out];
+        int at = umt_dev_pool_offset32(s.nhwc, image, channel, pick / w, pick % w, c, h, w);
         /* Rounded to the dtype first: the value the unfused dropout backward would have stored. */
         float grad = load<D>(dy, out) * scale;
         if constexpr (D != UMT_F32) grad = D == UMT_BF16 ? umt_dev_bf16_to_f32(umt_dev_f32_to_bf16(grad))
                                                          : umt_dev_f16_to_f32(umt_dev_f32_to_f16(grad));
-        store<D>(dx, at, load<D>(dx, at) + grad);
+        umt_dev_scatter_add<D>(dx, at, grad);
     }
 }
 

@@ -10,6 +10,7 @@
  */
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cuda/bias_rows.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
@@ -94,13 +95,7 @@ static __global__ void relu_backward_lp_vector_kernel(const uint4 *y, const uint
 template <umt_dtype D>
 static __global__ void add_rows_lp_vector_kernel(const uint4 *x, const float *bias, uint4 *out, int64_t vectors,
                                                  int64_t cols) {
-    FOR_EACH_INDEX(v, vectors) {
-        umt_halves8 in, result;
-        in.bits = x[v];
-        int64_t first = v * VECTOR % cols;
-        for (int e = 0; e < VECTOR; e++) result.h[e] = umt_dev_narrow<D>(umt_dev_widen<D>(in.h[e]) + bias[first + e]);
-        out[v] = result.bits;
-    }
+    umt_dev_bias_rows_vectors<D, false>(x, bias, out, vectors, cols);
 }
 
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }

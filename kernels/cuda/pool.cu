@@ -23,33 +23,11 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
-
-/* The CPU's shape check, in its words. */
-static umt_status check_pool_shape(const char *op, const umt_pool_shape *s) {
-    if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->window < 1 || s->stride < 1) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
-                        "%s: n=%lld c=%lld h=%lld w=%lld window=%lld stride=%lld, expected all >= 1", op,
-                        (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->window,
-                        (long long)s->stride);
-    }
-    if (s->window > s->h || s->window > s->w) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: window %lld larger than the input %lldx%lld", op,
-                        (long long)s->window, (long long)s->h, (long long)s->w);
-    }
-    int64_t p = (s->h - s->window) / s->stride + 1, q = (s->w - s->window) / s->stride + 1;
-    if (s->p != p || s->q != q) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: output %lldx%lld, expected %lldx%lld for this input and window",
-                        op, (long long)s->p, (long long)s->q, (long long)p, (long long)q);
-    }
-    if (s->h > INT32_MAX / s->w) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: plane %lldx%lld has more than INT32_MAX elements", op,
-                        (long long)s->h, (long long)s->w);
-    }
-    return UMT_OK;
-}
+#include "kernels/cuda/pool_scatter.h"
 
 /* One thread per element of n (n >= 1 once the shape is checked). The kernels take the shape by
  * value, so it travels in the launch's parameters. */
@@ -164,14 +142,14 @@ static bool scatter_applies(const umt_pool_shape *s) {
 
 extern "C" umt_status umt_cuda_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y,
                                                 int32_t *argmax) {
-    UMT_TRY(check_pool_shape("max_pool_forward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("max_pool_forward", shape));
     LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_kernel, *shape, x, NULL, y, argmax, NULL);
     return UMT_OK;
 }
 
 extern "C" umt_status umt_cuda_max_pool_backward(const umt_pool_shape *shape, const int32_t *argmax, const float *dy,
                                                  float *dx) {
-    UMT_TRY(check_pool_shape("max_pool_backward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("max_pool_backward", shape));
     if (scatter_applies(shape)) {
         LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_backward_scatter_kernel, *shape, argmax, dy, dx);
         return UMT_OK;
@@ -218,13 +196,13 @@ static __global__ void avg_pool_backward_kernel(umt_pool_shape s, const float *d
 }
 
 extern "C" umt_status umt_cuda_avg_pool_forward(const umt_pool_shape *shape, const float *x, float *y) {
-    UMT_TRY(check_pool_shape("avg_pool_forward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("avg_pool_forward", shape));
     LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, avg_pool_forward_kernel, *shape, x, y);
     return UMT_OK;
 }
 
 extern "C" umt_status umt_cuda_avg_pool_backward(const umt_pool_shape *shape, const float *dy, float *dx) {
-    UMT_TRY(check_pool_shape("avg_pool_backward", shape));
+    UMT_TRY(umt_cpu_check_pool_shape("avg_pool_backward", shape));
     LAUNCH_OVER(shape->n * shape->c * shape->h * shape->w, avg_pool_backward_kernel, *shape, dy, dx);
     return UMT_OK;
 }
@@ -336,30 +314,20 @@ static __global__ void avg_pool_backward_lp_kernel(umt_pool_shape s, const void 
  * 32-bit coordinates (scatter_applies' bound). Same windows, picks and roundings as above. */
 template <umt_dtype D> static __device__ float load_f32(const void *x, int i) { return umt_dev_load_as_f32(x, D, i); }
 
-static __device__ int offset32(bool nhwc, int n, int ch, int row, int col, int c, int h, int w) {
-    return nhwc ? ((n * h + row) * w + col) * c + ch : ((n * c + ch) * h + row) * w + col;
-}
-
-static __device__ void coordinates32(bool nhwc, int i, int c, int h, int w, int *n, int *ch, int *row, int *col) {
-    if (nhwc) {
-        *ch = i % c, *col = i / c % w, *row = i / (c * w) % h, *n = i / (c * w * h);
-    } else {
-        *col = i % w, *row = i / w % h, *ch = i / (w * h) % c, *n = i / (w * h * c);
-    }
-}
-
 template <umt_dtype D>
 static __global__ void max_pool_forward_lp_fast_kernel(umt_pool_shape s, const void *x, const float *bias, void *y,
                                                        int32_t *argmax, uint8_t *pick) {
     int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, h = (int)s.h, w = (int)s.w, window = (int)s.window;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int n, ch, oy, ox;
-        coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
+        umt_dev_pool_coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
         int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride, best_index = y0 * w + x0, best_at = 0;
-        float best = biased_relu(load_f32<D>(x, offset32(s.nhwc, n, ch, y0, x0, c, h, w)), bias, ch, D);
+        float best =
+            biased_relu(load_f32<D>(x, umt_dev_pool_offset32(s.nhwc, n, ch, y0, x0, c, h, w)), bias, ch, D);
         for (int i = 0; i < window; i++) {
             for (int j = 0; j < window; j++) {
-                float v = biased_relu(load_f32<D>(x, offset32(s.nhwc, n, ch, y0 + i, x0 + j, c, h, w)), bias, ch, D);
+                int at = umt_dev_pool_offset32(s.nhwc, n, ch, y0 + i, x0 + j, c, h, w);
+                float v = biased_relu(load_f32<D>(x, at), bias, ch, D);
                 if (takes_over(v, best)) {
                     best = v;
                     best_index = (y0 + i) * w + x0 + j, best_at = i * window + j;
@@ -433,10 +401,10 @@ static __global__ void max_pool_backward_lp_scatter_kernel(umt_pool_shape s, con
     int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, h = (int)s.h, w = (int)s.w;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int n, ch, oy, ox, row, col;
-        coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
+        umt_dev_pool_coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
         if (!pick_in_window(argmax[out], oy, ox, w, (int)s.window, (int)s.stride, &row, &col)) continue;
-        int at = offset32(s.nhwc, n, ch, row, col, c, h, w);
-        umt_dev_store_from_f32(dx, D, at, load_f32<D>(dx, at) + (0.0f + load_f32<D>(dy, out)));
+        int at = umt_dev_pool_offset32(s.nhwc, n, ch, row, col, c, h, w);
+        umt_dev_scatter_add<D>(dx, at, 0.0f + load_f32<D>(dy, out));
     }
 }
 
@@ -470,13 +438,13 @@ static __global__ void pick_scatter_kernel(umt_pool_shape s, const uint8_t *pick
     int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c, h = (int)s.h, w = (int)s.w, window = (int)s.window;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int n, ch, oy, ox;
-        coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
-        int at = offset32(s.nhwc, n, ch, oy * (int)s.stride + pick[out] / window, ox * (int)s.stride + pick[out] % window,
-                          c, h, w);
+        umt_dev_pool_coordinates32(s.nhwc, out, c, (int)s.p, (int)s.q, &n, &ch, &oy, &ox);
+        int at = umt_dev_pool_offset32(s.nhwc, n, ch, oy * (int)s.stride + pick[out] / window,
+                                       ox * (int)s.stride + pick[out] % window, c, h, w);
         if constexpr (D == UMT_F32)
             ((float *)dx)[at] = __fadd_rn(((float *)dx)[at], ((const float *)dy)[out]);
         else
-            umt_dev_store_from_f32(dx, D, at, load_f32<D>(dx, at) + (0.0f + load_f32<D>(dy, out)));
+            umt_dev_scatter_add<D>(dx, at, 0.0f + load_f32<D>(dy, out));
     }
 }
 
@@ -509,7 +477,7 @@ static __global__ void pick_write_nhwc8_kernel(umt_pool_shape s, const uint64_t 
 static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
     if (s->dtype != UMT_BF16 && s->dtype != UMT_F16)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: dtype %s (expected bf16 or f16)", op, umt_dtype_name(s->dtype));
-    return check_pool_shape(op, s);
+    return umt_cpu_check_pool_shape(op, s);
 }
 
 /* The half-precision forward, with or without a bias and ReLU on the way in (checked shape),
@@ -558,7 +526,7 @@ extern "C" umt_status umt_cuda_bias_relu_max_pool_forward(const umt_pool_shape *
         UMT_TRY(check_pool_shape_lp("bias_relu_max_pool_forward", s));
         return max_pool_forward_half(s, x, bias, y, NULL, pick);
     }
-    UMT_TRY(check_pool_shape("bias_relu_max_pool_forward", s));
+    UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_forward", s));
     LAUNCH_OVER(s->n * s->c * s->p * s->q, max_pool_forward_kernel, *s, (const float *)x, bias, (float *)y, NULL, pick);
     return UMT_OK;
 }
@@ -601,7 +569,7 @@ extern "C" umt_status umt_cuda_avg_pool_backward_lp(const umt_pool_shape *shape,
 
 extern "C" umt_status umt_cuda_pick_scatter(const umt_pool_shape *s, const uint8_t *pick, const void *dy, void *dx,
                                             bool fresh) {
-    UMT_TRY(check_pool_shape("bias_relu_max_pool_dropout_backward", s));
+    UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_dropout_backward", s));
     if (!scatter_applies(s) || s->window > 16)
         return umt_fail(UMT_ERR_UNSUPPORTED,
                         "bias_relu_max_pool_dropout_backward: window %lld, stride %lld, %lld elements (expected stride "

@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "examples/mnist_cnn_model.h"
+#include "tests/gpu/cuda_test_context.h"
 #include "umtrain.h"
 
 enum { BATCH = 64, PIXELS = 28 * 28, STEPS = 12 };
@@ -49,12 +50,7 @@ static void train(umt_precision precision, run_result *out) {
     static float images[BATCH * PIXELS];
     static int32_t labels[BATCH];
     make_batch(images, labels);
-    umt_context_options co = umt_context_defaults();
-    co.device = UMT_DEVICE_CUDA;
-    co.seed = 7;
-    co.precision = precision;
-    umt_context *ctx = NULL;
-    EXPECT_OK(umt_context_create(&co, &ctx));
+    umt_context *ctx = cuda_test_context(7, precision);
     mnist_cnn model;
     if (mnist_cnn_build(ctx, &model)) fail_msg("mnist_cnn_build: %s", umt_last_error());
     umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_SGD);
@@ -123,12 +119,7 @@ static int64_t count_with_linear_scores(umt_precision precision) {
     static float images[BATCH * PIXELS];
     static int32_t labels[BATCH];
     make_batch(images, labels);
-    umt_context_options co = umt_context_defaults();
-    co.device = UMT_DEVICE_CUDA;
-    co.seed = 11;
-    co.precision = precision;
-    umt_context *ctx = NULL;
-    EXPECT_OK(umt_context_create(&co, &ctx));
+    umt_context *ctx = cuda_test_context(11, precision);
     umt_layer *fc = umt_linear_layer_new(ctx, "fc", PIXELS, 10, true);
     EXPECT_OK(umt_step_begin(ctx));
     umt_tensor *x = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, BATCH, PIXELS);

@@ -31,6 +31,7 @@
 #include <cmocka.h>
 
 #include "examples/mnist_cnn_model.h"
+#include "tests/gpu/cuda_test_context.h"
 #include "umtrain.h"
 
 enum { SIDE = 28, PIXELS = SIDE * SIDE, CLASSES = 10, SAMPLES = 1000, BATCH = 64, EPOCHS = 2 };
@@ -155,12 +156,7 @@ static double evaluate(umt_context *ctx, trainer *t) {
 }
 
 static void train_with(umt_precision precision, bool fuse, bool graph, bool reads_loss, run_result *out) {
-    umt_context_options co = umt_context_defaults();
-    co.device = UMT_DEVICE_CUDA;
-    co.seed = 5;
-    co.precision = precision;
-    umt_context *ctx = NULL;
-    EXPECT_OK(umt_context_create(&co, &ctx));
+    umt_context *ctx = cuda_test_context(5, precision);
     trainer t = {.reads_loss = reads_loss};
     char images_path[128], labels_path[128];
     snprintf(images_path, sizeof images_path, "%s/images", dir);
