@@ -15,16 +15,14 @@
 #include <cuda_runtime_api.h>
 
 #include "core/tensor.h"
+#include "tests/gpu/cuda_test_context.h"
 #include "umtrain.h"
 
 static umt_context *cuda_context(umt_memory_mode mode, uint64_t seed) {
     umt_context_options o = umt_context_defaults();
-    o.device = UMT_DEVICE_CUDA;
     o.memory_mode = mode;
     o.seed = seed;
-    umt_context *ctx = NULL;
-    if (umt_context_create(&o, &ctx) != UMT_OK) fail_msg("context: %s", umt_last_error());
-    return ctx;
+    return cuda_test_context_with(o);
 }
 
 static int range_int(enum cudaMemRangeAttribute attribute, const umt_tensor *t) {
