@@ -74,8 +74,7 @@ struct umt_conv_engines {
     float worth_timing_us; /* a first candidate quicker than this is kept without timing the rest */
     cudnnBackendDescriptor_t graph[DESCRIPTORS];
     candidate candidates[MAX_CANDIDATES];
-    int count;
-    bool chosen; /* after the first run: candidates[0] is the engine, the only one left */
+    int count; /* 1 once chosen: candidates[0] is then the engine every run uses */
     /* The last run's variant pack (its tensors' addresses): a replayed step reuses it. */
     cudnnBackendDescriptor_t pack;
     const void *pack_pointers[4];
@@ -300,7 +299,6 @@ static void keep(umt_conv_engines *e, int i) {
     for (int j = 0; j < e->count; j++) release_candidate(&e->candidates[j]);
     e->candidates[0] = kept;
     e->count = 1;
-    e->chosen = true;
 }
 
 /* UMT_CONV_TIMING: "0" no timing, "all" every candidate, otherwise when worth it. */
@@ -411,7 +409,7 @@ static umt_status choose(umt_conv_engines *e) {
     cudaStreamCaptureStatus capture;
     UMT_CUDA_TRY(cudaStreamIsCapturing(umt_cuda_stream(), &capture));
     int best = 0;
-    if (e->count > 1 && capture == cudaStreamCaptureStatusNone) UMT_TRY(fastest(e, &best));
+    if (capture == cudaStreamCaptureStatusNone) UMT_TRY(fastest(e, &best));
     keep(e, best);
     return UMT_OK;
 }
@@ -426,7 +424,7 @@ umt_status umt_cuda_conv_engines_run(umt_conv_engines *e, const void *x, const v
                             names[i], pointers[i], TENSOR_ALIGNMENT);
     }
     UMT_TRY(pack_for(e, pointers));
-    if (!e->chosen) UMT_TRY(choose(e));
+    if (e->count > 1) UMT_TRY(choose(e));
     UMT_CUDNN_TRY(cudnnBackendExecute(e->handle, e->candidates[0].plan, e->pack));
     return UMT_OK;
 }
