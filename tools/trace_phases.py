@@ -2,15 +2,23 @@
 """tools/trace_phases.py — where a step's time goes, from a UMT_MEM_TRACE file.
 
     python3 tools/trace_phases.py trace.json
+    python3 tools/trace_phases.py trace.json --step 4 --bins 10
+    python3 tools/trace_phases.py trace.json --step 4 --timeline
 
 For each whole step of the trace: its length, and per track (copy in, copy out, compute,
 update) the number of timed intervals and their busy time (overlaps merged); then the two
 phases of an offloaded step: forward + backward (up to the first optimizer interval) with the
 link's busy time inside it, and the update phase after it. A phase whose link busy time is
 close to its length is link-bound; one far below it waits on compute.
+
+With updates in backward the optimizer's intervals start inside backward and the two phases
+blur; --bins MS then shows step N in slices of MS milliseconds: the busy fraction of the copies
+to the device, of the copies to the host and of the update kernels in each. A slice where a
+direction is idle is time the link could have used. --timeline lists every timed interval of
+step N by its start (ms from the step's start), with its length, track, name, bytes and rate.
 """
+import argparse
 import json
-import sys
 
 
 def busy(intervals):
@@ -25,12 +33,18 @@ def busy(intervals):
     return total + (current[1] - current[0] if current else 0.0)
 
 
-def main(path):
+def load(path):
+    """The step marks (sorted) and the timed intervals of a trace, with the tracks' names."""
     with open(path) as f:
         trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     marks = sorted(e["ts"] for e in events if e.get("cat") == "step")
     timed = [e for e in events if e.get("ph") == "X"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
+    return marks, timed, names
+
+
+def phases(marks, timed):
     for i in range(len(marks) - 1):
         start, end = marks[i], marks[i + 1]
         tracks = {}
@@ -46,7 +60,55 @@ def main(path):
               f"; update phase {(end - update_start) / 1e3:.1f} ms")
 
 
+def step_events(marks, timed, step):
+    if not 0 <= step < len(marks) - 1:
+        raise SystemExit(f"trace_phases: step {step} is not a whole step of the trace (0 to {len(marks) - 2})")
+    start, end = marks[step], marks[step + 1]
+    return start, end, sorted((e for e in timed if start <= e["ts"] < end), key=lambda e: e["ts"])
+
+
+def bins(marks, timed, step, width_ms):
+    start, end, events = step_events(marks, timed, step)
+    kinds = {"prefetch": "to device", "offload": "to host", "optimizer": "update"}
+    width = width_ms * 1e3
+    print(f"step {step}: {(end - start) / 1e3:.1f} ms; busy fraction per {width_ms:g} ms "
+          "(copies to the device, copies to the host, update kernels)")
+    t = start
+    while t < end:
+        b = min(t + width, end)
+        row = []
+        for cat, label in kinds.items():
+            clipped = [(max(e["ts"], t), min(e["ts"] + e["dur"], b)) for e in events
+                       if e["cat"] == cat and e["ts"] < b and e["ts"] + e["dur"] > t]
+            row.append(f"{label} {busy(clipped) / (b - t):4.2f}")
+        print(f"  {(t - start) / 1e3:7.1f} - {(b - start) / 1e3:7.1f} ms  " + "  ".join(row))
+        t = b
+
+
+def timeline(marks, timed, names, step):
+    start, end, events = step_events(marks, timed, step)
+    print(f"step {step}: {(end - start) / 1e3:.1f} ms; start ms, length ms, track, name, MiB, GB/s")
+    for e in events:
+        size = e.get("args", {}).get("bytes", 0)
+        rate = f"{size / e['dur'] / 1e3:6.1f}" if size and e["dur"] > 0 else "     -"
+        print(f"{(e['ts'] - start) / 1e3:9.2f} {e['dur'] / 1e3:8.2f}  {names.get(e['tid'], e['tid']):<42} "
+              f"{e['name']:<16} {size / 2**20:7.1f} {rate}")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace")
+    parser.add_argument("--step", type=int, help="the step --bins and --timeline show (0: the first whole one)")
+    parser.add_argument("--bins", type=float, metavar="MS", help="busy fractions per slice of MS ms")
+    parser.add_argument("--timeline", action="store_true", help="every timed interval of the step")
+    args = parser.parse_args()
+    marks, timed, names = load(args.trace)
+    if args.bins is None and not args.timeline:
+        phases(marks, timed)
+    elif args.step is None or (args.bins is not None and args.bins <= 0):
+        parser.error("--bins and --timeline need --step N (and --bins a positive width)")
+    else:
+        if args.bins is not None:
+            bins(marks, timed, args.step, args.bins)
+        if args.timeline:
+            timeline(marks, timed, names, args.step)
