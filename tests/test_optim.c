@@ -491,7 +491,8 @@ static void test_fused_update_with_a_lowp_copy_equals_the_plain_update_then_a_co
             update_result plain, fused;
             run_kernel_steps((umt_optimizer_kind)kind, dtypes[d], false, &plain);
             run_kernel_steps((umt_optimizer_kind)kind, dtypes[d], true, &fused);
-            /* The same master and state, bit for bit; the copy is the master, converted. */
+            /* The same master and state, bit for bit (Adam's plain update is the vectorized
+             * loop, its fused one the scalar loop); the copy is the master, converted. */
             assert_memory_equal(fused.param, plain.param, sizeof plain.param);
             assert_memory_equal(fused.s0, plain.s0, sizeof plain.s0);
             assert_memory_equal(fused.s1, plain.s1, sizeof plain.s1);

@@ -73,6 +73,24 @@ umt_status umt_cpu_sgd_update(float *param, const float *grad, float *velocity, 
  *   p = p - lr * mhat / (sqrt(vhat) + eps),  mhat = m / (1 - beta1^step), vhat = v / (1 - beta2^step)
  * The last line is evaluated as PyTorch does, p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),
  * so that eps enters at the same place and rounding follows the same path. */
+/* What one Adam step of one tensor holds constant over its elements. */
+typedef struct {
+    float beta1, beta2, eps, weight_decay, step_size, bias_correction2_sqrt, decay;
+    bool decoupled;
+} adam_constants;
+
+/* Element i, its gradient g already scaled; the new parameter is left in param[i]. */
+static inline void adam_element(float *param, float g, float *m, float *v, int64_t i, const adam_constants *k) {
+    if (k->decoupled)
+        param[i] *= k->decay;
+    else
+        g += k->weight_decay * param[i];
+    m[i] = k->beta1 * m[i] + (1.0f - k->beta1) * g;
+    v[i] = k->beta2 * v[i] + (1.0f - k->beta2) * g * g;
+    float denom = sqrtf(v[i]) / k->bias_correction2_sqrt + k->eps;
+    param[i] -= k->step_size * m[i] / denom;
+}
+
 umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                                      float beta1, float beta2, float eps, float weight_decay, bool decoupled,
                                      int64_t step, umt_update_fusion fusion) {
@@ -85,19 +103,21 @@ umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, 
      * host; with step scalars, from the steps really applied (core/optim_step.h, same formula). */
     double bias_correction1 = 1.0 - pow(beta1, (double)step);
     double bias_correction2 = 1.0 - pow(beta2, (double)step);
-    float step_size = s ? s->adam_step_size : (float)(lr / bias_correction1);
-    float bias_correction2_sqrt = s ? s->adam_bias_correction2_sqrt : (float)sqrt(bias_correction2);
-    float decay = decoupled ? 1.0f - lr * weight_decay : 1.0f;
+    adam_constants k = {
+        .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay, .decoupled = decoupled,
+        .step_size = s ? s->adam_step_size : (float)(lr / bias_correction1),
+        .bias_correction2_sqrt = s ? s->adam_bias_correction2_sqrt : (float)sqrt(bias_correction2),
+        .decay = decoupled ? 1.0f - lr * weight_decay : 1.0f,
+    };
+    /* The plain update (the offload tier's CPU threads run it on whole layers) gets a loop with
+     * no call in it, which the compiler vectorizes (.bazelrc): sqrt and division are exact in
+     * every lane, so each element gets the same bits as in the general loop. */
+    if (!s && !fusion.lowp) {
+        for (int64_t i = 0; i < n; ++i) adam_element(param, grad[i], m, v, i, &k);
+        return UMT_OK;
+    }
     for (int64_t i = 0; i < n; ++i) {
-        float g = gradient_at(grad, i, s);
-        if (decoupled)
-            param[i] *= decay;
-        else
-            g += weight_decay * param[i];
-        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float denom = sqrtf(v[i]) / bias_correction2_sqrt + eps;
-        param[i] -= step_size * m[i] / denom;
+        adam_element(param, gradient_at(grad, i, s), m, v, i, &k);
         store_lowp(fusion, i, param[i]);
     }
     return UMT_OK;
