@@ -76,6 +76,9 @@ for run in "offload" "no-offload"; do
     row "1G big_mlp $flag: refused, pools printed" "$(grep -A1 'pools, largest first' "$log" | tail -n 1 | awk '{print "largest:", $1, $3, "bytes"}') (exit $rc)"
 done
 
+# The CPU threads' update kernel on this host (bench/cpu_update): what `auto` weighs against the GPU.
+row "cpu_update (adam, 16 M elements, all cores)" "$(bin/cpu_update 16 3 | tail -n 1 | sed 's/.*elements, //')"
+
 # The benchmark: offloaded at 2G (batch 512: the first step's activations fill the rest) and at 4G
 # (batch 2048), updates in backward and auto (gpu or cpu, both timed), beside GPU memory.
 for run in "2G 512 backward" "2G 512 auto" "4G 2048 backward" "4G 2048 auto"; do
