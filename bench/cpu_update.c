@@ -45,13 +45,15 @@ static double timed(float *arrays[4], int64_t n, int threads) {
     range ranges[MAX_THREADS];
     int64_t per = (n + threads - 1) / threads;
     double start = now_s();
-    for (int t = 0; t < threads; ++t) {
-        int64_t first = t * per, count = first + per < n ? per : n - first;
-        ranges[t] = (range){arrays[0] + first, arrays[1] + first, arrays[2] + first, arrays[3] + first, count, UMT_OK};
-        if (pthread_create(&ids[t], NULL, update, &ranges[t]) != 0) return -1;
+    int started = 0;
+    for (; started < threads; ++started) {
+        int64_t first = started * per, count = first + per < n ? per : n - first;
+        ranges[started] = (range){arrays[0] + first, arrays[1] + first, arrays[2] + first, arrays[3] + first, count, UMT_OK};
+        if (pthread_create(&ids[started], NULL, update, &ranges[started]) != 0) break;
     }
-    for (int t = 0; t < threads; ++t) pthread_join(ids[t], NULL);
+    for (int t = 0; t < started; ++t) pthread_join(ids[t], NULL);
     double seconds = now_s() - start;
+    if (started < threads) return fprintf(stderr, "cpu_update: could not start thread %d of %d\n", started + 1, threads), -1;
     for (int t = 0; t < threads; ++t)
         if (ranges[t].status != UMT_OK) return fprintf(stderr, "cpu_update: %s\n", umt_last_error()), -1;
     return seconds;

@@ -44,13 +44,19 @@ def load(path):
     return marks, timed, names
 
 
+def step_events(marks, timed, step):
+    if not 0 <= step < len(marks) - 1:
+        raise SystemExit(f"trace_phases: step {step} is not a whole step of the trace (0 to {len(marks) - 2})")
+    start, end = marks[step], marks[step + 1]
+    return start, end, sorted((e for e in timed if start <= e["ts"] < end), key=lambda e: e["ts"])
+
+
 def phases(marks, timed):
     for i in range(len(marks) - 1):
-        start, end = marks[i], marks[i + 1]
+        start, end, events = step_events(marks, timed, i)
         tracks = {}
-        for e in timed:
-            if start <= e["ts"] < end:
-                tracks.setdefault((e["tid"], e["cat"]), []).append((e["ts"], e["ts"] + e["dur"]))
+        for e in events:
+            tracks.setdefault((e["tid"], e["cat"]), []).append((e["ts"], e["ts"] + e["dur"]))
         updates = [x for (tid, cat), v in tracks.items() if cat == "optimizer" for x in v]
         update_start = min(x[0] for x in updates) if updates else end
         link = [x for (tid, cat), v in tracks.items() if cat in ("prefetch", "offload") for x in v if x[1] <= update_start]
@@ -58,13 +64,6 @@ def phases(marks, timed):
         print(f"step {i}: {(end - start) / 1e3:.1f} ms; " + "; ".join(parts) +
               f"; forward+backward {(update_start - start) / 1e3:.1f} ms (link busy {busy(link) / 1e3:.1f} ms)"
               f"; update phase {(end - update_start) / 1e3:.1f} ms")
-
-
-def step_events(marks, timed, step):
-    if not 0 <= step < len(marks) - 1:
-        raise SystemExit(f"trace_phases: step {step} is not a whole step of the trace (0 to {len(marks) - 2})")
-    start, end = marks[step], marks[step + 1]
-    return start, end, sorted((e for e in timed if start <= e["ts"] < end), key=lambda e: e["ts"])
 
 
 def bins(marks, timed, step, width_ms):

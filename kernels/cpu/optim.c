@@ -65,6 +65,12 @@ umt_status umt_cpu_sgd_update(float *param, const float *grad, float *velocity, 
     return umt_cpu_sgd_update_fused(param, grad, velocity, n, lr, momentum, weight_decay, (umt_update_fusion){0});
 }
 
+/* What one Adam step of one tensor holds constant over its elements. */
+typedef struct {
+    float beta1, beta2, eps, weight_decay, step_size, bias_correction2_sqrt, decay;
+    bool decoupled;
+} adam_constants;
+
 /* Adam (decoupled = false) and AdamW (decoupled = true), step counting from 1:
  *   Adam:  g' = g + weight_decay * p
  *   AdamW: p  = p * (1 - lr * weight_decay), then g' = g
@@ -72,14 +78,8 @@ umt_status umt_cpu_sgd_update(float *param, const float *grad, float *velocity, 
  *   v = beta2 * v + (1 - beta2) * g'^2
  *   p = p - lr * mhat / (sqrt(vhat) + eps),  mhat = m / (1 - beta1^step), vhat = v / (1 - beta2^step)
  * The last line is evaluated as PyTorch does, p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),
- * so that eps enters at the same place and rounding follows the same path. */
-/* What one Adam step of one tensor holds constant over its elements. */
-typedef struct {
-    float beta1, beta2, eps, weight_decay, step_size, bias_correction2_sqrt, decay;
-    bool decoupled;
-} adam_constants;
-
-/* Element i, its gradient g already scaled; the new parameter is left in param[i]. */
+ * so that eps enters at the same place and rounding follows the same path. Here: element i, its
+ * gradient g already scaled; the new parameter is left in param[i]. */
 static inline void adam_element(float *param, float g, float *m, float *v, int64_t i, const adam_constants *k) {
     if (k->decoupled)
         param[i] *= k->decay;
