@@ -40,6 +40,23 @@ typedef struct {
     umt_tensor *x, *labels;
 } model;
 
+/* The context of the case running now. A case that fails midway leaves it, and what it holds of
+ * the GPU, to the teardown, so that the next case starts as it would have alone. */
+static umt_context *alive;
+
+static void destroy(model *m) {
+    umt_context_destroy(m->ctx);
+    m->ctx = alive = NULL;
+}
+
+static int destroy_leftover(void **state) {
+    (void)state;
+    unsetenv("UMT_MEM_TRACE");
+    umt_context_destroy(alive);
+    alive = NULL;
+    return 0;
+}
+
 /* budget NULL: no UMT_DEVICE_BUDGET, no offload (the in-memory run). */
 static void build_with(model *m, const char *budget, umt_offload_optimizer where, int batch, size_t reserve,
                        bool activations) {
@@ -54,6 +71,7 @@ static void build_with(model *m, const char *budget, umt_offload_optimizer where
     umt_status st = umt_context_create(&o, &m->ctx);
     unsetenv("UMT_DEVICE_BUDGET");
     if (st != UMT_OK) fail_msg("context: %s", umt_last_error());
+    alive = m->ctx;
     for (int l = 0; l < DEPTH; ++l) {
         char name[16];
         snprintf(name, sizeof name, "fc%d", l);
@@ -111,7 +129,7 @@ static int make_reference(void **state) {
     model m;
     build(&m, NULL, UMT_OFFLOAD_OPTIM_AUTO);
     train(&m, reference);
-    umt_context_destroy(m.ctx);
+    destroy(&m);
     return 0;
 }
 
@@ -136,7 +154,7 @@ static void run_fully_offloaded(umt_offload_optimizer where) {
     assert_true(budget <= (size_t)200 << 20);
     assert_true(used <= budget);
     expect_same_losses(losses, reference);
-    umt_context_destroy(m.ctx);
+    destroy(&m);
 }
 
 static void test_offloaded_run_matches_in_memory_losses_with_gpu_updates(void **state) {
@@ -174,7 +192,7 @@ static void test_a_middle_budget_offloads_optimizer_state_only(void **state) {
     /* Four state tensors per layer (Adam's two for the weights, two for the bias): some, not all. */
     assert_true(state_home >= 1 && state_home < 4 * DEPTH);
     expect_same_losses(losses, reference);
-    umt_context_destroy(m.ctx);
+    destroy(&m);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -243,7 +261,7 @@ static void test_trace_is_valid_json_naming_every_pool(void **state) {
     unsetenv("UMT_MEM_TRACE");
     float losses[STEPS];
     train(&m, losses);
-    umt_context_destroy(m.ctx);
+    destroy(&m);
     char *text = read_file(path);
     const char *end = json_value(text);
     assert_non_null(end);
@@ -286,7 +304,7 @@ static void test_a_refused_allocation_prints_the_pools_largest_first(void **stat
     assert_non_null(stream);
     assert_true(offload < stream);
     free(text);
-    umt_context_destroy(m.ctx);
+    destroy(&m);
 }
 
 /* 13 saved activations of 8 MiB and their gradients: about 200 MiB for the recorded first step,
@@ -298,7 +316,7 @@ static void test_saved_activations_offloaded_match_in_memory_losses(void **state
     build_with(&m, NULL, UMT_OFFLOAD_OPTIM_GPU, BATCH_WIDE, 0, false);
     float reference_wide[STEPS], losses[STEPS];
     train(&m, reference_wide);
-    umt_context_destroy(m.ctx);
+    destroy(&m);
 
     build_with(&m, "288M", UMT_OFFLOAD_OPTIM_GPU, BATCH_WIDE, reserve, false);
     float loss;
@@ -306,7 +324,7 @@ static void test_saved_activations_offloaded_match_in_memory_losses(void **state
     print_message("without offloaded activations: %s\n", refused == UMT_OK ? "trained" : umt_last_error());
     assert_int_not_equal(refused, UMT_OK);
     assert_non_null(strstr(umt_last_error(), "device budget"));
-    umt_context_destroy(m.ctx);
+    destroy(&m);
 
     build_with(&m, "288M", UMT_OFFLOAD_OPTIM_GPU, BATCH_WIDE, reserve, true);
     train(&m, losses);
@@ -328,19 +346,19 @@ static void test_saved_activations_offloaded_match_in_memory_losses(void **state
         assert_true(rel <= 1e-5);
     }
     assert_true(reference_wide[STEPS - 1] < reference_wide[0]);
-    umt_context_destroy(m.ctx);
+    destroy(&m);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_offloaded_run_matches_in_memory_losses_with_gpu_updates),
-        cmocka_unit_test(test_offloaded_run_matches_in_memory_losses_with_cpu_updates),
-        cmocka_unit_test(test_auto_times_both_updates_and_keeps_the_faster),
-        cmocka_unit_test(test_offloaded_run_matches_in_memory_losses_with_updates_in_backward),
-        cmocka_unit_test(test_a_middle_budget_offloads_optimizer_state_only),
-        cmocka_unit_test(test_trace_is_valid_json_naming_every_pool),
-        cmocka_unit_test(test_a_refused_allocation_prints_the_pools_largest_first),
-        cmocka_unit_test(test_saved_activations_offloaded_match_in_memory_losses),
+        cmocka_unit_test_teardown(test_offloaded_run_matches_in_memory_losses_with_gpu_updates, destroy_leftover),
+        cmocka_unit_test_teardown(test_offloaded_run_matches_in_memory_losses_with_cpu_updates, destroy_leftover),
+        cmocka_unit_test_teardown(test_auto_times_both_updates_and_keeps_the_faster, destroy_leftover),
+        cmocka_unit_test_teardown(test_offloaded_run_matches_in_memory_losses_with_updates_in_backward, destroy_leftover),
+        cmocka_unit_test_teardown(test_a_middle_budget_offloads_optimizer_state_only, destroy_leftover),
+        cmocka_unit_test_teardown(test_trace_is_valid_json_naming_every_pool, destroy_leftover),
+        cmocka_unit_test_teardown(test_a_refused_allocation_prints_the_pools_largest_first, destroy_leftover),
+        cmocka_unit_test_teardown(test_saved_activations_offloaded_match_in_memory_losses, destroy_leftover),
     };
     return cmocka_run_group_tests(tests, make_reference, NULL);
 }
