@@ -20,152 +20,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cmocka.h>
-#include <cuda_runtime_api.h>
 
 #include "core/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "tests/gpu/kernel_twins.h"
 #include "umtrain.h"
-
-enum { CUBLAS_WORKSPACE_BYTES = 32 << 20 };
-
-#define CUDA_OK(call)                                                                                              \
-    do {                                                                                                           \
-        cudaError_t error_ = (call);                                                                               \
-        if (error_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(error_));                          \
-    } while (0)
-
-#define EXPECT_OK(call)                                                                                            \
-    do {                                                                                                           \
-        if ((call) != UMT_OK) fail_msg("%s failed: %s", #call, umt_last_error());                                  \
-    } while (0)
-
-static const umt_backend *cpu, *gpu;
-static uint32_t run_seed, rng_state;
-static void *cublas_workspace;
-
-/* ------------------------------------------------------------------------------------------ */
-/* Random numbers: each test starts from the run's seed and its own position in the run.       */
-
-static uint32_t random_u32(void) { /* xorshift32 */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 17;
-    rng_state ^= rng_state << 5;
-    return rng_state;
-}
-
-static int seed_next_test(void **state) {
-    static uint32_t test_index;
-    (void)state;
-    rng_state = run_seed ^ (++test_index * 0x9e3779b9u);
-    if (!rng_state) rng_state = 1u;
-    return 0;
-}
-
-static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(random_u32() >> 8) / (float)(1u << 24); }
-
-/* ------------------------------------------------------------------------------------------ */
-/* Twins: one buffer with the same bytes on the host (the CPU's run) and the device (CUDA's).  */
-
-typedef struct {
-    void *host, *device;
-    size_t bytes;
-} twin;
-
-static void **host_blocks, **device_blocks;
-static size_t host_count, device_count;
-
-static void remember(void ***blocks, size_t *count, void *p) {
-    void **grown = realloc(*blocks, (*count + 1) * sizeof *grown);
-    assert_non_null(p);
-    assert_non_null(grown);
-    *blocks = grown;
-    grown[(*count)++] = p;
-}
-
-static void *host_alloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    remember(&host_blocks, &host_count, p);
-    return p;
-}
-
-static void *device_alloc(size_t bytes) {
-    void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
-    remember(&device_blocks, &device_count, p);
-    return p;
-}
-
-static int release_buffers(void **state) {
-    (void)state;
-    for (size_t i = 0; i < host_count; i++) free(host_blocks[i]);
-    for (size_t i = 0; i < device_count; i++) cudaFree(device_blocks[i]);
-    host_count = device_count = 0;
-    return 0;
-}
-
-static twin twin_of(const void *values, size_t bytes) {
-    twin t = {host_alloc(bytes), device_alloc(bytes), bytes};
-    memcpy(t.host, values, bytes);
-    CUDA_OK(cudaMemcpy(t.device, values, bytes, cudaMemcpyHostToDevice));
-    /* A pageable upload may still be in flight on return; the backend's stream must not race it. */
-    CUDA_OK(cudaDeviceSynchronize());
-    return t;
-}
-
-static twin twin_poisoned(size_t bytes) {
-    void *poison = host_alloc(bytes);
-    memset(poison, 0xff, bytes);
-    return twin_of(poison, bytes);
-}
-
-static twin twin_random(int64_t n, float lo, float hi) {
-    float *values = host_alloc((size_t)n * sizeof *values);
-    for (int64_t i = 0; i < n; i++) values[i] = uniform(lo, hi);
-    return twin_of(values, (size_t)n * sizeof *values);
-}
-
-static void *downloaded(twin t) {
-    void *copy = host_alloc(t.bytes);
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(copy, t.device, t.bytes, cudaMemcpyDeviceToHost));
-    return copy;
-}
-
-/* A host copy of the n floats at v, made positive: the scales of error bounds are built from these. */
-static float *absolute(const float *v, int64_t n) {
-    float *out = host_alloc((size_t)n * sizeof *out);
-    for (int64_t i = 0; i < n; i++) out[i] = fabsf(v[i]);
-    return out;
-}
-
-/* BOTH(slot(args)) runs the slot through the CPU table with P(twin) naming host sides, then
- * through the CUDA table with P naming device sides; both must succeed. F names the host side
- * (the CPU's inputs and results) as float. */
-static bool on_device;
-#define P(t) ((void *)(on_device ? (t).device : (t).host))
-#define F(t) ((float *)(t).host)
-#define BOTH(call)                                                                                                 \
-    do {                                                                                                           \
-        on_device = false;                                                                                         \
-        EXPECT_OK(cpu->call);                                                                                      \
-        on_device = true;                                                                                          \
-        EXPECT_OK(gpu->call);                                                                                      \
-    } while (0)
-
-/* Both tables must refuse call with status and the same message. */
-#define SAME_FAILURE(status, call)                                                                                 \
-    do {                                                                                                           \
-        char cpu_message_[512];                                                                                    \
-        assert_int_equal(cpu->call, status);                                                                       \
-        snprintf(cpu_message_, sizeof cpu_message_, "%s", umt_last_error());                                       \
-        assert_int_equal(gpu->call, status);                                                                       \
-        assert_string_equal(umt_last_error(), cpu_message_);                                                       \
-    } while (0)
 
 /* The case under test (shape, parameters), named by every failure message. */
 static char context[160];
@@ -555,32 +417,6 @@ static void test_bad_arguments_fail_with_the_cpu_status_and_message(void **state
 
 /* ------------------------------------------------------------------------------------------ */
 
-static int start_backend(void **state) {
-    (void)state;
-    const char *fixed = getenv("UMT_TEST_SEED");
-    run_seed = fixed ? (uint32_t)strtoul(fixed, NULL, 10) : (uint32_t)time(NULL) ^ (uint32_t)getpid();
-    print_message("seed %u (UMT_TEST_SEED=%u repeats this run)\n", run_seed, run_seed);
-    cpu = umt_cpu_backend();
-    gpu = umt_cuda_backend();
-    if (cudaMalloc(&cublas_workspace, CUBLAS_WORKSPACE_BYTES) != cudaSuccess) return -1;
-    if (umt_cuda_backend_start(0, cublas_workspace, CUBLAS_WORKSPACE_BYTES) != UMT_OK) {
-        print_message("umt_cuda_backend_start: %s\n", umt_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static int stop_backend(void **state) {
-    (void)state;
-    umt_cuda_backend_stop();
-    cudaFree(cublas_workspace);
-    free(host_blocks);
-    free(device_blocks);
-    return 0;
-}
-
-#define TEST(f) cmocka_unit_test_setup_teardown(f, seed_next_test, release_buffers)
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         TEST(test_conv2d_and_its_backwards_match_the_cpu_within_1e_4_of_the_sum_of_terms),
@@ -593,5 +429,5 @@ int main(void) {
         TEST(test_batchnorm_backward_matches_the_cpu_within_1e_4_with_any_gradient_left_out),
         TEST(test_bad_arguments_fail_with_the_cpu_status_and_message),
     };
-    return cmocka_run_group_tests(tests, start_backend, stop_backend);
+    return cmocka_run_group_tests(tests, start_backends, stop_backends);
 }

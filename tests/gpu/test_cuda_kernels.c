@@ -19,112 +19,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cmocka.h>
-#include <cuda_runtime_api.h>
 
 #include "core/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "tests/gpu/kernel_twins.h"
 #include "umtrain.h"
 
-enum { WORKSPACE_BYTES = 32 << 20 };
-
-#define CUDA_OK(call)                                                                                              \
-    do {                                                                                                           \
-        cudaError_t error_ = (call);                                                                               \
-        if (error_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(error_));                          \
-    } while (0)
-
-#define EXPECT_OK(call)                                                                                            \
-    do {                                                                                                           \
-        if ((call) != UMT_OK) fail_msg("%s failed: %s", #call, umt_last_error());                                  \
-    } while (0)
-
-static const umt_backend *cpu, *gpu;
-static uint32_t run_seed, rng_state;
-static void *workspace;
-
 /* ------------------------------------------------------------------------------------------ */
-/* Random numbers: each test starts from the run's seed and its own position in the run.       */
-
-static uint32_t random_u32(void) { /* xorshift32 */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 17;
-    rng_state ^= rng_state << 5;
-    return rng_state;
-}
-
-/* Per-test setup: a test's numbers do not depend on how many the tests before it drew. */
-static int seed_next_test(void **state) {
-    static uint32_t test_index;
-    (void)state;
-    rng_state = run_seed ^ (++test_index * 0x9e3779b9u);
-    if (!rng_state) rng_state = 1u;
-    return 0;
-}
-
-static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(random_u32() >> 8) / (float)(1u << 24); }
-
-/* ------------------------------------------------------------------------------------------ */
-/* Twins: one buffer with the same bytes on the host (the CPU's run) and the device (CUDA's).  */
-
-typedef struct {
-    void *host, *device;
-    size_t bytes;
-} twin;
-
-static void **host_blocks, **device_blocks;
-static size_t host_count, device_count;
-
-/* Adds p to a list of blocks for release_buffers. */
-static void remember(void ***blocks, size_t *count, void *p) {
-    void **grown = realloc(*blocks, (*count + 1) * sizeof *grown);
-    assert_non_null(p);
-    assert_non_null(grown);
-    *blocks = grown;
-    grown[(*count)++] = p;
-}
-
-static void *host_alloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    remember(&host_blocks, &host_count, p);
-    return p;
-}
-
-/* Per-test teardown: frees every buffer the test made. */
-static int release_buffers(void **state) {
-    (void)state;
-    for (size_t i = 0; i < host_count; i++) free(host_blocks[i]);
-    for (size_t i = 0; i < device_count; i++) cudaFree(device_blocks[i]);
-    host_count = device_count = 0;
-    return 0;
-}
-
-static twin twin_of(const void *values, size_t bytes) {
-    twin t = {host_alloc(bytes), NULL, bytes};
-    memcpy(t.host, values, bytes);
-    CUDA_OK(cudaMalloc(&t.device, bytes ? bytes : 1));
-    remember(&device_blocks, &device_count, t.device);
-    CUDA_OK(cudaMemcpy(t.device, values, bytes, cudaMemcpyHostToDevice));
-    /* A pageable upload may still be in flight on return; the backend's stream must not race it. */
-    CUDA_OK(cudaDeviceSynchronize());
-    return t;
-}
-
-static twin twin_poisoned(size_t bytes) {
-    void *poison = host_alloc(bytes);
-    memset(poison, 0xff, bytes);
-    return twin_of(poison, bytes);
-}
-
-static twin twin_random(int64_t n, float lo, float hi) {
-    float *values = host_alloc((size_t)n * sizeof *values);
-    for (int64_t i = 0; i < n; i++) values[i] = uniform(lo, hi);
-    return twin_of(values, (size_t)n * sizeof *values);
-}
+/* Buffers beyond tests/gpu/kernel_twins.h                                                     */
 
 static twin twin_labels(int64_t rows, int64_t cols) {
     int32_t *labels = host_alloc((size_t)rows * sizeof *labels);
@@ -132,47 +37,8 @@ static twin twin_labels(int64_t rows, int64_t cols) {
     return twin_of(labels, (size_t)rows * sizeof *labels);
 }
 
-/* The device side's bytes, after all queued work (on any stream) has finished. */
-static void *downloaded(twin t) {
-    void *copy = host_alloc(t.bytes);
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(copy, t.device, t.bytes, cudaMemcpyDeviceToHost));
-    return copy;
-}
-
-/* BOTH(slot(args)) runs the slot through the CPU table with every P(twin) in args naming the
- * host side, then through the CUDA table with P naming the device side; both must succeed.
- * F and L name the host side as float and int32 (the CPU's inputs and results). */
-static bool on_device;
-#define P(t) ((void *)(on_device ? (t).device : (t).host))
-#define F(t) ((float *)(t).host)
-#define L(t) ((int32_t *)(t).host)
+/* D names the device side as float (a kernel's output read back by hand). */
 #define D(t) ((float *)(t).device)
-#define BOTH(call)                                                                                                 \
-    do {                                                                                                           \
-        on_device = false;                                                                                         \
-        EXPECT_OK(cpu->call);                                                                                      \
-        on_device = true;                                                                                          \
-        EXPECT_OK(gpu->call);                                                                                      \
-    } while (0)
-
-/* Runs call through both tables (P picking the side): both must fail with status and the same
- * message. Deferred: the losses, whose device check is deferred; the GPU call queues without
- * waiting, and the CPU's failure comes from the next host wait instead, reported once. */
-#define SAME_FAILURE_OF(deferred, status, call)                                                                    \
-    do {                                                                                                           \
-        char cpu_message_[512];                                                                                    \
-        on_device = false;                                                                                         \
-        assert_int_equal(cpu->call, status);                                                                       \
-        snprintf(cpu_message_, sizeof cpu_message_, "%s", umt_last_error());                                       \
-        on_device = true;                                                                                          \
-        assert_int_equal(gpu->call, (deferred) ? UMT_OK : (status));                                               \
-        if (deferred) assert_int_equal(umt_cuda_synchronize(), status);                                            \
-        assert_string_equal(umt_last_error(), cpu_message_);                                                       \
-        if (deferred) assert_int_equal(umt_cuda_synchronize(), UMT_OK);                                            \
-    } while (0)
-#define SAME_FAILURE(status, call) SAME_FAILURE_OF(false, status, call)
-#define SAME_DEFERRED_FAILURE(status, call) SAME_FAILURE_OF(true, status, call)
 
 /* CUDA result (device side) against CPU result (host side): |gpu - cpu| <= 1e-5 * scale + floor
  * with scale[i], or |cpu| when scale is NULL. A NaN on either side fails: inputs are finite. */
@@ -214,7 +80,8 @@ static void test_every_slot_of_the_cuda_table_is_filled(void **state) {
 
 static void test_starting_twice_is_refused_and_the_backend_keeps_working(void **state) {
     (void)state;
-    assert_int_equal(umt_cuda_backend_start(0, workspace, WORKSPACE_BYTES), UMT_ERR_STATE);
+    size_t bytes = (size_t)32 << 20; /* a workspace as large as the one it started with */
+    assert_int_equal(umt_cuda_backend_start(0, device_alloc(bytes), bytes), UMT_ERR_STATE);
     assert_non_null(strstr(umt_last_error(), "already started"));
     assert_non_null(umt_cuda_stream());
     EXPECT_OK(umt_cuda_synchronize());
@@ -578,32 +445,6 @@ static void test_bad_arguments_fail_with_the_cpu_status_and_message(void **state
 
 /* ------------------------------------------------------------------------------------------ */
 
-static int start_backend(void **state) {
-    (void)state;
-    const char *fixed = getenv("UMT_TEST_SEED");
-    run_seed = fixed ? (uint32_t)strtoul(fixed, NULL, 10) : (uint32_t)time(NULL) ^ (uint32_t)getpid();
-    print_message("seed %u (UMT_TEST_SEED=%u repeats this run)\n", run_seed, run_seed);
-    cpu = umt_cpu_backend();
-    gpu = umt_cuda_backend();
-    if (cudaMalloc(&workspace, WORKSPACE_BYTES) != cudaSuccess) return -1;
-    if (umt_cuda_backend_start(0, workspace, WORKSPACE_BYTES) != UMT_OK) {
-        print_message("umt_cuda_backend_start: %s\n", umt_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static int stop_backend(void **state) {
-    (void)state;
-    umt_cuda_backend_stop();
-    cudaFree(workspace);
-    free(host_blocks);
-    free(device_blocks);
-    return 0;
-}
-
-#define TEST(f) cmocka_unit_test_setup_teardown(f, seed_next_test, release_buffers)
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         TEST(test_every_slot_of_the_cuda_table_is_filled),
@@ -624,5 +465,5 @@ int main(void) {
         TEST(test_optimizer_updates_match_the_cpu_over_three_steps),
         TEST(test_bad_arguments_fail_with_the_cpu_status_and_message),
     };
-    return cmocka_run_group_tests(tests, start_backend, stop_backend);
+    return cmocka_run_group_tests(tests, start_backends, stop_backends);
 }

@@ -26,35 +26,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cmocka.h>
-#include <cuda_runtime_api.h>
 
 #include "core/backend.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cudnn_handle.h"
+#include "tests/gpu/kernel_twins.h"
 #include "umtrain.h"
 
-enum { CUBLAS_WORKSPACE_BYTES = 32 << 20 };
 static const umt_dtype HALVES[2] = {UMT_BF16, UMT_F16};
 static const double FLOOR = 1e-6;
 
-#define CUDA_OK(call)                                                                                              \
-    do {                                                                                                           \
-        cudaError_t error_ = (call);                                                                               \
-        if (error_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(error_));                          \
-    } while (0)
-
+/* Failures name the case under test too. */
+#undef EXPECT_OK
 #define EXPECT_OK(call)                                                                                            \
     do {                                                                                                           \
         if ((call) != UMT_OK) fail_msg("%s: %s failed: %s", context, #call, umt_last_error());                     \
     } while (0)
-
-static const umt_backend *cpu, *gpu;
-static uint32_t run_seed, rng_state;
-static void *cublas_workspace;
 
 /* The case under test (slot family, dtype, layout, shape), named by every failure message. */
 static char context[200];
@@ -66,80 +55,12 @@ static const char *layout_name(bool nhwc) { return nhwc ? "NHWC" : "NCHW"; }
 static double tolerance(umt_dtype dtype) { return dtype == UMT_BF16 ? 1e-2 : 2e-3; }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Random numbers: each test starts from the run's seed and its own position in the run.       */
-
-static uint32_t random_u32(void) { /* xorshift32 */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 17;
-    rng_state ^= rng_state << 5;
-    return rng_state;
-}
-
-static int seed_next_test(void **state) {
-    static uint32_t test_index;
-    (void)state;
-    rng_state = run_seed ^ (++test_index * 0x9e3779b9u);
-    if (!rng_state) rng_state = 1u;
-    return 0;
-}
-
-static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(random_u32() >> 8) / (float)(1u << 24); }
-
-/* ------------------------------------------------------------------------------------------ */
-/* Buffers, freed after each test                                                              */
-
-static void **host_blocks, **device_blocks;
-static size_t host_count, device_count;
-
-static void remember(void ***blocks, size_t *count, void *p) {
-    void **grown = realloc(*blocks, (*count + 1) * sizeof *grown);
-    assert_non_null(p);
-    assert_non_null(grown);
-    *blocks = grown;
-    grown[(*count)++] = p;
-}
-
-static void *host_alloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    remember(&host_blocks, &host_count, p);
-    return p;
-}
-
-static int release_buffers(void **state) {
-    (void)state;
-    for (size_t i = 0; i < host_count; i++) free(host_blocks[i]);
-    for (size_t i = 0; i < device_count; i++) cudaFree(device_blocks[i]);
-    host_count = device_count = 0;
-    return 0;
-}
-
-static void *uploaded(const void *host, size_t bytes) {
-    void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
-    remember(&device_blocks, &device_count, p);
-    CUDA_OK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
-    /* A pageable upload may still be in flight on return; the backend's stream must not race it. */
-    CUDA_OK(cudaDeviceSynchronize());
-    return p;
-}
-
-static void *downloaded(const void *device, size_t bytes) {
-    void *copy = host_alloc(bytes);
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(copy, device, bytes, cudaMemcpyDeviceToHost));
-    return copy;
-}
+/* Buffers beyond tests/gpu/kernel_twins.h, freed after each test too                         */
 
 static void *poison(size_t bytes) {
     void *p = host_alloc(bytes);
     memset(p, 0xff, bytes);
     return p;
-}
-
-static float *absolute(const float *v, int64_t n) {
-    float *out = host_alloc((size_t)n * sizeof *out);
-    for (int64_t i = 0; i < n; i++) out[i] = fabsf(v[i]);
-    return out;
 }
 
 static float *copy_of(const float *v, int64_t n) {
@@ -173,7 +94,7 @@ static void permute(const void *src, bool src_nhwc, void *dst, bool dst_nhwc, di
 
 /* Device storage in NCHW order, on the host. */
 static void *downloaded_nchw(const void *device, bool nhwc, dims d, size_t size) {
-    void *stored = downloaded(device, (size_t)numel(d) * size), *ordered = host_alloc((size_t)numel(d) * size);
+    void *stored = from_device(device, (size_t)numel(d) * size), *ordered = host_alloc((size_t)numel(d) * size);
     permute(stored, nhwc, ordered, false, d, size);
     return ordered;
 }
@@ -199,7 +120,7 @@ static pair pair_of(const float *values, umt_dtype dtype, bool nhwc, dims d) {
     EXPECT_OK(cpu->convert(values, UMT_F32, stored, dtype, count));
     EXPECT_OK(cpu->convert(stored, dtype, p.ref, UMT_F32, count));
     permute(stored, false, ordered, nhwc, d, size);
-    p.dev = uploaded(ordered, (size_t)count * size);
+    p.dev = to_device(ordered, (size_t)count * size);
     return p;
 }
 
@@ -213,7 +134,7 @@ static pair pair_random(umt_dtype dtype, bool nhwc, dims d, float lo, float hi) 
 static pair pair_poisoned(umt_dtype dtype, bool nhwc, dims d) {
     int64_t count = numel(d);
     pair p = {poison((size_t)count * sizeof(float)), NULL, dtype, nhwc, d};
-    p.dev = uploaded(poison((size_t)count * umt_dtype_size(dtype)), (size_t)count * umt_dtype_size(dtype));
+    p.dev = to_device(poison((size_t)count * umt_dtype_size(dtype)), (size_t)count * umt_dtype_size(dtype));
     return p;
 }
 
@@ -281,11 +202,11 @@ static void test_zero_clears_exactly_the_bytes_asked_for(void **state) {
     enum { SIZE = 64, CLEARED = 37 };
     CONTEXT("zero %d of %d bytes", CLEARED, SIZE);
     uint8_t *host = poison(SIZE);
-    void *device = uploaded(host, SIZE);
+    void *device = to_device(host, SIZE);
     EXPECT_OK(cpu->zero(host, CLEARED));
     EXPECT_OK(gpu->zero(device, CLEARED));
     EXPECT_OK(gpu->zero(device, 0));
-    const uint8_t *got = downloaded(device, SIZE);
+    const uint8_t *got = from_device(device, SIZE);
     for (int i = 0; i < SIZE; i++) {
         uint8_t want = i < CLEARED ? 0x00 : 0xff;
         if (got[i] != want || host[i] != want)
@@ -487,10 +408,10 @@ static void check_dropout(umt_dtype dtype, int64_t n, float p) {
     CONTEXT("dropout_forward_lp / dropout_backward_lp %s, n %lld, p %g, seed %llu", umt_dtype_name(dtype),
             (long long)n, (double)p, (unsigned long long)seed);
     pair x = pair_random(dtype, false, flat(n), -2, 2), y = pair_poisoned(dtype, false, flat(n));
-    uint8_t *mask = poison((size_t)n), *mask_dev = uploaded(mask, (size_t)n);
+    uint8_t *mask = poison((size_t)n), *mask_dev = to_device(mask, (size_t)n);
     EXPECT_OK(cpu->dropout_forward(x.ref, y.ref, mask, n, p, seed, NULL));
     EXPECT_OK(gpu->dropout_forward_lp(dtype, x.dev, y.dev, mask_dev, n, p, seed, NULL));
-    const uint8_t *got_mask = downloaded(mask_dev, (size_t)n);
+    const uint8_t *got_mask = from_device(mask_dev, (size_t)n);
     bool *kept = host_alloc((size_t)n * sizeof *kept);
     for (int64_t i = 0; i < n; i++) {
         if (got_mask[i] != mask[i])
@@ -547,7 +468,7 @@ static void check_conv(umt_dtype dtype, const int64_t *shape) {
     size_t cpu_bytes = 0, gpu_bytes = 0;
     EXPECT_OK(cpu->conv2d_workspace_bytes(&f, &cpu_bytes));
     EXPECT_OK(gpu->conv2d_workspace_bytes(&h, &gpu_bytes));
-    void *cpu_ws = host_alloc(cpu_bytes), *gpu_ws = uploaded(poison(gpu_bytes), gpu_bytes);
+    void *cpu_ws = host_alloc(cpu_bytes), *gpu_ws = to_device(poison(gpu_bytes), gpu_bytes);
 
     pair x = pair_random(dtype, true, xd, -1, 1), w = pair_random(dtype, true, wd, -1, 1);
     pair y = pair_poisoned(dtype, true, yd), dy = pair_random(dtype, true, yd, -1, 1);
@@ -640,7 +561,7 @@ static pair distinct_input(umt_dtype dtype, bool nhwc, dims d) {
 static void check_max_pool(const umt_pool_shape *f, const umt_pool_shape *h, dims xd, dims yd) {
     umt_dtype dtype = h->dtype;
     pair x = distinct_input(dtype, h->nhwc, xd), y = pair_poisoned(dtype, h->nhwc, yd);
-    int32_t *argmax = poison((size_t)numel(yd) * 4), *argmax_dev = uploaded(argmax, (size_t)numel(yd) * 4);
+    int32_t *argmax = poison((size_t)numel(yd) * 4), *argmax_dev = to_device(argmax, (size_t)numel(yd) * 4);
     EXPECT_OK(cpu->max_pool_forward(f, x.ref, y.ref, argmax));
     EXPECT_OK(gpu->max_pool_forward_lp(h, x.dev, y.dev, argmax_dev));
     expect_exact("max_pool_forward_lp y", y);
@@ -706,32 +627,6 @@ static void test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows
 
 /* ------------------------------------------------------------------------------------------ */
 
-static int start_backend(void **state) {
-    (void)state;
-    const char *fixed = getenv("UMT_TEST_SEED");
-    run_seed = fixed ? (uint32_t)strtoul(fixed, NULL, 10) : (uint32_t)time(NULL) ^ (uint32_t)getpid();
-    print_message("seed %u (UMT_TEST_SEED=%u repeats this run)\n", run_seed, run_seed);
-    cpu = umt_cpu_backend();
-    gpu = umt_cuda_backend();
-    if (cudaMalloc(&cublas_workspace, CUBLAS_WORKSPACE_BYTES) != cudaSuccess) return -1;
-    if (umt_cuda_backend_start(0, cublas_workspace, CUBLAS_WORKSPACE_BYTES) != UMT_OK) {
-        print_message("umt_cuda_backend_start: %s\n", umt_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static int stop_backend(void **state) {
-    (void)state;
-    umt_cuda_backend_stop();
-    cudaFree(cublas_workspace);
-    free(host_blocks);
-    free(device_blocks);
-    return 0;
-}
-
-#define TEST(f) cmocka_unit_test_setup_teardown(f, seed_next_test, release_buffers)
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         TEST(test_zero_clears_exactly_the_bytes_asked_for),
@@ -746,5 +641,5 @@ int main(void) {
         TEST(test_conv2d_lp_matches_the_cpu_with_every_engine_timed_and_with_none),
         TEST(test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows),
     };
-    return cmocka_run_group_tests(tests, start_backend, stop_backend);
+    return cmocka_run_group_tests(tests, start_backends, stop_backends);
 }

@@ -23,8 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
@@ -35,65 +33,10 @@
 #include "core/tensor.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "tests/gpu/kernel_twins.h"
 #include "umtrain.h"
 
-#define CUDA_OK(call)                                                                                              \
-    do {                                                                                                           \
-        cudaError_t error_ = (call);                                                                               \
-        if (error_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(error_));                          \
-    } while (0)
-
-#define EXPECT_OK(call)                                                                                            \
-    do {                                                                                                           \
-        if ((call) != UMT_OK) fail_msg("%s failed: %s", #call, umt_last_error());                                  \
-    } while (0)
-
-static const umt_backend *cpu, *gpu;
 static umt_context *gpu_context; /* holds the CUDA backend (its stream) for the kernel tests */
-static uint32_t run_seed, rng_state;
-
-/* ------------------------------------------------------------------------------------------ */
-/* Random numbers and twins (the same bytes on the host and on the device)                     */
-
-static uint32_t random_u32(void) { /* xorshift32 */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 17;
-    rng_state ^= rng_state << 5;
-    return rng_state;
-}
-
-static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(random_u32() >> 8) / (float)(1u << 24); }
-
-typedef struct {
-    void *host, *device;
-    size_t bytes;
-} twin;
-
-enum { MAX_BLOCKS_HELD = 512 };
-static void *host_blocks[MAX_BLOCKS_HELD], *device_blocks[MAX_BLOCKS_HELD];
-static int block_count;
-
-static twin twin_of(const void *values, size_t bytes) {
-    assert_true(block_count < MAX_BLOCKS_HELD);
-    twin t = {malloc(bytes), NULL, bytes};
-    assert_non_null(t.host);
-    memcpy(t.host, values, bytes);
-    CUDA_OK(cudaMalloc(&t.device, bytes));
-    host_blocks[block_count] = t.host;
-    device_blocks[block_count++] = t.device;
-    CUDA_OK(cudaMemcpy(t.device, values, bytes, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaDeviceSynchronize());
-    return t;
-}
-
-static twin twin_random(int64_t n, float lo, float hi) {
-    float *values = malloc((size_t)n * sizeof *values);
-    assert_non_null(values);
-    for (int64_t i = 0; i < n; i++) values[i] = uniform(lo, hi);
-    twin t = twin_of(values, (size_t)n * sizeof *values);
-    free(values);
-    return t;
-}
 
 /* Sets both sides of an f32 twin to the same fresh random values, times scale. */
 static void refill(twin t, float lo, float hi, float scale) {
@@ -102,34 +45,20 @@ static void refill(twin t, float lo, float hi, float scale) {
     CUDA_OK(cudaMemcpy(t.device, t.host, t.bytes, cudaMemcpyHostToDevice));
 }
 
-static void *downloaded(twin t, void *out) {
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(out, t.device, t.bytes, cudaMemcpyDeviceToHost));
-    return out;
-}
-
 static void expect_same_bytes(const char *what, twin t) {
-    uint8_t *got = malloc(t.bytes);
-    assert_non_null(got);
-    downloaded(t, got);
-    const uint8_t *want = t.host;
+    const uint8_t *want = t.host, *got = downloaded(t);
     for (size_t i = 0; i < t.bytes; i++)
         if (got[i] != want[i])
             fail_msg("%s: byte %zu: cuda %02x, cpu %02x (seed %u)", what, i, got[i], want[i], run_seed);
-    free(got);
 }
 
 static void expect_close(const char *what, twin t) {
-    float *got = malloc(t.bytes);
-    assert_non_null(got);
-    downloaded(t, got);
-    const float *want = t.host;
+    const float *want = t.host, *got = downloaded(t);
     for (size_t i = 0; i < t.bytes / sizeof(float); i++) {
         double bound = 1e-5 * fabs(want[i]) + 1e-6;
         if (!(fabs((double)got[i] - want[i]) <= bound))
             fail_msg("%s[%zu]: cuda %.9g, cpu %.9g (seed %u)", what, i, got[i], want[i], run_seed);
     }
-    free(got);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -169,10 +98,7 @@ static rig make_rig(umt_optimizer_kind kind, int count, const int64_t *n, umt_st
     return r;
 }
 
-/* Which side the pointers name: P(t) is the host side for the CPU, the device side for CUDA. */
-static bool on_device;
-#define P(t) ((void *)(on_device ? (t).device : (t).host))
-
+/* P(t) (kernel_twins.h) names the host side for the CPU, the device side for CUDA. */
 /* One step of the rig through one backend: sums of squares, the decision, the updates. */
 static void step_on(const umt_backend *be, rig *r, int64_t step) {
     on_device = be == gpu;
@@ -218,7 +144,7 @@ static bool close_enough(float got, float want) {
 static void expect_same_scalars(const rig *r) {
     umt_step_scalars got, want;
     memcpy(&want, r->scalars.host, sizeof want);
-    downloaded(r->scalars, &got);
+    memcpy(&got, downloaded(r->scalars), sizeof got);
     if (!close_enough(got.grad_norm, want.grad_norm))
         fail_msg("grad_norm: cuda %.9g, cpu %.9g (seed %u)", got.grad_norm, want.grad_norm, run_seed);
     assert_int_equal(got.found_inf, want.found_inf);
@@ -461,16 +387,10 @@ static void make_pair(int i, multi_case *a, multi_case *b) {
 }
 
 static void expect_same_device_bytes(const char *what, int i, twin a, twin b) {
-    uint8_t *x = malloc(a.bytes), *y = malloc(b.bytes);
-    assert_non_null(x);
-    assert_non_null(y);
-    downloaded(a, x);
-    downloaded(b, y);
+    const uint8_t *x = downloaded(a), *y = downloaded(b);
     for (size_t k = 0; k < a.bytes; k++)
         if (x[k] != y[k]) fail_msg("%s of tensor %d: byte %zu: per-tensor %02x, multi %02x (seed %u)", what, i, k, x[k],
                                    y[k], run_seed);
-    free(x);
-    free(y);
 }
 
 /* The per-tensor fused slot on one tensor (the path the multi-tensor kernel must reproduce). */
@@ -552,10 +472,7 @@ static void test_multi_tensor_update_matches_the_per_tensor_updates_bit_for_bit(
 /* ------------------------------------------------------------------------------------------ */
 
 static int set_up(void **state) {
-    (void)state;
-    static uint32_t test_index;
-    rng_state = run_seed ^ (++test_index * 0x9e3779b9u);
-    if (!rng_state) rng_state = 1u;
+    seed_next_test(state);
     umt_context_options o = umt_context_defaults();
     o.device = UMT_DEVICE_CUDA;
     if (umt_context_create(&o, &gpu_context) != UMT_OK) {
@@ -566,25 +483,18 @@ static int set_up(void **state) {
 }
 
 static int tear_down(void **state) {
-    (void)state;
-    for (int i = 0; i < block_count; i++) {
-        free(host_blocks[i]);
-        cudaFree(device_blocks[i]);
-    }
-    block_count = 0;
+    release_buffers(state);
     umt_context_destroy(gpu_context);
     gpu_context = NULL;
     return 0;
 }
 
+/* Each test in a CUDA context of its own (it starts the backend), the buffers the harness's. */
+#undef TEST
 #define TEST(f) cmocka_unit_test_setup_teardown(f, set_up, tear_down)
 
 int main(void) {
-    const char *fixed = getenv("UMT_TEST_SEED");
-    run_seed = fixed ? (uint32_t)strtoul(fixed, NULL, 10) : (uint32_t)time(NULL) ^ (uint32_t)getpid();
-    printf("seed %u (UMT_TEST_SEED=%u repeats this run)\n", run_seed, run_seed);
-    cpu = umt_cpu_backend();
-    gpu = umt_cuda_backend();
+    choose_run_seed();
     const struct CMUnitTest tests[] = {
         TEST(test_fused_scaled_updates_and_lowp_copies_match_the_cpu_bit_for_bit),
         TEST(test_clipped_updates_over_several_parameters_match_the_cpu),
