@@ -46,7 +46,6 @@ umt_status umt_cpu_check_pool_shape(const char *op, const umt_pool_shape *s) {
 /* ------------------------------------------------------------------------------------------ */
 /* Max pooling                                                                                 */
 
-
 /* The window of output (oy, ox) in one plane: its pick's index and value. */
 static void max_of_window(const umt_pool_shape *s, const float *plane, int64_t oy, int64_t ox, float *max,
                           int32_t *index) {
