@@ -21,6 +21,7 @@
 #include <stb/stb_image_resize.h>
 
 #include "core/error.h"
+#include "core/image_format.h"
 #include "core/samples.h"
 
 /* Larger images are refused before decoding: a forged header must not make us allocate. */
@@ -151,6 +152,7 @@ static umt_status bad(scan_state *scan, bool *skip, umt_status status) {
 /* Reads the file's header: readable, a PNG/JPEG/BMP of sane size, with the right channels. */
 static umt_status check_file(scan_state *scan, const char *path) {
     int w = 0, h = 0, file_channels = 0;
+    UMT_TRY(umt_image_check_signature(path));
     if (!stbi_info(path, &w, &h, &file_channels))
         return umt_fail(UMT_ERR_FORMAT, "%s: not a readable PNG, JPEG or BMP image (%s)", path, stbi_failure_reason());
     if (w < 1 || h < 1 || w > MAX_SIDE || h > MAX_SIDE)
@@ -217,6 +219,13 @@ static umt_status folder_read(const umt_samples *base, int64_t index, uint8_t *p
     if (!decoded)
         return umt_fail(UMT_ERR_FORMAT, "%s: cannot decode (%s), although its header was readable", file->path,
                         stbi_failure_reason());
+    /* The header was checked at the scan, but the file may have changed since: a side of 0 would
+     * fail an assert in stb_image_resize and end the process. */
+    if (file_w < 1 || file_h < 1 || file_w > MAX_SIDE || file_h > MAX_SIDE) {
+        stbi_image_free(decoded);
+        return umt_fail(UMT_ERR_FORMAT, "%s: decoded as %dx%d, expected 1..%d pixels on a side", file->path, file_w,
+                        file_h, MAX_SIDE);
+    }
     int ok = 1;
     if (file_w == w && file_h == h) memcpy(pixels, decoded, (size_t)w * (size_t)h * (size_t)c);
     else ok = stbir_resize_uint8(decoded, file_w, file_h, 0, pixels, w, h, 0, c);

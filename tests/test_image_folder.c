@@ -178,6 +178,20 @@ static void test_a_corrupt_file_stops_or_is_skipped_and_counted(void **state) {
     umt_samples_destroy(train);
 }
 
+/* stb_image would read this 2 x 2 TGA (which has no signature); a folder of PNG, JPEG and BMP
+ * files must not take it for an image, whatever its name says. */
+static void test_a_file_of_another_format_named_png_is_refused_by_its_first_bytes(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    static const char tga[] = {0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 2, 0, 8, 0, 0, (char)255, (char)128, 64};
+    write_bytes("a/targa.png", tga, sizeof tga);
+    umt_samples *train = NULL;
+    umt_image_folder_options o = folder_options(1);
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_FORMAT);
+    assert_non_null(strstr(umt_last_error(), "a/targa.png: not a PNG, JPEG or BMP image: its first bytes are 00 00 03"));
+    assert_null(train);
+}
+
 static void test_a_colour_file_among_grey_ones_names_the_file(void **state) {
     (void)state;
     write_classes("", 3, 1);
@@ -211,6 +225,24 @@ static void test_an_empty_class_folder_is_named(void **state) {
     umt_samples_destroy(train);
 }
 
+/* One batch of every sample of train through the loader: it must fail, naming `words`. Frees train. */
+static void expect_first_batch_fails_naming(umt_samples *train, const char *words) {
+    umt_context *ctx;
+    umt_context_options co = umt_context_defaults();
+    co.device = UMT_DEVICE_CPU;
+    assert_int_equal(umt_context_create(&co, &ctx), UMT_OK);
+    umt_loader_options lo = umt_loader_defaults();
+    lo.batch_size = umt_samples_size(train);
+    umt_loader *loader;
+    umt_tensor *x, *y;
+    assert_int_equal(umt_loader_create(ctx, train, &lo, &loader), UMT_OK);
+    assert_int_equal(umt_loader_start_epoch(loader, 0, NULL), UMT_OK);
+    assert_int_equal(umt_loader_next(loader, &x, &y), UMT_ERR_FORMAT);
+    assert_non_null(strstr(umt_last_error(), words));
+    umt_context_destroy(ctx);
+    umt_samples_destroy(train);
+}
+
 static void test_a_truncated_file_fails_the_batch_that_decodes_it(void **state) {
     (void)state;
     write_classes("", 3, 1);
@@ -223,24 +255,30 @@ static void test_a_truncated_file_fails_the_batch_that_decodes_it(void **state) 
     size_t n = fread(bytes, 1, sizeof bytes, f);
     fclose(f);
     write_bytes("a/01_cut.png", bytes, n < 80 ? n : 80);
-    umt_samples *train;
     umt_image_folder_options o = folder_options(1);
     o.test_fraction = 0;
+    umt_samples *train;
     assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_OK);
-    umt_context *ctx;
-    umt_context_options co = umt_context_defaults();
-    co.device = UMT_DEVICE_CPU;
-    assert_int_equal(umt_context_create(&co, &ctx), UMT_OK);
-    umt_loader_options lo = umt_loader_defaults();
-    lo.batch_size = 100;
-    umt_loader *loader;
-    umt_tensor *x, *y;
-    assert_int_equal(umt_loader_create(ctx, train, &lo, &loader), UMT_OK);
-    assert_int_equal(umt_loader_start_epoch(loader, 0, NULL), UMT_OK);
-    assert_int_equal(umt_loader_next(loader, &x, &y), UMT_ERR_FORMAT);
-    assert_non_null(strstr(umt_last_error(), "a/01_cut.png"));
-    umt_context_destroy(ctx);
-    umt_samples_destroy(train);
+    expect_first_batch_fails_naming(train, "a/01_cut.png");
+}
+
+/* A file replaced after the scan by a BMP whose header says width 0 (stb_image decodes it; its
+ * resizer would then fail an assert and end the process): an error naming it instead. */
+static void test_a_file_decoded_with_no_width_fails_the_batch_naming_it(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    umt_image_folder_options o = folder_options(1);
+    o.test_fraction = 0;
+    umt_samples *train;
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_OK);
+    write_image("a/00.png", "bmp", 1, 40);
+    FILE *f = fopen(path_of("a/00.png"), "r+b");
+    assert_non_null(f);
+    static const char zero_width[4] = {0}; /* the BMP header's width: an int32 at byte 18 */
+    assert_int_equal(fseek(f, 18, SEEK_SET), 0);
+    assert_int_equal(fwrite(zero_width, 1, sizeof zero_width, f), sizeof zero_width);
+    assert_int_equal(fclose(f), 0);
+    expect_first_batch_fails_naming(train, "a/00.png: decoded as 0x8, expected 1..");
 }
 
 static void test_a_missing_root_and_bad_options_are_refused(void **state) {
@@ -263,9 +301,11 @@ int main(void) {
         FOLDER_TEST(test_train_and_test_folders_are_read_through_the_loader),
         FOLDER_TEST(test_without_split_folders_a_fraction_of_each_class_is_test),
         FOLDER_TEST(test_a_corrupt_file_stops_or_is_skipped_and_counted),
+        FOLDER_TEST(test_a_file_of_another_format_named_png_is_refused_by_its_first_bytes),
         FOLDER_TEST(test_a_colour_file_among_grey_ones_names_the_file),
         FOLDER_TEST(test_an_empty_class_folder_is_named),
         FOLDER_TEST(test_a_truncated_file_fails_the_batch_that_decodes_it),
+        FOLDER_TEST(test_a_file_decoded_with_no_width_fails_the_batch_naming_it),
         FOLDER_TEST(test_a_missing_root_and_bad_options_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

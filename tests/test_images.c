@@ -34,6 +34,22 @@ static void square(unsigned char *pixels, int side) {
             pixels[y * side + x] = (x >= side / 4 && x < 3 * side / 4 && y >= side / 4 && y < 3 * side / 4) ? 200 : 10;
 }
 
+/* 0 when path_of(name) now holds the bytes. */
+static int write_file(const char *name, const void *bytes, size_t size) {
+    FILE *f = fopen(path_of(name), "wb");
+    if (!f) return -1;
+    size_t written = fwrite(bytes, 1, size, f);
+    return fclose(f) != 0 || written != size ? -1 : 0;
+}
+
+/* 0 when the bytes at offset of path_of(name) were overwritten. */
+static int patch_file(const char *name, long offset, const void *bytes, size_t size) {
+    FILE *f = fopen(path_of(name), "r+b");
+    if (!f) return -1;
+    int ok = fseek(f, offset, SEEK_SET) == 0 && fwrite(bytes, 1, size, f) == size;
+    return fclose(f) != 0 || !ok ? -1 : 0;
+}
+
 static int setup(void **state) {
     (void)state;
     snprintf(dir, sizeof dir, "/tmp/umt_images_XXXXXX");
@@ -47,17 +63,24 @@ static int setup(void **state) {
              stbi_write_jpg(path_of("grey.jpg"), 28, 28, 1, grey, 95) &&
              stbi_write_png(path_of("big.png"), 56, 56, 1, big, 56) &&
              stbi_write_png(path_of("rgb.png"), 28, 28, 3, rgb, 28 * 3) &&
-             stbi_write_png(path_of("huge.png"), 20000, 1, 1, wide, 20000);
-    FILE *f = fopen(path_of("garbage.png"), "wb");
-    if (!ok || !f) return -1;
-    fputs("this is not an image at all", f);
-    fclose(f);
-    return 0;
+             stbi_write_png(path_of("huge.png"), 20000, 1, 1, wide, 20000) &&
+             stbi_write_bmp(path_of("zero-width.bmp"), 28, 28, 1, grey);
+    /* The BMP header's width (a little-endian int32 at byte 18) made 0: stb_image still reads it. */
+    static const unsigned char zero[4] = {0};
+    ok = ok && patch_file("zero-width.bmp", 18, zero, sizeof zero) == 0;
+    /* A 2 x 2 grey TGA and PGM: stb_image reads both, umtrain must not (its formats are three). */
+    static const unsigned char tga[] = {0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 2, 0, 8, 0, 0, 255, 128, 64};
+    static const unsigned char pgm[] = {'P', '5', '\n', '2', ' ', '2', '\n', '2', '5', '5', '\n', 0, 255, 128, 64};
+    static const unsigned char truncated_png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0};
+    return write_file("garbage.png", "this is not an image at all", 27) || write_file("grey.tga", tga, sizeof tga) ||
+           write_file("grey.pgm", pgm, sizeof pgm) || write_file("empty.png", "", 0) ||
+           write_file("truncated.png", truncated_png, sizeof truncated_png) || !ok;
 }
 
 static int teardown(void **state) {
     (void)state;
-    const char *names[] = {"grey.png", "grey.bmp", "grey.jpg", "big.png", "rgb.png", "huge.png", "garbage.png"};
+    const char *names[] = {"grey.png", "grey.bmp", "grey.jpg", "big.png",  "rgb.png",      "huge.png",
+                           "garbage.png", "grey.tga", "grey.pgm", "empty.png", "truncated.png", "zero-width.bmp"};
     for (size_t i = 0; i < sizeof names / sizeof *names; ++i) unlink(path_of(names[i]));
     umt_context_destroy(ctx);
     return rmdir(dir);
@@ -124,8 +147,18 @@ static void expect_error(const char *name, umt_status status, const char *words)
 static void test_bad_files_are_refused_naming_the_file(void **state) {
     (void)state;
     expect_error("missing.png", UMT_ERR_IO, "No such file");
-    expect_error("garbage.png", UMT_ERR_FORMAT, "not a readable");
+    expect_error("garbage.png", UMT_ERR_FORMAT, "its first bytes are 74 68 69 73 20 69 73 20 (PNG starts");
+    expect_error("empty.png", UMT_ERR_FORMAT, "none: the file is empty");
+    expect_error("truncated.png", UMT_ERR_FORMAT, "not a readable PNG, JPEG or BMP image");
     expect_error("huge.png", UMT_ERR_FORMAT, "20000x1");
+    /* Found by tests/fuzz: resizing it failed an assert in stb_image_resize, ending the process. */
+    expect_error("zero-width.bmp", UMT_ERR_FORMAT, "image is 0x28, expected 1..16384 pixels on a side");
+}
+
+static void test_formats_other_than_png_jpeg_and_bmp_are_refused(void **state) {
+    (void)state;
+    expect_error("grey.tga", UMT_ERR_FORMAT, "not a PNG, JPEG or BMP image: its first bytes are 00 00 03 00");
+    expect_error("grey.pgm", UMT_ERR_FORMAT, "its first bytes are 50 35 0a 32 20 32 0a 32");
 }
 
 int main(void) {
@@ -134,6 +167,7 @@ int main(void) {
         cmocka_unit_test(test_larger_images_are_resized_and_colour_is_split_into_channels),
         cmocka_unit_test(test_invert_auto_flips_only_light_backgrounds),
         cmocka_unit_test(test_bad_files_are_refused_naming_the_file),
+        cmocka_unit_test(test_formats_other_than_png_jpeg_and_bmp_are_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

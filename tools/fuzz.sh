@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# tools/fuzz.sh — coverage-guided fuzzing of the readers of untrusted files, IDX files and
-# checkpoints (tests/fuzz/ has the targets and the rules they check). Each target is built for
-# libFuzzer with clang, AddressSanitizer and UBSan, writes its seeds, and runs; a broken rule or a
-# memory error stops it and keeps the input.
+# tools/fuzz.sh — coverage-guided fuzzing of the readers of untrusted files: IDX files,
+# checkpoints and images (tests/fuzz/ has the targets and the rules they check). Each target is
+# built for libFuzzer with clang, AddressSanitizer and UBSan, writes its seeds, and runs; a broken
+# rule or a memory error stops it and keeps the input.
 #
-#   tools/fuzz.sh [SECONDS] [TARGET...]    SECONDS per target (default 60); TARGET: idx, checkpoint
+#   tools/fuzz.sh [SECONDS] [TARGET...]   SECONDS per target (default 60); TARGET: idx, checkpoint, image
 #
 # The corpus grows in fuzz-corpus/<target>/ (git-ignored) from one run to the next. A finding is
 # kept as fuzz-corpus/<target>-crash-<hash>: the script ends with status 1, names it and says how
-# to replay it. Its fix should come with that file's case in tests/test_idx.c or
-# tests/test_checkpoint.c. CI does not fuzz; it runs each target's deterministic sweep
-# (//tests/fuzz:test_fuzz_<target>).
+# to replay it. Its fix should come with that file's case in tests/test_idx.c,
+# tests/test_checkpoint.c or tests/test_images.c. CI does not fuzz: it runs each target's
+# deterministic sweep (//tests/fuzz:test_fuzz_<target>).
 set -euo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -18,9 +18,9 @@ seconds="${1:-60}"
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: SECONDS must be a positive whole number, got '$seconds'" >&2; exit 2; }
 shift $(($# > 0 ? 1 : 0))
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(idx checkpoint)
+[[ ${#targets[@]} -gt 0 ]] || targets=(idx checkpoint image)
 for target in "${targets[@]}"; do
-    [[ -f "tests/fuzz/fuzz_$target.c" ]] || { echo "fuzz.sh: no target '$target' (expected idx or checkpoint)" >&2; exit 2; }
+    [[ -f "tests/fuzz/fuzz_$target.c" ]] || { echo "fuzz.sh: no target '$target' (expected idx, checkpoint or image)" >&2; exit 2; }
 done
 
 # clang and its libFuzzer runtime (Debian 12: clang 14). 

@@ -16,6 +16,7 @@
 #include "tests/fuzz/fuzz_target.h"
 
 const char *const fuzz_target_name = "idx";
+const bool fuzz_truncations_refused = true; /* the header gives the size of the data */
 
 #define FUZZ_IDX_CAP ((size_t)1 << 20)
 

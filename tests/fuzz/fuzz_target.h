@@ -24,8 +24,12 @@ bool fuzz_one(const uint8_t *data, size_t size);
  * how many, or -1 after printing why. */
 int fuzz_write_seeds(const char *dir);
 
-/* The name of the target, for messages ("idx", "checkpoint"). */
+/* The name of the target, for messages ("idx", "checkpoint", "image"). */
 extern const char *const fuzz_target_name;
+
+/* True when the format says how long a file is, so that every truncation of a seed must be
+ * refused; false when a reader may accept a file cut short. */
+extern const bool fuzz_truncations_refused;
 
 /* Prints "fuzz_<target>: rule broken: <message>" and aborts when the condition is false. */
 #define FUZZ_REQUIRE(condition, ...) \
