@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -216,19 +217,45 @@ static umt_status sync_directory(const char *path) {
     return st;
 }
 
+/* "<path>.tmp.<pid>", malloc'ed (NULL without memory): the file a save writes before the rename. */
+static char *temporary_name(const char *path) {
+    size_t size = strlen(path) + 32;
+    char *tmp = malloc(size);
+    if (tmp) snprintf(tmp, size, "%s.tmp.%ld", path, (long)getpid());
+    return tmp;
+}
+
+umt_status umt_checkpoint_check_writable(const char *path) {
+    if (!path || !*path) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_checkpoint_check_writable: no path");
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return umt_fail(UMT_ERR_IO, "%s: is a folder, expected the path of a checkpoint file", path);
+    char *tmp = temporary_name(path);
+    if (!tmp) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: no memory for the temporary file's name", path);
+    /* Exclusive: a file of that name (another save by this pid) is left alone. */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    umt_status status = fd >= 0 ? UMT_OK
+                                : umt_fail(UMT_ERR_IO, "%s: cannot create the temporary file %s that a save writes first: %s",
+                                           path, tmp, strerror(errno));
+    if (fd >= 0) {
+        close(fd);
+        remove(tmp);
+    }
+    free(tmp);
+    return status;
+}
+
 umt_status umt_checkpoint_save(umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
                                const char *path) {
     UMT_TRY(umt_ckpt_check_arguments("umt_checkpoint_save", ctx, opt, path));
     save_plan plan;
     UMT_TRY(plan_save(ctx, opt, path, &plan));
-    size_t tmp_size = strlen(path) + 32;
-    char *tmp = malloc(tmp_size);
+    char *tmp = temporary_name(path);
     void *scratch = malloc(plan.max_tensor_bytes ? plan.max_tensor_bytes : 1);
     umt_status st = UMT_OK;
     if (!tmp || !scratch) {
         st = umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: no memory for a %zu-byte tensor buffer", path, plan.max_tensor_bytes);
     } else {
-        snprintf(tmp, tmp_size, "%s.tmp.%ld", path, (long)getpid());
         st = write_temp(ctx, opt, info, &plan, scratch, path, tmp);
         if (st == UMT_OK && rename(tmp, path) != 0)
             st = umt_fail(UMT_ERR_IO, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));

@@ -13,7 +13,8 @@ int example_number(const char *program, const char *flag, const char *text, doub
     errno = 0;
     double v = strtod(text, &end);
     if (errno || end == text || *end || v < low || v > high) {
-        fprintf(stderr, "%s: %s '%s': expected a number in [%g, %g]\n", program, flag, text, low, high);
+        /* %.15g: whole bounds as whole numbers ([1, 1048576], not [1, 1.04858e+06]). */
+        fprintf(stderr, "%s: %s '%s': expected a number in [%.15g, %.15g]\n", program, flag, text, low, high);
         return -1;
     }
     *out = v;

@@ -449,6 +449,8 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
 int main(int argc, char **argv) {
     options o;
     if (parse_options(argc, argv, &o)) return 2;
+    /* Before any training, so that a --save into a missing folder does not cost an epoch. */
+    if (o.save && example_check(program, umt_checkpoint_check_writable(o.save))) return 1;
     umt_dist_process process;
     /* First of all: --gpus forks here, before anything starts CUDA. */
     if (example_check(program, umt_dist_launch(o.gpus, &process))) return 1;

@@ -509,6 +509,10 @@ typedef struct {
 /* opt may be NULL (a model-only checkpoint). */
 umt_status umt_checkpoint_save(umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
                                const char *path);
+/* Whether umt_checkpoint_save could write path now: path is not a folder, and the temporary file
+ * a save writes first can be created beside it (it is created and removed). For programs that
+ * save after long work: ask before it, so that a mistyped folder costs nothing. */
+umt_status umt_checkpoint_check_writable(const char *path);
 /* Loads into the context's parameters and buffers (names, shapes and dtypes must match; a
  * missing, extra or mismatched tensor, a truncated file or a bad checksum is an error naming
  * it) and, when opt is given, into the optimizer; restores the RNG; fills *info if not NULL. */

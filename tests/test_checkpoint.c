@@ -326,6 +326,21 @@ static void test_save_into_missing_directory_fails_naming_path_and_creates_nothi
     umt_context_destroy(a.ctx);
 }
 
+static void test_check_writable_refuses_a_missing_folder_and_a_folder_and_leaves_nothing(void **state) {
+    (void)state;
+    int before = entries(NULL);
+    const char *missing = path_of("no-such-directory/model.ckpt");
+    assert_int_equal(umt_checkpoint_check_writable(missing), UMT_ERR_IO);
+    assert_non_null(strstr(umt_last_error(), missing));
+    assert_non_null(strstr(umt_last_error(), strerror(ENOENT)));
+    assert_int_equal(umt_checkpoint_check_writable(dir), UMT_ERR_IO);
+    assert_non_null(strstr(umt_last_error(), "is a folder"));
+    const char *fine = path_of("fine.ckpt");
+    expect_ok(umt_checkpoint_check_writable(fine));
+    /* Nothing created: not the checkpoint, not the temporary file. */
+    assert_int_equal(entries(NULL), before);
+}
+
 /* A directory in the way makes the final rename fail, after the temporary file is written. */
 static void test_failed_rename_removes_temporary_file_and_keeps_target(void **state) {
     (void)state;
@@ -526,6 +541,7 @@ int main(void) {
         cmocka_unit_test(test_model_only_checkpoint_round_trips),
         cmocka_unit_test(test_saving_over_a_checkpoint_replaces_it_and_leaves_no_temporary_file),
         cmocka_unit_test(test_save_into_missing_directory_fails_naming_path_and_creates_nothing),
+        cmocka_unit_test(test_check_writable_refuses_a_missing_folder_and_a_folder_and_leaves_nothing),
         cmocka_unit_test(test_failed_rename_removes_temporary_file_and_keeps_target),
         cmocka_unit_test(test_truncated_checkpoint_is_refused_at_every_cut),
         cmocka_unit_test(test_flipped_byte_is_a_checksum_mismatch),
