@@ -2,6 +2,7 @@
 #include "examples/example_common.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +13,22 @@ int example_number(const char *program, const char *flag, const char *text, doub
     char *end = NULL;
     errno = 0;
     double v = strtod(text, &end);
-    if (errno || end == text || *end || v < low || v > high) {
+    /* Written so that NaN, which compares false with everything, is out of every range. */
+    if (errno || end == text || *end || !(v >= low && v <= high)) {
         /* %.15g: whole bounds as whole numbers ([1, 1048576], not [1, 1.04858e+06]). */
         fprintf(stderr, "%s: %s '%s': expected a number in [%.15g, %.15g]\n", program, flag, text, low, high);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int example_whole_number(const char *program, const char *flag, const char *text, double low, double high,
+                         double *out) {
+    double v = 0;
+    if (example_number(program, flag, text, low, high, &v)) return -1;
+    if (v != floor(v)) {
+        fprintf(stderr, "%s: %s '%s': expected a whole number in [%.15g, %.15g]\n", program, flag, text, low, high);
         return -1;
     }
     *out = v;
@@ -114,12 +128,12 @@ example_input_flags example_input_defaults(void) {
 int example_input_flag(const char *program, example_input_flags *flags, const char *flag, const char *value) {
     double v = 0;
     if (!strcmp(flag, "--prefetch")) {
-        int bad = example_number(program, flag, value, 1, 64, &v);
+        int bad = example_whole_number(program, flag, value, 1, 64, &v);
         flags->prefetch = (int)v;
         return bad;
     }
     if (!strcmp(flag, "--workers")) {
-        int bad = example_number(program, flag, value, 1, 64, &v);
+        int bad = example_whole_number(program, flag, value, 1, 64, &v);
         flags->workers = (int)v;
         return bad;
     }

@@ -16,6 +16,9 @@
 /* Parses text as a number in [low, high] that fills the whole argument; on error prints
  * "<program>: <flag> '<text>': expected ..." and returns -1. */
 int example_number(const char *program, const char *flag, const char *text, double low, double high, double *out);
+/* example_number for counts: a fraction ("2.5") is refused, not cut to 2. */
+int example_whole_number(const char *program, const char *flag, const char *text, double low, double high,
+                         double *out);
 /* 0 for UMT_OK; otherwise prints "<program>: <umt_last_error()>" and returns -1. */
 int example_check(const char *program, umt_status status);
 /* Seconds on a monotonic clock. */

@@ -49,14 +49,14 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     if (bad <= 0) return bad;
     bad = 0;
     if (!strcmp(flag, "--root")) o->folder.root = value;
-    else if (!strcmp(flag, "--size")) bad = example_number(program, flag, value, 1, 4096, &v), o->folder.height = o->folder.width = (int)v;
-    else if (!strcmp(flag, "--channels")) bad = example_number(program, flag, value, 0, 3, &v), o->folder.channels = (int)v;
+    else if (!strcmp(flag, "--size")) bad = example_whole_number(program, flag, value, 1, 4096, &v), o->folder.height = o->folder.width = (int)v;
+    else if (!strcmp(flag, "--channels")) bad = example_whole_number(program, flag, value, 0, 3, &v), o->folder.channels = (int)v;
     else if (!strcmp(flag, "--test-fraction")) bad = example_number(program, flag, value, 0, 0.99, &v), o->folder.test_fraction = v;
-    else if (!strcmp(flag, "--epochs")) bad = example_number(program, flag, value, 1, 1000, &v), o->epochs = (int)v;
-    else if (!strcmp(flag, "--batch-size")) bad = example_number(program, flag, value, 1, 1 << 16, &v), o->batch_size = (int64_t)v;
+    else if (!strcmp(flag, "--epochs")) bad = example_whole_number(program, flag, value, 1, 1000, &v), o->epochs = (int)v;
+    else if (!strcmp(flag, "--batch-size")) bad = example_whole_number(program, flag, value, 1, 1 << 16, &v), o->batch_size = (int64_t)v;
     else if (!strcmp(flag, "--lr")) bad = example_number(program, flag, value, 1e-9, 100, &v), o->lr = (float)v;
-    else if (!strcmp(flag, "--seed")) bad = example_number(program, flag, value, 0, 1e15, &v), o->seed = (uint64_t)v;
-    else if (!strcmp(flag, "--crop-padding")) bad = example_number(program, flag, value, 0, 64, &v), o->crop_padding = (int)v;
+    else if (!strcmp(flag, "--seed")) bad = example_whole_number(program, flag, value, 0, 1e15, &v), o->seed = (uint64_t)v;
+    else if (!strcmp(flag, "--crop-padding")) bad = example_whole_number(program, flag, value, 0, 64, &v), o->crop_padding = (int)v;
     else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device));
     else {
         fprintf(stderr, "%s: unknown flag %s\n", program, flag);

@@ -67,8 +67,8 @@ int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--data-dir")) dir = argv[i + 1];
         else if (!strcmp(argv[i], "--out")) out = argv[i + 1];
-        else if (!strcmp(argv[i], "--train")) { if (example_number(program, argv[i], argv[i + 1], 0, 60000, &train)) return 2; }
-        else if (!strcmp(argv[i], "--test")) { if (example_number(program, argv[i], argv[i + 1], 0, 10000, &test)) return 2; }
+        else if (!strcmp(argv[i], "--train")) { if (example_whole_number(program, argv[i], argv[i + 1], 0, 60000, &train)) return 2; }
+        else if (!strcmp(argv[i], "--test")) { if (example_whole_number(program, argv[i], argv[i + 1], 0, 10000, &test)) return 2; }
         else out = NULL, i = argc;
     }
     if (!out || argc % 2 == 0) {
