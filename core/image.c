@@ -15,28 +15,18 @@
 #include "core/image_format.h"
 #include "core/tensor.h"
 
-/* Larger images are refused before decoding: a forged header must not make us allocate. */
-#define UMT_IMAGE_MAX_SIDE 16384
-
-/* Sides outside 1..UMT_IMAGE_MAX_SIDE are refused, both as the header gives them and as decoded:
- * stb_image reads a BMP whose header says width 0, and stb_image_resize then fails an assert,
- * which would end the process. */
-static umt_status check_sides(const char *path, int w, int h) {
-    if (w >= 1 && h >= 1 && w <= UMT_IMAGE_MAX_SIDE && h <= UMT_IMAGE_MAX_SIDE) return UMT_OK;
-    return umt_fail(UMT_ERR_FORMAT, "%s: image is %dx%d, expected 1..%d pixels on a side", path, w, h,
-                    UMT_IMAGE_MAX_SIDE);
-}
-
 /* Decodes path into channels-per-pixel bytes, resized to height x width: a malloc'ed buffer. */
 static umt_status decode(const char *path, int channels, int height, int width, unsigned char **out) {
     int w = 0, h = 0, file_channels = 0;
-    UMT_TRY(umt_image_check_signature(path));
+    size_t file_bytes = 0;
+    UMT_TRY(umt_image_check_file(path, &file_bytes));
     if (!stbi_info(path, &w, &h, &file_channels))
         return umt_fail(UMT_ERR_FORMAT, "%s: not a readable PNG, JPEG or BMP image (%s)", path, stbi_failure_reason());
-    UMT_TRY(check_sides(path, w, h));
+    UMT_TRY(umt_image_check_sides(path, w, h, file_bytes));
     unsigned char *pixels = stbi_load(path, &w, &h, &file_channels, channels);
     if (!pixels) return umt_fail(UMT_ERR_FORMAT, "%s: cannot decode (%s)", path, stbi_failure_reason());
-    umt_status sides = check_sides(path, w, h);
+    /* Again as decoded: the header said one thing to stbi_info; the decoder's word is final. */
+    umt_status sides = umt_image_check_sides(path, w, h, file_bytes);
     if (sides != UMT_OK) {
         stbi_image_free(pixels);
         return sides;

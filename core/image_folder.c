@@ -24,9 +24,6 @@
 #include "core/image_format.h"
 #include "core/samples.h"
 
-/* Larger images are refused before decoding: a forged header must not make us allocate. */
-#define MAX_SIDE 16384
-
 typedef struct {
     char *path;
     int32_t label;
@@ -152,11 +149,11 @@ static umt_status bad(scan_state *scan, bool *skip, umt_status status) {
 /* Reads the file's header: readable, a PNG/JPEG/BMP of sane size, with the right channels. */
 static umt_status check_file(scan_state *scan, const char *path) {
     int w = 0, h = 0, file_channels = 0;
-    UMT_TRY(umt_image_check_signature(path));
+    size_t file_bytes = 0;
+    UMT_TRY(umt_image_check_file(path, &file_bytes));
     if (!stbi_info(path, &w, &h, &file_channels))
         return umt_fail(UMT_ERR_FORMAT, "%s: not a readable PNG, JPEG or BMP image (%s)", path, stbi_failure_reason());
-    if (w < 1 || h < 1 || w > MAX_SIDE || h > MAX_SIDE)
-        return umt_fail(UMT_ERR_FORMAT, "%s: image is %dx%d, expected 1..%d pixels on a side", path, w, h, MAX_SIDE);
+    UMT_TRY(umt_image_check_sides(path, w, h, file_bytes));
     /* Grey with or without alpha is one channel; colour with or without alpha is three. */
     int channels = file_channels <= 2 ? 1 : 3;
     if (!scan->channels) scan->channels = channels;
@@ -215,16 +212,17 @@ static umt_status folder_read(const umt_samples *base, int64_t index, uint8_t *p
     const folder_samples *s = (const folder_samples *)base;
     const image_file *file = &s->list.files[index];
     int c = (int)base->chw[0], h = (int)base->chw[1], w = (int)base->chw[2], file_w = 0, file_h = 0, file_c = 0;
+    /* Checked again, and the decoded sides too: the file may have changed since the scan. */
+    size_t file_bytes = 0;
+    UMT_TRY(umt_image_check_file(file->path, &file_bytes));
     unsigned char *decoded = stbi_load(file->path, &file_w, &file_h, &file_c, c);
     if (!decoded)
         return umt_fail(UMT_ERR_FORMAT, "%s: cannot decode (%s), although its header was readable", file->path,
                         stbi_failure_reason());
-    /* The header was checked at the scan, but the file may have changed since: a side of 0 would
-     * fail an assert in stb_image_resize and end the process. */
-    if (file_w < 1 || file_h < 1 || file_w > MAX_SIDE || file_h > MAX_SIDE) {
+    umt_status sides = umt_image_check_sides(file->path, file_w, file_h, file_bytes);
+    if (sides != UMT_OK) {
         stbi_image_free(decoded);
-        return umt_fail(UMT_ERR_FORMAT, "%s: decoded as %dx%d, expected 1..%d pixels on a side", file->path, file_w,
-                        file_h, MAX_SIDE);
+        return sides;
     }
     int ok = 1;
     if (file_w == w && file_h == h) memcpy(pixels, decoded, (size_t)w * (size_t)h * (size_t)c);
@@ -282,11 +280,11 @@ static umt_status split_by_fraction(file_list *all, double fraction, file_list *
 static umt_status check_options(const umt_image_folder_options *o) {
     if (!o || !o->root) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_image_folder_open: options and root must be set");
     if ((o->channels != 0 && o->channels != 1 && o->channels != 3) || o->height < 1 || o->width < 1 ||
-        o->height > MAX_SIDE || o->width > MAX_SIDE || !(o->test_fraction >= 0 && o->test_fraction < 1))
+        o->height > UMT_IMAGE_MAX_SIDE || o->width > UMT_IMAGE_MAX_SIDE || !(o->test_fraction >= 0 && o->test_fraction < 1))
         return umt_fail(UMT_ERR_INVALID_ARGUMENT,
                         "image folder %s: channels %d, size %dx%d, test fraction %g: expected channels 0, 1 or 3, "
                         "1..%d pixels a side, a fraction in [0, 1)",
-                        o->root, o->channels, o->height, o->width, o->test_fraction, MAX_SIDE);
+                        o->root, o->channels, o->height, o->width, o->test_fraction, UMT_IMAGE_MAX_SIDE);
     return UMT_OK;
 }
 

@@ -1,18 +1,41 @@
 /*
- * core/image_format.h — which files umtrain reads as images: PNG, JPEG and BMP, and nothing else.
+ * core/image_format.h — which files umtrain hands to stb_image, and what it checks first.
  *
- * stb_image, which decodes them, also reads GIF, PSD, HDR, PIC, PNM and TGA, and TGA has no
- * signature: handed any other file, it may find a TGA image in it. So every image file is first
- * checked here by its first bytes (core/image.c before decoding, core/image_folder.c before
- * reading the header), and what is not one of the three is refused, its first bytes shown.
+ * stb_image (Debian's libstb) decodes the images, and it trusts what a file says: it reads GIF,
+ * PSD, HDR, PIC, PNM and TGA besides the three formats umtrain promises, and TGA has no
+ * signature, so any other file may pass for one; it allocates a PNG chunk's declared length
+ * before reading it (a 138-byte file made it ask for 2 GiB: found by tests/fuzz/fuzz_image.c);
+ * and it allocates an image's declared size whatever the file holds. So every image file is
+ * checked here first (core/image.c before decoding, core/image_folder.c before reading the
+ * header), and refused with a message naming it when:
+ *   - it does not start as a PNG, JPEG or BMP file does (its first bytes are shown);
+ *   - a PNG chunk runs past the end of the file;
+ *   - a side is outside 1..UMT_IMAGE_MAX_SIDE (stb_image reads a BMP of width 0, and then
+ *     stb_image_resize fails an assert, ending the process);
+ *   - it declares more pixels than its bytes can hold: UMT_IMAGE_PIXELS_PER_BYTE per byte.
  */
 #ifndef UMT_CORE_IMAGE_FORMAT_H
 #define UMT_CORE_IMAGE_FORMAT_H
 
+#include <stddef.h>
+
 #include "umtrain.h"
 
-/* UMT_OK when the file at path starts as a PNG, JPEG or BMP file does; UMT_ERR_IO when it cannot
- * be opened, UMT_ERR_FORMAT otherwise (the message names the file and its first bytes). */
-umt_status umt_image_check_signature(const char *path);
+/* The most pixels on a side. */
+#define UMT_IMAGE_MAX_SIDE 16384
+
+/* The most pixels a file may declare per byte it holds, with 64 Ki pixels allowed to any file.
+ * The densest real case is a PNG of 1-bit pixels: deflate gives at most 1032 bytes per byte it
+ * reads, 8 pixels each (a JPEG needs a bit per 8 x 8 block, 512 pixels per byte; a BMP's pixels
+ * are stored whole). */
+#define UMT_IMAGE_PIXELS_PER_BYTE 8256
+
+/* The file's signature, and for a PNG its chunks; its size in bytes goes to *file_bytes.
+ * UMT_ERR_IO when it cannot be opened or read, UMT_ERR_FORMAT for what it holds. */
+umt_status umt_image_check_file(const char *path, size_t *file_bytes);
+
+/* Sides as a header declares them (or as a decode gave them) against UMT_IMAGE_MAX_SIDE and
+ * UMT_IMAGE_PIXELS_PER_BYTE; UMT_ERR_FORMAT naming the file and the sides. */
+umt_status umt_image_check_sides(const char *path, int width, int height, size_t file_bytes);
 
 #endif /* UMT_CORE_IMAGE_FORMAT_H */

@@ -243,23 +243,45 @@ static void expect_first_batch_fails_naming(umt_samples *train, const char *word
     umt_samples_destroy(train);
 }
 
-static void test_a_truncated_file_fails_the_batch_that_decodes_it(void **state) {
+static void test_a_corrupt_pixel_stream_fails_the_batch_that_decodes_it(void **state) {
     (void)state;
     write_classes("", 3, 1);
-    /* A PNG whose header is intact but whose pixel data is cut off. */
+    /* A PNG whose header and chunk lengths are intact but whose compressed pixels are garbage. */
     uint8_t pixels[64 * 64];
     for (int i = 0; i < 64 * 64; ++i) pixels[i] = (uint8_t)(i * 37);
-    assert_true(stbi_write_png(path_of("a/01_cut.png"), 64, 64, 1, pixels, 64));
-    FILE *f = fopen(path_of("a/01_cut.png"), "rb");
-    char bytes[4096];
+    assert_true(stbi_write_png(path_of("a/01_bad.png"), 64, 64, 1, pixels, 64));
+    FILE *f = fopen(path_of("a/01_bad.png"), "rb");
+    char bytes[8192];
     size_t n = fread(bytes, 1, sizeof bytes, f);
     fclose(f);
-    write_bytes("a/01_cut.png", bytes, n < 80 ? n : 80);
+    assert_true(n > 80 && n < sizeof bytes);
+    memset(bytes + 45, 0xff, 32); /* the zlib stream starts at byte 41: signature, IHDR, IDAT's head */
+    write_bytes("a/01_bad.png", bytes, n);
     umt_image_folder_options o = folder_options(1);
     o.test_fraction = 0;
     umt_samples *train;
     assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_OK);
-    expect_first_batch_fails_naming(train, "a/01_cut.png");
+    expect_first_batch_fails_naming(train, "a/01_bad.png: cannot decode");
+}
+
+/* Cut short, its last chunk runs past the end of the file: refused at the scan, before stb_image
+ * would allocate what the chunk says. */
+static void test_a_truncated_png_is_refused_at_the_scan(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    uint8_t pixels[64 * 64];
+    for (int i = 0; i < 64 * 64; ++i) pixels[i] = (uint8_t)(i * 37);
+    assert_true(stbi_write_png(path_of("a/01_cut.png"), 64, 64, 1, pixels, 64));
+    FILE *f = fopen(path_of("a/01_cut.png"), "rb");
+    char bytes[8192];
+    size_t n = fread(bytes, 1, sizeof bytes, f);
+    fclose(f);
+    write_bytes("a/01_cut.png", bytes, n < 80 ? n : 80);
+    umt_samples *train = NULL;
+    umt_image_folder_options o = folder_options(1);
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_FORMAT);
+    assert_non_null(strstr(umt_last_error(), "a/01_cut.png: PNG chunk 'IDAT' at byte 33 says"));
+    assert_null(train);
 }
 
 /* A file replaced after the scan by a BMP whose header says width 0 (stb_image decodes it; its
@@ -278,7 +300,7 @@ static void test_a_file_decoded_with_no_width_fails_the_batch_naming_it(void **s
     assert_int_equal(fseek(f, 18, SEEK_SET), 0);
     assert_int_equal(fwrite(zero_width, 1, sizeof zero_width, f), sizeof zero_width);
     assert_int_equal(fclose(f), 0);
-    expect_first_batch_fails_naming(train, "a/00.png: decoded as 0x8, expected 1..");
+    expect_first_batch_fails_naming(train, "a/00.png: image is 0x8, expected 1..16384 pixels on a side");
 }
 
 static void test_a_missing_root_and_bad_options_are_refused(void **state) {
@@ -304,7 +326,8 @@ int main(void) {
         FOLDER_TEST(test_a_file_of_another_format_named_png_is_refused_by_its_first_bytes),
         FOLDER_TEST(test_a_colour_file_among_grey_ones_names_the_file),
         FOLDER_TEST(test_an_empty_class_folder_is_named),
-        FOLDER_TEST(test_a_truncated_file_fails_the_batch_that_decodes_it),
+        FOLDER_TEST(test_a_corrupt_pixel_stream_fails_the_batch_that_decodes_it),
+        FOLDER_TEST(test_a_truncated_png_is_refused_at_the_scan),
         FOLDER_TEST(test_a_file_decoded_with_no_width_fails_the_batch_naming_it),
         FOLDER_TEST(test_a_missing_root_and_bad_options_are_refused),
     };

@@ -64,10 +64,18 @@ static int setup(void **state) {
              stbi_write_png(path_of("big.png"), 56, 56, 1, big, 56) &&
              stbi_write_png(path_of("rgb.png"), 28, 28, 3, rgb, 28 * 3) &&
              stbi_write_png(path_of("huge.png"), 20000, 1, 1, wide, 20000) &&
-             stbi_write_bmp(path_of("zero-width.bmp"), 28, 28, 1, grey);
+             stbi_write_bmp(path_of("zero-width.bmp"), 28, 28, 1, grey) &&
+             stbi_write_png(path_of("long-chunk.png"), 28, 28, 1, grey, 28) &&
+             stbi_write_bmp(path_of("sparse.bmp"), 28, 28, 1, grey);
     /* The BMP header's width (a little-endian int32 at byte 18) made 0: stb_image still reads it. */
     static const unsigned char zero[4] = {0};
     ok = ok && patch_file("zero-width.bmp", 18, zero, sizeof zero) == 0;
+    /* The IDAT chunk's length (big-endian, at byte 33) made 2^31 - 1: stb_image would allocate it. */
+    static const unsigned char huge_length[4] = {0x7f, 0xff, 0xff, 0xff};
+    ok = ok && patch_file("long-chunk.png", 33, huge_length, sizeof huge_length) == 0;
+    /* 16384 x 16384 pixels declared in 2.4 kB: width and height (int32 at bytes 18 and 22). */
+    static const unsigned char side_16384[8] = {0x00, 0x40, 0, 0, 0x00, 0x40, 0, 0};
+    ok = ok && patch_file("sparse.bmp", 18, side_16384, sizeof side_16384) == 0;
     /* A 2 x 2 grey TGA and PGM: stb_image reads both, umtrain must not (its formats are three). */
     static const unsigned char tga[] = {0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 2, 0, 8, 0, 0, 255, 128, 64};
     static const unsigned char pgm[] = {'P', '5', '\n', '2', ' ', '2', '\n', '2', '5', '5', '\n', 0, 255, 128, 64};
@@ -80,7 +88,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     const char *names[] = {"grey.png", "grey.bmp", "grey.jpg", "big.png",  "rgb.png",      "huge.png",
-                           "garbage.png", "grey.tga", "grey.pgm", "empty.png", "truncated.png", "zero-width.bmp"};
+                           "garbage.png", "grey.tga", "grey.pgm", "empty.png", "truncated.png", "zero-width.bmp", "long-chunk.png", "sparse.bmp"};
     for (size_t i = 0; i < sizeof names / sizeof *names; ++i) unlink(path_of(names[i]));
     umt_context_destroy(ctx);
     return rmdir(dir);
@@ -153,6 +161,9 @@ static void test_bad_files_are_refused_naming_the_file(void **state) {
     expect_error("huge.png", UMT_ERR_FORMAT, "20000x1");
     /* Found by tests/fuzz: resizing it failed an assert in stb_image_resize, ending the process. */
     expect_error("zero-width.bmp", UMT_ERR_FORMAT, "image is 0x28, expected 1..16384 pixels on a side");
+    /* Found by tests/fuzz too: a 138-byte PNG made stb_image ask for 2 GiB. */
+    expect_error("long-chunk.png", UMT_ERR_FORMAT, "PNG chunk 'IDAT' at byte 33 says 2147483647 bytes of data");
+    expect_error("sparse.bmp", UMT_ERR_FORMAT, "image is 16384x16384, more pixels than its 2406 bytes can hold");
 }
 
 static void test_formats_other_than_png_jpeg_and_bmp_are_refused(void **state) {
