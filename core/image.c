@@ -1,14 +1,8 @@
 /*
- * core/image.c — image files into a normalised batch: decoding and resizing by stb (Debian's
- * libstb), then the same normalisation as the datasets.
+ * core/image.c — image files into a normalised batch: read and resized by core/image_format.c
+ * (stb_image, after its checks), then the same normalisation as the datasets.
  */
-#include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-
-#include <stb/stb_image.h>
-#include <stb/stb_image_resize.h>
 
 #include "core/context.h"
 #include "core/error.h"
@@ -17,31 +11,14 @@
 
 /* Decodes path into channels-per-pixel bytes, resized to height x width: a malloc'ed buffer. */
 static umt_status decode(const char *path, int channels, int height, int width, unsigned char **out) {
-    int w = 0, h = 0, file_channels = 0;
-    size_t file_bytes = 0;
-    UMT_TRY(umt_image_check_file(path, &file_bytes));
-    if (!stbi_info(path, &w, &h, &file_channels))
-        return umt_fail(UMT_ERR_FORMAT, "%s: not a readable PNG, JPEG or BMP image (%s)", path, stbi_failure_reason());
-    UMT_TRY(umt_image_check_sides(path, w, h, file_bytes));
-    unsigned char *pixels = stbi_load(path, &w, &h, &file_channels, channels);
-    if (!pixels) return umt_fail(UMT_ERR_FORMAT, "%s: cannot decode (%s)", path, stbi_failure_reason());
-    /* Again as decoded: the header said one thing to stbi_info; the decoder's word is final. */
-    umt_status sides = umt_image_check_sides(path, w, h, file_bytes);
-    if (sides != UMT_OK) {
-        stbi_image_free(pixels);
-        return sides;
+    unsigned char *pixels = malloc((size_t)width * (size_t)height * (size_t)channels);
+    if (!pixels) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: no memory for a %dx%d image", path, width, height);
+    umt_status status = umt_image_read(path, channels, height, width, pixels);
+    if (status != UMT_OK) {
+        free(pixels);
+        return status;
     }
-    /* Always into our own buffer, so the caller frees one kind of memory. */
-    unsigned char *resized = malloc((size_t)width * (size_t)height * (size_t)channels);
-    int ok = resized != NULL;
-    if (ok && w == width && h == height) memcpy(resized, pixels, (size_t)width * (size_t)height * (size_t)channels);
-    else if (ok) ok = stbir_resize_uint8(pixels, w, h, 0, resized, width, height, 0, channels);
-    stbi_image_free(pixels);
-    if (!ok) {
-        free(resized);
-        return umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: cannot resize %dx%d to %dx%d", path, w, h, width, height);
-    }
-    *out = resized;
+    *out = pixels;
     return UMT_OK;
 }
 

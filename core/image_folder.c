@@ -1,10 +1,11 @@
 /*
  * core/image_folder.c — image folders as samples: root/<class>/<file>.png|jpg|jpeg|bmp.
  *
- * Opening scans the folders and reads each file's header only (stbi_info: size and channels), so
- * a bad file is reported before training starts, by name; the pixels are decoded later, one
- * sample at a time, by the loader's threads (never on the compute path). A file whose header is
- * fine but whose body does not decode is an error of the loader's next batch, naming the file.
+ * Opening scans the folders and reads each file's header only (umt_image_check_header: size and
+ * channels), so a bad file is reported before training starts, by name; the pixels are decoded
+ * later, one sample at a time, by the loader's threads (never on the compute path). A file whose
+ * header is fine but whose body does not decode is an error of the loader's next batch, naming
+ * the file.
  *
  * The split: with root/train/ and root/test/ folders, those; otherwise every class's files,
  * sorted by name, go to test at a steady rate of test_fraction (stratified, the same every run).
@@ -16,9 +17,6 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
-
-#include <stb/stb_image.h>
-#include <stb/stb_image_resize.h>
 
 #include "core/error.h"
 #include "core/image_format.h"
@@ -150,10 +148,7 @@ static umt_status bad(scan_state *scan, bool *skip, umt_status status) {
 static umt_status check_file(scan_state *scan, const char *path) {
     int w = 0, h = 0, file_channels = 0;
     size_t file_bytes = 0;
-    UMT_TRY(umt_image_check_file(path, &file_bytes));
-    if (!stbi_info(path, &w, &h, &file_channels))
-        return umt_fail(UMT_ERR_FORMAT, "%s: not a readable PNG, JPEG or BMP image (%s)", path, stbi_failure_reason());
-    UMT_TRY(umt_image_check_sides(path, w, h, file_bytes));
+    UMT_TRY(umt_image_check_header(path, &w, &h, &file_channels, &file_bytes));
     /* Grey with or without alpha is one channel; colour with or without alpha is three. */
     int channels = file_channels <= 2 ? 1 : 3;
     if (!scan->channels) scan->channels = channels;
@@ -211,24 +206,8 @@ static umt_status scan_split(scan_state *scan, const char *dir, file_list *out) 
 static umt_status folder_read(const umt_samples *base, int64_t index, uint8_t *pixels, int32_t *label) {
     const folder_samples *s = (const folder_samples *)base;
     const image_file *file = &s->list.files[index];
-    int c = (int)base->chw[0], h = (int)base->chw[1], w = (int)base->chw[2], file_w = 0, file_h = 0, file_c = 0;
-    /* Checked again, and the decoded sides too: the file may have changed since the scan. */
-    size_t file_bytes = 0;
-    UMT_TRY(umt_image_check_file(file->path, &file_bytes));
-    unsigned char *decoded = stbi_load(file->path, &file_w, &file_h, &file_c, c);
-    if (!decoded)
-        return umt_fail(UMT_ERR_FORMAT, "%s: cannot decode (%s), although its header was readable", file->path,
-                        stbi_failure_reason());
-    umt_status sides = umt_image_check_sides(file->path, file_w, file_h, file_bytes);
-    if (sides != UMT_OK) {
-        stbi_image_free(decoded);
-        return sides;
-    }
-    int ok = 1;
-    if (file_w == w && file_h == h) memcpy(pixels, decoded, (size_t)w * (size_t)h * (size_t)c);
-    else ok = stbir_resize_uint8(decoded, file_w, file_h, 0, pixels, w, h, 0, c);
-    stbi_image_free(decoded);
-    if (!ok) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: cannot resize %dx%d to %dx%d", file->path, file_w, file_h, w, h);
+    /* Every check again: the file may have changed since the scan. */
+    UMT_TRY(umt_image_read(file->path, (int)base->chw[0], (int)base->chw[1], (int)base->chw[2], pixels));
     *label = file->label;
     return UMT_OK;
 }

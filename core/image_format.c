@@ -1,6 +1,6 @@
 /*
- * core/image_format.c — the checks an image file passes before stb_image reads it (the header
- * says which, and why).
+ * core/image_format.c — reading an image file through stb_image, after the checks it must pass
+ * first (the header says which, and why).
  */
 #include "core/image_format.h"
 
@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include <stb/stb_image.h>
+#include <stb/stb_image_resize.h>
 
 #include "core/error.h"
 
@@ -80,4 +83,28 @@ umt_status umt_image_check_sides(const char *path, int width, int height, size_t
         return umt_fail(UMT_ERR_FORMAT, "%s: image is %dx%d, more pixels than its %zu bytes can hold", path, width,
                         height, file_bytes);
     return UMT_OK;
+}
+
+umt_status umt_image_check_header(const char *path, int *width, int *height, int *file_channels,
+                                  size_t *file_bytes) {
+    UMT_TRY(umt_image_check_file(path, file_bytes));
+    if (!stbi_info(path, width, height, file_channels))
+        return umt_fail(UMT_ERR_FORMAT, "%s: not a readable PNG, JPEG or BMP image (%s)", path, stbi_failure_reason());
+    return umt_image_check_sides(path, *width, *height, *file_bytes);
+}
+
+umt_status umt_image_read(const char *path, int channels, int height, int width, unsigned char *out) {
+    int w = 0, h = 0, file_channels = 0;
+    size_t file_bytes = 0;
+    UMT_TRY(umt_image_check_header(path, &w, &h, &file_channels, &file_bytes));
+    unsigned char *pixels = stbi_load(path, &w, &h, &file_channels, channels);
+    if (!pixels) return umt_fail(UMT_ERR_FORMAT, "%s: cannot decode (%s)", path, stbi_failure_reason());
+    /* Again as decoded: the header said one thing to stbi_info; the decoder's word is final. */
+    umt_status status = umt_image_check_sides(path, w, h, file_bytes);
+    if (status == UMT_OK && w == width && h == height)
+        memcpy(out, pixels, (size_t)width * (size_t)height * (size_t)channels);
+    else if (status == UMT_OK && !stbir_resize_uint8(pixels, w, h, 0, out, width, height, 0, channels))
+        status = umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: cannot resize %dx%d to %dx%d", path, w, h, width, height);
+    stbi_image_free(pixels);
+    return status;
 }

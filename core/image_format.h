@@ -1,13 +1,15 @@
 /*
- * core/image_format.h — which files umtrain hands to stb_image, and what it checks first.
+ * core/image_format.h — reading image files: which files umtrain hands to stb_image, and what it
+ * checks first.
  *
  * stb_image (Debian's libstb) decodes the images, and it trusts what a file says: it reads GIF,
  * PSD, HDR, PIC, PNM and TGA besides the three formats umtrain promises, and TGA has no
  * signature, so any other file may pass for one; it allocates a PNG chunk's declared length
  * before reading it (a 138-byte file made it ask for 2 GiB: found by tests/fuzz/fuzz_image.c);
  * and it allocates an image's declared size whatever the file holds. So every image file is
- * checked here first (core/image.c before decoding, core/image_folder.c before reading the
- * header), and refused with a message naming it when:
+ * checked here first (umt_image_read before decoding: core/image.c and the image folder's
+ * loader; umt_image_check_header when the folder is scanned), and refused with a message naming
+ * it when:
  *   - it does not start as a PNG, JPEG or BMP file does (its first bytes are shown);
  *   - a PNG chunk runs past the end of the file;
  *   - a side is outside 1..UMT_IMAGE_MAX_SIDE (stb_image reads a BMP of width 0, and then
@@ -37,5 +39,15 @@ umt_status umt_image_check_file(const char *path, size_t *file_bytes);
 /* Sides as a header declares them (or as a decode gave them) against UMT_IMAGE_MAX_SIDE and
  * UMT_IMAGE_PIXELS_PER_BYTE; UMT_ERR_FORMAT naming the file and the sides. */
 umt_status umt_image_check_sides(const char *path, int width, int height, size_t file_bytes);
+
+/* The checks of umt_image_check_file, then the header (stb_image's stbi_info: the sides and the
+ * file's channels) and the checks of umt_image_check_sides. */
+umt_status umt_image_check_header(const char *path, int *width, int *height, int *file_channels,
+                                  size_t *file_bytes);
+
+/* Every check above, then the decode: `channels` (1 grey, 3 RGB) interleaved bytes per pixel,
+ * resized to height x width when the file's size differs, into out (height * width * channels
+ * bytes). UMT_ERR_FORMAT for a file that fails a check or does not decode. */
+umt_status umt_image_read(const char *path, int channels, int height, int width, unsigned char *out);
 
 #endif /* UMT_CORE_IMAGE_FORMAT_H */

@@ -178,6 +178,15 @@ static void test_a_corrupt_file_stops_or_is_skipped_and_counted(void **state) {
     umt_samples_destroy(train);
 }
 
+/* Opening the folder (1 channel) must fail with UMT_ERR_FORMAT, naming `words`, and give nothing. */
+static void expect_open_fails_naming(const char *words) {
+    umt_samples *train = NULL;
+    umt_image_folder_options o = folder_options(1);
+    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_FORMAT);
+    assert_non_null(strstr(umt_last_error(), words));
+    assert_null(train);
+}
+
 /* stb_image would read this 2 x 2 TGA (which has no signature); a folder of PNG, JPEG and BMP
  * files must not take it for an image, whatever its name says. */
 static void test_a_file_of_another_format_named_png_is_refused_by_its_first_bytes(void **state) {
@@ -185,11 +194,7 @@ static void test_a_file_of_another_format_named_png_is_refused_by_its_first_byte
     write_classes("", 3, 1);
     static const char tga[] = {0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 2, 0, 8, 0, 0, (char)255, (char)128, 64};
     write_bytes("a/targa.png", tga, sizeof tga);
-    umt_samples *train = NULL;
-    umt_image_folder_options o = folder_options(1);
-    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_FORMAT);
-    assert_non_null(strstr(umt_last_error(), "a/targa.png: not a PNG, JPEG or BMP image: its first bytes are 00 00 03"));
-    assert_null(train);
+    expect_open_fails_naming("a/targa.png: not a PNG, JPEG or BMP image: its first bytes are 00 00 03");
 }
 
 static void test_a_colour_file_among_grey_ones_names_the_file(void **state) {
@@ -243,18 +248,25 @@ static void expect_first_batch_fails_naming(umt_samples *train, const char *word
     umt_samples_destroy(train);
 }
 
+/* A 64 x 64 grey PNG of varied pixels written at relative; its bytes into bytes[8192]. */
+static size_t varied_png(const char *relative, char *bytes) {
+    uint8_t pixels[64 * 64];
+    for (int i = 0; i < 64 * 64; ++i) pixels[i] = (uint8_t)(i * 37);
+    assert_true(stbi_write_png(path_of(relative), 64, 64, 1, pixels, 64));
+    FILE *f = fopen(path_of(relative), "rb");
+    assert_non_null(f);
+    size_t n = fread(bytes, 1, 8192, f);
+    fclose(f);
+    assert_true(n > 80 && n < 8192);
+    return n;
+}
+
 static void test_a_corrupt_pixel_stream_fails_the_batch_that_decodes_it(void **state) {
     (void)state;
     write_classes("", 3, 1);
     /* A PNG whose header and chunk lengths are intact but whose compressed pixels are garbage. */
-    uint8_t pixels[64 * 64];
-    for (int i = 0; i < 64 * 64; ++i) pixels[i] = (uint8_t)(i * 37);
-    assert_true(stbi_write_png(path_of("a/01_bad.png"), 64, 64, 1, pixels, 64));
-    FILE *f = fopen(path_of("a/01_bad.png"), "rb");
     char bytes[8192];
-    size_t n = fread(bytes, 1, sizeof bytes, f);
-    fclose(f);
-    assert_true(n > 80 && n < sizeof bytes);
+    size_t n = varied_png("a/01_bad.png", bytes);
     memset(bytes + 45, 0xff, 32); /* the zlib stream starts at byte 41: signature, IHDR, IDAT's head */
     write_bytes("a/01_bad.png", bytes, n);
     umt_image_folder_options o = folder_options(1);
@@ -269,19 +281,10 @@ static void test_a_corrupt_pixel_stream_fails_the_batch_that_decodes_it(void **s
 static void test_a_truncated_png_is_refused_at_the_scan(void **state) {
     (void)state;
     write_classes("", 3, 1);
-    uint8_t pixels[64 * 64];
-    for (int i = 0; i < 64 * 64; ++i) pixels[i] = (uint8_t)(i * 37);
-    assert_true(stbi_write_png(path_of("a/01_cut.png"), 64, 64, 1, pixels, 64));
-    FILE *f = fopen(path_of("a/01_cut.png"), "rb");
     char bytes[8192];
-    size_t n = fread(bytes, 1, sizeof bytes, f);
-    fclose(f);
-    write_bytes("a/01_cut.png", bytes, n < 80 ? n : 80);
-    umt_samples *train = NULL;
-    umt_image_folder_options o = folder_options(1);
-    assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_FORMAT);
-    assert_non_null(strstr(umt_last_error(), "a/01_cut.png: PNG chunk 'IDAT' at byte 33 says"));
-    assert_null(train);
+    varied_png("a/01_cut.png", bytes);
+    write_bytes("a/01_cut.png", bytes, 80);
+    expect_open_fails_naming("a/01_cut.png: PNG chunk 'IDAT' at byte 33 says");
 }
 
 /* A file replaced after the scan by a BMP whose header says width 0 (stb_image decodes it; its
