@@ -5,6 +5,7 @@
  */
 #include "core/offload.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,13 +14,11 @@
 #include "core/context.h"
 #include "core/error.h"
 #include "core/offload_state.h"
-#include "core/optim.h"
 #include "core/tensor.h"
 #include "memory/trace.h"
 
 #ifdef UMT_WITH_CUDA
 #include "core/cuda_check.h"
-#include "kernels/cuda/cuda_kernels.h"
 #endif
 
 double umt_offload_seconds(void) {
@@ -70,45 +69,71 @@ umt_status umt_offload_record(void *event, void *stream) {
     return UMT_OK;
 }
 
-umt_status umt_offload_copy(umt_offload *o, void *dst, const void *src, size_t bytes, bool to_device, const char *what) {
-    void *stream = to_device ? o->copy_in : o->copy_out;
+/* A copy engine serves the copies of one direction one whole copy at a time, whatever their
+ * streams: a 256 MiB weight copy would hold the state copies of the update ring back for 5 ms.
+ * Copies go in pieces of this size, so that streams take turns. */
+#define COPY_PIECE_BYTES ((size_t)16 << 20)
+
+umt_status umt_offload_copy_on(umt_offload *o, void *stream, int track, void *dst, const void *src, size_t bytes,
+                               bool to_device, const char *what) {
     umt_trace *trace = o->ctx->memory.trace;
     void *begin = umt_trace_begin(trace, stream);
-    UMT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
-                                 (cudaStream_t)stream));
-    umt_trace_end(trace, stream, begin, what, to_device ? "prefetch" : "offload",
-                  to_device ? UMT_TRACE_COPY_IN : UMT_TRACE_COPY_OUT, bytes);
+    for (size_t done = 0; done < bytes; done += COPY_PIECE_BYTES)
+        UMT_CUDA_TRY(cudaMemcpyAsync((char *)dst + done, (const char *)src + done,
+                                     bytes - done < COPY_PIECE_BYTES ? bytes - done : COPY_PIECE_BYTES,
+                                     to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, (cudaStream_t)stream));
+    umt_trace_end(trace, stream, begin, what, to_device ? "prefetch" : "offload", track, bytes);
     if (to_device) o->stats.bytes_to_device += bytes;
     else o->stats.bytes_to_host += bytes;
     return UMT_OK;
 }
 
+umt_status umt_offload_copy(umt_offload *o, void *dst, const void *src, size_t bytes, bool to_device, const char *what) {
+    return to_device ? umt_offload_copy_on(o, o->copy_in, UMT_TRACE_COPY_IN, dst, src, bytes, true, what)
+                     : umt_offload_copy_on(o, o->copy_out, UMT_TRACE_COPY_OUT, dst, src, bytes, false, what);
+}
+
+static umt_status create_events(void **events[], int count) {
+    for (int e = 0; e < count; ++e) UMT_CUDA_TRY(cudaEventCreateWithFlags((cudaEvent_t *)events[e], cudaEventDisableTiming));
+    return UMT_OK;
+}
+
 static umt_status create_streams(umt_offload *o) {
-    UMT_CUDA_TRY(cudaStreamCreateWithFlags((cudaStream_t *)&o->copy_in, cudaStreamNonBlocking));
-    UMT_CUDA_TRY(cudaStreamCreateWithFlags((cudaStream_t *)&o->copy_out, cudaStreamNonBlocking));
-    UMT_CUDA_TRY(cudaStreamCreateWithFlags((cudaStream_t *)&o->update, cudaStreamNonBlocking));
-    UMT_CUDA_TRY(cudaEventCreateWithFlags((cudaEvent_t *)&o->updated, cudaEventDisableTiming));
+    void **streams[] = {&o->copy_in, &o->copy_out, &o->state_in};
+    for (int i = 0; i < 3; ++i) UMT_CUDA_TRY(cudaStreamCreateWithFlags((cudaStream_t *)streams[i], cudaStreamNonBlocking));
+    /* The updates in backward are short kernels that free ring entries for the link: at the
+     * highest priority they take SMs as soon as backward's long kernels free any. */
+    int least, greatest;
+    UMT_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    UMT_CUDA_TRY(cudaStreamCreateWithPriority((cudaStream_t *)&o->update, cudaStreamNonBlocking, greatest));
+    UMT_TRY(create_events((void **[]){&o->updated, &o->homed}, 2));
     for (int s = 0; s < 2; ++s) {
         umt_offload_slot *slot = &o->slots[s];
-        void **events[] = {&slot->loaded, &slot->released, &slot->drained};
-        for (int e = 0; e < 3; ++e) UMT_CUDA_TRY(cudaEventCreateWithFlags((cudaEvent_t *)events[e], cudaEventDisableTiming));
+        UMT_TRY(create_events((void **[]){&slot->loaded, &slot->released, &slot->drained}, 3));
+    }
+    for (int e = 0; e < UMT_OFFLOAD_RING_ENTRIES; ++e) {
+        umt_offload_ring_entry *r = &o->ring[e];
+        UMT_TRY(create_events((void **[]){&r->loaded, &r->released, &r->drained}, 3));
     }
     return UMT_OK;
+}
+
+static void destroy_events(void *const events[], int count) {
+    for (int e = 0; e < count; ++e)
+        if (events[e]) cudaEventDestroy((cudaEvent_t)events[e]);
 }
 
 void umt_offload_destroy(umt_context *ctx) {
     umt_offload *o = ctx->offload;
     if (!o) return;
     /* Errors here leave nothing to undo: they are ignored. */
-    void *streams[] = {o->copy_in, o->copy_out, o->update};
-    for (int i = 0; i < 3; ++i)
+    void *streams[] = {o->copy_in, o->copy_out, o->update, o->state_in};
+    for (int i = 0; i < 4; ++i)
         if (streams[i]) cudaStreamSynchronize((cudaStream_t)streams[i]), cudaStreamDestroy((cudaStream_t)streams[i]);
-    for (int s = 0; s < 2; ++s) {
-        void *events[] = {o->slots[s].loaded, o->slots[s].released, o->slots[s].drained};
-        for (int e = 0; e < 3; ++e)
-            if (events[e]) cudaEventDestroy((cudaEvent_t)events[e]);
-    }
-    if (o->updated) cudaEventDestroy((cudaEvent_t)o->updated);
+    for (int s = 0; s < 2; ++s) destroy_events((void *[]){o->slots[s].loaded, o->slots[s].released, o->slots[s].drained}, 3);
+    for (int e = 0; e < UMT_OFFLOAD_RING_ENTRIES; ++e)
+        destroy_events((void *[]){o->ring[e].loaded, o->ring[e].released, o->ring[e].drained}, 3);
+    destroy_events((void *[]){o->updated, o->homed}, 2);
     umt_offload_activations_destroy(o);
     free(o->uses);
     free(o->cpu_jobs);
@@ -167,7 +192,7 @@ static umt_status make_slots(umt_offload *o, umt_tensor **tensors, const umt_pla
         UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_STREAM, o->slot_bytes, &o->slots[s].base));
         o->slots[s].grads = (char *)o->slots[s].base + largest_weights;
     }
-    return UMT_OK;
+    return o->plan.ring_bytes ? umt_offload_make_ring(o) : UMT_OK;
 }
 
 static umt_status check_offloadable(const umt_context *ctx, const umt_tensor *t) {
@@ -205,7 +230,8 @@ static umt_status plan_once(umt_offload *o) {
     int count = 0;
     umt_status st = collect_items(ctx, &items, &tensors, &count);
     size_t fixed = ctx->memory.device_bytes + ctx->options.offload_reserve_bytes;
-    if (st == UMT_OK) st = umt_plan_placement(items, count, ctx->memory.budget_bytes, fixed, &o->plan);
+    bool in_backward = o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD;
+    if (st == UMT_OK) st = umt_plan_placement(items, count, ctx->memory.budget_bytes, fixed, in_backward, &o->plan);
     if (st == UMT_OK || st == UMT_ERR_BUDGET) umt_plan_print(stderr, items, count, &o->plan);
     /* A plan that does not fit is a refused allocation too: show where the budget went. */
     if (st == UMT_ERR_BUDGET) umt_memory_print_contents(&ctx->memory, stderr);
@@ -253,6 +279,7 @@ static umt_status copy_gradient_out(umt_offload *o, int s) {
 
 umt_status umt_offload_evict(umt_offload *o, int s) {
     umt_offload_slot *slot = &o->slots[s];
+    UMT_TRY(umt_offload_deferred_piece(o, SIZE_MAX));
     if (!slot->holder) return UMT_OK;
     if (slot->grads_live) UMT_TRY(copy_gradient_out(o, s));
     slot->holder->data = slot->holder->home;
@@ -275,11 +302,25 @@ static umt_status bring_gradient_in(umt_offload *o, int s) {
     return UMT_OK;
 }
 
-/* Fills slot s with p's weights (and gradient), once queued compute is done with what it held. */
-static umt_status load(umt_offload *o, int s, umt_tensor *p, bool for_backward) {
+/* Backward's prefetched weights are put off when the update ring's chunks can carry them in (see
+ * umt_offload_deferred in core/offload_state.h): the gradient part is made ready now. Weights
+ * for the use at hand are needed before any chunk. */
+static bool defer(const umt_offload *o, bool for_backward, bool ahead) {
+    return ahead && for_backward && o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD && o->attached && o->ring_arrays;
+}
+
+/* Fills slot s with p's weights (and gradient), once queued compute is done with what it held;
+ * ahead: for a later use than the one at hand. */
+static umt_status load(umt_offload *o, int s, umt_tensor *p, bool for_backward, bool ahead) {
     umt_offload_slot *slot = &o->slots[s];
     UMT_TRY(umt_offload_evict(o, s));
     UMT_TRY(umt_offload_record(slot->released, o->compute));
+    if (defer(o, for_backward, ahead)) {
+        slot->holder = p;
+        UMT_TRY(bring_gradient_in(o, s));
+        o->deferred = (umt_offload_deferred){p, s, 0};
+        return UMT_OK;
+    }
     UMT_TRY(umt_offload_wait(o->copy_in, slot->released));
     UMT_TRY(umt_offload_wait(o->copy_in, slot->drained));
     UMT_TRY(umt_offload_copy(o, slot->base, p->home, p->bytes, true, p->name ? p->name : "weights"));
@@ -288,12 +329,13 @@ static umt_status load(umt_offload *o, int s, umt_tensor *p, bool for_backward) 
     return for_backward ? bring_gradient_in(o, s) : UMT_OK;
 }
 
-/* Makes the use's parameter resident in a slot (not `avoid`), ready for its use. */
+/* Makes the use's parameter resident in a slot, ready for its use; avoid >= 0: a prefetch, for
+ * the use after the one whose parameter is in slot avoid. */
 static umt_status make_resident(umt_offload *o, umt_tensor *p, bool for_backward, int avoid, int *slot_out) {
     int s = slot_holding(o, p);
     if (s < 0) {
         s = avoid >= 0 ? 1 - avoid : 1 - o->last_slot;
-        UMT_TRY(load(o, s, p, for_backward));
+        UMT_TRY(load(o, s, p, for_backward, avoid >= 0));
     } else if (for_backward && !o->slots[s].grads_live) {
         UMT_TRY(bring_gradient_in(o, s));
     }
@@ -320,9 +362,27 @@ static umt_status note_use(umt_offload *o, umt_tensor *p, bool for_backward) {
     return UMT_OK;
 }
 
+/* The rest of a put-off weight load, on the state-in stream; the slot is loaded after it. */
+umt_status umt_offload_deferred_piece(umt_offload *o, size_t bytes) {
+    umt_offload_deferred *d = &o->deferred;
+    umt_tensor *p = d->parameter;
+    if (!p) return UMT_OK;
+    umt_offload_slot *slot = &o->slots[d->slot];
+    /* The gradient part's copy in, queued at the load, waited for the slot to be free. */
+    if (d->done == 0) UMT_TRY(umt_offload_wait(o->state_in, slot->loaded));
+    size_t n = p->bytes - d->done < bytes ? p->bytes - d->done : bytes;
+    UMT_TRY(umt_offload_copy_on(o, o->state_in, UMT_TRACE_STATE_IN, (char *)slot->base + d->done,
+                                (const char *)p->home + d->done, n, true, p->name ? p->name : "weights"));
+    d->done += n;
+    if (d->done < p->bytes) return UMT_OK;
+    d->parameter = NULL;
+    return umt_offload_record(slot->loaded, o->state_in);
+}
+
 umt_status umt_offload_acquire(umt_context *ctx, umt_tensor *p, bool for_backward) {
     umt_offload *o = ctx->offload;
     if (!o || !p || !p->home || !p->is_parameter) return UMT_OK;
+    UMT_TRY(umt_offload_deferred_piece(o, SIZE_MAX));
     UMT_TRY(note_use(o, p, for_backward));
     int s;
     UMT_TRY(make_resident(o, p, for_backward, -1, &s));
@@ -353,44 +413,12 @@ umt_status umt_offload_before_backward(umt_context *ctx, const umt_node *node) {
     return UMT_OK;
 }
 
-/* UMT_OFFLOAD_OPTIM_BACKWARD: the update runs on the slot's weights and gradient, reading and
- * writing the optimizer state where it lives (pinned memory is addressable from the GPU), and
- * only the updated weights go home; the slot keeps them, still valid for the next forward. The
- * kernel waits on the PCIe link for the state, so it runs on its own stream: the compute stream
- * goes on with the next layer's backward meanwhile. */
-static umt_status update_in_slot(umt_offload *o, int s) {
-    umt_offload_slot *slot = &o->slots[s];
-    umt_tensor *p = slot->holder;
-    umt_trace *trace = o->ctx->memory.trace;
-    UMT_TRY(umt_offload_record(slot->released, o->compute));
-    UMT_TRY(umt_offload_wait(o->update, slot->released));
-    void *begin = umt_trace_begin(trace, o->update);
-    uint64_t state_bytes = 0;
-    cudaStream_t previous = umt_cuda_launch_on((cudaStream_t)o->update);
-    umt_status st = umt_optimizer_update_one(o->attached, p, slot->base, slot->grads, &state_bytes);
-    umt_cuda_launch_on(previous);
-    UMT_TRY(st);
-    umt_trace_end(trace, o->update, begin, p->name ? p->name : "update", "optimizer", UMT_TRACE_UPDATE, state_bytes);
-    /* The kernel read and wrote the offloaded state over the link: as many bytes each way. */
-    o->stats.bytes_to_device += state_bytes;
-    o->stats.bytes_to_host += state_bytes;
-    UMT_TRY(umt_offload_record(o->updated, o->update));
-    UMT_TRY(umt_offload_wait(o->copy_out, o->updated));
-    UMT_TRY(umt_offload_copy(o, p->home, slot->base, p->bytes, false, p->name ? p->name : "weights"));
-    UMT_TRY(umt_offload_record(slot->drained, o->copy_out));
-    slot->grads_live = false;
-    p->grad->data = p->grad->home;
-    p->grad_zero = true; /* consumed by the update */
-    p->updated_early = true;
-    return UMT_OK;
-}
-
 umt_status umt_offload_gradient_ready(umt_context *ctx, umt_tensor *p) {
     umt_offload *o = ctx->offload;
     if (!o || !p->home) return UMT_OK;
     int s = slot_holding(o, p);
     if (s < 0 || !o->slots[s].grads_live) return UMT_OK;
-    if (o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD && o->attached) return update_in_slot(o, s);
+    if (o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD && o->attached) return umt_offload_update_in_slot(o, s);
     return copy_gradient_out(o, s);
 }
 
@@ -404,6 +432,7 @@ void umt_offload_attach_optimizer(umt_context *ctx, const umt_optimizer *opt, bo
 umt_status umt_offload_backward_done(umt_context *ctx) {
     umt_offload *o = ctx->offload;
     if (!o || !o->copy_out) return UMT_OK;
+    UMT_TRY(umt_offload_deferred_piece(o, SIZE_MAX));
     for (int s = 0; s < 2; ++s) UMT_TRY(umt_offload_wait(o->compute, o->slots[s].drained));
     return UMT_OK;
 }

@@ -18,6 +18,9 @@
  *             state streamed through the same two slots in chunks (in-copy, update kernel,
  *             out-copy, pipelined), or on the CPU by threads in place in pinned memory; with
  *             UMT_OFFLOAD_OPTIM_AUTO the first two steps time both and the faster is kept.
+ *             With UMT_OFFLOAD_OPTIM_BACKWARD a streamed parameter is instead updated in its slot
+ *             as soon as its gradient is final, its state and new weights passing through a ring
+ *             of chunk buffers (core/offload_update.c): only weights and state cross the link.
  *
  * A tensor in the offload tier keeps its host bytes in `home`; `data` points there, or at the
  * slot while the slot holds it, so ops and kernels need not know. Scope: parameters read through

@@ -255,7 +255,7 @@ static umt_status plan_activations(umt_offload *o) {
     size_t recorded = arena.peak_bytes > arena.capacity_bytes ? arena.peak_bytes : arena.capacity_bytes;
     size_t fixed = ctx->memory.device_bytes - arena.capacity_bytes + recorded;
     umt_placement_plan plan;
-    umt_status st = umt_plan_placement(items, n, ctx->memory.budget_bytes, fixed, &plan);
+    umt_status st = umt_plan_placement(items, n, ctx->memory.budget_bytes, fixed, false, &plan);
     fprintf(stderr, "placement plan: the first step saved %d activations for backward; stage 3 on them:\n", n);
     if (st == UMT_OK) umt_plan_print(stderr, items, n, &plan);
     bool any_kept = false;

@@ -15,7 +15,9 @@
 /* One half of the double buffer. Its events order the three streams around it:
  *   loaded    copy-in stream: what the slot should hold is there (compute waits for it);
  *   released  compute stream: queued work that reads or writes the slot is behind this;
- *   drained   copy-out stream: the slot's gradient (or update chunk) has left for the host. */
+ *   drained   copy-out stream: the slot's gradient (or update chunk) has left for the host; with
+ *             updates in backward, update stream: the slot's last chunk is updated (its weights
+ *             leave from the ring). */
 typedef struct {
     void *base;          /* stream pool: weights at base, gradient at grads */
     void *grads;
@@ -24,10 +26,31 @@ typedef struct {
     void *loaded, *released, *drained;
 } umt_offload_slot;
 
+/* One entry of the update ring (UMT_OFFLOAD_OPTIM_BACKWARD, core/offload_update.c): a chunk of
+ * the weights and of each state array. Its events:
+ *   loaded    state-in stream: the chunk's state is there (the update waits for it);
+ *   released  update stream: the chunk is updated, its weights copied in beside (copy-out waits);
+ *   drained   copy-out stream: the chunk has gone home (the next copy into the entry waits). */
+typedef struct {
+    float *arrays[3]; /* weights, state 0, state 1: the plan's ring_chunk_bytes each */
+    void *loaded, *released, *drained;
+} umt_offload_ring_entry;
+
 typedef struct {
     umt_tensor *parameter;
     bool for_backward;
 } umt_offload_use;
+
+/* UMT_OFFLOAD_OPTIM_BACKWARD: backward's next weights, put off at their load. A copy engine
+ * serves its direction copy after copy in the order they became ready, so a whole layer's weights
+ * queued at once would hold back the update ring's state for 5 ms while the copies out ran dry.
+ * Instead a piece goes in after each update chunk's state, on the same stream: the link's
+ * to-device direction carries per chunk about what its to-host direction does. */
+typedef struct {
+    umt_tensor *parameter; /* NULL: nothing put off */
+    int slot;
+    size_t done;           /* bytes queued so far */
+} umt_offload_deferred;
 
 /* Where a saved activation is (core/offload_activations.c). */
 typedef enum {
@@ -60,6 +83,12 @@ struct umt_offload {
     void *compute, *copy_in, *copy_out; /* CUDA streams (compute is the backend's) */
     void *update;                       /* UMT_OFFLOAD_OPTIM_BACKWARD: the updates' stream */
     void *updated;                      /* its event: the updates queued so far are done */
+    void *state_in;                     /* UMT_OFFLOAD_OPTIM_BACKWARD: the state's copies in */
+    void *homed;                        /* copy-out event: weights updated so far are home */
+    umt_offload_ring_entry ring[UMT_OFFLOAD_RING_ENTRIES];
+    int ring_arrays;                    /* arrays per entry (0: no ring) */
+    int ring_next;                      /* the entry the next chunk takes */
+    umt_offload_deferred deferred;
     umt_offload_slot slots[2];
     int last_slot; /* the slot of the most recent acquire: the prefetch goes to the other one */
     /* The order parameters were acquired in during the first step, replayed as prefetches. */
@@ -88,8 +117,18 @@ struct umt_offload {
 umt_status umt_offload_evict(umt_offload *o, int s);
 umt_status umt_offload_wait(void *stream, void *event);
 umt_status umt_offload_record(void *event, void *stream);
-/* A host <-> device copy on stream, counted in the stats and traced. */
+/* A host <-> device copy on the copy-in or copy-out stream, counted in the stats and traced; the
+ * same on a stream and track of the caller's choice. */
 umt_status umt_offload_copy(umt_offload *o, void *dst, const void *src, size_t bytes, bool to_device, const char *what);
+umt_status umt_offload_copy_on(umt_offload *o, void *stream, int track, void *dst, const void *src, size_t bytes,
+                               bool to_device, const char *what);
+
+/* UMT_OFFLOAD_OPTIM_BACKWARD (core/offload_update.c): slot s's parameter, its gradient final, is
+ * updated through the ring; the ring's entries are carved from one stream-pool buffer. */
+umt_status umt_offload_update_in_slot(umt_offload *o, int s);
+/* Up to bytes more of the put-off weight load (SIZE_MAX: the rest); a no-op when none is. */
+umt_status umt_offload_deferred_piece(umt_offload *o, size_t bytes);
+umt_status umt_offload_make_ring(umt_offload *o);
 double umt_offload_seconds(void);
 
 /* Saved activations (core/offload_activations.c): the step's start (after the first step: the

@@ -1,7 +1,8 @@
 /*
  * core/offload_update.c — the optimizer's step for offloaded parameters (core/offload.h).
  *
- * Two ways, both run core/optim.c's rule through the backends' own update kernels:
+ * In the optimizer's step, two ways, both run core/optim.c's rule through the backends' own
+ * update kernels:
  *   gpu  (a parameter whose weights are resident and only state is offloaded: the kernel reads
  *        and writes the state in pinned memory directly, which the GPU can address.)
  *        every array of the parameter that lives in the offload tier is copied into a slot in
@@ -12,6 +13,15 @@
  *        one thread per core; only the gradients crossed the link (in backward).
  * With UMT_OFFLOAD_OPTIM_AUTO the first step's update runs on the GPU, the second's on the CPU,
  * each timed from the start of the update to the end of its last copy; the faster one stays.
+ *
+ * In backward (UMT_OFFLOAD_OPTIM_BACKWARD), a parameter streamed through a slot is updated there
+ * as soon as its gradient is final, in chunks through the update ring: a chunk's state comes in
+ * on the state-in stream, the update kernel runs on the update stream (the compute stream goes on
+ * with the next layer's backward), the chunk's new weights are copied beside its state in the
+ * entry, and all of it goes home on the copy-out stream. Copy engines carry every byte, so the
+ * update kernels are short and leave the SMs to backward's own kernels. The slot keeps the new
+ * weights (valid for the next forward) and takes the next layer once its last chunk is updated,
+ * without waiting for the chunks' way home.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -23,11 +33,13 @@
 #include "core/context.h"
 #include "core/error.h"
 #include "core/offload_state.h"
+#include "core/optim.h"
 #include "core/tensor.h"
 #include "memory/trace.h"
 
 #ifdef UMT_WITH_CUDA
 #include "core/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 /* Elements of one CPU work item: large enough to amortise the atomic, small enough to balance. */
 #define CPU_CHUNK ((int64_t)1 << 20)
@@ -206,6 +218,99 @@ static umt_status run_cpu_jobs(umt_offload *o) {
 }
 
 /* ----------------------------------------------------------------------------------------- */
+/* In backward, through the update ring */
+
+umt_status umt_offload_make_ring(umt_offload *o) {
+    char *base = NULL;
+    UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_STREAM, o->plan.ring_bytes, (void **)&base));
+    size_t chunk = o->plan.ring_chunk_bytes;
+    o->ring_arrays = (int)(o->plan.ring_bytes / UMT_OFFLOAD_RING_ENTRIES / chunk);
+    for (int e = 0; e < UMT_OFFLOAD_RING_ENTRIES; ++e)
+        for (int a = 0; a < o->ring_arrays; ++a)
+            o->ring[e].arrays[a] = (float *)(base + ((size_t)e * o->ring_arrays + a) * chunk);
+    return UMT_OK;
+}
+
+/* The update kernel and the copy of the chunk's new weights into the entry, on the update stream. */
+static umt_status update_and_keep(umt_offload *o, float *weights, const float *grad, float *const state[2],
+                                  float *kept, int64_t n) {
+    cudaStream_t previous = umt_cuda_launch_on((cudaStream_t)o->update);
+    umt_status st = umt_optimizer_update_range(o->attached, weights, grad, state[0], state[1], n);
+    umt_cuda_launch_on(previous);
+    UMT_TRY(st);
+    UMT_CUDA_TRY(cudaMemcpyAsync(kept, weights, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice,
+                                 (cudaStream_t)o->update));
+    return UMT_OK;
+}
+
+/* Elements [offset, offset + n) of slot s's parameter through the next ring entry. */
+static umt_status ring_chunk(umt_offload *o, const umt_offload_slot *slot, umt_tensor *const state[2], int64_t offset,
+                             int64_t n, int index) {
+    umt_offload_ring_entry *e = &o->ring[o->ring_next];
+    o->ring_next = (o->ring_next + 1) % UMT_OFFLOAD_RING_ENTRIES;
+    umt_tensor *p = slot->holder;
+    size_t bytes = (size_t)n * sizeof(float);
+    float *device[2] = {0};
+    UMT_TRY(umt_offload_wait(o->state_in, e->drained));
+    for (int a = 0; a < 2; ++a) {
+        if (!state[a]) continue;
+        if (!state[a]->home) { /* kept on the GPU by the plan: updated where it is */
+            device[a] = (float *)state[a]->data + offset;
+            continue;
+        }
+        device[a] = e->arrays[1 + a];
+        UMT_TRY(umt_offload_copy_on(o, o->state_in, UMT_TRACE_STATE_IN, device[a], (float *)state[a]->home + offset,
+                                    bytes, true, "state in"));
+    }
+    UMT_TRY(umt_offload_record(e->loaded, o->state_in));
+    /* A piece of the next weights after each chunk's state, once the ring is full (the first
+     * entries' state may come in before this slot's previous update is done; the weights not). */
+    /* EXPERIMENT (branch offload-ring, unmeasured): pieces of weights per chunk; the sweep of
+     * UMT_EXP_RATIO=1,2,4,16 picks the constant, then this reading goes. */
+    static int ratio = 0;
+    if (!ratio) ratio = getenv("UMT_EXP_RATIO") ? atoi(getenv("UMT_EXP_RATIO")) : 2;
+    if (index + 1 >= UMT_OFFLOAD_RING_ENTRIES) UMT_TRY(umt_offload_deferred_piece(o, ratio * bytes));
+    UMT_TRY(umt_offload_wait(o->update, e->loaded));
+    umt_trace *trace = o->ctx->memory.trace;
+    void *begin = umt_trace_begin(trace, o->update);
+    float *weights = (float *)slot->base + offset;
+    UMT_TRY(update_and_keep(o, weights, (const float *)slot->grads + offset, device, e->arrays[0], n));
+    umt_trace_end(trace, o->update, begin, p->name ? p->name : "update", "optimizer", UMT_TRACE_UPDATE, 0);
+    UMT_TRY(umt_offload_record(e->released, o->update));
+    UMT_TRY(umt_offload_wait(o->copy_out, e->released));
+    UMT_TRY(umt_offload_copy(o, (float *)p->home + offset, e->arrays[0], bytes, false, p->name ? p->name : "weights"));
+    for (int a = 0; a < 2; ++a)
+        if (state[a] && state[a]->home)
+            UMT_TRY(umt_offload_copy(o, (float *)state[a]->home + offset, device[a], bytes, false, "state out"));
+    return umt_offload_record(e->drained, o->copy_out);
+}
+
+umt_status umt_offload_update_in_slot(umt_offload *o, int s) {
+    umt_offload_slot *slot = &o->slots[s];
+    umt_tensor *p = slot->holder;
+    umt_tensor *state[2] = {0};
+    UMT_TRY(umt_optimizer_state_of(o->attached, p, state));
+    int arrays = 1 + (state[0] && state[0]->home) + (state[1] && state[1]->home);
+    if (arrays > o->ring_arrays)
+        return umt_fail(UMT_ERR_STATE, "offload: %s needs %d arrays per update ring entry, the plan made %d",
+                        p->name ? p->name : "a parameter", arrays, o->ring_arrays);
+    /* The update reads the gradient the compute stream has just queued. */
+    UMT_TRY(umt_offload_record(slot->released, o->compute));
+    UMT_TRY(umt_offload_wait(o->update, slot->released));
+    int64_t chunk = (int64_t)(o->plan.ring_chunk_bytes / sizeof(float));
+    for (int64_t offset = 0; offset < p->numel; offset += chunk)
+        UMT_TRY(ring_chunk(o, slot, state, offset, p->numel - offset < chunk ? p->numel - offset : chunk,
+                           (int)(offset / chunk)));
+    UMT_TRY(umt_offload_record(slot->drained, o->update));
+    UMT_TRY(umt_offload_record(o->homed, o->copy_out));
+    slot->grads_live = false;
+    p->grad->data = p->grad->home;
+    p->grad_zero = true; /* consumed by the update */
+    p->updated_early = true;
+    return UMT_OK;
+}
+
+/* ----------------------------------------------------------------------------------------- */
 /* The entry points */
 
 umt_status umt_offload_update(umt_context *ctx, umt_tensor *p, umt_tensor *state0, umt_tensor *state1,
@@ -272,6 +377,8 @@ umt_status umt_offload_step_end(umt_context *ctx) {
     /* Weights updated in backward are still on their way home: copies in read them after, and
      * the compute stream reads the slots' weights only once their updates are done. */
     for (int s = 0; s < 2; ++s) UMT_TRY(umt_offload_wait(o->copy_in, o->slots[s].drained));
+    UMT_TRY(umt_offload_wait(o->copy_in, o->homed));
+    UMT_TRY(umt_offload_wait(o->state_in, o->homed));
     UMT_TRY(umt_offload_record(o->updated, o->update));
     UMT_TRY(umt_offload_wait(o->compute, o->updated));
     /* The first step has shown the order of uses: from now on each is prefetched, starting with

@@ -317,21 +317,21 @@ static umt_status update_offloaded(const umt_optimizer *opt, int64_t step) {
     return umt_offload_step_end(ctx);
 }
 
-umt_status umt_optimizer_update_one(const umt_optimizer *opt, const umt_tensor *p, float *param, const float *grad,
-                                    uint64_t *state_bytes) {
+umt_status umt_optimizer_state_of(const umt_optimizer *opt, const umt_tensor *p, umt_tensor *state[2]) {
     UMT_TRY(refuse_step_scalars(opt, p));
     for (int i = 0; i < opt->slot_count; ++i) {
-        const umt_optim_slot *slot = &opt->slots[i];
-        if (slot->param != p) continue;
-        *state_bytes = 0;
-        for (int s = 0; s < UMT_OPTIM_MAX_STATE; ++s)
-            if (slot->state[s] && slot->state[s]->home) *state_bytes += slot->state[s]->bytes;
-        float *s0 = slot->state[0] ? slot->state[0]->data : NULL, *s1 = slot->state[1] ? slot->state[1]->data : NULL;
-        return update_arrays(opt, opt->ctx->backend, param, grad, s0, s1, p->numel, opt->steps + 1,
-                             (umt_update_fusion){0});
+        if (opt->slots[i].param != p) continue;
+        state[0] = opt->slots[i].state[0];
+        state[1] = opt->slots[i].state[1];
+        return UMT_OK;
     }
-    return umt_fail(UMT_ERR_STATE, "umt_optimizer_update_one: %s is not covered by the optimizer",
+    return umt_fail(UMT_ERR_STATE, "umt_optimizer_state_of: %s is not covered by the optimizer",
                     p->name ? p->name : "a parameter");
+}
+
+umt_status umt_optimizer_update_range(const umt_optimizer *opt, float *param, const float *grad, float *s0, float *s1,
+                                      int64_t n) {
+    return update_arrays(opt, opt->ctx->backend, param, grad, s0, s1, n, opt->steps + 1, (umt_update_fusion){0});
 }
 
 /* Every parameter's update in one backend call (one launch per 32 parameters on CUDA), the

@@ -29,12 +29,13 @@ umt_tensor *umt_optimizer_state_at(const umt_optimizer *opt, int i, const char *
  * device's count of applied steps is set to it too: an upload). */
 umt_status umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps);
 
-/* UMT_OFFLOAD_OPTIM_BACKWARD (core/offload.c): one update of parameter p, whose weights and
- * gradient are at param and grad (the double buffer), with the step umt_optimizer_step will count
- * next; its state is read where it lives. *state_bytes gets the bytes of state that live in the
- * offload tier. Refused with clipping or loss scaling. */
-umt_status umt_optimizer_update_one(const umt_optimizer *opt, const umt_tensor *p, float *param, const float *grad,
-                                    uint64_t *state_bytes);
+/* UMT_OFFLOAD_OPTIM_BACKWARD (core/offload_update.c) updates a parameter during backward, in
+ * chunks it streams itself: p's state tensors (NULL where the rule keeps fewer than two), refused
+ * with clipping or loss scaling; then one update of n elements at device pointers, with the step
+ * umt_optimizer_step will count next. */
+umt_status umt_optimizer_state_of(const umt_optimizer *opt, const umt_tensor *p, umt_tensor *state[2]);
+umt_status umt_optimizer_update_range(const umt_optimizer *opt, float *param, const float *grad, float *s0, float *s1,
+                                      int64_t n);
 
 /* --- The step scalars (core/optim_step.h), for umt_backward_scaled and for tests --- */
 

@@ -19,8 +19,26 @@ static size_t group_bytes(const umt_plan_item *items, int count, int group, bool
     return sum;
 }
 
-size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed_bytes, size_t *weight_slot_bytes,
-                             size_t *activation_slot_bytes) {
+/* The update ring's chunk per array and bytes: one chunk of the weights and of each state array
+ * of the streamed parameter with the most state (Adam: two), per entry. */
+static size_t ring_chunk_bytes(size_t weight_slot) {
+    size_t sixteenth = weight_slot / 16 / UMT_POOL_ALIGN * UMT_POOL_ALIGN;
+    return sixteenth < UMT_OFFLOAD_RING_CHUNK_BYTES ? sixteenth : UMT_OFFLOAD_RING_CHUNK_BYTES;
+}
+
+static size_t ring_bytes(const umt_plan_item *items, int count, size_t chunk) {
+    int arrays = 0;
+    for (int i = 0; i < count; ++i) {
+        if (!items[i].offloaded || !is_parameter_pool(items[i].pool)) continue;
+        int states = 0;
+        for (int j = 0; j < count; ++j) states += items[j].pool == UMT_POOL_OPTIM && items[j].group == items[i].group;
+        if (1 + states > arrays) arrays = 1 + states;
+    }
+    return (size_t)arrays * UMT_OFFLOAD_RING_ENTRIES * chunk;
+}
+
+size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed_bytes, bool update_in_backward,
+                             umt_placement_plan *buffers) {
     size_t resident = 0, weight_slot = 0, activation_slot = 0;
     bool any_streamed = false;
     for (int i = 0; i < count; ++i) {
@@ -42,9 +60,11 @@ size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed
     }
     /* Offloaded optimizer state streams through the weight slots in chunks: they must exist. */
     if (any_streamed && weight_slot < UMT_OFFLOAD_MIN_SLOT_BYTES) weight_slot = UMT_OFFLOAD_MIN_SLOT_BYTES;
-    *weight_slot_bytes = weight_slot;
-    *activation_slot_bytes = activation_slot;
-    return fixed_bytes + resident + 2 * weight_slot + 2 * activation_slot;
+    buffers->weight_slot_bytes = weight_slot;
+    buffers->activation_slot_bytes = activation_slot;
+    buffers->ring_chunk_bytes = update_in_backward ? ring_chunk_bytes(weight_slot) : 0;
+    buffers->ring_bytes = update_in_backward ? ring_bytes(items, count, buffers->ring_chunk_bytes) : 0;
+    return fixed_bytes + resident + 2 * weight_slot + 2 * activation_slot + buffers->ring_bytes;
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -61,28 +81,33 @@ static int larger_first(const void *a, const void *b) {
     return x->key - y->key; /* equal sizes: the earlier one first, so plans are reproducible */
 }
 
-static bool fits(const umt_plan_item *items, int count, size_t budget, size_t fixed) {
-    size_t w, a;
-    return umt_plan_device_bytes(items, count, fixed, &w, &a) <= budget;
+/* What the stages share: the budget, the fixed bytes, whether the ring is needed. */
+typedef struct {
+    size_t budget, fixed;
+    bool update_in_backward;
+} limits;
+
+static bool fits(const umt_plan_item *items, int count, const limits *l) {
+    umt_placement_plan buffers;
+    return umt_plan_device_bytes(items, count, l->fixed, l->update_in_backward, &buffers) <= l->budget;
 }
 
 /* Stage 1: optimizer state items, largest first. */
-static bool offload_optimizer_state(umt_plan_item *items, int count, size_t budget, size_t fixed, candidate *c) {
+static bool offload_optimizer_state(umt_plan_item *items, int count, const limits *l, candidate *c) {
     int n = 0;
     for (int i = 0; i < count; ++i)
         if (items[i].pool == UMT_POOL_OPTIM) c[n++] = (candidate){i, items[i].bytes};
     qsort(c, (size_t)n, sizeof *c, larger_first);
     for (int k = 0; k < n; ++k) {
         items[c[k].key].offloaded = true;
-        if (fits(items, count, budget, fixed)) return true;
+        if (fits(items, count, l)) return true;
     }
     return false;
 }
 
 /* Stages 2 and 3: whole groups (a parameter's weights and gradients, or a layer's saved
  * activations), largest group first. */
-static bool offload_groups(umt_plan_item *items, int count, size_t budget, size_t fixed, bool activations,
-                           candidate *c) {
+static bool offload_groups(umt_plan_item *items, int count, const limits *l, bool activations, candidate *c) {
     int n = 0;
     for (int i = 0; i < count; ++i) {
         bool member = activations ? items[i].pool == UMT_POOL_ACTIVATIONS : is_parameter_pool(items[i].pool);
@@ -98,21 +123,20 @@ static bool offload_groups(umt_plan_item *items, int count, size_t budget, size_
             bool member = activations ? items[i].pool == UMT_POOL_ACTIVATIONS : is_parameter_pool(items[i].pool);
             if (member && items[i].group == c[k].key) items[i].offloaded = true;
         }
-        if (fits(items, count, budget, fixed)) return true;
+        if (fits(items, count, l)) return true;
     }
     return false;
 }
 
-static void fill_plan(const umt_plan_item *items, int count, size_t budget, size_t fixed, int stage,
-                      umt_placement_plan *plan) {
-    *plan = (umt_placement_plan){.budget_bytes = budget, .fixed_bytes = fixed, .stage = stage};
-    plan->device_bytes = umt_plan_device_bytes(items, count, fixed, &plan->weight_slot_bytes, &plan->activation_slot_bytes);
+static void fill_plan(const umt_plan_item *items, int count, const limits *l, int stage, umt_placement_plan *plan) {
+    *plan = (umt_placement_plan){.budget_bytes = l->budget, .fixed_bytes = l->fixed, .stage = stage};
+    plan->device_bytes = umt_plan_device_bytes(items, count, l->fixed, l->update_in_backward, plan);
     for (int i = 0; i < count; ++i)
         if (items[i].offloaded) plan->offloaded_bytes += align_up(items[i].bytes);
 }
 
 umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_bytes, size_t fixed_bytes,
-                              umt_placement_plan *plan) {
+                              bool update_in_backward, umt_placement_plan *plan) {
     if (count < 0 || (count > 0 && !items) || !plan)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_plan_placement: %d items at %p", count, (const void *)items);
     for (int i = 0; i < count; ++i) {
@@ -124,25 +148,26 @@ umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_byt
     }
     candidate *c = malloc(((size_t)count + 1) * sizeof *c);
     if (!c) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_plan_placement: no memory for %d items", count);
+    limits l = {budget_bytes, fixed_bytes, update_in_backward};
     int stage = 0;
-    if (!fits(items, count, budget_bytes, fixed_bytes)) {
+    if (!fits(items, count, &l)) {
         stage = 1;
-        if (!offload_optimizer_state(items, count, budget_bytes, fixed_bytes, c)) {
+        if (!offload_optimizer_state(items, count, &l, c)) {
             stage = 2;
-            if (!offload_groups(items, count, budget_bytes, fixed_bytes, false, c)) {
+            if (!offload_groups(items, count, &l, false, c)) {
                 stage = 3;
-                if (!offload_groups(items, count, budget_bytes, fixed_bytes, true, c)) stage = 4;
+                if (!offload_groups(items, count, &l, true, c)) stage = 4;
             }
         }
     }
     free(c);
-    fill_plan(items, count, budget_bytes, fixed_bytes, stage > 3 ? 3 : stage, plan);
+    fill_plan(items, count, &l, stage > 3 ? 3 : stage, plan);
     if (stage <= 3) return UMT_OK;
     return umt_fail(UMT_ERR_BUDGET,
                     "placement plan: even with every weight, gradient, optimizer state and saved activation offloaded "
-                    "the GPU needs %zu bytes (fixed %zu, two weight buffers of %zu, two activation buffers of %zu) "
-                    "against a device budget of %zu bytes",
-                    plan->device_bytes, fixed_bytes, plan->weight_slot_bytes, plan->activation_slot_bytes, budget_bytes);
+                    "the GPU needs %zu bytes (fixed %zu, two weight buffers of %zu, two activation buffers of %zu, an "
+                    "update ring of %zu) against a device budget of %zu bytes", plan->device_bytes, fixed_bytes,
+                    plan->weight_slot_bytes, plan->activation_slot_bytes, plan->ring_bytes, budget_bytes);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -167,7 +192,7 @@ void umt_plan_print(FILE *out, const umt_plan_item *items, int count, const umt_
                 gib(on_bytes), off, gib(off_bytes));
     }
     fprintf(out, "placement plan: streaming buffers 2 x %.3f GiB (weights+grads, optimizer chunks), 2 x %.3f GiB "
-            "(activations); fixed %.3f GiB; on GPU %.3f of %.3f GiB budget; offloaded %.3f GiB\n",
-            gib(plan->weight_slot_bytes), gib(plan->activation_slot_bytes), gib(plan->fixed_bytes),
-            gib(plan->device_bytes), gib(plan->budget_bytes), gib(plan->offloaded_bytes));
+            "(activations), %.3f GiB (update ring); fixed %.3f GiB; on GPU %.3f of %.3f GiB budget; offloaded %.3f "
+            "GiB\n", gib(plan->weight_slot_bytes), gib(plan->activation_slot_bytes), gib(plan->ring_bytes),
+            gib(plan->fixed_bytes), gib(plan->device_bytes), gib(plan->budget_bytes), gib(plan->offloaded_bytes));
 }

@@ -42,6 +42,14 @@
  * them would cost a copy's fixed overhead for next to no bytes. */
 #define UMT_OFFLOAD_MIN_STREAM_BYTES ((size_t)1 << 20)
 
+/* Updates in backward (UMT_OFFLOAD_OPTIM_BACKWARD) stream each streamed parameter's update through
+ * a ring of device buffers, each holding one chunk of the weights and of every state array: while
+ * one chunk's state comes in, another is updated and a third goes home, and the weight slot is
+ * free for the next layer as soon as its last chunk is updated (core/offload_update.c). */
+#define UMT_OFFLOAD_RING_ENTRIES 4
+/* A chunk of one array: this, or a sixteenth of a weight slot for small models. */
+#define UMT_OFFLOAD_RING_CHUNK_BYTES ((size_t)16 << 20)
+
 typedef struct {
     const char *name; /* for the printed plan */
     umt_pool pool;    /* UMT_POOL_WEIGHTS, _GRADS, _OPTIM or _ACTIVATIONS */
@@ -55,20 +63,23 @@ typedef struct {
     size_t fixed_bytes;          /* device bytes held whatever the plan (workspace, inputs, ...) */
     size_t weight_slot_bytes;    /* one of the two weight+grad streaming buffers (0: none) */
     size_t activation_slot_bytes; /* one of the two activation streaming buffers (0: none) */
+    size_t ring_bytes;           /* the update ring, all entries (0: none) */
+    size_t ring_chunk_bytes;     /* one array's chunk in an entry */
     size_t device_bytes;         /* everything on the GPU: fixed + resident items + buffers */
     size_t offloaded_bytes;      /* everything in the offload tier */
     int stage;                   /* 0: all fits; 1..3: the last stage the planner needed */
 } umt_placement_plan;
 
-/* Decides items[i].offloaded for count items. UMT_ERR_BUDGET (plan still filled in, with every
- * item offloaded) when nothing fits. */
+/* Decides items[i].offloaded for count items; update_in_backward: streamed parameters will need
+ * the update ring. UMT_ERR_BUDGET (plan still filled in, with every item offloaded) when nothing
+ * fits. */
 umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_bytes, size_t fixed_bytes,
-                              umt_placement_plan *plan);
+                              bool update_in_backward, umt_placement_plan *plan);
 
-/* The device buffers a plan needs for the items as they are marked now (both slots of both
- * double buffers), and the device bytes in all. */
-size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed_bytes, size_t *weight_slot_bytes,
-                             size_t *activation_slot_bytes);
+/* The device bytes a plan needs for the items as they are marked now: fixed, resident items, and
+ * the buffers (both slots of both double buffers, the ring), which go to *buffers. */
+size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed_bytes, bool update_in_backward,
+                             umt_placement_plan *buffers);
 
 /* One line per pool that has items (on GPU: count and bytes; offloaded: count and bytes), then the buffers and
  * the budget. */

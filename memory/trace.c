@@ -42,7 +42,7 @@ static void begin_event(umt_trace *t) {
 }
 
 static const char *const track_names[] = {"host", "copy in (host to device)", "compute", "copy out (device to host)",
-                                          "update (beside compute)"};
+                                          "update (beside compute)", "copy in, optimizer state (host to device)"};
 
 umt_status umt_trace_open(const char *path, void *stream, umt_trace **out) {
     *out = NULL;

@@ -6,7 +6,7 @@
  *   - a counter track "pool bytes" with every pool's bytes in use, written at each change;
  *   - instant events for allocations and frees ("alloc weights", with the bytes), and step marks;
  *   - complete events for the offload tier's copies and chunked updates, on one track per
- *     stream (copy-in, compute, copy-out, update), timed on the device by CUDA events: a copy's bar is
+ *     stream (copy-in, compute, copy-out, update, state-in), timed on the device by CUDA events: a copy's bar is
  *     when the copy engine really ran it, not when it was queued.
  * Host times are microseconds since the trace opened; device times are placed on the same axis
  * through an event recorded on the compute stream when the trace opened (the stream is idle then).
@@ -22,10 +22,11 @@
 typedef struct umt_trace umt_trace;
 
 /* Track numbers of the device events. */
-/* UMT_TRACE_UPDATE: updates during backward, on a stream of their own (their bars overlap the
- * compute track's, and a track's bars must nest). */
+/* UMT_TRACE_UPDATE and UMT_TRACE_STATE_IN: updates during backward and the copies in of their
+ * optimizer state, on streams of their own (their bars overlap the compute and copy-in tracks',
+ * and a track's bars must nest). */
 enum { UMT_TRACE_HOST = 0, UMT_TRACE_COPY_IN = 1, UMT_TRACE_COMPUTE = 2, UMT_TRACE_COPY_OUT = 3, UMT_TRACE_UPDATE = 4,
-       UMT_TRACE_TRACKS = 5 };
+       UMT_TRACE_STATE_IN = 5, UMT_TRACE_TRACKS = 6 };
 
 /* Opens path for writing; stream is the compute stream (NULL on the CPU: no device events). */
 umt_status umt_trace_open(const char *path, void *stream, umt_trace **out);

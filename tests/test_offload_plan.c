@@ -2,7 +2,8 @@
  * tests/test_offload_plan.c — the placement planner's decisions for given sizes and budgets:
  * nothing moves when everything fits, optimizer state goes first and largest first, then
  * whole parameters (weights with their gradients), then saved activations, the double buffers
- * are counted, and a model that cannot fit even fully offloaded is refused with the numbers.
+ * are counted (and the update ring, when updates run in backward), and a model that cannot fit
+ * even fully offloaded is refused with the numbers.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -45,7 +46,7 @@ static void test_everything_stays_on_the_gpu_when_it_fits(void **state) {
     umt_plan_item items[40];
     int n = mlp_items(items, 4, 1024, 256); /* 4 x 16 MiB per tensor: 256 MiB + activations */
     umt_placement_plan plan;
-    assert_int_equal(umt_plan_placement(items, n, GIB, 64 * MIB, &plan), UMT_OK);
+    assert_int_equal(umt_plan_placement(items, n, GIB, 64 * MIB, false, &plan), UMT_OK);
     assert_int_equal(plan.stage, 0);
     assert_int_equal(plan.offloaded_bytes, 0);
     assert_int_equal(plan.weight_slot_bytes, 0);
@@ -60,7 +61,7 @@ static void test_optimizer_state_goes_first_and_only_as_much_as_needed(void **st
     int n = mlp_items(items, 4, 4096, 256);
     umt_placement_plan plan;
     /* 1 GiB budget: 1040 MiB wanted, and the 128 MiB of buffers comes with the first move. */
-    assert_int_equal(umt_plan_placement(items, n, GIB, 16 * MIB, &plan), UMT_OK);
+    assert_int_equal(umt_plan_placement(items, n, GIB, 16 * MIB, false, &plan), UMT_OK);
     assert_int_equal(plan.stage, 1);
     assert_int_equal(count_offloaded(items, n, UMT_POOL_WEIGHTS), 0);
     assert_int_equal(count_offloaded(items, n, UMT_POOL_GRADS), 0);
@@ -80,7 +81,7 @@ static void test_largest_optimizer_state_moves_before_smaller_ones(void **state)
         {"big.w", UMT_POOL_WEIGHTS, 1, 128 * MIB, false},
     };
     umt_placement_plan plan;
-    assert_int_equal(umt_plan_placement(items, 3, 400 * MIB, 0, &plan), UMT_OK);
+    assert_int_equal(umt_plan_placement(items, 3, 400 * MIB, 0, false, &plan), UMT_OK);
     assert_false(items[0].offloaded);
     assert_true(items[1].offloaded);
     assert_false(items[2].offloaded);
@@ -92,7 +93,7 @@ static void test_weights_and_gradients_move_together_after_all_optimizer_state(v
     /* 8 layers of 8192 x 8192: 256 MiB per tensor, 8 GiB of state in all, against 2 GiB. */
     int n = mlp_items(items, 8, 8192, 1024);
     umt_placement_plan plan;
-    assert_int_equal(umt_plan_placement(items, n, 2 * GIB, 64 * MIB, &plan), UMT_OK);
+    assert_int_equal(umt_plan_placement(items, n, 2 * GIB, 64 * MIB, false, &plan), UMT_OK);
     assert_int_equal(plan.stage, 2);
     assert_int_equal(count_offloaded(items, n, UMT_POOL_OPTIM), 16);
     assert_int_equal(count_offloaded(items, n, UMT_POOL_ACTIVATIONS), 0);
@@ -107,6 +108,30 @@ static void test_weights_and_gradients_move_together_after_all_optimizer_state(v
     assert_true(plan.offloaded_bytes >= 6 * GIB);
 }
 
+static void test_updates_in_backward_count_the_ring_only_once_parameters_stream(void **state) {
+    (void)state;
+    umt_plan_item items[60];
+    int n = mlp_items(items, 8, 8192, 1024);
+    umt_placement_plan plan;
+    assert_int_equal(umt_plan_placement(items, n, 2 * GIB, 64 * MIB, true, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 2);
+    /* Adam: weights and two moments per entry. */
+    assert_int_equal(plan.ring_chunk_bytes, UMT_OFFLOAD_RING_CHUNK_BYTES); /* a sixteenth of 512 MiB is more */
+    assert_int_equal(plan.ring_bytes, 3 * UMT_OFFLOAD_RING_ENTRIES * UMT_OFFLOAD_RING_CHUNK_BYTES);
+    size_t with_ring = plan.device_bytes;
+    assert_true(with_ring <= 2 * GIB);
+    int streamed = count_offloaded(items, n, UMT_POOL_WEIGHTS);
+    assert_int_equal(umt_plan_placement(items, n, 2 * GIB, 64 * MIB, false, &plan), UMT_OK);
+    assert_int_equal(plan.ring_bytes, 0);
+    /* The ring's bytes come from what could stay resident: never fewer layers streamed. */
+    assert_true(streamed >= count_offloaded(items, n, UMT_POOL_WEIGHTS));
+    /* Optimizer state alone offloaded (stage 1): nothing streams through slots, no ring. */
+    n = mlp_items(items, 4, 4096, 256);
+    assert_int_equal(umt_plan_placement(items, n, GIB, 16 * MIB, true, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 1);
+    assert_int_equal(plan.ring_bytes, 0);
+}
+
 static void test_small_parameters_are_never_streamed(void **state) {
     (void)state;
     umt_plan_item items[8];
@@ -119,12 +144,12 @@ static void test_small_parameters_are_never_streamed(void **state) {
     items[n++] = (umt_plan_item){"fc.bias", UMT_POOL_GRADS, 3, 256 * 1024, false};
     umt_placement_plan plan;
     /* 768.5 MiB wanted in 700: every layer goes (2 x 256 MiB of buffers), the bias stays. */
-    assert_int_equal(umt_plan_placement(items, n, 700 * MIB, 0, &plan), UMT_OK);
+    assert_int_equal(umt_plan_placement(items, n, 700 * MIB, 0, false, &plan), UMT_OK);
     for (int i = 0; i < 6; ++i) assert_true(items[i].offloaded);
     assert_false(items[6].offloaded || items[7].offloaded);
     assert_int_equal(plan.device_bytes, 512 * MIB + 512 * 1024);
     /* A budget that would need the bias streamed too is refused instead. */
-    assert_int_equal(umt_plan_placement(items, n, 512 * MIB, 0, &plan), UMT_ERR_BUDGET);
+    assert_int_equal(umt_plan_placement(items, n, 512 * MIB, 0, false, &plan), UMT_ERR_BUDGET);
 }
 
 static void test_saved_activations_move_last(void **state) {
@@ -133,7 +158,7 @@ static void test_saved_activations_move_last(void **state) {
     /* 4 layers of 4096 (64 MiB per tensor) with 256 MiB of activations per layer at batch 16384. */
     int n = mlp_items(items, 4, 4096, 16384);
     umt_placement_plan plan;
-    assert_int_equal(umt_plan_placement(items, n, GIB, 0, &plan), UMT_OK);
+    assert_int_equal(umt_plan_placement(items, n, GIB, 0, false, &plan), UMT_OK);
     assert_int_equal(plan.stage, 3);
     assert_int_equal(count_offloaded(items, n, UMT_POOL_OPTIM), 8);
     assert_int_equal(count_offloaded(items, n, UMT_POOL_WEIGHTS), 4);
@@ -148,7 +173,7 @@ static void test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numb
     /* One layer's weights + grads (2 x 256 MiB) doubled is 1 GiB of buffers: not in 512 MiB. */
     int n = mlp_items(items, 2, 8192, 64);
     umt_placement_plan plan;
-    assert_int_equal(umt_plan_placement(items, n, 512 * MIB, 0, &plan), UMT_ERR_BUDGET);
+    assert_int_equal(umt_plan_placement(items, n, 512 * MIB, 0, false, &plan), UMT_ERR_BUDGET);
     const char *msg = umt_last_error();
     assert_non_null(strstr(msg, "536870912"));       /* the budget */
     assert_non_null(strstr(msg, "two weight buffers of 536870912")); /* what a buffer needs */
@@ -160,7 +185,7 @@ static void test_the_plan_prints_one_line_per_pool_with_its_counts(void **state)
     umt_plan_item items[60];
     int n = mlp_items(items, 8, 8192, 1024);
     umt_placement_plan plan;
-    assert_int_equal(umt_plan_placement(items, n, 2 * GIB, 64 * MIB, &plan), UMT_OK);
+    assert_int_equal(umt_plan_placement(items, n, 2 * GIB, 64 * MIB, false, &plan), UMT_OK);
     char buf[4096] = {0};
     FILE *f = fmemopen(buf, sizeof buf - 1, "w");
     assert_non_null(f);
@@ -178,7 +203,7 @@ static void test_items_of_other_pools_are_refused(void **state) {
     (void)state;
     umt_plan_item items[] = {{"staging", UMT_POOL_STAGING, 0, MIB, false}};
     umt_placement_plan plan;
-    assert_int_equal(umt_plan_placement(items, 1, GIB, 0, &plan), UMT_ERR_INVALID_ARGUMENT);
+    assert_int_equal(umt_plan_placement(items, 1, GIB, 0, false, &plan), UMT_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(umt_last_error(), "staging"));
 }
 
@@ -188,6 +213,7 @@ int main(void) {
         cmocka_unit_test(test_optimizer_state_goes_first_and_only_as_much_as_needed),
         cmocka_unit_test(test_largest_optimizer_state_moves_before_smaller_ones),
         cmocka_unit_test(test_weights_and_gradients_move_together_after_all_optimizer_state),
+        cmocka_unit_test(test_updates_in_backward_count_the_ring_only_once_parameters_stream),
         cmocka_unit_test(test_small_parameters_are_never_streamed),
         cmocka_unit_test(test_saved_activations_move_last),
         cmocka_unit_test(test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numbers),
