@@ -106,7 +106,7 @@ static umt_status create_streams(umt_offload *o) {
     int least, greatest;
     UMT_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     UMT_CUDA_TRY(cudaStreamCreateWithPriority((cudaStream_t *)&o->update, cudaStreamNonBlocking, greatest));
-    UMT_TRY(create_events((void **[]){&o->updated, &o->homed}, 2));
+    UMT_TRY(create_events((void **[]){&o->updated, &o->homed, &o->gradient_final}, 3));
     for (int s = 0; s < 2; ++s) {
         umt_offload_slot *slot = &o->slots[s];
         UMT_TRY(create_events((void **[]){&slot->loaded, &slot->released, &slot->drained}, 3));
@@ -133,7 +133,7 @@ void umt_offload_destroy(umt_context *ctx) {
     for (int s = 0; s < 2; ++s) destroy_events((void *[]){o->slots[s].loaded, o->slots[s].released, o->slots[s].drained}, 3);
     for (int e = 0; e < UMT_OFFLOAD_RING_ENTRIES; ++e)
         destroy_events((void *[]){o->ring[e].loaded, o->ring[e].released, o->ring[e].drained}, 3);
-    destroy_events((void *[]){o->updated, o->homed}, 2);
+    destroy_events((void *[]){o->updated, o->homed, o->gradient_final}, 3);
     umt_offload_activations_destroy(o);
     free(o->uses);
     free(o->cpu_jobs);
@@ -415,10 +415,16 @@ umt_status umt_offload_before_backward(umt_context *ctx, const umt_node *node) {
 
 umt_status umt_offload_gradient_ready(umt_context *ctx, umt_tensor *p) {
     umt_offload *o = ctx->offload;
-    if (!o || !p->home) return UMT_OK;
+    if (!o) return UMT_OK;
+    bool in_backward = o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD && o->attached && o->ring_arrays;
+    if (!p->home) return in_backward ? umt_offload_update_resident(o, p) : UMT_OK;
+    /* A gradient hook (data parallelism's all-reduce) works on the gradient where it is, on the GPU. */
+    if (ctx->grad_ready)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "offload: %s streams through the offload tier, and a gradient hook (data "
+                        "parallelism) is set: the tier sends gradients home unreduced", p->name ? p->name : "a parameter");
     int s = slot_holding(o, p);
     if (s < 0 || !o->slots[s].grads_live) return UMT_OK;
-    if (o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD && o->attached) return umt_offload_update_in_slot(o, s);
+    if (in_backward) return umt_offload_update_in_slot(o, s);
     return copy_gradient_out(o, s);
 }
 

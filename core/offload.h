@@ -20,7 +20,8 @@
  *             UMT_OFFLOAD_OPTIM_AUTO the first two steps time both and the faster is kept.
  *             With UMT_OFFLOAD_OPTIM_BACKWARD a streamed parameter is instead updated in its slot
  *             as soon as its gradient is final, its state and new weights passing through a ring
- *             of chunk buffers (core/offload_update.c): only weights and state cross the link.
+ *             of chunk buffers (core/offload_update.c): only weights and state cross the link; a
+ *             resident parameter with offloaded state is updated in place then too.
  *
  * A tensor in the offload tier keeps its host bytes in `home`; `data` points there, or at the
  * slot while the slot holds it, so ops and kernels need not know. Scope: parameters read through

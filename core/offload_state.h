@@ -85,6 +85,7 @@ struct umt_offload {
     void *updated;                      /* its event: the updates queued so far are done */
     void *state_in;                     /* UMT_OFFLOAD_OPTIM_BACKWARD: the state's copies in */
     void *homed;                        /* copy-out event: weights updated so far are home */
+    void *gradient_final;               /* compute event: a resident parameter's gradient is final */
     umt_offload_ring_entry ring[UMT_OFFLOAD_RING_ENTRIES];
     int ring_arrays;                    /* arrays per entry (0: no ring) */
     int ring_next;                      /* the entry the next chunk takes */
@@ -126,6 +127,9 @@ umt_status umt_offload_copy_on(umt_offload *o, void *stream, int track, void *ds
 /* UMT_OFFLOAD_OPTIM_BACKWARD (core/offload_update.c): slot s's parameter, its gradient final, is
  * updated through the ring; the ring's entries are carved from one stream-pool buffer. */
 umt_status umt_offload_update_in_slot(umt_offload *o, int s);
+/* The same for p, resident on the GPU with state in the offload tier: updated in place, its state
+ * through the ring (a no-op when its state is on the GPU too: the optimizer's step updates it). */
+umt_status umt_offload_update_resident(umt_offload *o, umt_tensor *p);
 /* Up to bytes more of the put-off weight load (SIZE_MAX: the rest); a no-op when none is. */
 umt_status umt_offload_deferred_piece(umt_offload *o, size_t bytes);
 umt_status umt_offload_make_ring(umt_offload *o);

@@ -21,7 +21,9 @@
  * entry, and all of it goes home on the copy-out stream. Copy engines carry every byte, so the
  * update kernels are short and leave the SMs to backward's own kernels. The slot keeps the new
  * weights (valid for the next forward) and takes the next layer once its last chunk is updated,
- * without waiting for the chunks' way home.
+ * without waiting for the chunks' way home. A parameter the plan keeps on the GPU with its state
+ * offloaded is updated in place the same way, only its state crossing the link, so that its
+ * update too overlaps backward instead of following it.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -231,35 +233,48 @@ umt_status umt_offload_make_ring(umt_offload *o) {
     return UMT_OK;
 }
 
-/* The update kernel and the copy of the chunk's new weights into the entry, on the update stream. */
-static umt_status update_and_keep(umt_offload *o, float *weights, const float *grad, float *const state[2],
+/* One parameter's update through the ring: its weights and gradient on the device (a slot, or
+ * where a resident parameter lives), its state tensors (NULL where the rule keeps fewer than two),
+ * and whether the new weights go home too (streamed parameters) or stay where they are. */
+typedef struct {
+    umt_tensor *parameter;
+    float *weights;
+    const float *grad;
+    umt_tensor *state[2];
+    bool send_weights;
+} ring_update;
+
+/* The update kernel on the update stream, and the copy of the chunk's new weights into the entry
+ * when they go home. */
+static umt_status update_and_keep(umt_offload *o, const ring_update *u, int64_t offset, float *const state[2],
                                   float *kept, int64_t n) {
     cudaStream_t previous = umt_cuda_launch_on((cudaStream_t)o->update);
-    umt_status st = umt_optimizer_update_range(o->attached, weights, grad, state[0], state[1], n);
+    umt_status st = umt_optimizer_update_range(o->attached, u->weights + offset, u->grad + offset, state[0], state[1], n);
     umt_cuda_launch_on(previous);
     UMT_TRY(st);
-    UMT_CUDA_TRY(cudaMemcpyAsync(kept, weights, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice,
-                                 (cudaStream_t)o->update));
+    if (u->send_weights)
+        UMT_CUDA_TRY(cudaMemcpyAsync(kept, u->weights + offset, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice,
+                                     (cudaStream_t)o->update));
     return UMT_OK;
 }
 
-/* Elements [offset, offset + n) of slot s's parameter through the next ring entry. */
-static umt_status ring_chunk(umt_offload *o, const umt_offload_slot *slot, umt_tensor *const state[2], int64_t offset,
-                             int64_t n, int index) {
+/* Elements [offset, offset + n) of the update through the next ring entry. */
+static umt_status ring_chunk(umt_offload *o, const ring_update *u, int64_t offset, int64_t n, int index) {
     umt_offload_ring_entry *e = &o->ring[o->ring_next];
     o->ring_next = (o->ring_next + 1) % UMT_OFFLOAD_RING_ENTRIES;
-    umt_tensor *p = slot->holder;
+    umt_tensor *p = u->parameter;
     size_t bytes = (size_t)n * sizeof(float);
     float *device[2] = {0};
     UMT_TRY(umt_offload_wait(o->state_in, e->drained));
     for (int a = 0; a < 2; ++a) {
-        if (!state[a]) continue;
-        if (!state[a]->home) { /* kept on the GPU by the plan: updated where it is */
-            device[a] = (float *)state[a]->data + offset;
+        umt_tensor *state = u->state[a];
+        if (!state) continue;
+        if (!state->home) { /* kept on the GPU by the plan: updated where it is */
+            device[a] = (float *)state->data + offset;
             continue;
         }
         device[a] = e->arrays[1 + a];
-        UMT_TRY(umt_offload_copy_on(o, o->state_in, UMT_TRACE_STATE_IN, device[a], (float *)state[a]->home + offset,
+        UMT_TRY(umt_offload_copy_on(o, o->state_in, UMT_TRACE_STATE_IN, device[a], (float *)state->home + offset,
                                     bytes, true, "state in"));
     }
     UMT_TRY(umt_offload_record(e->loaded, o->state_in));
@@ -273,41 +288,61 @@ static umt_status ring_chunk(umt_offload *o, const umt_offload_slot *slot, umt_t
     UMT_TRY(umt_offload_wait(o->update, e->loaded));
     umt_trace *trace = o->ctx->memory.trace;
     void *begin = umt_trace_begin(trace, o->update);
-    float *weights = (float *)slot->base + offset;
-    UMT_TRY(update_and_keep(o, weights, (const float *)slot->grads + offset, device, e->arrays[0], n));
+    UMT_TRY(update_and_keep(o, u, offset, device, e->arrays[0], n));
     umt_trace_end(trace, o->update, begin, p->name ? p->name : "update", "optimizer", UMT_TRACE_UPDATE, 0);
     UMT_TRY(umt_offload_record(e->released, o->update));
     UMT_TRY(umt_offload_wait(o->copy_out, e->released));
-    UMT_TRY(umt_offload_copy(o, (float *)p->home + offset, e->arrays[0], bytes, false, p->name ? p->name : "weights"));
+    if (u->send_weights)
+        UMT_TRY(umt_offload_copy(o, (float *)p->home + offset, e->arrays[0], bytes, false, p->name ? p->name : "weights"));
     for (int a = 0; a < 2; ++a)
-        if (state[a] && state[a]->home)
-            UMT_TRY(umt_offload_copy(o, (float *)state[a]->home + offset, device[a], bytes, false, "state out"));
+        if (u->state[a] && u->state[a]->home)
+            UMT_TRY(umt_offload_copy(o, (float *)u->state[a]->home + offset, device[a], bytes, false, "state out"));
     return umt_offload_record(e->drained, o->copy_out);
+}
+
+/* Every chunk of u, once the gradient the compute stream has just queued is final (final: an event
+ * to record that on). A gradient hook (data parallelism's all-reduce) would change the gradient
+ * after this update had read it. */
+static umt_status update_through_ring(umt_offload *o, const ring_update *u, void *final) {
+    umt_tensor *p = u->parameter;
+    if (o->ctx->grad_ready)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "offload: %s would be updated during backward, before a gradient hook "
+                        "(data parallelism) has reduced its gradient; update after backward instead (auto, gpu or cpu)",
+                        p->name ? p->name : "a parameter");
+    int arrays = 1 + (u->state[0] && u->state[0]->home) + (u->state[1] && u->state[1]->home);
+    if (arrays > o->ring_arrays)
+        return umt_fail(UMT_ERR_STATE, "offload: %s needs %d arrays per update ring entry, the plan made %d",
+                        p->name ? p->name : "a parameter", arrays, o->ring_arrays);
+    UMT_TRY(umt_offload_record(final, o->compute));
+    UMT_TRY(umt_offload_wait(o->update, final));
+    int64_t chunk = (int64_t)(o->plan.ring_chunk_bytes / sizeof(float));
+    for (int64_t offset = 0; offset < p->numel; offset += chunk)
+        UMT_TRY(ring_chunk(o, u, offset, p->numel - offset < chunk ? p->numel - offset : chunk, (int)(offset / chunk)));
+    UMT_TRY(umt_offload_record(o->homed, o->copy_out));
+    p->updated_early = true;
+    o->stats.updates_in_backward++;
+    return UMT_OK;
 }
 
 umt_status umt_offload_update_in_slot(umt_offload *o, int s) {
     umt_offload_slot *slot = &o->slots[s];
     umt_tensor *p = slot->holder;
-    umt_tensor *state[2] = {0};
-    UMT_TRY(umt_optimizer_state_of(o->attached, p, state));
-    int arrays = 1 + (state[0] && state[0]->home) + (state[1] && state[1]->home);
-    if (arrays > o->ring_arrays)
-        return umt_fail(UMT_ERR_STATE, "offload: %s needs %d arrays per update ring entry, the plan made %d",
-                        p->name ? p->name : "a parameter", arrays, o->ring_arrays);
-    /* The update reads the gradient the compute stream has just queued. */
-    UMT_TRY(umt_offload_record(slot->released, o->compute));
-    UMT_TRY(umt_offload_wait(o->update, slot->released));
-    int64_t chunk = (int64_t)(o->plan.ring_chunk_bytes / sizeof(float));
-    for (int64_t offset = 0; offset < p->numel; offset += chunk)
-        UMT_TRY(ring_chunk(o, slot, state, offset, p->numel - offset < chunk ? p->numel - offset : chunk,
-                           (int)(offset / chunk)));
+    ring_update u = {p, slot->base, slot->grads, {0}, true};
+    UMT_TRY(umt_optimizer_state_of(o->attached, p, u.state));
+    UMT_TRY(update_through_ring(o, &u, slot->released));
     UMT_TRY(umt_offload_record(slot->drained, o->update));
-    UMT_TRY(umt_offload_record(o->homed, o->copy_out));
     slot->grads_live = false;
     p->grad->data = p->grad->home;
     p->grad_zero = true; /* consumed by the update */
-    p->updated_early = true;
     return UMT_OK;
+}
+
+umt_status umt_offload_update_resident(umt_offload *o, umt_tensor *p) {
+    ring_update u = {p, p->data, p->grad->data, {0}, false};
+    UMT_TRY(umt_optimizer_state_of(o->attached, p, u.state));
+    bool offloaded = (u.state[0] && u.state[0]->home) || (u.state[1] && u.state[1]->home);
+    /* State on the GPU too: the optimizer's step updates it with the rest. */
+    return offloaded ? update_through_ring(o, &u, o->gradient_final) : UMT_OK;
 }
 
 /* ----------------------------------------------------------------------------------------- */

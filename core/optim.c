@@ -318,12 +318,11 @@ static umt_status update_offloaded(const umt_optimizer *opt, int64_t step) {
 }
 
 umt_status umt_optimizer_state_of(const umt_optimizer *opt, const umt_tensor *p, umt_tensor *state[2]) {
-    UMT_TRY(refuse_step_scalars(opt, p));
     for (int i = 0; i < opt->slot_count; ++i) {
         if (opt->slots[i].param != p) continue;
         state[0] = opt->slots[i].state[0];
         state[1] = opt->slots[i].state[1];
-        return UMT_OK;
+        return umt_offload_involves(p, state[0], state[1]) ? refuse_step_scalars(opt, p) : UMT_OK;
     }
     return umt_fail(UMT_ERR_STATE, "umt_optimizer_state_of: %s is not covered by the optimizer",
                     p->name ? p->name : "a parameter");

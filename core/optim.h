@@ -31,8 +31,8 @@ umt_status umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps);
 
 /* UMT_OFFLOAD_OPTIM_BACKWARD (core/offload_update.c) updates a parameter during backward, in
  * chunks it streams itself: p's state tensors (NULL where the rule keeps fewer than two), refused
- * with clipping or loss scaling; then one update of n elements at device pointers, with the step
- * umt_optimizer_step will count next. */
+ * with clipping or loss scaling when p or its state is offloaded; then one update of n elements at
+ * device pointers, with the step umt_optimizer_step will count next. */
 umt_status umt_optimizer_state_of(const umt_optimizer *opt, const umt_tensor *p, umt_tensor *state[2]);
 umt_status umt_optimizer_update_range(const umt_optimizer *opt, float *param, const float *grad, float *s0, float *s1,
                                       int64_t n);

@@ -216,6 +216,7 @@ typedef struct {
     uint64_t activation_bytes_to_device; /* of which saved activations (options.offload_activations) */
     uint64_t activation_bytes_to_host;
     uint64_t activations_offloaded;      /* saved activations whose device bytes were given up, all steps */
+    uint64_t updates_in_backward;        /* parameters updated during backward (UMT_OFFLOAD_OPTIM_BACKWARD), all steps */
     umt_offload_optimizer optimizer; /* where offloaded updates run now (auto until measured) */
     double optimizer_gpu_ms;      /* the measured offloaded update of each kind (0: not measured) */
     double optimizer_cpu_ms;

@@ -20,7 +20,9 @@ static size_t group_bytes(const umt_plan_item *items, int count, int group, bool
 }
 
 /* The update ring's chunk per array and bytes: one chunk of the weights and of each state array
- * of the streamed parameter with the most state (Adam: two), per entry. */
+ * of the parameter with the most state (Adam: two), per entry, counting every parameter that
+ * streams its weights or has state offloaded (a resident parameter's state comes through the
+ * ring too; its weights array goes unused). */
 static size_t ring_chunk_bytes(size_t weight_slot) {
     size_t sixteenth = weight_slot / 16 / UMT_POOL_ALIGN * UMT_POOL_ALIGN;
     return sixteenth < UMT_OFFLOAD_RING_CHUNK_BYTES ? sixteenth : UMT_OFFLOAD_RING_CHUNK_BYTES;
@@ -29,7 +31,7 @@ static size_t ring_chunk_bytes(size_t weight_slot) {
 static size_t ring_bytes(const umt_plan_item *items, int count, size_t chunk) {
     int arrays = 0;
     for (int i = 0; i < count; ++i) {
-        if (!items[i].offloaded || !is_parameter_pool(items[i].pool)) continue;
+        if (!items[i].offloaded || items[i].pool == UMT_POOL_ACTIVATIONS) continue;
         int states = 0;
         for (int j = 0; j < count; ++j) states += items[j].pool == UMT_POOL_OPTIM && items[j].group == items[i].group;
         if (1 + states > arrays) arrays = 1 + states;

@@ -42,10 +42,12 @@
  * them would cost a copy's fixed overhead for next to no bytes. */
 #define UMT_OFFLOAD_MIN_STREAM_BYTES ((size_t)1 << 20)
 
-/* Updates in backward (UMT_OFFLOAD_OPTIM_BACKWARD) stream each streamed parameter's update through
+/* Updates in backward (UMT_OFFLOAD_OPTIM_BACKWARD) stream each offloaded parameter's update through
  * a ring of device buffers, each holding one chunk of the weights and of every state array: while
  * one chunk's state comes in, another is updated and a third goes home, and the weight slot is
- * free for the next layer as soon as its last chunk is updated (core/offload_update.c). */
+ * free for the next layer as soon as its last chunk is updated (core/offload_update.c). A
+ * parameter that stays resident with its state offloaded is updated in place through the ring's
+ * state arrays. */
 #define UMT_OFFLOAD_RING_ENTRIES 4
 /* A chunk of one array: this, or a sixteenth of a weight slot for small models. */
 #define UMT_OFFLOAD_RING_CHUNK_BYTES ((size_t)16 << 20)

@@ -108,7 +108,7 @@ static void test_weights_and_gradients_move_together_after_all_optimizer_state(v
     assert_true(plan.offloaded_bytes >= 6 * GIB);
 }
 
-static void test_updates_in_backward_count_the_ring_only_once_parameters_stream(void **state) {
+static void test_updates_in_backward_count_the_ring_once_anything_is_offloaded(void **state) {
     (void)state;
     umt_plan_item items[60];
     int n = mlp_items(items, 8, 8192, 1024);
@@ -125,10 +125,19 @@ static void test_updates_in_backward_count_the_ring_only_once_parameters_stream(
     assert_int_equal(plan.ring_bytes, 0);
     /* The ring's bytes come from what could stay resident: never fewer layers streamed. */
     assert_true(streamed >= count_offloaded(items, n, UMT_POOL_WEIGHTS));
-    /* Optimizer state alone offloaded (stage 1): nothing streams through slots, no ring. */
+    /* Optimizer state alone offloaded (stage 1): resident layers' state comes through the ring,
+     * in chunks of a sixteenth of the smallest slot (4 MiB): 16 fixed + 1040 + 128 + 48 - 64 k <=
+     * 1024 needs k = 4 moments offloaded, one more than without the ring. */
     n = mlp_items(items, 4, 4096, 256);
     assert_int_equal(umt_plan_placement(items, n, GIB, 16 * MIB, true, &plan), UMT_OK);
     assert_int_equal(plan.stage, 1);
+    assert_int_equal(count_offloaded(items, n, UMT_POOL_OPTIM), 4);
+    assert_int_equal(plan.ring_chunk_bytes, UMT_OFFLOAD_MIN_SLOT_BYTES / 16);
+    assert_int_equal(plan.ring_bytes, 3 * UMT_OFFLOAD_RING_ENTRIES * UMT_OFFLOAD_MIN_SLOT_BYTES / 16);
+    /* Nothing offloaded: no ring. */
+    n = mlp_items(items, 4, 1024, 256);
+    assert_int_equal(umt_plan_placement(items, n, GIB, 64 * MIB, true, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 0);
     assert_int_equal(plan.ring_bytes, 0);
 }
 
@@ -213,7 +222,7 @@ int main(void) {
         cmocka_unit_test(test_optimizer_state_goes_first_and_only_as_much_as_needed),
         cmocka_unit_test(test_largest_optimizer_state_moves_before_smaller_ones),
         cmocka_unit_test(test_weights_and_gradients_move_together_after_all_optimizer_state),
-        cmocka_unit_test(test_updates_in_backward_count_the_ring_only_once_parameters_stream),
+        cmocka_unit_test(test_updates_in_backward_count_the_ring_once_anything_is_offloaded),
         cmocka_unit_test(test_small_parameters_are_never_streamed),
         cmocka_unit_test(test_saved_activations_move_last),
         cmocka_unit_test(test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numbers),

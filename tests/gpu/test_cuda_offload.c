@@ -2,7 +2,8 @@
  * tests/gpu/test_cuda_offload.c — the offload tier on a real GPU: a model trained with a budget
  * that forces its parameters, gradients and Adam state into pinned host memory gives the same
  * losses over 10 steps as the same model in GPU memory (fp32, updates on the GPU, on the CPU,
- * auto, and during backward); a middle budget offloads optimizer state only; the device stays within the budget; the
+ * auto, and during backward); a middle budget offloads optimizer state only (and updates it in
+ * backward, the parameters resident); the device stays within the budget; the
  * UMT_MEM_TRACE file is valid JSON naming every pool; a refusal prints the pools largest first;
  * at a batch whose saved activations do not fit beside the rest, a run that offloads them gives
  * the in-memory losses too, where the same budget without them is refused.
@@ -124,6 +125,30 @@ static void expect_same_losses(const float *a, const float *b) {
 
 static float reference[STEPS];
 
+/* Parameters with anything in the offload tier: their weights, or some of their state. */
+static int parameters_offloaded(const model *m) {
+    int count = 0;
+    for (int i = 0; i < umt_parameter_count(m->ctx); ++i) {
+        const umt_tensor *p = umt_parameter_at(m->ctx, i);
+        bool any = p->home != NULL;
+        for (const umt_tensor *t = m->ctx->run_tensors; t && !any; t = t->next)
+            any = t->kind_pool == UMT_POOL_OPTIM && t->owner == p && t->home;
+        count += any;
+    }
+    return count;
+}
+
+/* Updates in backward: every step updated every parameter the tier holds anything of then; the
+ * other ways: none. */
+static void expect_updates_in_backward(const model *m, umt_offload_optimizer where) {
+    umt_offload_stats st;
+    assert_int_equal(umt_offload_stats_get(m->ctx, &st), UMT_OK);
+    uint64_t expected = where == UMT_OFFLOAD_OPTIM_BACKWARD ? (uint64_t)STEPS * parameters_offloaded(m) : 0;
+    print_message("%llu updates in backward, %llu expected\n", (unsigned long long)st.updates_in_backward,
+                  (unsigned long long)expected);
+    assert_int_equal(st.updates_in_backward, expected);
+}
+
 static int make_reference(void **state) {
     (void)state;
     model m;
@@ -155,6 +180,7 @@ static void run_fully_offloaded(umt_offload_optimizer where) {
     assert_true(budget <= budget_mib << 20);
     assert_true(used <= budget);
     expect_same_losses(losses, reference);
+    expect_updates_in_backward(&m, where);
     destroy(&m);
 }
 
@@ -178,12 +204,10 @@ static void test_offloaded_run_matches_in_memory_losses_with_updates_in_backward
     run_fully_offloaded(UMT_OFFLOAD_OPTIM_BACKWARD);
 }
 
-static void test_a_middle_budget_offloads_optimizer_state_only(void **state) {
-    (void)state;
+/* Weights and gradients stay on the GPU, some Adam state is offloaded. */
+static void run_middle_budget(const char *budget, umt_offload_optimizer where) {
     model m;
-    /* 432.5 MiB wanted; offloading Adam moments (16 MiB each) pays for the 128 MiB double buffer
-     * after 8 of them, and 420M needs 11. */
-    build(&m, "420M", UMT_OFFLOAD_OPTIM_AUTO);
+    build(&m, budget, where);
     float losses[STEPS];
     train(&m, losses);
     int weights_home = 0, state_home = 0;
@@ -193,7 +217,22 @@ static void test_a_middle_budget_offloads_optimizer_state_only(void **state) {
     /* Four state tensors per layer (Adam's two for the weights, two for the bias): some, not all. */
     assert_true(state_home >= 1 && state_home < 4 * DEPTH);
     expect_same_losses(losses, reference);
+    expect_updates_in_backward(&m, where);
     destroy(&m);
+}
+
+static void test_a_middle_budget_offloads_optimizer_state_only(void **state) {
+    (void)state;
+    /* 432.5 MiB wanted; offloading Adam moments (16 MiB each) pays for the 128 MiB double buffer
+     * after 8 of them, and 420M needs 11. */
+    run_middle_budget("420M", UMT_OFFLOAD_OPTIM_AUTO);
+}
+
+static void test_resident_parameters_update_their_offloaded_state_in_backward(void **state) {
+    (void)state;
+    /* The update ring (4 entries of three 4 MiB chunks) costs 3 more moments; 500M leaves 80 MiB
+     * more than 420M: about 9 of the 12 large moments offloaded. */
+    run_middle_budget("500M", UMT_OFFLOAD_OPTIM_BACKWARD);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -357,6 +396,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_auto_times_both_updates_and_keeps_the_faster, destroy_leftover),
         cmocka_unit_test_teardown(test_offloaded_run_matches_in_memory_losses_with_updates_in_backward, destroy_leftover),
         cmocka_unit_test_teardown(test_a_middle_budget_offloads_optimizer_state_only, destroy_leftover),
+        cmocka_unit_test_teardown(test_resident_parameters_update_their_offloaded_state_in_backward, destroy_leftover),
         cmocka_unit_test_teardown(test_trace_is_valid_json_naming_every_pool, destroy_leftover),
         cmocka_unit_test_teardown(test_a_refused_allocation_prints_the_pools_largest_first, destroy_leftover),
         cmocka_unit_test_teardown(test_saved_activations_offloaded_match_in_memory_losses, destroy_leftover),
