@@ -73,7 +73,9 @@ static int parse(int argc, char **argv, options *o) {
      * output (linear and ReLU per layer, the loss's probabilities) and every gradient of one at
      * once: about 4 depth + 2 tensors of batch x width f32; and 64 MiB of scratch. */
     size_t tensor = (size_t)(o->batch * o->width) * 4;
-    if (!o->reserve) o->reserve = (size_t)(4 * o->depth + 2) * tensor + ((size_t)64 << 20);
+    /* EXPERIMENT (branch offload-ring): with ended gradients recycled in the first step, 2 depth + 2. */
+    size_t tensors = (size_t)(getenv("UMT_EXP_RECYCLE") ? 2 * o->depth + 2 : 4 * o->depth + 2);
+    if (!o->reserve) o->reserve = tensors * tensor + ((size_t)64 << 20);
     /* With activations sent out, the recorded first step holds a few at once: the op's input and
      * output, the one leaving, the probabilities; in backward two gradients and the ones back. */
     if (o->offload_activations) o->reserve = 8 * tensor + ((size_t)64 << 20);
