@@ -70,12 +70,11 @@ static int parse(int argc, char **argv, options *o) {
     }
     if (o->width < 2 || o->depth < 1 || o->batch < 1 || o->steps < 1 || o->bench < 0) return usage("sizes must be positive");
     /* Activations: the first step, which the arena records before it can plan reuse, holds every
-     * output (linear and ReLU per layer, the loss's probabilities) and every gradient of one at
-     * once: about 4 depth + 2 tensors of batch x width f32; and 64 MiB of scratch. */
+     * saved output (linear and ReLU per layer, the loss's probabilities) and, the tier recycling
+     * ended gradients, about two of them at once: 2 depth + 2 tensors of batch x width f32; and
+     * 64 MiB of scratch. */
     size_t tensor = (size_t)(o->batch * o->width) * 4;
-    /* EXPERIMENT (branch offload-ring): with ended gradients recycled in the first step, 2 depth + 2. */
-    size_t tensors = (size_t)(getenv("UMT_EXP_RECYCLE") ? 2 * o->depth + 2 : 4 * o->depth + 2);
-    if (!o->reserve) o->reserve = tensors * tensor + ((size_t)64 << 20);
+    if (!o->reserve) o->reserve = (size_t)(2 * o->depth + 2) * tensor + ((size_t)64 << 20);
     /* With activations sent out, the recorded first step holds a few at once: the op's input and
      * output, the one leaving, the probabilities; in backward two gradients and the ones back. */
     if (o->offload_activations) o->reserve = 8 * tensor + ((size_t)64 << 20);
@@ -156,6 +155,9 @@ static int step(const options *o, model *m, float *loss_out) {
 /* --bench: step time against the link */
 
 static int bench(const options *o, model *m) {
+    /* The link first, before the plan gives the budget to resident parameters. */
+    umt_link_speed link;
+    if (o->offload && umt_link_measure(m->ctx, (size_t)128 << 20, &link)) return fail("link measure");
     /* Warm-up: the first step records the order of uses, auto mode times both updates. */
     for (int i = 0; i < 3; ++i)
         if (step(o, m, NULL)) return 1;
@@ -178,8 +180,6 @@ static int bench(const options *o, model *m) {
         printf("bench: offloaded update measured: gpu streamed %.1f ms, cpu threads %.1f ms\n", after.optimizer_gpu_ms,
                after.optimizer_cpu_ms);
     if (in + out == 0) return 0;
-    umt_link_speed link;
-    if (umt_link_measure(m->ctx, (size_t)128 << 20, &link)) return fail("link measure");
     /* Both directions run at once: the floor is whichever of them, or their sum, takes longest. */
     double floor_s = in / (link.to_device_gbps * 1e9);
     double t_out = out / (link.to_host_gbps * 1e9), t_both = (in + out) / (link.both_ways_gbps * 1e9);
