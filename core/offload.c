@@ -111,7 +111,7 @@ static umt_status create_streams(umt_offload *o) {
         umt_offload_slot *slot = &o->slots[s];
         UMT_TRY(create_events((void **[]){&slot->loaded, &slot->released, &slot->drained}, 3));
     }
-    for (int e = 0; e < UMT_OFFLOAD_RING_ENTRIES; ++e) {
+    for (int e = 0; e < UMT_OFFLOAD_RING_MAX_ENTRIES; ++e) {
         umt_offload_ring_entry *r = &o->ring[e];
         UMT_TRY(create_events((void **[]){&r->loaded, &r->released, &r->drained}, 3));
     }
@@ -131,7 +131,7 @@ void umt_offload_destroy(umt_context *ctx) {
     for (int i = 0; i < 4; ++i)
         if (streams[i]) cudaStreamSynchronize((cudaStream_t)streams[i]), cudaStreamDestroy((cudaStream_t)streams[i]);
     for (int s = 0; s < 2; ++s) destroy_events((void *[]){o->slots[s].loaded, o->slots[s].released, o->slots[s].drained}, 3);
-    for (int e = 0; e < UMT_OFFLOAD_RING_ENTRIES; ++e)
+    for (int e = 0; e < UMT_OFFLOAD_RING_MAX_ENTRIES; ++e)
         destroy_events((void *[]){o->ring[e].loaded, o->ring[e].released, o->ring[e].drained}, 3);
     destroy_events((void *[]){o->updated, o->homed, o->gradient_final}, 3);
     umt_offload_activations_destroy(o);
@@ -232,6 +232,9 @@ static umt_status plan_once(umt_offload *o) {
     size_t fixed = ctx->memory.device_bytes + ctx->options.offload_reserve_bytes;
     bool in_backward = o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD;
     if (st == UMT_OK) st = umt_plan_placement(items, count, ctx->memory.budget_bytes, fixed, in_backward, &o->plan);
+    /* What the plan leaves deepens the update ring, unless saved activations may stay on the GPU
+     * (the planner's stage 3, after the first step): they use it then. */
+    if (st == UMT_OK && !ctx->options.offload_activations) umt_plan_deepen_ring(&o->plan);
     if (st == UMT_OK || st == UMT_ERR_BUDGET) umt_plan_print(stderr, items, count, &o->plan);
     /* A plan that does not fit is a refused allocation too: show where the budget went. */
     if (st == UMT_ERR_BUDGET) umt_memory_print_contents(&ctx->memory, stderr);

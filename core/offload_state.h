@@ -86,7 +86,7 @@ struct umt_offload {
     void *state_in;                     /* UMT_OFFLOAD_OPTIM_BACKWARD: the state's copies in */
     void *homed;                        /* copy-out event: weights updated so far are home */
     void *gradient_final;               /* compute event: a resident parameter's gradient is final */
-    umt_offload_ring_entry ring[UMT_OFFLOAD_RING_ENTRIES];
+    umt_offload_ring_entry ring[UMT_OFFLOAD_RING_MAX_ENTRIES]; /* the plan's ring_entries in use */
     int ring_arrays;                    /* arrays per entry (0: no ring) */
     int ring_next;                      /* the entry the next chunk takes */
     umt_offload_deferred deferred;

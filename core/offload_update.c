@@ -231,8 +231,8 @@ umt_status umt_offload_make_ring(umt_offload *o) {
     char *base = NULL;
     UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_STREAM, o->plan.ring_bytes, (void **)&base));
     size_t chunk = o->plan.ring_chunk_bytes;
-    o->ring_arrays = (int)(o->plan.ring_bytes / UMT_OFFLOAD_RING_ENTRIES / chunk);
-    for (int e = 0; e < UMT_OFFLOAD_RING_ENTRIES; ++e)
+    o->ring_arrays = (int)(o->plan.ring_bytes / (size_t)o->plan.ring_entries / chunk);
+    for (int e = 0; e < o->plan.ring_entries; ++e)
         for (int a = 0; a < o->ring_arrays; ++a)
             o->ring[e].arrays[a] = (float *)(base + ((size_t)e * o->ring_arrays + a) * chunk);
     return UMT_OK;
@@ -266,7 +266,7 @@ static umt_status update_and_keep(umt_offload *o, const ring_update *u, int64_t 
 /* Elements [offset, offset + n) of the update through the next ring entry. */
 static umt_status ring_chunk(umt_offload *o, const ring_update *u, int64_t offset, int64_t n, int index) {
     umt_offload_ring_entry *e = &o->ring[o->ring_next];
-    o->ring_next = (o->ring_next + 1) % UMT_OFFLOAD_RING_ENTRIES;
+    o->ring_next = (o->ring_next + 1) % o->plan.ring_entries;
     umt_tensor *p = u->parameter;
     size_t bytes = (size_t)n * sizeof(float);
     float *device[2] = {0};
@@ -285,7 +285,7 @@ static umt_status ring_chunk(umt_offload *o, const ring_update *u, int64_t offse
     UMT_TRY(umt_offload_record(e->loaded, o->state_in));
     /* A piece of the next weights after each chunk's state, once the ring is full (the first
      * entries' state may come in before this slot's previous update is done; the weights not). */
-    if (index + 1 >= UMT_OFFLOAD_RING_ENTRIES)
+    if (index + 1 >= o->plan.ring_entries)
         UMT_TRY(umt_offload_deferred_piece(o, WEIGHT_PIECES_PER_CHUNK * bytes));
     UMT_TRY(umt_offload_wait(o->update, e->loaded));
     umt_trace *trace = o->ctx->memory.trace;

@@ -39,6 +39,18 @@ static size_t ring_bytes(const umt_plan_item *items, int count, size_t chunk) {
     return (size_t)arrays * UMT_OFFLOAD_RING_ENTRIES * chunk;
 }
 
+void umt_plan_deepen_ring(umt_placement_plan *plan) {
+    if (!plan->ring_bytes || plan->ring_entries != UMT_OFFLOAD_RING_ENTRIES || plan->device_bytes >= plan->budget_bytes)
+        return;
+    size_t entry = plan->ring_bytes / UMT_OFFLOAD_RING_ENTRIES;
+    size_t extra = (plan->budget_bytes - plan->device_bytes) / entry;
+    if (extra > UMT_OFFLOAD_RING_MAX_ENTRIES - UMT_OFFLOAD_RING_ENTRIES)
+        extra = UMT_OFFLOAD_RING_MAX_ENTRIES - UMT_OFFLOAD_RING_ENTRIES;
+    plan->ring_entries += (int)extra;
+    plan->ring_bytes += extra * entry;
+    plan->device_bytes += extra * entry;
+}
+
 size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed_bytes, bool update_in_backward,
                              umt_placement_plan *buffers) {
     size_t resident = 0, weight_slot = 0, activation_slot = 0;
@@ -133,6 +145,7 @@ static bool offload_groups(umt_plan_item *items, int count, const limits *l, boo
 static void fill_plan(const umt_plan_item *items, int count, const limits *l, int stage, umt_placement_plan *plan) {
     *plan = (umt_placement_plan){.budget_bytes = l->budget, .fixed_bytes = l->fixed, .stage = stage};
     plan->device_bytes = umt_plan_device_bytes(items, count, l->fixed, l->update_in_backward, plan);
+    plan->ring_entries = plan->ring_bytes ? UMT_OFFLOAD_RING_ENTRIES : 0;
     for (int i = 0; i < count; ++i)
         if (items[i].offloaded) plan->offloaded_bytes += align_up(items[i].bytes);
 }
@@ -194,7 +207,7 @@ void umt_plan_print(FILE *out, const umt_plan_item *items, int count, const umt_
                 gib(on_bytes), off, gib(off_bytes));
     }
     fprintf(out, "placement plan: streaming buffers 2 x %.3f GiB (weights+grads, optimizer chunks), 2 x %.3f GiB "
-            "(activations), %.3f GiB (update ring); fixed %.3f GiB; on GPU %.3f of %.3f GiB budget; offloaded %.3f "
+            "(activations), %.3f GiB (update ring of %d); fixed %.3f GiB; on GPU %.3f of %.3f GiB budget; offloaded %.3f "
             "GiB\n", gib(plan->weight_slot_bytes), gib(plan->activation_slot_bytes), gib(plan->ring_bytes),
-            gib(plan->fixed_bytes), gib(plan->device_bytes), gib(plan->budget_bytes), gib(plan->offloaded_bytes));
+            plan->ring_entries, gib(plan->fixed_bytes), gib(plan->device_bytes), gib(plan->budget_bytes), gib(plan->offloaded_bytes));
 }

@@ -49,6 +49,12 @@
  * parameter that stays resident with its state offloaded is updated in place through the ring's
  * state arrays. */
 #define UMT_OFFLOAD_RING_ENTRIES 4
+/* What the budget leaves after the plan deepens the ring, up to this many entries: the state of
+ * more chunks comes in ahead, which carries the link over the pauses between layers (H200,
+ * big_mlp --update-on backward 2G/512, 2026-11-23: 176.7 ms a step with 4 entries, 167.6 with 6,
+ * 168.3 with 8). Resident parameters come first: at 4G/2048 two more entries cost one (190.3
+ * against 184.4 ms), so the ring takes only what is left. */
+#define UMT_OFFLOAD_RING_MAX_ENTRIES 6
 /* A chunk of one array: this, or a sixteenth of a weight slot for small models. */
 #define UMT_OFFLOAD_RING_CHUNK_BYTES ((size_t)16 << 20)
 
@@ -66,6 +72,7 @@ typedef struct {
     size_t weight_slot_bytes;    /* one of the two weight+grad streaming buffers (0: none) */
     size_t activation_slot_bytes; /* one of the two activation streaming buffers (0: none) */
     size_t ring_bytes;           /* the update ring, all entries (0: none) */
+    int ring_entries;            /* its entries: UMT_OFFLOAD_RING_ENTRIES, more where the budget leaves room */
     size_t ring_chunk_bytes;     /* one array's chunk in an entry */
     size_t device_bytes;         /* everything on the GPU: fixed + resident items + buffers */
     size_t offloaded_bytes;      /* everything in the offload tier */
@@ -77,6 +84,10 @@ typedef struct {
  * fits. */
 umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_bytes, size_t fixed_bytes,
                               bool update_in_backward, umt_placement_plan *plan);
+
+/* Adds entries to a fitting plan's update ring, up to UMT_OFFLOAD_RING_MAX_ENTRIES, from what the
+ * budget leaves (a no-op without a ring, or once deepened). */
+void umt_plan_deepen_ring(umt_placement_plan *plan);
 
 /* The device bytes a plan needs for the items as they are marked now: fixed, resident items, and
  * the buffers (both slots of both double buffers, the ring), which go to *buffers. */

@@ -141,6 +141,41 @@ static void test_updates_in_backward_count_the_ring_once_anything_is_offloaded(v
     assert_int_equal(plan.ring_bytes, 0);
 }
 
+/* big_mlp's sizes with a 352 MiB reserve (fixed), as at UMT_DEVICE_BUDGET=budget: the plan and its
+ * ring deepened. */
+static void deepened(umt_plan_item *items, size_t budget, umt_placement_plan *plan) {
+    int n = mlp_items(items, 8, 8192, 512);
+    assert_int_equal(umt_plan_placement(items, n, budget, 352 * MIB, true, plan), UMT_OK);
+    assert_int_equal(plan->ring_entries, UMT_OFFLOAD_RING_ENTRIES);
+    umt_plan_deepen_ring(plan);
+    assert_true(plan->device_bytes <= budget);
+    assert_int_equal(plan->ring_bytes, 3 * (size_t)plan->ring_entries * plan->ring_chunk_bytes);
+}
+
+static void test_the_ring_deepens_with_what_the_budget_leaves_and_no_further(void **state) {
+    (void)state;
+    umt_plan_item items[60];
+    umt_placement_plan plan;
+    /* 2 GiB: every layer streamed, 0.42 GiB left: room for more entries than the most. */
+    deepened(items, 2 * GIB, &plan);
+    assert_int_equal(plan.ring_entries, UMT_OFFLOAD_RING_MAX_ENTRIES);
+    size_t device = plan.device_bytes;
+    umt_plan_deepen_ring(&plan); /* once only */
+    assert_int_equal(plan.device_bytes, device);
+    /* Room for two entries less a byte beside the plan's own needs: one more entry. */
+    size_t entry = 3 * UMT_OFFLOAD_RING_CHUNK_BYTES;
+    size_t needs = plan.device_bytes - (size_t)(UMT_OFFLOAD_RING_MAX_ENTRIES - UMT_OFFLOAD_RING_ENTRIES) * entry;
+    deepened(items, needs + 2 * entry - 1, &plan);
+    assert_int_equal(plan.ring_entries, UMT_OFFLOAD_RING_ENTRIES + 1);
+    assert_int_equal(plan.device_bytes, needs + entry);
+    /* Nothing streamed, no ring: nothing to deepen. */
+    int n = mlp_items(items, 4, 1024, 256);
+    assert_int_equal(umt_plan_placement(items, n, GIB, 64 * MIB, true, &plan), UMT_OK);
+    umt_plan_deepen_ring(&plan);
+    assert_int_equal(plan.ring_entries, 0);
+    assert_int_equal(plan.ring_bytes, 0);
+}
+
 static void test_small_parameters_are_never_streamed(void **state) {
     (void)state;
     umt_plan_item items[8];
@@ -223,6 +258,7 @@ int main(void) {
         cmocka_unit_test(test_largest_optimizer_state_moves_before_smaller_ones),
         cmocka_unit_test(test_weights_and_gradients_move_together_after_all_optimizer_state),
         cmocka_unit_test(test_updates_in_backward_count_the_ring_once_anything_is_offloaded),
+        cmocka_unit_test(test_the_ring_deepens_with_what_the_budget_leaves_and_no_further),
         cmocka_unit_test(test_small_parameters_are_never_streamed),
         cmocka_unit_test(test_saved_activations_move_last),
         cmocka_unit_test(test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numbers),
