@@ -207,7 +207,8 @@ void umt_plan_print(FILE *out, const umt_plan_item *items, int count, const umt_
                 gib(on_bytes), off, gib(off_bytes));
     }
     fprintf(out, "placement plan: streaming buffers 2 x %.3f GiB (weights+grads, optimizer chunks), 2 x %.3f GiB "
-            "(activations), %.3f GiB (update ring of %d); fixed %.3f GiB; on GPU %.3f of %.3f GiB budget; offloaded %.3f "
-            "GiB\n", gib(plan->weight_slot_bytes), gib(plan->activation_slot_bytes), gib(plan->ring_bytes),
-            plan->ring_entries, gib(plan->fixed_bytes), gib(plan->device_bytes), gib(plan->budget_bytes), gib(plan->offloaded_bytes));
+            "(activations), %.3f GiB (update ring of %d entries); fixed %.3f GiB; on GPU %.3f of %.3f GiB budget; "
+            "offloaded %.3f GiB\n", gib(plan->weight_slot_bytes), gib(plan->activation_slot_bytes),
+            gib(plan->ring_bytes), plan->ring_entries, gib(plan->fixed_bytes), gib(plan->device_bytes),
+            gib(plan->budget_bytes), gib(plan->offloaded_bytes));
 }
