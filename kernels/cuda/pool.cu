@@ -426,7 +426,7 @@ static __global__ void max_pool_backward_lp_scatter_nhwc8_kernel(umt_pool_shape 
             int row, col;
             if (!pick_in_window(picks[e], oy, ox, w, (int)s.window, (int)s.stride, &row, &col)) continue;
             int at = ((n * (int)s.h + row) * w + col) * c + group * LANES + e;
-            dx[at] = umt_dev_narrow<D>(umt_dev_widen<D>(dx[at]) + (0.0f + umt_dev_widen<D>(grad.h[e])));
+            umt_dev_scatter_add<D>(dx, at, 0.0f + umt_dev_widen<D>(grad.h[e]));
         }
     }
 }
