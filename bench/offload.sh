@@ -43,7 +43,7 @@ compare() {
         awk '{d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > w) w = r; n++} END {printf "%d steps, max relative %.2e", n, w}'
 }
 row "big_mlp 10 steps: 2G offloaded (auto) vs in memory" "$(compare "$logs/big_mlp_offload.log" "$logs/big_mlp_memory.log") (exit $rc1, $rc2)"
-row "big_mlp 10 steps: 2G offloaded (backward) vs in memory" "$(compare "$logs/big_mlp_offload_backward.log" "$logs/big_mlp_memory.log") (exit $rc3)"
+row "big_mlp 10 steps: 2G offloaded (backward) vs memory" "$(compare "$logs/big_mlp_offload_backward.log" "$logs/big_mlp_memory.log") (exit $rc3)"
 row "big_mlp losses offloaded (first, last)" "$(grep '^step' "$logs/big_mlp_offload.log" | sed -n '1p;$p' | awk '{print $4}' | tr '\n' ' ')"
 python3 mem_trace_svg.py "$logs/big_mlp_trace.json" --step 5 -o "$logs/big_mlp_memory.svg" > "$logs/svg.log" 2>&1
 row "mem_trace_svg.py (step 5)" "$(tail -n 1 "$logs/svg.log")"
@@ -58,9 +58,9 @@ rc4=$?
 timeout 100 bin/big_mlp --batch 2048 --no-offload --steps 10 > "$logs/big_mlp_memory_2048.log" 2>&1
 rc5=$?
 grep 'placement plan' "$logs/big_mlp_act.log"
-row "big_mlp b2048 10 steps: 2G, activations offloaded, vs in memory" "$(compare "$logs/big_mlp_act.log" "$logs/big_mlp_memory_2048.log") (exit $rc4, $rc5)"
+row "big_mlp b2048 10 steps 2G, activations out vs memory" "$(compare "$logs/big_mlp_act.log" "$logs/big_mlp_memory_2048.log") (exit $rc4, $rc5)"
 python3 trace_phases.py "$logs/big_mlp_act_trace.json" > "$logs/phases_act.txt" 2>&1
-row "trace_phases.py (b2048, activations offloaded), step 5" "$(grep '^step 5' "$logs/phases_act.txt" | cut -d';' -f1,5,6)"
+row "trace_phases.py (b2048, activations out), step 5" "$(grep '^step 5' "$logs/phases_act.txt" | cut -d';' -f1,5,6)"
 
 # Refusals print the pools, largest first: a plan that cannot fit 1G (the offload tier holds the
 # model), and a plain run past the same budget (the weights pool refuses a layer).
@@ -80,20 +80,26 @@ done
 row "cpu_update (adam, 16 M elements, all cores)" "$(bin/cpu_update 16 3 | tail -n 1 | sed 's/.*elements, //')"
 
 # The benchmark: offloaded at 2G (batch 512: the first step's activations fill the rest) and at 4G
-# (batch 2048), updates in backward and auto (gpu or cpu, both timed), beside GPU memory.
-for run in "2G 512 backward" "2G 512 auto" "4G 2048 backward" "4G 2048 auto"; do
-    read -r budget batch where <<< "$run"
-    log="$logs/bench_offload_${budget}_${batch}_$where.log"
-    UMT_DEVICE_BUDGET=$budget timeout 80 bin/big_mlp --bench 4 --batch "$batch" --update-on "$where" > "$log" 2>&1
+# (batch 2048), updates in backward (CPU threads beside the ring as measured, and the ring alone)
+# and auto (gpu or cpu after backward, both timed), beside GPU memory.
+for run in "2G 512 backward auto" "2G 512 backward 0" "2G 512 auto 0" "4G 2048 backward auto" "4G 2048 backward 0" \
+           "4G 2048 auto 0"; do
+    read -r budget batch where host <<< "$run"
+    log="$logs/bench_offload_${budget}_${batch}_${where}_$host.log"
+    UMT_DEVICE_BUDGET=$budget timeout 80 bin/big_mlp --bench 4 --batch "$batch" --update-on "$where" \
+        --host-updates "$host" > "$log" 2>&1
     grep -E '^bench' "$log"
-    row "big_mlp --bench 4 -b $batch offloaded ($budget, $where)" "$(grep '^bench: step' "$log" | awk '{print $3, $4}'); $(grep 'floor /' "$log" | sed 's/.*per step //')"
+    label="$where"
+    [[ $where == backward ]] && label="backward, cpu $host"
+    row "big_mlp -b $batch offloaded ($budget, $label)" "$(grep '^bench: step' "$log" | awk '{print $3, $4}'); $(grep 'floor /' "$log" | sed 's/.*per step //')"
     [[ $where == auto ]] && row "  updates timed" "$(grep 'update measured' "$log" | sed 's/.*measured: //')"
+    [[ $host == auto ]] && row "  the CPU's share" "$(grep -o 'the CPU takes.*' "$log")"
 done
 for where in auto backward; do
     log="$logs/bench_offload_2G_2048_activations_$where.log"
     UMT_DEVICE_BUDGET=2G timeout 80 bin/big_mlp --bench 4 --batch 2048 --update-on "$where" --offload-activations > "$log" 2>&1
     grep -E '^bench' "$log"
-    row "big_mlp --bench 4 -b 2048 offloaded (2G, $where, activations)" "$(grep '^bench: step' "$log" | awk '{print $3, $4}'); $(grep 'floor /' "$log" | sed 's/.*per step //')"
+    row "big_mlp -b 2048 2G $where, activations offloaded" "$(grep '^bench: step' "$log" | awk '{print $3, $4}'); $(grep 'floor /' "$log" | sed 's/.*per step //')"
     row "  of which activations" "$(grep 'saved activations' "$log" | sed 's/.*activations //')"
 done
 for batch in 512 2048; do

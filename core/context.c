@@ -12,7 +12,8 @@
 #include "memory/trace.h"
 
 umt_context_options umt_context_defaults(void) {
-    return (umt_context_options){.device = umt_default_device(), .seed = 1, .memory_mode = UMT_MEM_MANAGED};
+    return (umt_context_options){.device = umt_default_device(), .seed = 1, .memory_mode = UMT_MEM_MANAGED,
+                                 .offload_host_updates = UMT_OFFLOAD_HOST_AUTO};
 }
 
 umt_status umt_context_create(const umt_context_options *options, umt_context **out) {
@@ -21,6 +22,9 @@ umt_status umt_context_create(const umt_context_options *options, umt_context **
     umt_context_options opts = options ? *options : umt_context_defaults();
     if ((unsigned)opts.memory_mode > UMT_MEM_DEVICE)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: memory mode %d (expected 0..2)", (int)opts.memory_mode);
+    if (opts.offload_host_updates < UMT_OFFLOAD_HOST_AUTO)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: offload_host_updates %d (expected a count, or "
+                        "UMT_OFFLOAD_HOST_AUTO)", opts.offload_host_updates);
     umt_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_context_create: no memory for the context");
     ctx->options = opts;

@@ -135,6 +135,7 @@ void umt_offload_destroy(umt_context *ctx) {
         destroy_events((void *[]){o->ring[e].loaded, o->ring[e].released, o->ring[e].drained}, 3);
     destroy_events((void *[]){o->updated, o->homed, o->gradient_final}, 3);
     umt_offload_activations_destroy(o);
+    umt_offload_host_destroy(o);
     free(o->uses);
     free(o->cpu_jobs);
     free(o);
@@ -236,6 +237,7 @@ static umt_status plan_once(umt_offload *o) {
      * (the planner's stage 3, after the first step): they use it then. */
     if (st == UMT_OK && !ctx->options.offload_activations) umt_plan_deepen_ring(&o->plan);
     if (st == UMT_OK || st == UMT_ERR_BUDGET) umt_plan_print(stderr, items, count, &o->plan);
+    if (st == UMT_OK) st = umt_offload_host_plan(o, items, count);
     /* A plan that does not fit is a refused allocation too: show where the budget went. */
     if (st == UMT_ERR_BUDGET) umt_memory_print_contents(&ctx->memory, stderr);
     /* Planned even on failure: new tensors now go to their own pools, and the refusal stands. */
@@ -267,7 +269,7 @@ static int slot_holding(const umt_offload *o, const umt_tensor *p) {
 }
 
 /* The slot's gradient goes home on the copy-out stream once queued compute is done with it. */
-static umt_status copy_gradient_out(umt_offload *o, int s) {
+umt_status umt_offload_gradient_out(umt_offload *o, int s) {
     umt_offload_slot *slot = &o->slots[s];
     umt_tensor *g = slot->holder->grad;
     UMT_TRY(umt_offload_record(slot->released, o->compute));
@@ -284,7 +286,7 @@ umt_status umt_offload_evict(umt_offload *o, int s) {
     umt_offload_slot *slot = &o->slots[s];
     UMT_TRY(umt_offload_deferred_piece(o, SIZE_MAX));
     if (!slot->holder) return UMT_OK;
-    if (slot->grads_live) UMT_TRY(copy_gradient_out(o, s));
+    if (slot->grads_live) UMT_TRY(umt_offload_gradient_out(o, s));
     slot->holder->data = slot->holder->home;
     slot->holder = NULL;
     return UMT_OK;
@@ -326,6 +328,7 @@ static umt_status load(umt_offload *o, int s, umt_tensor *p, bool for_backward, 
     }
     UMT_TRY(umt_offload_wait(o->copy_in, slot->released));
     UMT_TRY(umt_offload_wait(o->copy_in, slot->drained));
+    UMT_TRY(umt_offload_host_wait(o, o->copy_in, p));
     UMT_TRY(umt_offload_copy(o, slot->base, p->home, p->bytes, true, p->name ? p->name : "weights"));
     UMT_TRY(umt_offload_record(slot->loaded, o->copy_in));
     slot->holder = p;
@@ -372,7 +375,10 @@ umt_status umt_offload_deferred_piece(umt_offload *o, size_t bytes) {
     if (!p) return UMT_OK;
     umt_offload_slot *slot = &o->slots[d->slot];
     /* The gradient part's copy in, queued at the load, waited for the slot to be free. */
-    if (d->done == 0) UMT_TRY(umt_offload_wait(o->state_in, slot->loaded));
+    if (d->done == 0) {
+        UMT_TRY(umt_offload_wait(o->state_in, slot->loaded));
+        UMT_TRY(umt_offload_host_wait(o, o->state_in, p));
+    }
     size_t n = p->bytes - d->done < bytes ? p->bytes - d->done : bytes;
     UMT_TRY(umt_offload_copy_on(o, o->state_in, UMT_TRACE_STATE_IN, (char *)slot->base + d->done,
                                 (const char *)p->home + d->done, n, true, p->name ? p->name : "weights"));
@@ -427,8 +433,9 @@ umt_status umt_offload_gradient_ready(umt_context *ctx, umt_tensor *p) {
                         "parallelism) is set: the tier sends gradients home unreduced", p->name ? p->name : "a parameter");
     int s = slot_holding(o, p);
     if (s < 0 || !o->slots[s].grads_live) return UMT_OK;
+    if (in_backward && umt_offload_host_takes(o, p)) return umt_offload_update_on_host(o, s);
     if (in_backward) return umt_offload_update_in_slot(o, s);
-    return copy_gradient_out(o, s);
+    return umt_offload_gradient_out(o, s);
 }
 
 void umt_offload_attach_optimizer(umt_context *ctx, const umt_optimizer *opt, bool attach) {

@@ -21,7 +21,9 @@
  *             With UMT_OFFLOAD_OPTIM_BACKWARD a streamed parameter is instead updated in its slot
  *             as soon as its gradient is final, its state and new weights passing through a ring
  *             of chunk buffers (core/offload_update.c): only weights and state cross the link; a
- *             resident parameter with offloaded state is updated in place then too.
+ *             resident parameter with offloaded state is updated in place then too. The first
+ *             streamed parameters of each backward are updated by CPU threads instead, beside the
+ *             ring, as many as options.offload_host_updates says (core/offload_host.c).
  *
  * A tensor in the offload tier keeps its host bytes in `home`; `data` points there, or at the
  * slot while the slot holds it, so ops and kernels need not know. Scope: parameters read through

@@ -6,6 +6,7 @@
 #ifndef UMT_CORE_OFFLOAD_STATE_H
 #define UMT_CORE_OFFLOAD_STATE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -51,6 +52,30 @@ typedef struct {
     int slot;
     size_t done;           /* bytes queued so far */
 } umt_offload_deferred;
+
+/* One array update for CPU threads: fn on [0, n) of each array, in pinned memory. */
+typedef struct umt_offload_cpu_job {
+    umt_offload_update_fn fn;
+    const void *user;
+    float *param, *grad, *state0, *state1;
+    int64_t n;
+} umt_offload_cpu_job;
+
+/* UMT_OFFLOAD_OPTIM_BACKWARD with options.offload_host_updates (core/offload_host.c): a streamed
+ * parameter updated by CPU threads during backward, in a host function on the host-update
+ * stream. One per such parameter, reused every step; the host function reads only this. */
+typedef struct {
+    umt_optimizer_options options; /* as at the enqueue: the host function may run after the step */
+    int64_t step;
+} umt_offload_host_rule;
+
+typedef struct {
+    umt_tensor *parameter;
+    umt_offload_cpu_job job;
+    umt_offload_host_rule rule;
+    void *done; /* host-update stream event: this step's update has run */
+    atomic_int failed;
+} umt_offload_host_job;
 
 /* Where a saved activation is (core/offload_activations.c). */
 typedef enum {
@@ -102,8 +127,15 @@ struct umt_offload {
     double update_start_s;
     bool update_used_gpu, update_used_cpu;
     bool slots_claimed; /* this update has evicted the slots to stream chunks through them */
-    struct umt_offload_cpu_job *cpu_jobs;
+    umt_offload_cpu_job *cpu_jobs;
     int cpu_job_count, cpu_job_slots;
+    /* Updates in backward on the CPU (core/offload_host.c) */
+    void *host_update;                /* their stream (made at the first) */
+    umt_offload_host_job **host_jobs; /* one per parameter so updated */
+    int host_job_count, host_job_slots;
+    int host_updates_this_step;
+    int64_t host_elements_this_step;
+    int64_t host_target_elements; /* UMT_OFFLOAD_HOST_AUTO: the CPU's share of a step's streamed elements */
     const umt_optimizer *attached; /* UMT_OFFLOAD_OPTIM_BACKWARD: the optimizer that updates in backward */
     /* Saved activations (options.offload_activations, core/offload_activations.c) */
     umt_offload_activation *activations;
@@ -134,6 +166,24 @@ umt_status umt_offload_update_resident(umt_offload *o, umt_tensor *p);
 umt_status umt_offload_deferred_piece(umt_offload *o, size_t bytes);
 umt_status umt_offload_make_ring(umt_offload *o);
 double umt_offload_seconds(void);
+/* CPU threads (one per core, less spare) run the jobs; false when one failed. No CUDA calls: a
+ * host function may run it. */
+bool umt_offload_cpu_threads(const umt_offload_cpu_job *jobs, int count, int spare);
+/* Slot s's gradient, final, goes home on the copy-out stream (its drained event after). */
+umt_status umt_offload_gradient_out(umt_offload *o, int s);
+
+/* Updates in backward on the CPU (core/offload_host.c): at the plan, with UMT_OFFLOAD_HOST_AUTO,
+ * the CPU's share from its measured rate and the link's (printed); whether p, streamed through
+ * slot s with its gradient final, is updated by CPU threads (the first such parameters of each
+ * backward, as many as options.offload_host_updates or the share says); that update, queued; a
+ * stream's wait for p's last one (before a copy reads its weights); the step's end (a failed
+ * update is reported); freeing. */
+umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int count);
+bool umt_offload_host_takes(const umt_offload *o, const umt_tensor *p);
+umt_status umt_offload_update_on_host(umt_offload *o, int s);
+umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p);
+umt_status umt_offload_host_step_end(umt_offload *o);
+void umt_offload_host_destroy(umt_offload *o);
 
 /* Saved activations (core/offload_activations.c): the step's start (after the first step: the
  * plan's stage 3), and freeing the events and pinned copies. */

@@ -52,13 +52,6 @@
  * and 16: 179.6, 176.9, 186.0 and 192.9 ms a step at 2G/512; 219.5, 203.0, 202.7, 206.1 at 4G/2048. */
 #define WEIGHT_PIECES_PER_CHUNK 2
 
-typedef struct umt_offload_cpu_job {
-    umt_offload_update_fn fn;
-    const void *user;
-    float *param, *grad, *state0, *state1;
-    int64_t n;
-} umt_offload_cpu_job;
-
 bool umt_offload_involves(const umt_tensor *p, const umt_tensor *state0, const umt_tensor *state1) {
     return p->home || p->grad->home || (state0 && state0->home) || (state1 && state1->home);
 }
@@ -202,17 +195,12 @@ static void *cpu_worker(void *arg) {
     }
 }
 
-static umt_status run_cpu_jobs(umt_offload *o) {
-    if (!o->cpu_job_count) return UMT_OK;
-    /* The gradients must be home (backward made compute wait for them) and no copy may still read
-     * the parameters being rewritten. */
-    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
-    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->copy_in));
-    cpu_work w = {.jobs = o->cpu_jobs, .job_count = o->cpu_job_count};
-    for (int j = 0; j < o->cpu_job_count; ++j) w.chunks += (o->cpu_jobs[j].n + CPU_CHUNK - 1) / CPU_CHUNK;
+bool umt_offload_cpu_threads(const umt_offload_cpu_job *jobs, int count, int spare) {
+    cpu_work w = {.jobs = jobs, .job_count = count};
+    for (int j = 0; j < count; ++j) w.chunks += (jobs[j].n + CPU_CHUNK - 1) / CPU_CHUNK;
     atomic_init(&w.next, 0);
     atomic_init(&w.failed, 0);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN) - spare;
     int threads = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
     pthread_t ids[MAX_THREADS];
     int started = 0;
@@ -220,7 +208,17 @@ static umt_status run_cpu_jobs(umt_offload *o) {
         if (pthread_create(&ids[started], NULL, cpu_worker, &w) != 0) break;
     if (started == 0) cpu_worker(&w);
     for (int i = 0; i < started; ++i) pthread_join(ids[i], NULL);
-    if (atomic_load(&w.failed)) return umt_fail(UMT_ERR_STATE, "offload: a CPU update failed: %s", umt_last_error());
+    return !atomic_load(&w.failed);
+}
+
+static umt_status run_cpu_jobs(umt_offload *o) {
+    if (!o->cpu_job_count) return UMT_OK;
+    /* The gradients must be home (backward made compute wait for them) and no copy may still read
+     * the parameters being rewritten. */
+    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
+    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->copy_in));
+    if (!umt_offload_cpu_threads(o->cpu_jobs, o->cpu_job_count, 0))
+        return umt_fail(UMT_ERR_STATE, "offload: a CPU update failed: %s", umt_last_error());
     return UMT_OK;
 }
 
@@ -420,6 +418,7 @@ umt_status umt_offload_step_end(umt_context *ctx) {
     UMT_TRY(umt_offload_wait(o->compute, o->updated));
     /* The first step has shown the order of uses: from now on each is prefetched, starting with
      * the next step's first, which can come in now. */
+    UMT_TRY(umt_offload_host_step_end(o));
     o->recording = false;
     o->following = true;
     o->next_use = 0;

@@ -241,9 +241,8 @@ void umt_optimizer_destroy(umt_optimizer *opt) {
 /* Stepping */
 
 /* One update of n elements: the optimizer's rule on raw pointers, with the backend's kernel. */
-static umt_status update_arrays(const umt_optimizer *opt, const umt_backend *be, float *p, const float *g, float *s0,
-                                float *s1, int64_t n, int64_t step, umt_update_fusion fusion) {
-    const umt_optimizer_options *o = &opt->options;
+static umt_status update_arrays(const umt_optimizer_options *o, const umt_backend *be, float *p, const float *g,
+                                float *s0, float *s1, int64_t n, int64_t step, umt_update_fusion fusion) {
     switch (o->kind) {
     case UMT_OPT_SGD: return be->sgd_update_fused(p, g, s0, n, o->lr, o->momentum, o->weight_decay, fusion);
     case UMT_OPT_ADAM:
@@ -271,7 +270,7 @@ static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *sl
         fusion.lowp_channels = lowp->shape[1];
         fusion.lowp_pixels = lowp->shape[2] * lowp->shape[3];
     }
-    return update_arrays(opt, opt->ctx->backend, slot->param->data, slot->param->grad->data, s0, s1,
+    return update_arrays(&opt->options, opt->ctx->backend, slot->param->data, slot->param->grad->data, s0, s1,
                          slot->param->numel, step, fusion);
 }
 
@@ -286,7 +285,7 @@ typedef struct {
 static umt_status offload_update_fn(const void *user, const umt_backend *be, float *p, const float *g, float *s0,
                                     float *s1, int64_t n) {
     const offload_call *call = user;
-    return update_arrays(call->opt, be, p, g, s0, s1, n, call->step, (umt_update_fusion){0});
+    return update_arrays(&call->opt->options, be, p, g, s0, s1, n, call->step, (umt_update_fusion){0});
 }
 
 static umt_status refuse_step_scalars(const umt_optimizer *opt, const umt_tensor *p) {
@@ -330,7 +329,18 @@ umt_status umt_optimizer_state_of(const umt_optimizer *opt, const umt_tensor *p,
 
 umt_status umt_optimizer_update_range(const umt_optimizer *opt, float *param, const float *grad, float *s0, float *s1,
                                       int64_t n) {
-    return update_arrays(opt, opt->ctx->backend, param, grad, s0, s1, n, opt->steps + 1, (umt_update_fusion){0});
+    return update_arrays(&opt->options, opt->ctx->backend, param, grad, s0, s1, n, opt->steps + 1,
+                         (umt_update_fusion){0});
+}
+
+void umt_optimizer_snapshot(const umt_optimizer *opt, umt_optimizer_options *options, int64_t *step) {
+    *options = opt->options;
+    *step = opt->steps + 1;
+}
+
+umt_status umt_optimizer_update_with(const umt_optimizer_options *options, int64_t step, const umt_backend *be,
+                                     float *param, const float *grad, float *s0, float *s1, int64_t n) {
+    return update_arrays(options, be, param, grad, s0, s1, n, step, (umt_update_fusion){0});
 }
 
 /* Every parameter's update in one backend call (one launch per 32 parameters on CUDA), the

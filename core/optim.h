@@ -14,6 +14,8 @@
 #include "core/optim_step.h"
 #include "umtrain.h"
 
+typedef struct umt_backend umt_backend; /* core/backend.h */
+
 umt_context *umt_optimizer_context(const umt_optimizer *opt);
 umt_optimizer_kind umt_optimizer_kind_of(const umt_optimizer *opt);
 /* "sgd", "adam", "adamw", "adadelta"; "invalid-optimizer" for anything else. */
@@ -36,6 +38,12 @@ umt_status umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps);
 umt_status umt_optimizer_state_of(const umt_optimizer *opt, const umt_tensor *p, umt_tensor *state[2]);
 umt_status umt_optimizer_update_range(const umt_optimizer *opt, float *param, const float *grad, float *s0, float *s1,
                                       int64_t n);
+/* The same rule run later, elsewhere (core/offload_host.c: CPU threads, after the step has moved
+ * on): the options and the step umt_optimizer_step will count next, as they are now; then one
+ * update of n elements with them, on backend be. */
+void umt_optimizer_snapshot(const umt_optimizer *opt, umt_optimizer_options *options, int64_t *step);
+umt_status umt_optimizer_update_with(const umt_optimizer_options *options, int64_t step, const umt_backend *be,
+                                     float *param, const float *grad, float *s0, float *s1, int64_t n);
 
 /* --- The step scalars (core/optim_step.h), for umt_backward_scaled and for tests --- */
 

@@ -10,6 +10,9 @@
  *        --lr X (1e-4) --update-on auto|gpu|cpu|backward (where and when offloaded parameters are
  *        updated: after backward on the GPU in chunks or by CPU threads, auto the faster, or during
  *        backward on the GPU as each gradient is final)
+ *        --host-updates N|auto (auto; with --update-on backward: the first N streamed layers of
+ *        each backward are updated by CPU threads beside the GPU's, only their gradients crossing;
+ *        auto: as many as balance the CPU's measured rate against the link's)
  *        --reserve SIZE (device bytes kept for activations; default: what the batch needs)
  *        --offload-activations (saved activations may go to the offload tier too: the first step
  *        sends all, the plan then keeps what fits; the reserve shrinks to what that step needs)
@@ -34,7 +37,7 @@
 
 typedef struct {
     int64_t width, depth, batch;
-    int steps, bench;
+    int steps, bench, host_updates;
     uint64_t seed;
     float lr;
     bool offload, offload_activations;
@@ -45,12 +48,13 @@ typedef struct {
 static int usage(const char *why) {
     fprintf(stderr, "big_mlp: %s\nusage: big_mlp [--width N] [--depth N] [--batch N] [--steps N] [--seed N] [--lr X]\n"
             "               [--update-on auto|gpu|cpu|backward] [--reserve SIZE] [--offload-activations] [--no-offload]\n"
-            "               [--bench N]\n", why);
+            "               [--host-updates N|auto] [--bench N]\n", why);
     return 2;
 }
 
 static int parse(int argc, char **argv, options *o) {
-    *o = (options){.width = 8192, .depth = 8, .batch = 512, .steps = 10, .seed = 1, .lr = 1e-4f, .offload = true};
+    *o = (options){.width = 8192, .depth = 8, .batch = 512, .steps = 10, .seed = 1, .lr = 1e-4f, .offload = true,
+                   .host_updates = UMT_OFFLOAD_HOST_AUTO};
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-offload")) { o->offload = false; continue; }
@@ -62,13 +66,16 @@ static int parse(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--batch")) o->batch = atoll(v);
         else if (!strcmp(a, "--steps")) o->steps = atoi(v);
         else if (!strcmp(a, "--bench")) o->bench = atoi(v);
+        else if (!strcmp(a, "--host-updates")) o->host_updates = strcmp(v, "auto") ? atoi(v) : UMT_OFFLOAD_HOST_AUTO;
         else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--lr")) o->lr = strtof(v, NULL);
         else if (!strcmp(a, "--update-on")) { if (umt_offload_optimizer_parse(v, &o->update_on)) return usage(umt_last_error()); }
         else if (!strcmp(a, "--reserve")) { if (umt_parse_bytes(v, &o->reserve)) return usage(umt_last_error()); }
         else return usage("unknown flag");
     }
-    if (o->width < 2 || o->depth < 1 || o->batch < 1 || o->steps < 1 || o->bench < 0) return usage("sizes must be positive");
+    if (o->width < 2 || o->depth < 1 || o->batch < 1 || o->steps < 1 || o->bench < 0 ||
+        o->host_updates < UMT_OFFLOAD_HOST_AUTO)
+        return usage("sizes must be positive");
     /* Activations: the first step, which the arena records before it can plan reuse, holds every
      * saved output (linear and ReLU per layer, the loss's probabilities) and, the tier recycling
      * ended gradients, about two of them at once: 2 depth + 2 tensors of batch x width f32; and
@@ -109,6 +116,7 @@ static int build(const options *o, model *m) {
     co.offload = o->offload;
     co.offload_reserve_bytes = o->reserve;
     co.offload_optimizer = o->update_on;
+    co.offload_host_updates = o->host_updates;
     co.offload_activations = o->offload_activations;
     if (umt_context_create(&co, &m->ctx)) return fail("context");
     m->layers = calloc((size_t)o->depth, sizeof *m->layers);

@@ -160,11 +160,19 @@ typedef struct {
     bool offload;
     size_t offload_reserve_bytes;            /* device bytes the plan leaves for activations and scratch */
     umt_offload_optimizer offload_optimizer; /* where offloaded parameters are updated */
+    /* UMT_OFFLOAD_OPTIM_BACKWARD: the first this many streamed parameters whose gradients are final
+     * in each backward are updated by CPU threads in pinned memory instead of through the GPU's
+     * update ring, beside it: only their gradients cross the link (core/offload_host.c). 0: none;
+     * UMT_OFFLOAD_HOST_AUTO (the default): the share that balances the CPU's time against the
+     * link's, both measured when the plan is made. */
+    int offload_host_updates;
     /* With offload: activations saved for backward may go to the offload tier too. The first
      * step sends every one (their sizes are unknown before a forward pass); from the second the
      * planner keeps on the GPU those that fit (core/offload_activations.c). */
     bool offload_activations;
 } umt_context_options;
+
+#define UMT_OFFLOAD_HOST_AUTO (-1)
 
 /* Options with defaults: umt_default_device(), seed 1, managed memory, GPU 0, fp32. */
 umt_context_options umt_context_defaults(void);

@@ -39,6 +39,12 @@ static size_t ring_bytes(const umt_plan_item *items, int count, size_t chunk) {
     return (size_t)arrays * UMT_OFFLOAD_RING_ENTRIES * chunk;
 }
 
+double umt_plan_host_share(double cpu_rate, double link_rate, int states) {
+    if (cpu_rate <= 0 || link_rate <= 0) return 0;
+    double share = 4 * (1 + states) * cpu_rate / (link_rate + 4 * states * cpu_rate);
+    return share < 1 ? share : 1;
+}
+
 void umt_plan_deepen_ring(umt_placement_plan *plan) {
     if (!plan->ring_bytes || plan->ring_entries != UMT_OFFLOAD_RING_ENTRIES || plan->device_bytes >= plan->budget_bytes)
         return;

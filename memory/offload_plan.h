@@ -89,6 +89,14 @@ umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_byt
  * budget leaves (a no-op without a ring, or once deepened). */
 void umt_plan_deepen_ring(umt_placement_plan *plan);
 
+/* Updates in backward on the CPU (core/offload_host.c): the share of the streamed elements that CPU
+ * threads should update so that their time equals the link's. Per element a step sends home,
+ * through the update ring, its weight and its `states` optimizer values (4 (1 + states) bytes);
+ * updated on the CPU, its gradient (4 bytes), at cpu_rate elements a second against link_rate
+ * bytes a second each way: s / R = 4 ((1 + m) (1 - s) + s) / B gives 4 (1 + m) R / (B + 4 m R),
+ * at most 1. */
+double umt_plan_host_share(double cpu_rate, double link_rate, int states);
+
 /* The device bytes a plan needs for the items as they are marked now: fixed, resident items, and
  * the buffers (both slots of both double buffers, the ring), which go to *buffers. */
 size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed_bytes, bool update_in_backward,

@@ -42,7 +42,8 @@ static void begin_event(umt_trace *t) {
 }
 
 static const char *const track_names[] = {"host", "copy in (host to device)", "compute", "copy out (device to host)",
-                                          "update (beside compute)", "copy in, optimizer state (host to device)"};
+                                          "update (beside compute)", "copy in, optimizer state (host to device)",
+                                          "update on the CPU (host threads)"};
 
 umt_status umt_trace_open(const char *path, void *stream, umt_trace **out) {
     *out = NULL;

@@ -176,6 +176,21 @@ static void test_the_ring_deepens_with_what_the_budget_leaves_and_no_further(voi
     assert_int_equal(plan.ring_bytes, 0);
 }
 
+static void test_the_cpu_share_balances_its_time_against_the_link(void **state) {
+    (void)state;
+    /* Adam (two states) at 4 G elements/s against 50 GB/s each way: 12 R / (B + 8 R) = 48 / 82. */
+    double share = umt_plan_host_share(4e9, 50e9, 2);
+    assert_float_equal(share, 48.0 / 82.0, 1e-12);
+    /* At that share the CPU's seconds per element streamed equal the link's. */
+    assert_float_equal(share / 4e9, 4 * (3 * (1 - share) + share) / 50e9, 1e-21);
+    /* SGD with momentum (one state): 8 R / (B + 4 R). */
+    assert_float_equal(umt_plan_host_share(1e9, 20e9, 1), 8.0 / 24.0, 1e-12);
+    /* A CPU faster than the link can use: all of it; no rate measured: none. */
+    assert_float_equal(umt_plan_host_share(1e12, 10e9, 2), 1.0, 0);
+    assert_float_equal(umt_plan_host_share(0, 50e9, 2), 0.0, 0);
+    assert_float_equal(umt_plan_host_share(4e9, 0, 2), 0.0, 0);
+}
+
 static void test_small_parameters_are_never_streamed(void **state) {
     (void)state;
     umt_plan_item items[8];
@@ -259,6 +274,7 @@ int main(void) {
         cmocka_unit_test(test_weights_and_gradients_move_together_after_all_optimizer_state),
         cmocka_unit_test(test_updates_in_backward_count_the_ring_once_anything_is_offloaded),
         cmocka_unit_test(test_the_ring_deepens_with_what_the_budget_leaves_and_no_further),
+        cmocka_unit_test(test_the_cpu_share_balances_its_time_against_the_link),
         cmocka_unit_test(test_small_parameters_are_never_streamed),
         cmocka_unit_test(test_saved_activations_move_last),
         cmocka_unit_test(test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numbers),

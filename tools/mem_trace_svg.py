@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tools/mem_trace_svg.py — draws a UMT_MEM_TRACE file (Chrome trace-event JSON, memory/trace.h)
 as an SVG: each pool's bytes in use over one training step, and under it the offload tier's
-copies in (prefetches), updates and copies out, one lane each, as the device ran them.
+copies in (prefetches), updates (GPU kernels; CPU threads) and copies out, one lane each, as the
+device ran them.
 
     python3 tools/mem_trace_svg.py trace.json [--step N] [-o memory.svg]
 
@@ -14,7 +15,7 @@ import sys
 
 COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
-LANES = [("prefetch", "copy in"), ("optimizer", "update"), ("offload", "copy out")]
+LANES = [("prefetch", "copy in"), ("optimizer", "update"), ("cpu update", "cpu update"), ("offload", "copy out")]
 HOST_POOLS = {"staging", "offload"}  # pinned host memory: listed, not drawn (their scale hides the GPU's)
 WIDTH, PLOT_H, LANE_H, LEFT, TOP = 960, 300, 18, 70, 40
 

@@ -68,10 +68,10 @@ def phases(marks, timed):
 
 def bins(marks, timed, step, width_ms):
     start, end, events = step_events(marks, timed, step)
-    kinds = {"prefetch": "to device", "offload": "to host", "optimizer": "update"}
+    kinds = {"prefetch": "to device", "offload": "to host", "optimizer": "update", "cpu update": "cpu"}
     width = width_ms * 1e3
     print(f"step {step}: {(end - start) / 1e3:.1f} ms; busy fraction per {width_ms:g} ms "
-          "(copies to the device, copies to the host, update kernels)")
+          "(copies to the device, copies to the host, update kernels, CPU updates)")
     t = start
     while t < end:
         b = min(t + width, end)

@@ -50,9 +50,13 @@ static void destroy(model *m) {
     m->ctx = alive = NULL;
 }
 
+/* Streamed parameters updated by CPU threads in each backward (options.offload_host_updates). */
+static int host_updates;
+
 static int destroy_leftover(void **state) {
     (void)state;
     unsetenv("UMT_MEM_TRACE");
+    host_updates = 0;
     umt_context_destroy(alive);
     alive = NULL;
     return 0;
@@ -69,6 +73,7 @@ static void build_with(model *m, const char *budget, umt_offload_optimizer where
     o.offload_reserve_bytes = reserve;
     o.offload_optimizer = where;
     o.offload_activations = activations;
+    o.offload_host_updates = host_updates;
     umt_status st = umt_context_create(&o, &m->ctx);
     unsetenv("UMT_DEVICE_BUDGET");
     if (st != UMT_OK) fail_msg("context: %s", umt_last_error());
@@ -160,7 +165,7 @@ static int make_reference(void **state) {
 
 /* Every weight matrix, its gradient and its Adam state in pinned host memory; the device within
  * the budget. Updates in backward need their ring too (4 entries of three 4 MiB chunks). */
-static void run_fully_offloaded(umt_offload_optimizer where) {
+static umt_offload_stats run_fully_offloaded(umt_offload_optimizer where) {
     model m;
     size_t budget_mib = where == UMT_OFFLOAD_OPTIM_BACKWARD ? 240 : 200;
     build(&m, where == UMT_OFFLOAD_OPTIM_BACKWARD ? "240M" : "200M", where);
@@ -182,6 +187,7 @@ static void run_fully_offloaded(umt_offload_optimizer where) {
     expect_same_losses(losses, reference);
     expect_updates_in_backward(&m, where);
     destroy(&m);
+    return st;
 }
 
 static void test_offloaded_run_matches_in_memory_losses_with_gpu_updates(void **state) {
@@ -202,6 +208,36 @@ static void test_auto_times_both_updates_and_keeps_the_faster(void **state) {
 static void test_offloaded_run_matches_in_memory_losses_with_updates_in_backward(void **state) {
     (void)state;
     run_fully_offloaded(UMT_OFFLOAD_OPTIM_BACKWARD);
+}
+
+/* The first two layers of each backward updated by CPU threads, the other four through the ring:
+ * the same losses and updates, and fewer bytes home. Per step a layer through the ring sends its
+ * weights and both Adam moments (3 units of WIDTH^2 floats), a layer on the CPU its gradient (1);
+ * the biases' state adds a little. */
+/* UMT_OFFLOAD_HOST_AUTO: the share the measured rates give (printed). It takes a layer of the six
+ * once it passes a twelfth: Adam's share, 12 R / (B + 8 R), does so when the CPU updates more than
+ * B / 136 elements a second, 0.4 G at 50 GB/s (one core of the H200 host does 0.67 G). */
+static void test_updates_in_backward_share_the_cpu_by_measured_rates(void **state) {
+    (void)state;
+    host_updates = UMT_OFFLOAD_HOST_AUTO;
+    umt_offload_stats st = run_fully_offloaded(UMT_OFFLOAD_OPTIM_BACKWARD);
+    host_updates = 0;
+    uint64_t ring_only = (uint64_t)STEPS * 3 * DEPTH * WIDTH * WIDTH * 4;
+    print_message("%.1f MB to the host in %d steps; through the ring alone at least %.1f MB\n", st.bytes_to_host / 1e6,
+                  STEPS, ring_only / 1e6);
+    assert_true(st.bytes_to_host < ring_only);
+}
+
+static void test_updates_in_backward_on_the_cpu_beside_the_ring(void **state) {
+    (void)state;
+    host_updates = 2;
+    umt_offload_stats st = run_fully_offloaded(UMT_OFFLOAD_OPTIM_BACKWARD);
+    host_updates = 0;
+    uint64_t unit = (uint64_t)WIDTH * WIDTH * 4, units = 3 * (DEPTH - 2) + 2;
+    print_message("%.1f MB to the host in %d steps; %.1f MB for %llu units a step\n", st.bytes_to_host / 1e6, STEPS,
+                  (double)(STEPS * units * unit) / 1e6, (unsigned long long)units);
+    assert_true(st.bytes_to_host >= STEPS * units * unit);
+    assert_true(st.bytes_to_host < STEPS * (units + 1) * unit);
 }
 
 /* Weights and gradients stay on the GPU, some Adam state is offloaded. */
@@ -397,6 +433,8 @@ int main(void) {
         cmocka_unit_test_teardown(test_offloaded_run_matches_in_memory_losses_with_cpu_updates, destroy_leftover),
         cmocka_unit_test_teardown(test_auto_times_both_updates_and_keeps_the_faster, destroy_leftover),
         cmocka_unit_test_teardown(test_offloaded_run_matches_in_memory_losses_with_updates_in_backward, destroy_leftover),
+        cmocka_unit_test_teardown(test_updates_in_backward_on_the_cpu_beside_the_ring, destroy_leftover),
+        cmocka_unit_test_teardown(test_updates_in_backward_share_the_cpu_by_measured_rates, destroy_leftover),
         cmocka_unit_test_teardown(test_a_middle_budget_offloads_optimizer_state_only, destroy_leftover),
         cmocka_unit_test_teardown(test_resident_parameters_update_their_offloaded_state_in_backward, destroy_leftover),
         cmocka_unit_test_teardown(test_trace_is_valid_json_naming_every_pool, destroy_leftover),

@@ -1,0 +1,190 @@
+/*
+ * core/offload_host.c — updates in backward on the CPU, beside the GPU's update ring
+ * (UMT_OFFLOAD_OPTIM_BACKWARD with options.offload_host_updates > 0).
+ *
+ * Through the ring (core/offload_update.c) a streamed parameter's optimizer state crosses the
+ * link both ways every step: with Adam, twice its weights' bytes each way. Updated by CPU threads
+ * in pinned memory, where its weights, gradient and state live, only the gradient crosses (out),
+ * and the weights come in again at the next forward. The CPU's time then runs beside the link's
+ * instead of adding to it, so the first parameters of each backward (the last layers, which the
+ * next forward needs last) go to the CPU and the rest through the ring.
+ *
+ * The update is a host function on a stream of its own, queued after the gradient's copy home:
+ * the host thread queues the rest of backward meanwhile. The slot's weights are given up (they
+ * are the old ones); the next copy of the parameter's weights waits for the update's event.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "core/backend.h"
+#include "core/context.h"
+#include "core/error.h"
+#include "core/offload_state.h"
+#include "core/optim.h"
+#include "core/tensor.h"
+#include "memory/trace.h"
+
+#ifdef UMT_WITH_CUDA
+#include "core/cuda_check.h"
+
+/* A core is left to the thread that queues the GPU's work, which runs meanwhile. */
+#define SPARE_CORES 1
+
+/* The optimizer's rule with the options and step of the enqueue (the job's own copy). */
+static umt_status host_rule(const void *user, const umt_backend *be, float *param, const float *grad, float *s0,
+                            float *s1, int64_t n) {
+    const umt_offload_host_rule *rule = user;
+    return umt_optimizer_update_with(&rule->options, rule->step, be, param, grad, s0, s1, n);
+}
+
+/* Elements per second that the CPU threads update with Adam (the optimizer is attached only in
+ * backward; Adam is the common rule, and a costlier one than SGD's), on scratch arrays of a
+ * million elements per thread (the threads' work item): best of three, the first touching the
+ * pages. */
+static umt_status cpu_rate(double *rate) {
+    long threads = sysconf(_SC_NPROCESSORS_ONLN) - SPARE_CORES;
+    int64_t n = (int64_t)(threads < 1 ? 1 : threads) << 20;
+    float *a = calloc((size_t)n * 4, sizeof *a);
+    if (!a) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory to time the CPU's update (%lld elements)",
+                            (long long)n);
+    umt_offload_host_rule rule = {umt_optimizer_defaults(UMT_OPT_ADAM), 1};
+    umt_offload_cpu_job job = {host_rule, &rule, a, a + n, a + 2 * n, a + 3 * n, n};
+    *rate = 0;
+    for (int r = 0; r < 3; ++r) {
+        double start = umt_offload_seconds();
+        bool ok = umt_offload_cpu_threads(&job, 1, SPARE_CORES);
+        double seconds = umt_offload_seconds() - start;
+        if (!ok) return free(a), umt_fail(UMT_ERR_STATE, "offload: timing the CPU's update: %s", umt_last_error());
+        if (seconds > 0 && (double)n / seconds > *rate) *rate = (double)n / seconds;
+    }
+    free(a);
+    return UMT_OK;
+}
+
+/* The CPU's share (umt_plan_host_share) from the rates measured now. */
+umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int count) {
+    if (o->ctx->options.offload_host_updates != UMT_OFFLOAD_HOST_AUTO || !o->plan.ring_bytes) return UMT_OK;
+    int64_t streamed = 0;
+    for (int i = 0; i < count; ++i)
+        if (items[i].pool == UMT_POOL_WEIGHTS && items[i].offloaded)
+            streamed += (int64_t)(items[i].bytes / sizeof(float));
+    if (!streamed) return UMT_OK;
+    double rate = 0;
+    umt_link_speed link;
+    umt_status st = cpu_rate(&rate);
+    if (st == UMT_OK) st = umt_link_measure(o->ctx, (size_t)16 << 20, &link);
+    if (st != UMT_OK) {
+        fprintf(stderr, "offload: updates in backward stay on the GPU: %s\n", umt_last_error());
+        return UMT_OK;
+    }
+    int states = (int)(o->plan.ring_bytes / (size_t)o->plan.ring_entries / o->plan.ring_chunk_bytes) - 1;
+    double per_way = link.both_ways_gbps / 2 * 1e9; /* backward sends and receives at once */
+    double share = umt_plan_host_share(rate, per_way, states);
+    o->host_target_elements = (int64_t)(share * (double)streamed);
+    fprintf(stderr, "offload: CPU threads update %.2f G elements/s (Adam), the link moves %.1f GB/s each way at once: "
+            "the CPU takes %.0f%% of the %.3f G streamed elements in backward\n", rate / 1e9, per_way / 1e9,
+            100 * share, (double)streamed / 1e9);
+    return UMT_OK;
+}
+
+bool umt_offload_host_takes(const umt_offload *o, const umt_tensor *p) {
+    int wanted = o->ctx->options.offload_host_updates;
+    /* auto: the nearest whole parameters to the share, counting from backward's first */
+    if (wanted == UMT_OFFLOAD_HOST_AUTO ? o->host_elements_this_step + p->numel / 2 > o->host_target_elements
+                                        : o->host_updates_this_step >= wanted)
+        return false;
+    umt_tensor *state[2] = {0};
+    if (umt_optimizer_state_of(o->attached, p, state) != UMT_OK) return false;
+    /* Every array in pinned memory: the CPU reaches nothing on the GPU. */
+    return p->home && p->grad->home && (!state[0] || state[0]->home) && (!state[1] || state[1]->home);
+}
+
+static const char *label(const umt_tensor *p) { return p->name ? p->name : "a parameter"; }
+
+static umt_status job_of(umt_offload *o, umt_tensor *p, umt_offload_host_job **out) {
+    for (int j = 0; j < o->host_job_count; ++j)
+        if (o->host_jobs[j]->parameter == p) return *out = o->host_jobs[j], UMT_OK;
+    if (o->host_job_count == o->host_job_slots) {
+        int slots = o->host_job_slots ? 2 * o->host_job_slots : 16;
+        umt_offload_host_job **grown = realloc(o->host_jobs, (size_t)slots * sizeof *grown);
+        if (!grown) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory for %s's CPU update", label(p));
+        o->host_jobs = grown;
+        o->host_job_slots = slots;
+    }
+    umt_offload_host_job *job = calloc(1, sizeof *job);
+    if (!job) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory for %s's CPU update", label(p));
+    job->parameter = p;
+    atomic_init(&job->failed, 0);
+    o->host_jobs[o->host_job_count++] = job;
+    UMT_CUDA_TRY(cudaEventCreateWithFlags((cudaEvent_t *)&job->done, cudaEventDisableTiming));
+    return *out = job, UMT_OK;
+}
+
+/* The host function: no CUDA calls here. */
+static void CUDART_CB run_job(void *arg) {
+    umt_offload_host_job *job = arg;
+    if (!umt_offload_cpu_threads(&job->job, 1, SPARE_CORES)) atomic_store(&job->failed, 1);
+}
+
+umt_status umt_offload_update_on_host(umt_offload *o, int s) {
+    umt_tensor *p = o->slots[s].holder;
+    umt_tensor *state[2] = {0};
+    UMT_TRY(umt_optimizer_state_of(o->attached, p, state));
+    if (!o->host_update)
+        UMT_CUDA_TRY(cudaStreamCreateWithFlags((cudaStream_t *)&o->host_update, cudaStreamNonBlocking));
+    umt_offload_host_job *job = NULL;
+    UMT_TRY(job_of(o, p, &job));
+    /* The job is rewritten below: last step's host function must have run (the host is rarely a
+     * whole step ahead of the GPU). */
+    UMT_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)job->done));
+    UMT_TRY(umt_offload_gradient_out(o, s));
+    UMT_TRY(umt_offload_evict(o, s)); /* its weights there are the old ones now */
+    job->job = (umt_offload_cpu_job){host_rule, &job->rule, p->home, p->grad->home, state[0] ? state[0]->home : NULL,
+                                     state[1] ? state[1]->home : NULL, p->numel};
+    umt_optimizer_snapshot(o->attached, &job->rule.options, &job->rule.step);
+    UMT_TRY(umt_offload_wait(o->host_update, o->slots[s].drained)); /* the gradient is home */
+    umt_trace *trace = o->ctx->memory.trace;
+    void *begin = umt_trace_begin(trace, o->host_update);
+    UMT_CUDA_TRY(cudaLaunchHostFunc((cudaStream_t)o->host_update, run_job, job));
+    umt_trace_end(trace, o->host_update, begin, label(p), "cpu update", UMT_TRACE_HOST_UPDATE, 0);
+    UMT_TRY(umt_offload_record(job->done, o->host_update));
+    p->grad_zero = true; /* consumed by the update */
+    p->updated_early = true;
+    o->stats.updates_in_backward++;
+    o->host_updates_this_step++;
+    o->host_elements_this_step += p->numel;
+    return UMT_OK;
+}
+
+umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p) {
+    for (int j = 0; j < o->host_job_count; ++j)
+        if (o->host_jobs[j]->parameter == p) return umt_offload_wait(stream, o->host_jobs[j]->done);
+    return UMT_OK;
+}
+
+umt_status umt_offload_host_step_end(umt_offload *o) {
+    o->host_updates_this_step = 0;
+    o->host_elements_this_step = 0;
+    for (int j = 0; j < o->host_job_count; ++j) {
+        umt_offload_host_job *job = o->host_jobs[j];
+        if (atomic_load(&job->failed))
+            return umt_fail(UMT_ERR_STATE, "offload: the CPU update of %s failed in backward", label(job->parameter));
+    }
+    return UMT_OK;
+}
+
+void umt_offload_host_destroy(umt_offload *o) {
+    if (o->host_update) {
+        cudaStreamSynchronize((cudaStream_t)o->host_update);
+        cudaStreamDestroy((cudaStream_t)o->host_update);
+    }
+    for (int j = 0; j < o->host_job_count; ++j) {
+        cudaEventDestroy((cudaEvent_t)o->host_jobs[j]->done);
+        free(o->host_jobs[j]);
+    }
+    free(o->host_jobs);
+}
+
+#endif /* UMT_WITH_CUDA: without it the tier is never created */
