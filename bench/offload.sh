@@ -102,7 +102,12 @@ for where in auto backward; do
     row "big_mlp -b 2048 2G $where, activations offloaded" "$(grep '^bench: step' "$log" | awk '{print $3, $4}'); $(grep 'floor /' "$log" | sed 's/.*per step //')"
     row "  of which activations" "$(grep 'saved activations' "$log" | sed 's/.*activations //')"
 done
-for batch in 512 2048; do
+# A batch large enough that compute should hide the link: 8192 (its activations need the 8G budget).
+log="$logs/bench_offload_8G_8192_backward.log"
+UMT_DEVICE_BUDGET=8G timeout 80 bin/big_mlp --bench 3 --batch 8192 --update-on backward > "$log" 2>&1
+grep -E '^bench' "$log"
+row "big_mlp -b 8192 offloaded (8G, backward, cpu auto)" "$(grep '^bench: step' "$log" | awk '{print $3, $4}'); $(grep 'floor /' "$log" | sed 's/.*per step //')"
+for batch in 512 2048 8192; do
     log="$logs/bench_memory_$batch.log"
     timeout 80 bin/big_mlp --no-offload --bench 4 --batch "$batch" > "$log" 2>&1
     row "big_mlp --bench 4 -b $batch in GPU memory" "$(grep '^bench: step' "$log" | awk '{print $3, $4}')"
