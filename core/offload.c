@@ -433,8 +433,11 @@ umt_status umt_offload_gradient_ready(umt_context *ctx, umt_tensor *p) {
                         "parallelism) is set: the tier sends gradients home unreduced", p->name ? p->name : "a parameter");
     int s = slot_holding(o, p);
     if (s < 0 || !o->slots[s].grads_live) return UMT_OK;
-    if (in_backward && umt_offload_host_takes(o, p)) return umt_offload_update_on_host(o, s);
-    if (in_backward) return umt_offload_update_in_slot(o, s);
+    if (in_backward) {
+        bool on_host;
+        UMT_TRY(umt_offload_update_on_host(o, s, &on_host));
+        return on_host ? UMT_OK : umt_offload_update_in_slot(o, s);
+    }
     return umt_offload_gradient_out(o, s);
 }
 

@@ -79,9 +79,8 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int
         fprintf(stderr, "offload: updates in backward stay on the GPU: %s\n", umt_last_error());
         return UMT_OK;
     }
-    int states = (int)(o->plan.ring_bytes / (size_t)o->plan.ring_entries / o->plan.ring_chunk_bytes) - 1;
     double per_way = link.both_ways_gbps / 2 * 1e9; /* backward sends and receives at once */
-    double share = umt_plan_host_share(rate, per_way, states);
+    double share = umt_plan_host_share(rate, per_way, o->plan.ring_arrays - 1);
     o->host_target_elements = (int64_t)(share * (double)streamed);
     fprintf(stderr, "offload: CPU threads update %.2f G elements/s (Adam), the link moves %.1f GB/s each way at once: "
             "the CPU takes %.0f%% of the %.3f G streamed elements in backward\n", rate / 1e9, per_way / 1e9,
@@ -89,23 +88,27 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int
     return UMT_OK;
 }
 
-bool umt_offload_host_takes(const umt_offload *o, const umt_tensor *p) {
+/* Whether p, with its state, goes to the CPU this step. */
+static bool takes(const umt_offload *o, const umt_tensor *p, umt_tensor *const state[2]) {
     int wanted = o->ctx->options.offload_host_updates;
     /* auto: the nearest whole parameters to the share, counting from backward's first */
     if (wanted == UMT_OFFLOAD_HOST_AUTO ? o->host_elements_this_step + p->numel / 2 > o->host_target_elements
                                         : o->host_updates_this_step >= wanted)
         return false;
-    umt_tensor *state[2] = {0};
-    if (umt_optimizer_state_of(o->attached, p, state) != UMT_OK) return false;
     /* Every array in pinned memory: the CPU reaches nothing on the GPU. */
     return p->home && p->grad->home && (!state[0] || state[0]->home) && (!state[1] || state[1]->home);
 }
 
 static const char *label(const umt_tensor *p) { return p->name ? p->name : "a parameter"; }
 
-static umt_status job_of(umt_offload *o, umt_tensor *p, umt_offload_host_job **out) {
+static umt_offload_host_job *find_job(const umt_offload *o, const umt_tensor *p) {
     for (int j = 0; j < o->host_job_count; ++j)
-        if (o->host_jobs[j]->parameter == p) return *out = o->host_jobs[j], UMT_OK;
+        if (o->host_jobs[j]->parameter == p) return o->host_jobs[j];
+    return NULL;
+}
+
+static umt_status job_of(umt_offload *o, umt_tensor *p, umt_offload_host_job **out) {
+    if ((*out = find_job(o, p))) return UMT_OK;
     if (o->host_job_count == o->host_job_slots) {
         int slots = o->host_job_slots ? 2 * o->host_job_slots : 16;
         umt_offload_host_job **grown = realloc(o->host_jobs, (size_t)slots * sizeof *grown);
@@ -128,10 +131,13 @@ static void CUDART_CB run_job(void *arg) {
     if (!umt_offload_cpu_threads(&job->job, 1, SPARE_CORES)) atomic_store(&job->failed, 1);
 }
 
-umt_status umt_offload_update_on_host(umt_offload *o, int s) {
+umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
     umt_tensor *p = o->slots[s].holder;
     umt_tensor *state[2] = {0};
+    *taken = false;
     UMT_TRY(umt_optimizer_state_of(o->attached, p, state));
+    if (!takes(o, p, state)) return UMT_OK;
+    *taken = true;
     if (!o->host_update)
         UMT_CUDA_TRY(cudaStreamCreateWithFlags((cudaStream_t *)&o->host_update, cudaStreamNonBlocking));
     umt_offload_host_job *job = NULL;
@@ -159,9 +165,8 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s) {
 }
 
 umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p) {
-    for (int j = 0; j < o->host_job_count; ++j)
-        if (o->host_jobs[j]->parameter == p) return umt_offload_wait(stream, o->host_jobs[j]->done);
-    return UMT_OK;
+    const umt_offload_host_job *job = find_job(o, p);
+    return job ? umt_offload_wait(stream, job->done) : UMT_OK;
 }
 
 umt_status umt_offload_host_step_end(umt_offload *o) {

@@ -112,7 +112,7 @@ struct umt_offload {
     void *homed;                        /* copy-out event: weights updated so far are home */
     void *gradient_final;               /* compute event: a resident parameter's gradient is final */
     umt_offload_ring_entry ring[UMT_OFFLOAD_RING_MAX_ENTRIES]; /* the plan's ring_entries in use */
-    int ring_arrays;                    /* arrays per entry (0: no ring) */
+    int ring_arrays;                    /* the plan's ring_arrays once the ring is made (0: no ring) */
     int ring_next;                      /* the entry the next chunk takes */
     umt_offload_deferred deferred;
     umt_offload_slot slots[2];
@@ -173,14 +173,13 @@ bool umt_offload_cpu_threads(const umt_offload_cpu_job *jobs, int count, int spa
 umt_status umt_offload_gradient_out(umt_offload *o, int s);
 
 /* Updates in backward on the CPU (core/offload_host.c): at the plan, with UMT_OFFLOAD_HOST_AUTO,
- * the CPU's share from its measured rate and the link's (printed); whether p, streamed through
- * slot s with its gradient final, is updated by CPU threads (the first such parameters of each
- * backward, as many as options.offload_host_updates or the share says); that update, queued; a
- * stream's wait for p's last one (before a copy reads its weights); the step's end (a failed
- * update is reported); freeing. */
+ * the CPU's share from its measured rate and the link's (printed); slot s's parameter, its
+ * gradient final, queued for CPU threads when it is one of them (the first such parameters of
+ * each backward, as many as options.offload_host_updates or the share says: *taken); a stream's
+ * wait for p's last one (before a copy reads its weights); the step's end (a failed update is
+ * reported); freeing. */
 umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int count);
-bool umt_offload_host_takes(const umt_offload *o, const umt_tensor *p);
-umt_status umt_offload_update_on_host(umt_offload *o, int s);
+umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken);
 umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p);
 umt_status umt_offload_host_step_end(umt_offload *o);
 void umt_offload_host_destroy(umt_offload *o);

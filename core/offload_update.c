@@ -229,7 +229,7 @@ umt_status umt_offload_make_ring(umt_offload *o) {
     char *base = NULL;
     UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_STREAM, o->plan.ring_bytes, (void **)&base));
     size_t chunk = o->plan.ring_chunk_bytes;
-    o->ring_arrays = (int)(o->plan.ring_bytes / (size_t)o->plan.ring_entries / chunk);
+    o->ring_arrays = o->plan.ring_arrays;
     for (int e = 0; e < o->plan.ring_entries; ++e)
         for (int a = 0; a < o->ring_arrays; ++a)
             o->ring[e].arrays[a] = (float *)(base + ((size_t)e * o->ring_arrays + a) * chunk);
@@ -416,9 +416,9 @@ umt_status umt_offload_step_end(umt_context *ctx) {
     UMT_TRY(umt_offload_wait(o->state_in, o->homed));
     UMT_TRY(umt_offload_record(o->updated, o->update));
     UMT_TRY(umt_offload_wait(o->compute, o->updated));
+    UMT_TRY(umt_offload_host_step_end(o));
     /* The first step has shown the order of uses: from now on each is prefetched, starting with
      * the next step's first, which can come in now. */
-    UMT_TRY(umt_offload_host_step_end(o));
     o->recording = false;
     o->following = true;
     o->next_use = 0;

@@ -28,7 +28,7 @@ static size_t ring_chunk_bytes(size_t weight_slot) {
     return sixteenth < UMT_OFFLOAD_RING_CHUNK_BYTES ? sixteenth : UMT_OFFLOAD_RING_CHUNK_BYTES;
 }
 
-static size_t ring_bytes(const umt_plan_item *items, int count, size_t chunk) {
+static int ring_arrays(const umt_plan_item *items, int count) {
     int arrays = 0;
     for (int i = 0; i < count; ++i) {
         if (!items[i].offloaded || items[i].pool == UMT_POOL_ACTIVATIONS) continue;
@@ -36,7 +36,7 @@ static size_t ring_bytes(const umt_plan_item *items, int count, size_t chunk) {
         for (int j = 0; j < count; ++j) states += items[j].pool == UMT_POOL_OPTIM && items[j].group == items[i].group;
         if (1 + states > arrays) arrays = 1 + states;
     }
-    return (size_t)arrays * UMT_OFFLOAD_RING_ENTRIES * chunk;
+    return arrays;
 }
 
 double umt_plan_host_share(double cpu_rate, double link_rate, int states) {
@@ -48,7 +48,7 @@ double umt_plan_host_share(double cpu_rate, double link_rate, int states) {
 void umt_plan_deepen_ring(umt_placement_plan *plan) {
     if (!plan->ring_bytes || plan->ring_entries != UMT_OFFLOAD_RING_ENTRIES || plan->device_bytes >= plan->budget_bytes)
         return;
-    size_t entry = plan->ring_bytes / UMT_OFFLOAD_RING_ENTRIES;
+    size_t entry = (size_t)plan->ring_arrays * plan->ring_chunk_bytes;
     size_t extra = (plan->budget_bytes - plan->device_bytes) / entry;
     if (extra > UMT_OFFLOAD_RING_MAX_ENTRIES - UMT_OFFLOAD_RING_ENTRIES)
         extra = UMT_OFFLOAD_RING_MAX_ENTRIES - UMT_OFFLOAD_RING_ENTRIES;
@@ -83,7 +83,8 @@ size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed
     buffers->weight_slot_bytes = weight_slot;
     buffers->activation_slot_bytes = activation_slot;
     buffers->ring_chunk_bytes = update_in_backward ? ring_chunk_bytes(weight_slot) : 0;
-    buffers->ring_bytes = update_in_backward ? ring_bytes(items, count, buffers->ring_chunk_bytes) : 0;
+    buffers->ring_arrays = update_in_backward ? ring_arrays(items, count) : 0;
+    buffers->ring_bytes = (size_t)buffers->ring_arrays * UMT_OFFLOAD_RING_ENTRIES * buffers->ring_chunk_bytes;
     return fixed_bytes + resident + 2 * weight_slot + 2 * activation_slot + buffers->ring_bytes;
 }
 

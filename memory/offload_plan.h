@@ -73,6 +73,7 @@ typedef struct {
     size_t activation_slot_bytes; /* one of the two activation streaming buffers (0: none) */
     size_t ring_bytes;           /* the update ring, all entries (0: none) */
     int ring_entries;            /* its entries: UMT_OFFLOAD_RING_ENTRIES, more where the budget leaves room */
+    int ring_arrays;             /* per entry: the weights and each state array (0: no ring) */
     size_t ring_chunk_bytes;     /* one array's chunk in an entry */
     size_t device_bytes;         /* everything on the GPU: fixed + resident items + buffers */
     size_t offloaded_bytes;      /* everything in the offload tier */

@@ -50,7 +50,8 @@ static void destroy(model *m) {
     m->ctx = alive = NULL;
 }
 
-/* Streamed parameters updated by CPU threads in each backward (options.offload_host_updates). */
+/* Streamed parameters updated by CPU threads in each backward (options.offload_host_updates); the
+ * teardown sets it back to 0. */
 static int host_updates;
 
 static int destroy_leftover(void **state) {
@@ -221,7 +222,6 @@ static void test_updates_in_backward_share_the_cpu_by_measured_rates(void **stat
     (void)state;
     host_updates = UMT_OFFLOAD_HOST_AUTO;
     umt_offload_stats st = run_fully_offloaded(UMT_OFFLOAD_OPTIM_BACKWARD);
-    host_updates = 0;
     uint64_t ring_only = (uint64_t)STEPS * 3 * DEPTH * WIDTH * WIDTH * 4;
     print_message("%.1f MB to the host in %d steps; through the ring alone at least %.1f MB\n", st.bytes_to_host / 1e6,
                   STEPS, ring_only / 1e6);
@@ -232,7 +232,6 @@ static void test_updates_in_backward_on_the_cpu_beside_the_ring(void **state) {
     (void)state;
     host_updates = 2;
     umt_offload_stats st = run_fully_offloaded(UMT_OFFLOAD_OPTIM_BACKWARD);
-    host_updates = 0;
     uint64_t unit = (uint64_t)WIDTH * WIDTH * 4, units = 3 * (DEPTH - 2) + 2;
     print_message("%.1f MB to the host in %d steps; %.1f MB for %llu units a step\n", st.bytes_to_host / 1e6, STEPS,
                   (double)(STEPS * units * unit) / 1e6, (unsigned long long)units);
