@@ -93,14 +93,21 @@ size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed
 
 typedef struct {
     int key;      /* an item index (stage 1) or a group number (stages 2 and 3) */
+    int rank;     /* among equal sizes, the lower rank moves first (see offload_plan.h) */
     size_t bytes;
 } candidate;
 
 static int larger_first(const void *a, const void *b) {
     const candidate *x = a, *y = b;
     if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
-    return x->key - y->key; /* equal sizes: the earlier one first, so plans are reproducible */
+    if (x->rank != y->rank) return x->rank - y->rank;
+    return x->key - y->key; /* the same rank too: the earlier item first, so plans are reproducible */
 }
+
+/* Equal sizes: a parameter's state, weights and gradients move latest parameter first (updated
+ * first in backward, needed last in forward: their copies hide under the rest of the step), a
+ * layer's saved activations earliest layer first (out first, back last). */
+static int rank_of(int group, bool activations) { return activations ? group : -group; }
 
 /* What the stages share: the budget, the fixed bytes, whether the ring is needed. */
 typedef struct {
@@ -117,7 +124,8 @@ static bool fits(const umt_plan_item *items, int count, const limits *l) {
 static bool offload_optimizer_state(umt_plan_item *items, int count, const limits *l, candidate *c) {
     int n = 0;
     for (int i = 0; i < count; ++i)
-        if (items[i].pool == UMT_POOL_OPTIM) c[n++] = (candidate){i, items[i].bytes};
+        if (items[i].pool == UMT_POOL_OPTIM)
+            c[n++] = (candidate){i, rank_of(items[i].group, false), items[i].bytes};
     qsort(c, (size_t)n, sizeof *c, larger_first);
     for (int k = 0; k < n; ++k) {
         items[c[k].key].offloaded = true;
@@ -135,7 +143,9 @@ static bool offload_groups(umt_plan_item *items, int count, const limits *l, boo
         if (!member) continue;
         bool seen = false;
         for (int k = 0; k < n && !seen; ++k) seen = c[k].key == items[i].group;
-        if (!seen) c[n++] = (candidate){items[i].group, group_bytes(items, count, items[i].group, activations)};
+        if (!seen)
+            c[n++] = (candidate){items[i].group, rank_of(items[i].group, activations),
+                                 group_bytes(items, count, items[i].group, activations)};
     }
     qsort(c, (size_t)n, sizeof *c, larger_first);
     for (int k = 0; k < n; ++k) {
@@ -147,6 +157,15 @@ static bool offload_groups(umt_plan_item *items, int count, const limits *l, boo
         if (fits(items, count, l)) return true;
     }
     return false;
+}
+
+/* Stages 1, 2 and 3, each only as far as needed; the last stage needed (0: none, 4: not even all). */
+static int run_stages(umt_plan_item *items, int count, const limits *l, candidate *c) {
+    for (int i = 0; i < count; ++i) items[i].offloaded = false;
+    if (fits(items, count, l)) return 0;
+    if (offload_optimizer_state(items, count, l, c)) return 1;
+    if (offload_groups(items, count, l, false, c)) return 2;
+    return offload_groups(items, count, l, true, c) ? 3 : 4;
 }
 
 static void fill_plan(const umt_plan_item *items, int count, const limits *l, int stage, umt_placement_plan *plan) {
@@ -166,22 +185,11 @@ umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_byt
         if (p != UMT_POOL_WEIGHTS && p != UMT_POOL_GRADS && p != UMT_POOL_OPTIM && p != UMT_POOL_ACTIVATIONS)
             return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_plan_placement: item %d (%s) is in pool %s (expected weights, "
                             "grads, optim or activations)", i, items[i].name ? items[i].name : "?", umt_pool_name(p));
-        items[i].offloaded = false;
     }
     candidate *c = malloc(((size_t)count + 1) * sizeof *c);
     if (!c) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_plan_placement: no memory for %d items", count);
     limits l = {budget_bytes, fixed_bytes, update_in_backward};
-    int stage = 0;
-    if (!fits(items, count, &l)) {
-        stage = 1;
-        if (!offload_optimizer_state(items, count, &l, c)) {
-            stage = 2;
-            if (!offload_groups(items, count, &l, false, c)) {
-                stage = 3;
-                if (!offload_groups(items, count, &l, true, c)) stage = 4;
-            }
-        }
-    }
+    int stage = run_stages(items, count, &l, c);
     free(c);
     fill_plan(items, count, &l, stage > 3 ? 3 : stage, plan);
     if (stage <= 3) return UMT_OK;

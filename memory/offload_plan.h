@@ -18,6 +18,13 @@
  *      buffers in the activation arena, which its plan places with the rest; the planner counts
  *      two of the largest layer's as that buffer).
  *
+ * Among items of equal size, stages 1 and 2 take the latest parameter first (parameters are
+ * registered in forward order): its update comes first in backward and its weights are needed
+ * last in forward, so its copies hide under the rest of the step. The first layer is the worst
+ * to stream: its update ends backward and its weights start the next forward, so with it
+ * offloaded the step ends waiting on the link. Stage 3 takes the earliest layer first: its
+ * activations go out first and come back last.
+ *
  * Streaming has a price in device memory: the double buffers. Offloading the first item of a
  * stage can therefore raise the total before later items lower it; the planner keeps going and
  * judges only the end result. When even everything offloaded does not fit, the plan fails with

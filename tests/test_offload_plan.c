@@ -108,6 +108,33 @@ static void test_weights_and_gradients_move_together_after_all_optimizer_state(v
     assert_true(plan.offloaded_bytes >= 6 * GIB);
 }
 
+/* Equal sizes: state and weights of the last layers go first, the first layer's stay (its
+ * update ends backward, its weights start forward); saved activations of the first layers go first. */
+static void test_equal_sizes_move_the_last_parameters_and_the_first_activations_first(void **state) {
+    (void)state;
+    umt_plan_item items[60];
+    int n = mlp_items(items, 4, 4096, 256); /* 64 MiB per tensor, 4 MiB of activations a layer */
+    umt_placement_plan plan;
+    /* Stage 1: 1040 MiB of tensors and 128 MiB of buffers in 920 MiB: four of the eight moments go. */
+    assert_int_equal(umt_plan_placement(items, n, 920 * MIB, 0, false, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 1);
+    for (int i = 0; i < n; ++i)
+        if (items[i].pool == UMT_POOL_OPTIM) assert_int_equal(items[i].offloaded, items[i].group >= 2);
+    /* Stage 2: all state out, then the layers from the last: layers 2 and 3 stream, 0 and 1 stay. */
+    assert_int_equal(umt_plan_placement(items, n, 600 * MIB, 0, false, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 2);
+    for (int i = 0; i < n; ++i)
+        if (items[i].pool == UMT_POOL_WEIGHTS) assert_int_equal(items[i].offloaded, items[i].group >= 2);
+    /* Stage 3 (64 MiB of activations a layer at batch 4096): in 450 MiB the first three layers' go. */
+    n = mlp_items(items, 4, 4096, 4096);
+    assert_int_equal(umt_plan_placement(items, n, 450 * MIB, 0, false, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 3);
+    int out = count_offloaded(items, n, UMT_POOL_ACTIVATIONS);
+    assert_int_equal(out, 3);
+    for (int i = 0; i < n; ++i)
+        if (items[i].pool == UMT_POOL_ACTIVATIONS) assert_int_equal(items[i].offloaded, items[i].group < out);
+}
+
 static void test_updates_in_backward_count_the_ring_once_anything_is_offloaded(void **state) {
     (void)state;
     umt_plan_item items[60];
@@ -272,6 +299,7 @@ int main(void) {
         cmocka_unit_test(test_optimizer_state_goes_first_and_only_as_much_as_needed),
         cmocka_unit_test(test_largest_optimizer_state_moves_before_smaller_ones),
         cmocka_unit_test(test_weights_and_gradients_move_together_after_all_optimizer_state),
+        cmocka_unit_test(test_equal_sizes_move_the_last_parameters_and_the_first_activations_first),
         cmocka_unit_test(test_updates_in_backward_count_the_ring_once_anything_is_offloaded),
         cmocka_unit_test(test_the_ring_deepens_with_what_the_budget_leaves_and_no_further),
         cmocka_unit_test(test_the_cpu_share_balances_its_time_against_the_link),
