@@ -1,6 +1,7 @@
 /*
  * core/offload_host.c — updates in backward on the CPU, beside the GPU's update ring
- * (UMT_OFFLOAD_OPTIM_BACKWARD with options.offload_host_updates > 0).
+ * (UMT_OFFLOAD_OPTIM_BACKWARD with options.offload_host_updates > 0, or UMT_OFFLOAD_HOST_AUTO: the
+ * share of the measured rates for the first step, then the count searched on whole steps).
  *
  * Through the ring (core/offload_update.c) a streamed parameter's optimizer state crosses the
  * link both ways every step: with Adam, twice its weights' bytes each way. Updated by CPU threads
@@ -16,6 +17,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "core/backend.h"
@@ -65,11 +67,15 @@ static umt_status cpu_rate(double *rate) {
 
 /* The CPU's share (umt_plan_host_share) from the rates measured now. */
 umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int count) {
-    if (o->ctx->options.offload_host_updates != UMT_OFFLOAD_HOST_AUTO || !o->plan.ring_bytes) return UMT_OK;
+    int wanted = o->ctx->options.offload_host_updates;
+    o->stats.host_updates = wanted == UMT_OFFLOAD_HOST_AUTO ? 0 : wanted;
+    if (wanted != UMT_OFFLOAD_HOST_AUTO || !o->plan.ring_bytes) return UMT_OK;
     int64_t streamed = 0;
     for (int i = 0; i < count; ++i)
-        if (items[i].pool == UMT_POOL_WEIGHTS && items[i].offloaded)
+        if (items[i].pool == UMT_POOL_WEIGHTS && items[i].offloaded) {
             streamed += (int64_t)(items[i].bytes / sizeof(float));
+            o->host_streamed++;
+        }
     if (!streamed) return UMT_OK;
     double rate = 0;
     umt_link_speed link;
@@ -82,16 +88,45 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int
     double per_way = link.both_ways_gbps / 2 * 1e9; /* backward sends and receives at once */
     double share = umt_plan_host_share(rate, per_way, o->plan.ring_arrays - 1);
     o->host_target_elements = (int64_t)(share * (double)streamed);
+    o->stats.host_updates = -1; /* searched from the second step */
     fprintf(stderr, "offload: CPU threads update %.2f G elements/s (Adam), the link moves %.1f GB/s each way at once: "
-            "the CPU takes %.0f%% of the %.3f G streamed elements in backward\n", rate / 1e9, per_way / 1e9,
-            100 * share, (double)streamed / 1e9);
+            "the CPU takes %.0f%% of the %.3f G streamed elements in backward at first, then the count is searched "
+            "step by step\n", rate / 1e9, per_way / 1e9, 100 * share, (double)streamed / 1e9);
+    return UMT_OK;
+}
+
+/* UMT_OFFLOAD_HOST_AUTO: one step of the count's search (umt_plan_host_search_step), at the step's
+ * end, before the step's counts are reset. The first step's count (the share's) starts it. A
+ * count is timed on its second step: the first still waits for the last count's CPU updates. A
+ * step runs from the last step's end to this one, the compute stream drained at both. */
+static umt_status search(umt_offload *o) {
+    umt_host_count_search *s = &o->host_search;
+    if (o->stats.host_updates != -1 || (o->host_searching && !s->direction)) return UMT_OK;
+    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
+    double now = umt_offload_seconds(), ms = 1e3 * (now - o->host_last_end_s);
+    o->host_last_end_s = now;
+    if (!o->host_searching) {
+        o->host_searching = true;
+        *s = umt_plan_host_search_start(o->host_updates_this_step, o->host_streamed);
+    } else if (++o->host_steps_at_count == 2) {
+        size_t used = strlen(o->host_search_log);
+        snprintf(o->host_search_log + used, sizeof o->host_search_log - used, "%s%d: %.1f ms", used ? ", " : "",
+                 s->count, ms);
+        umt_plan_host_search_step(s, ms);
+        o->host_steps_at_count = 0;
+    }
+    if (s->direction) return UMT_OK;
+    o->stats.host_updates = s->count;
+    fprintf(stderr, "offload: streamed parameters updated by CPU threads, step time per count: %s; %d from now on\n",
+            o->host_search_log, s->count);
     return UMT_OK;
 }
 
 /* Whether p, with its state, goes to the CPU this step. */
 static bool takes(const umt_offload *o, const umt_tensor *p, umt_tensor *const state[2]) {
     int wanted = o->ctx->options.offload_host_updates;
-    /* auto: the nearest whole parameters to the share, counting from backward's first */
+    if (o->host_searching) wanted = o->host_search.count;
+    /* auto's first step: the nearest whole parameters to the share, counting from backward's first */
     if (wanted == UMT_OFFLOAD_HOST_AUTO ? o->host_elements_this_step + p->numel / 2 > o->host_target_elements
                                         : o->host_updates_this_step >= wanted)
         return false;
@@ -170,6 +205,7 @@ umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor 
 }
 
 umt_status umt_offload_host_step_end(umt_offload *o) {
+    UMT_TRY(search(o));
     o->host_updates_this_step = 0;
     o->host_elements_this_step = 0;
     for (int j = 0; j < o->host_job_count; ++j) {

@@ -136,6 +136,13 @@ struct umt_offload {
     int host_updates_this_step;
     int64_t host_elements_this_step;
     int64_t host_target_elements; /* UMT_OFFLOAD_HOST_AUTO: the CPU's share of a step's streamed elements */
+    /* UMT_OFFLOAD_HOST_AUTO after the first step: the count searched on whole steps */
+    bool host_searching;           /* the share's first step is done: the count comes from the search */
+    umt_host_count_search host_search;
+    int host_streamed;             /* streamed parameters: the most the CPU can take */
+    int host_steps_at_count;       /* steps since the count was set */
+    double host_last_end_s;        /* the last step's end, the compute stream drained */
+    char host_search_log[256];     /* the counts timed, printed when the search settles */
     const umt_optimizer *attached; /* UMT_OFFLOAD_OPTIM_BACKWARD: the optimizer that updates in backward */
     /* Saved activations (options.offload_activations, core/offload_activations.c) */
     umt_offload_activation *activations;

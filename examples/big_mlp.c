@@ -12,7 +12,8 @@
  *        backward on the GPU as each gradient is final)
  *        --host-updates N|auto (auto; with --update-on backward: the first N streamed layers of
  *        each backward are updated by CPU threads beside the GPU's, only their gradients crossing;
- *        auto: as many as balance the CPU's measured rate against the link's)
+ *        auto: as many as balance the CPU's measured rate against the link's, then the count
+ *        searched step by step for the fastest)
  *        --reserve SIZE (device bytes kept for activations; default: what the batch needs)
  *        --offload-activations (saved activations may go to the offload tier too: the first step
  *        sends all, the plan then keeps what fits; the reserve shrinks to what that step needs)
@@ -162,16 +163,24 @@ static int step(const options *o, model *m, float *loss_out) {
 /* ----------------------------------------------------------------------------------------- */
 /* --bench: step time against the link */
 
+/* The most warm-up steps: the search for the count of CPU updates takes two a count. */
+#define WARM_UP_MOST 40
+
 static int bench(const options *o, model *m) {
     /* The link first, before the plan gives the budget to resident parameters. */
     umt_link_speed link;
     if (o->offload && umt_link_measure(m->ctx, (size_t)128 << 20, &link)) return fail("link measure");
-    /* Warm-up: the first step records the order of uses, auto mode times both updates. */
-    for (int i = 0; i < 3; ++i)
-        if (step(o, m, NULL)) return 1;
-    if (umt_synchronize(m->ctx)) return fail("synchronize");
+    /* Warm-up: the first step records the order of uses, auto mode times both updates, and with
+     * updates in backward auto's count of CPU updates is searched over the next steps. */
     umt_offload_stats before, after;
+    int warm = 0;
+    do {
+        if (step(o, m, NULL)) return 1;
+        umt_offload_stats_get(m->ctx, &before);
+    } while (++warm < 3 || (before.host_updates < 0 && warm < WARM_UP_MOST));
+    if (umt_synchronize(m->ctx)) return fail("synchronize");
     umt_offload_stats_get(m->ctx, &before);
+    printf("bench: warm-up %d steps%s\n", warm, before.host_updates < 0 ? " (the CPU's count still searched)" : "");
     double start = seconds();
     for (int i = 0; i < o->bench; ++i)
         if (step(o, m, NULL)) return 1;

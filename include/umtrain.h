@@ -164,7 +164,8 @@ typedef struct {
      * in each backward are updated by CPU threads in pinned memory instead of through the GPU's
      * update ring, beside it: only their gradients cross the link (core/offload_host.c). 0: none;
      * UMT_OFFLOAD_HOST_AUTO (the default): the share that balances the CPU's time against the
-     * link's, both measured when the plan is made. */
+     * link's, both measured when the plan is made, for the first step; then the count is searched
+     * on whole steps and the fastest kept (umt_offload_stats.host_updates says when it has). */
     int offload_host_updates;
     /* With offload: activations saved for backward may go to the offload tier too. The first
      * step sends every one (their sizes are unknown before a forward pass); from the second the
@@ -228,6 +229,9 @@ typedef struct {
     umt_offload_optimizer optimizer; /* where offloaded updates run now (auto until measured) */
     double optimizer_gpu_ms;      /* the measured offloaded update of each kind (0: not measured) */
     double optimizer_cpu_ms;
+    /* UMT_OFFLOAD_OPTIM_BACKWARD: the streamed parameters CPU threads update each step (the
+     * option's count, or auto's once its search has settled; -1 while it runs) */
+    int host_updates;
 } umt_offload_stats;
 
 umt_status umt_offload_stats_get(const umt_context *ctx, umt_offload_stats *out);

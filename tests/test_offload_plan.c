@@ -218,6 +218,41 @@ static void test_the_cpu_share_balances_its_time_against_the_link(void **state) 
     assert_float_equal(umt_plan_host_share(4e9, 0, 2), 0.0, 0);
 }
 
+/* Runs the count search on step times of the form (count - best)^2 + 100 ms; the counts timed,
+ * in order, go to timed (the search's count when it settles is returned). */
+static int search(int first, int most, int best, int *timed, int *steps) {
+    umt_host_count_search s = umt_plan_host_search_start(first, most);
+    *steps = 0;
+    while (s.direction && *steps < 32) {
+        timed[(*steps)++] = s.count;
+        umt_plan_host_search_step(&s, (s.count - best) * (s.count - best) + 100.0);
+    }
+    return s.count;
+}
+
+static void test_the_cpu_count_is_searched_from_the_share_to_the_fastest(void **state) {
+    (void)state;
+    int timed[32], steps;
+    /* Up from the share's 3 while faster: 3, 4, 5, then 6 is slower. */
+    assert_int_equal(search(3, 8, 5, timed, &steps), 5);
+    assert_int_equal(steps, 4);
+    assert_int_equal(timed[0], 3);
+    assert_int_equal(timed[3], 6);
+    /* The first step up slower: down instead, 2, 1, and 0 is slower. */
+    assert_int_equal(search(3, 8, 1, timed, &steps), 1);
+    assert_int_equal(steps, 5);
+    assert_int_equal(timed[1], 4);
+    assert_int_equal(timed[2], 2);
+    /* At the ends: all of them, none. */
+    assert_int_equal(search(8, 8, 8, timed, &steps), 8);
+    assert_int_equal(steps, 2); /* 8, then 7 */
+    assert_int_equal(search(0, 8, 0, timed, &steps), 0);
+    assert_int_equal(steps, 2); /* 0, then 1 */
+    /* A share past the streamed parameters starts at the most; nothing streamed, nothing to search. */
+    assert_int_equal(umt_plan_host_search_start(12, 8).count, 8);
+    assert_int_equal(umt_plan_host_search_start(0, 0).direction, 0);
+}
+
 static void test_small_parameters_are_never_streamed(void **state) {
     (void)state;
     umt_plan_item items[8];
@@ -303,6 +338,7 @@ int main(void) {
         cmocka_unit_test(test_updates_in_backward_count_the_ring_once_anything_is_offloaded),
         cmocka_unit_test(test_the_ring_deepens_with_what_the_budget_leaves_and_no_further),
         cmocka_unit_test(test_the_cpu_share_balances_its_time_against_the_link),
+        cmocka_unit_test(test_the_cpu_count_is_searched_from_the_share_to_the_fastest),
         cmocka_unit_test(test_small_parameters_are_never_streamed),
         cmocka_unit_test(test_saved_activations_move_last),
         cmocka_unit_test(test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numbers),

@@ -223,9 +223,11 @@ static void test_updates_in_backward_share_the_cpu_by_measured_rates(void **stat
     host_updates = UMT_OFFLOAD_HOST_AUTO;
     umt_offload_stats st = run_fully_offloaded(UMT_OFFLOAD_OPTIM_BACKWARD);
     uint64_t ring_only = (uint64_t)STEPS * 3 * DEPTH * WIDTH * WIDTH * 4;
-    print_message("%.1f MB to the host in %d steps; through the ring alone at least %.1f MB\n", st.bytes_to_host / 1e6,
-                  STEPS, ring_only / 1e6);
+    print_message("%.1f MB to the host in %d steps; through the ring alone at least %.1f MB; CPU updates %d a step "
+                  "(-1: still searched)\n", st.bytes_to_host / 1e6, STEPS, ring_only / 1e6, st.host_updates);
     assert_true(st.bytes_to_host < ring_only);
+    /* The search for the count (two steps a count) stays within the streamed parameters. */
+    assert_true(st.host_updates >= -1 && st.host_updates <= DEPTH);
 }
 
 static void test_updates_in_backward_on_the_cpu_beside_the_ring(void **state) {
