@@ -159,7 +159,11 @@ static umt_status backward_from(umt_context *ctx, umt_tensor *loss, const float 
         if (node->output->grad) {
             UMT_TRY(input_grads(ctx, node));
             umt_status st = umt_offload_before_backward(ctx, node);
+            /* UMT_MEM_TRACE: the node's kernels, timed on the compute stream after the waits for
+             * what the offload tier brings in, so a bar that starts late shows the wait. */
+            void *begin = umt_trace_begin(ctx->memory.trace, ctx->memory.stream);
             if (st == UMT_OK) st = node->backward(ctx, node);
+            umt_trace_end(ctx->memory.trace, ctx->memory.stream, begin, node->op, "backward", UMT_TRACE_COMPUTE, 0);
             if (st != UMT_OK) return umt_fail(st, "umt_backward: %s: %s", node->op, umt_last_error());
             /* Every consumer of this output ran before its producer: its gradient is done. */
             umt_memory_end_of_life(&ctx->memory, UMT_POOL_ACTIVATIONS, node->output->grad->arena_slot);

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """tools/mem_trace_svg.py — draws a UMT_MEM_TRACE file (Chrome trace-event JSON, memory/trace.h)
-as an SVG: each pool's bytes in use over one training step, and under it the offload tier's
-copies in (prefetches), updates (GPU kernels; CPU threads) and copies out, one lane each, as the
-device ran them.
+as an SVG: each pool's bytes in use over one training step, and under it backward's kernels and
+the offload tier's copies in (prefetches), updates (GPU kernels; CPU threads) and copies out, one
+lane each, as the device ran them.
 
     python3 tools/mem_trace_svg.py trace.json [--step N] [-o memory.svg]
 
@@ -15,7 +15,8 @@ import sys
 
 COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
-LANES = [("prefetch", "copy in"), ("optimizer", "update"), ("cpu update", "cpu update"), ("offload", "copy out")]
+LANES = [("backward", "backward"), ("prefetch", "copy in"), ("optimizer", "update"), ("cpu update", "cpu update"),
+         ("offload", "copy out")]
 HOST_POOLS = {"staging", "offload"}  # pinned host memory: listed, not drawn (their scale hides the GPU's)
 WIDTH, PLOT_H, LANE_H, LEFT, TOP = 960, 300, 18, 70, 40
 
@@ -90,8 +91,10 @@ def svg(step, t0, t1, pools, intervals, host):
             if e.get("cat") != cat or e["ts"] + e["dur"] < t0 or e["ts"] > t1:
                 continue
             a, b = x(max(e["ts"], t0)), x(min(e["ts"] + e["dur"], t1))
+            size = e.get("args", {}).get("bytes", 0)
+            title = f'{e["name"]} {size} bytes' if size else e["name"]  # kernels move no bytes of their own
             s.append(f'<rect x="{a:.1f}" y="{ly}" width="{max(b - a, 0.5):.1f}" height="{LANE_H - 4}" '
-                     f'fill="{COLOURS[k]}"><title>{e["name"]} {e["args"].get("bytes", 0)} bytes</title></rect>')
+                     f'fill="{COLOURS[k]}"><title>{title}</title></rect>')
     s.append("</svg>")
     return "\n".join(s)
 

@@ -5,16 +5,17 @@
     python3 tools/trace_phases.py trace.json --step 4 --bins 10
     python3 tools/trace_phases.py trace.json --step 4 --timeline
 
-For each whole step of the trace: its length, and per track (copy in, copy out, compute,
-update) the number of timed intervals and their busy time (overlaps merged); then the two
-phases of an offloaded step: forward + backward (up to the first optimizer interval) with the
+For each whole step of the trace: its length, and per track (copy in, copy out, compute: backward's
+ops and the update phase, update) the number of timed intervals and their busy time (overlaps
+merged); then the two phases of an offloaded step: forward + backward (up to the first optimizer interval) with the
 link's busy time inside it, and the update phase after it. A phase whose link busy time is
 close to its length is link-bound; one far below it waits on compute.
 
 With updates in backward the optimizer's intervals start inside backward and the two phases
 blur; --bins MS then shows step N in slices of MS milliseconds: the busy fraction of the copies
-to the device, of the copies to the host and of the update kernels in each. A slice where a
-direction is idle is time the link could have used. --timeline lists every timed interval of
+to the device, of the copies to the host, of the update kernels, of the CPU updates and of
+backward's kernels in each. A slice where a direction is idle is time the link could have used;
+one where backward's kernels are idle is time the step waited. --timeline lists every timed interval of
 step N by its start (ms from the step's start), with its length, track, name, bytes and rate.
 """
 import argparse
@@ -68,10 +69,11 @@ def phases(marks, timed):
 
 def bins(marks, timed, step, width_ms):
     start, end, events = step_events(marks, timed, step)
-    kinds = {"prefetch": "to device", "offload": "to host", "optimizer": "update", "cpu update": "cpu"}
+    kinds = {"prefetch": "to device", "offload": "to host", "optimizer": "update", "cpu update": "cpu",
+             "backward": "backward"}
     width = width_ms * 1e3
     print(f"step {step}: {(end - start) / 1e3:.1f} ms; busy fraction per {width_ms:g} ms "
-          "(copies to the device, copies to the host, update kernels, CPU updates)")
+          "(copies to the device, copies to the host, update kernels, CPU updates, backward's kernels)")
     t = start
     while t < end:
         b = min(t + width, end)
