@@ -1,6 +1,7 @@
 /* memory/offload_plan.c — the placement planner (see offload_plan.h for the order and why). */
 #include "memory/offload_plan.h"
 
+#include <limits.h>
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -140,11 +141,15 @@ static int larger_first(const void *a, const void *b) {
  * layer's saved activations earliest layer first (out first, back last). */
 static int rank_of(int group, bool activations) { return activations ? group : -group; }
 
-/* What the stages share: the budget, the fixed bytes, whether the ring is needed. */
+/* What the stages share: the budget, the fixed bytes, whether the ring is needed, and a parameter
+ * that stays on the GPU whole (held; NO_GROUP: none). */
 typedef struct {
     size_t budget, fixed;
     bool update_in_backward;
+    int held;
 } limits;
+
+#define NO_GROUP INT_MIN
 
 static bool fits(const umt_plan_item *items, int count, const limits *l) {
     umt_placement_plan buffers;
@@ -155,7 +160,7 @@ static bool fits(const umt_plan_item *items, int count, const limits *l) {
 static bool offload_optimizer_state(umt_plan_item *items, int count, const limits *l, candidate *c) {
     int n = 0;
     for (int i = 0; i < count; ++i)
-        if (items[i].pool == UMT_POOL_OPTIM)
+        if (items[i].pool == UMT_POOL_OPTIM && items[i].group != l->held)
             c[n++] = (candidate){i, rank_of(items[i].group, false), items[i].bytes};
     qsort(c, (size_t)n, sizeof *c, larger_first);
     for (int k = 0; k < n; ++k) {
@@ -171,7 +176,7 @@ static bool offload_groups(umt_plan_item *items, int count, const limits *l, boo
     int n = 0;
     for (int i = 0; i < count; ++i) {
         bool member = activations ? items[i].pool == UMT_POOL_ACTIVATIONS : is_parameter_pool(items[i].pool);
-        if (!member) continue;
+        if (!member || (!activations && items[i].group == l->held)) continue;
         bool seen = false;
         for (int k = 0; k < n && !seen; ++k) seen = c[k].key == items[i].group;
         if (!seen)
@@ -199,6 +204,15 @@ static int run_stages(umt_plan_item *items, int count, const limits *l, candidat
     return offload_groups(items, count, l, true, c) ? 3 : 4;
 }
 
+/* The first parameter (lowest group) that has optimizer state: the last updated in backward. */
+static int first_with_state(const umt_plan_item *items, int count) {
+    int first = NO_GROUP;
+    for (int i = 0; i < count; ++i)
+        if (items[i].pool == UMT_POOL_OPTIM && items[i].group >= 0 && (first == NO_GROUP || items[i].group < first))
+            first = items[i].group;
+    return first;
+}
+
 static void fill_plan(const umt_plan_item *items, int count, const limits *l, int stage, umt_placement_plan *plan) {
     *plan = (umt_placement_plan){.budget_bytes = l->budget, .fixed_bytes = l->fixed, .stage = stage};
     plan->device_bytes = umt_plan_device_bytes(items, count, l->fixed, l->update_in_backward, plan);
@@ -219,8 +233,15 @@ umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_byt
     }
     candidate *c = malloc(((size_t)count + 1) * sizeof *c);
     if (!c) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_plan_placement: no memory for %d items", count);
-    limits l = {budget_bytes, fixed_bytes, update_in_backward};
+    limits l = {budget_bytes, fixed_bytes, update_in_backward, NO_GROUP};
     int stage = run_stages(items, count, &l, c);
+    /* Weights stream anyway, and updates run in backward: see offload_plan.h for why the first
+     * parameter then stays whole if streaming others makes room for it. */
+    l.held = update_in_backward && stage == 2 ? first_with_state(items, count) : NO_GROUP;
+    if (l.held != NO_GROUP && run_stages(items, count, &l, c) != 2) {
+        l.held = NO_GROUP;
+        stage = run_stages(items, count, &l, c);
+    }
     free(c);
     fill_plan(items, count, &l, stage > 3 ? 3 : stage, plan);
     if (stage <= 3) return UMT_OK;

@@ -135,6 +135,35 @@ static void test_equal_sizes_move_the_last_parameters_and_the_first_activations_
         if (items[i].pool == UMT_POOL_ACTIVATIONS) assert_int_equal(items[i].offloaded, items[i].group < out);
 }
 
+/* Updates in backward, weights streaming anyway: the first layer stays whole on the GPU when
+ * streaming one more layer pays for its state; without room for that, the order stands. */
+static void test_updates_in_backward_keep_the_first_layer_whole_when_there_is_room(void **state) {
+    (void)state;
+    umt_plan_item items[60];
+    int n = mlp_items(items, 8, 8192, 512); /* 256 MiB per tensor */
+    umt_placement_plan plan;
+    /* 3 GiB: updates after backward keep three layers' weights and gradients, with all state out. */
+    assert_int_equal(umt_plan_placement(items, n, 3 * GIB, 64 * MIB, false, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 2);
+    for (int i = 0; i < n; ++i)
+        if (items[i].pool == UMT_POOL_WEIGHTS || items[i].pool == UMT_POOL_OPTIM)
+            assert_int_equal(items[i].offloaded, items[i].pool == UMT_POOL_OPTIM || items[i].group >= 3);
+    /* In backward: layer 0 whole and layer 1's weights and gradients, the rest streamed. */
+    assert_int_equal(umt_plan_placement(items, n, 3 * GIB, 64 * MIB, true, &plan), UMT_OK);
+    assert_int_equal(plan.stage, 2);
+    assert_true(plan.device_bytes <= 3 * GIB);
+    for (int i = 0; i < n; ++i) {
+        if (items[i].pool == UMT_POOL_ACTIVATIONS) continue;
+        bool expected = items[i].group == 0 ? false : items[i].group == 1 ? items[i].pool == UMT_POOL_OPTIM : true;
+        assert_int_equal(items[i].offloaded, expected);
+    }
+    /* 2 GiB keeps one layer's weights and gradients, which cannot hold its state too. */
+    assert_int_equal(umt_plan_placement(items, n, 2 * GIB, 64 * MIB, true, &plan), UMT_OK);
+    for (int i = 0; i < n; ++i)
+        if (items[i].pool != UMT_POOL_ACTIVATIONS)
+            assert_int_equal(items[i].offloaded, items[i].pool == UMT_POOL_OPTIM || items[i].group >= 1);
+}
+
 static void test_updates_in_backward_count_the_ring_once_anything_is_offloaded(void **state) {
     (void)state;
     umt_plan_item items[60];
@@ -335,6 +364,7 @@ int main(void) {
         cmocka_unit_test(test_largest_optimizer_state_moves_before_smaller_ones),
         cmocka_unit_test(test_weights_and_gradients_move_together_after_all_optimizer_state),
         cmocka_unit_test(test_equal_sizes_move_the_last_parameters_and_the_first_activations_first),
+        cmocka_unit_test(test_updates_in_backward_keep_the_first_layer_whole_when_there_is_room),
         cmocka_unit_test(test_updates_in_backward_count_the_ring_once_anything_is_offloaded),
         cmocka_unit_test(test_the_ring_deepens_with_what_the_budget_leaves_and_no_further),
         cmocka_unit_test(test_the_cpu_share_balances_its_time_against_the_link),
