@@ -34,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "examples/example_common.h"
 #include "umtrain.h"
 
 typedef struct {
@@ -46,10 +47,15 @@ typedef struct {
     umt_offload_optimizer update_on;
 } options;
 
-static int usage(const char *why) {
-    fprintf(stderr, "big_mlp: %s\nusage: big_mlp [--width N] [--depth N] [--batch N] [--steps N] [--seed N] [--lr X]\n"
+static void print_usage(FILE *out) {
+    fprintf(out, "usage: big_mlp [--width N] [--depth N] [--batch N] [--steps N] [--seed N] [--lr X]\n"
             "               [--update-on auto|gpu|cpu|backward] [--reserve SIZE] [--offload-activations] [--no-offload]\n"
-            "               [--host-updates N|auto] [--bench N]\n", why);
+            "               [--host-updates N|auto] [--bench N]\n");
+}
+
+static int usage(const char *why, const char *what) {
+    fprintf(stderr, "big_mlp: %s%s%s\n", why, what ? " " : "", what ? what : "");
+    print_usage(stderr);
     return 2;
 }
 
@@ -60,7 +66,7 @@ static int parse(int argc, char **argv, options *o) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-offload")) { o->offload = false; continue; }
         if (!strcmp(a, "--offload-activations")) { o->offload_activations = true; continue; }
-        if (!v) return usage("a flag is missing its value");
+        if (!v) return example_missing_value("big_mlp", a, print_usage), 2;
         i++;
         if (!strcmp(a, "--width")) o->width = atoll(v);
         else if (!strcmp(a, "--depth")) o->depth = atoll(v);
@@ -70,13 +76,13 @@ static int parse(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--host-updates")) o->host_updates = strcmp(v, "auto") ? atoi(v) : UMT_OFFLOAD_HOST_AUTO;
         else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--lr")) o->lr = strtof(v, NULL);
-        else if (!strcmp(a, "--update-on")) { if (umt_offload_optimizer_parse(v, &o->update_on)) return usage(umt_last_error()); }
-        else if (!strcmp(a, "--reserve")) { if (umt_parse_bytes(v, &o->reserve)) return usage(umt_last_error()); }
-        else return usage("unknown flag");
+        else if (!strcmp(a, "--update-on")) { if (umt_offload_optimizer_parse(v, &o->update_on)) return usage(umt_last_error(), NULL); }
+        else if (!strcmp(a, "--reserve")) { if (umt_parse_bytes(v, &o->reserve)) return usage(umt_last_error(), NULL); }
+        else return usage("unknown flag", a);
     }
     if (o->width < 2 || o->depth < 1 || o->batch < 1 || o->steps < 1 || o->bench < 0 ||
         o->host_updates < UMT_OFFLOAD_HOST_AUTO)
-        return usage("sizes must be positive");
+        return usage("sizes must be positive", NULL);
     /* Activations: the first step, which the arena records before it can plan reuse, holds every
      * saved output (linear and ReLU per layer, the loss's probabilities) and, the tier recycling
      * ended gradients, about two of them at once: 2 depth + 2 tensors of batch x width f32; and

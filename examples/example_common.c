@@ -9,6 +9,33 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Whether the usage text names flag as a whole word ("--mem", not the start of "--mem-report"). */
+static bool usage_lists(void (*usage)(FILE *out), const char *flag) {
+    char *text = NULL;
+    size_t size = 0, n = strlen(flag);
+    FILE *f = open_memstream(&text, &size);
+    if (!f) return true; /* no memory to look: the likelier answer */
+    usage(f);
+    fclose(f);
+    bool listed = false;
+    for (const char *p = text; !listed && (p = strstr(p, flag)) != NULL; p += n) {
+        bool starts = p == text || p[-1] == '[' || p[-1] == ' ';
+        listed = starts && (p[n] == ' ' || p[n] == ']' || p[n] == '\n' || p[n] == '\0');
+    }
+    free(text);
+    return listed;
+}
+
+int example_missing_value(const char *program, const char *flag, void (*usage)(FILE *out)) {
+    if (usage_lists(usage, flag)) {
+        fprintf(stderr, "%s: %s needs a value\n", program, flag);
+    } else {
+        fprintf(stderr, "%s: unknown flag %s\n", program, flag);
+        usage(stderr);
+    }
+    return -1;
+}
+
 int example_number(const char *program, const char *flag, const char *text, double low, double high, double *out) {
     char *end = NULL;
     errno = 0;

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "umtrain.h"
 
@@ -19,6 +20,9 @@ int example_number(const char *program, const char *flag, const char *text, doub
 /* example_number for counts: a fraction ("2.5") is refused, not cut to 2. */
 int example_whole_number(const char *program, const char *flag, const char *text, double low, double high,
                          double *out);
+/* A flag given last, with nothing after it: prints "<program>: <flag> needs a value" when the
+ * usage text lists the flag, otherwise "unknown flag <flag>" and the usage; returns -1. */
+int example_missing_value(const char *program, const char *flag, void (*usage)(FILE *out));
 /* 0 for UMT_OK; otherwise prints "<program>: <umt_last_error()>" and returns -1. */
 int example_check(const char *program, umt_status status);
 /* Seconds on a monotonic clock. */

@@ -45,7 +45,8 @@ static void usage(FILE *out) {
 
 static int parse_flag(options *o, const char *flag, const char *value) {
     double v = 0;
-    int bad = example_input_flag(program, &o->input, flag, value);
+    /* Its batches always come through the host loader: mnist_cnn's --data-on is no flag here. */
+    int bad = strcmp(flag, "--data-on") ? example_input_flag(program, &o->input, flag, value) : 1;
     if (bad <= 0) return bad;
     bad = 0;
     if (!strcmp(flag, "--root")) o->folder.root = value;
@@ -75,7 +76,7 @@ static int parse_options(int argc, char **argv, options *o) {
         /* The two switches without a value. */
         if (!strcmp(argv[i], "--skip-bad")) o->folder.skip_bad = true;
         else if (!strcmp(argv[i], "--flip")) o->flip = true;
-        else if (i + 1 >= argc) return fprintf(stderr, "%s: %s needs a value\n", program, argv[i]), -1;
+        else if (i + 1 >= argc) return example_missing_value(program, argv[i], usage);
         else if (parse_flag(o, argv[i], argv[i + 1])) return -1;
         else i++;
     }

@@ -145,10 +145,7 @@ static int parse_options(int argc, char **argv, options *o) {
             usage(stdout);
             exit(0);
         }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "%s: %s needs a value\n", program, argv[i]);
-            return -1;
-        }
+        if (i + 1 >= argc) return example_missing_value(program, argv[i], usage);
         if (parse_flag(o, argv[i], argv[i + 1])) return -1;
         i++;
     }

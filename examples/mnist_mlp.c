@@ -63,10 +63,7 @@ static int parse_options(int argc, char **argv, options *o) {
             usage(stdout);
             exit(0);
         }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "mnist_mlp: %s needs a value\n", flag);
-            return -1;
-        }
+        if (i + 1 >= argc) return example_missing_value(program, flag, usage);
         const char *value = argv[++i];
         double v = 0;
         int bad = 0;

@@ -40,7 +40,7 @@ static int parse_options(int argc, char **argv, options *o) {
             o->images[o->image_count++] = flag;
             continue;
         }
-        if (!value) return fprintf(stderr, "%s: %s needs a value\n", program, flag), -1;
+        if (!value) return example_missing_value(program, flag, usage);
         i++;
         if (!strcmp(flag, "--checkpoint")) o->checkpoint = value;
         else if (!strcmp(flag, "--device")) {

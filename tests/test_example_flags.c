@@ -1,12 +1,16 @@
 /*
  * tests/test_example_flags.c — the number flags the example programs share
  * (examples/example_common.h): a value must fill the argument and lie in the range, and a count
- * must be whole ("--epochs 2.5" is refused, not cut to 2).
+ * must be whole ("--epochs 2.5" is refused, not cut to 2); a flag given last without its value is
+ * told apart from a mistyped one.
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -37,10 +41,44 @@ static void test_a_count_must_be_whole(void **state) {
     assert_true(v == 64);
 }
 
+static void usage(FILE *out) { fprintf(out, "usage: test [--mem-report] [--mem MODE]\n                [--lr X]\n"); }
+
+/* What example_missing_value writes to stderr for flag, in out. */
+static void missing_value_message(const char *flag, char *out, size_t size) {
+    FILE *capture = tmpfile();
+    assert_non_null(capture);
+    fflush(stderr);
+    int saved = dup(fileno(stderr));
+    dup2(fileno(capture), fileno(stderr));
+    assert_int_equal(example_missing_value("test", flag, usage), -1);
+    fflush(stderr);
+    dup2(saved, fileno(stderr));
+    close(saved);
+    rewind(capture);
+    size_t n = fread(out, 1, size - 1, capture);
+    out[n] = '\0';
+    fclose(capture);
+}
+
+static void test_a_flag_without_its_value_is_told_from_an_unknown_one(void **state) {
+    (void)state;
+    char message[512];
+    missing_value_message("--mem", message, sizeof message);
+    assert_string_equal(message, "test: --mem needs a value\n");
+    missing_value_message("--lr", message, sizeof message); /* on the usage's second line */
+    assert_string_equal(message, "test: --lr needs a value\n");
+    /* Only a whole flag of the usage counts: "--me" starts two of them, "--bogus" none. */
+    missing_value_message("--me", message, sizeof message);
+    assert_non_null(strstr(message, "test: unknown flag --me\nusage: test"));
+    missing_value_message("--bogus", message, sizeof message);
+    assert_non_null(strstr(message, "test: unknown flag --bogus\n"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_number_must_fill_the_argument_and_lie_in_the_range),
         cmocka_unit_test(test_a_count_must_be_whole),
+        cmocka_unit_test(test_a_flag_without_its_value_is_told_from_an_unknown_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
