@@ -76,9 +76,11 @@ static int parse(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--host-updates")) o->host_updates = strcmp(v, "auto") ? atoi(v) : UMT_OFFLOAD_HOST_AUTO;
         else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--lr")) o->lr = strtof(v, NULL);
-        else if (!strcmp(a, "--update-on")) { if (umt_offload_optimizer_parse(v, &o->update_on)) return usage(umt_last_error(), NULL); }
-        else if (!strcmp(a, "--reserve")) { if (umt_parse_bytes(v, &o->reserve)) return usage(umt_last_error(), NULL); }
-        else return usage("unknown flag", a);
+        else if (!strcmp(a, "--update-on")) {
+            if (umt_offload_optimizer_parse(v, &o->update_on)) return usage(umt_last_error(), NULL);
+        } else if (!strcmp(a, "--reserve")) {
+            if (umt_parse_bytes(v, &o->reserve)) return usage(umt_last_error(), NULL);
+        } else return usage("unknown flag", a);
     }
     if (o->width < 2 || o->depth < 1 || o->batch < 1 || o->steps < 1 || o->bench < 0 ||
         o->host_updates < UMT_OFFLOAD_HOST_AUTO)
