@@ -101,7 +101,7 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int
  * step runs from the last step's end to this one, the compute stream drained at both. */
 static umt_status search(umt_offload *o) {
     umt_host_count_search *s = &o->host_search;
-    if (o->stats.host_updates != -1 || (o->host_searching && !s->direction)) return UMT_OK;
+    if (o->stats.host_updates != -1) return UMT_OK; /* a fixed count, or the search settled */
     UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
     double now = umt_offload_seconds(), ms = 1e3 * (now - o->host_last_end_s);
     o->host_last_end_s = now;
