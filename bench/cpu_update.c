@@ -1,6 +1,6 @@
 /*
  * bench/cpu_update.c — how fast the CPU backend's Adam update runs: the kernel the offload tier's
- * CPU threads run on pinned memory (core/offload_update.c), here on ordinary host memory.
+ * CPU threads run on pinned memory (offload/update.c), here on ordinary host memory.
  *
  *   bazel build //bench:cpu_update && bazel-bin/bench/cpu_update [millions of elements] [rounds]
  *

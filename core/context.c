@@ -6,14 +6,13 @@
 #include <string.h>
 
 #include "core/device.h"
-#include "core/error.h"
+#include "core/base/error.h"
 #include "core/precision.h"
 #include "core/tensor.h"
 #include "memory/trace.h"
 
 umt_context_options umt_context_defaults(void) {
-    return (umt_context_options){.device = umt_default_device(), .seed = 1, .memory_mode = UMT_MEM_MANAGED,
-                                 .offload_host_updates = UMT_OFFLOAD_HOST_AUTO};
+    return (umt_context_options){.device = umt_default_device(), .seed = 1, .memory_mode = UMT_MEM_MANAGED};
 }
 
 umt_status umt_context_create(const umt_context_options *options, umt_context **out) {
@@ -22,9 +21,6 @@ umt_status umt_context_create(const umt_context_options *options, umt_context **
     umt_context_options opts = options ? *options : umt_context_defaults();
     if ((unsigned)opts.memory_mode > UMT_MEM_DEVICE)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: memory mode %d (expected 0..2)", (int)opts.memory_mode);
-    if (opts.offload_host_updates < UMT_OFFLOAD_HOST_AUTO)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: offload_host_updates %d (expected a count, or "
-                        "UMT_OFFLOAD_HOST_AUTO)", opts.offload_host_updates);
     umt_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_context_create: no memory for the context");
     ctx->options = opts;
@@ -34,7 +30,6 @@ umt_status umt_context_create(const umt_context_options *options, umt_context **
     umt_rng_seed(&ctx->rng, opts.seed);
     umt_status st = umt_device_start(ctx);
     if (st == UMT_OK) st = umt_precision_check(ctx);
-    if (st == UMT_OK) st = umt_offload_create(ctx);
     const char *trace = getenv("UMT_MEM_TRACE");
     if (st == UMT_OK && trace && *trace) st = umt_trace_open(trace, ctx->memory.stream, &ctx->memory.trace);
     if (st != UMT_OK) {
@@ -58,8 +53,8 @@ void umt_context_destroy(umt_context *ctx) {
     if (!ctx) return;
     const char *report = getenv("UMT_MEM_REPORT");
     if (report && strcmp(report, "0") && ctx->backend) umt_memory_report(ctx);
-    /* Copies of the offload tier may still read or write tensors about to be freed. */
-    umt_offload_destroy(ctx);
+    /* Subsystems first: work they queued may still read or write tensors about to be freed. */
+    umt_hooks_destroy(ctx);
     /* Owned objects first: their destructors free tensors that still belong to the pools. */
     while (ctx->owned) {
         umt_owned *o = ctx->owned;
@@ -124,11 +119,7 @@ void umt_memory_report(const umt_context *ctx) {
     if (ctx->options.device == UMT_DEVICE_CUDA)
         fprintf(stderr, "device budget %zu bytes, %zu held (%s memory)\n", ctx->memory.budget_bytes,
                 ctx->memory.device_bytes, umt_memory_mode_name(ctx->options.memory_mode));
-    umt_offload_stats o;
-    if (umt_offload_stats_get(ctx, &o) == UMT_OK && o.offloaded_tensors)
-        fprintf(stderr, "offload tier: %d tensors, %zu bytes; %llu bytes copied to the device, %llu to the host; "
-                "updates on the %s\n", o.offloaded_tensors, o.offloaded_bytes, (unsigned long long)o.bytes_to_device,
-                (unsigned long long)o.bytes_to_host, umt_offload_optimizer_name(o.optimizer));
+    umt_hooks_report(ctx, stderr);
 }
 
 umt_status umt_device_budget(const umt_context *ctx, size_t *budget_bytes, size_t *used_bytes) {
@@ -168,7 +159,8 @@ static umt_status register_named(umt_tensor ***list, int *count, int *slots, umt
 }
 
 /* An f32 tensor of the weights pool with a copy of name; NULL (and nothing left) on failure. A
- * parameter's may start in the offload tier (core/offload.h); a buffer's never does. */
+ * parameter's pool is the hooks' choice (a subsystem may hold it elsewhere, core/hooks.h); a
+ * buffer's never is. */
 static umt_tensor *named_weights(umt_context *ctx, const char *what, const char *name, int ndim, const int64_t *shape,
                                  bool parameter) {
     if (!ctx || !name) {
@@ -239,17 +231,4 @@ umt_status umt_context_workspace(umt_context *ctx, size_t bytes, void **out) {
     }
     *out = ctx->conv_workspace;
     return UMT_OK;
-}
-
-umt_status umt_tensor_uniform(umt_context *ctx, umt_tensor *t, float low, float high) {
-    UMT_TRY(umt_check_tensor("umt_tensor_uniform", "t", t, UMT_F32, 0));
-    if (!(low <= high)) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_uniform: low %g > high %g", low, high);
-    /* Drawn on the host in index order, so a seed gives the same values on every backend. */
-    float *host = malloc((size_t)t->numel * sizeof *host);
-    if (!host) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_tensor_uniform: no memory for %lld values", (long long)t->numel);
-    for (int64_t i = 0; i < t->numel; ++i) host[i] = low + (high - low) * umt_rng_uniform(&ctx->rng);
-    t->lowp_stale = true;
-    umt_status st = ctx->backend->upload(t->data, host, t->bytes);
-    free(host);
-    return st;
 }

@@ -6,9 +6,9 @@
 
 #include <stdbool.h>
 
-#include "core/backend.h"
-#include "core/offload.h"
-#include "core/rng.h"
+#include "kernels/backend.h"
+#include "core/hooks.h"
+#include "core/base/rng.h"
 #include "core/step_values.h"
 #include "core/tape.h"
 #include "memory/pool.h"
@@ -43,9 +43,7 @@ struct umt_context {
     size_t conv_workspace_bytes;
     umt_step_values values; /* the step's host values on their way to the kernels */
     umt_owned *owned;
-    umt_grad_ready_fn grad_ready;
-    void *grad_ready_user;
-    umt_offload *offload; /* options.offload on CUDA: the offload tier (core/offload.h), else NULL */
+    umt_hook_table hooks; /* the subsystems taking part in each step (core/hooks.h) */
     int64_t steps_begun;  /* umt_step_begin calls, for the trace's step marks */
 };
 

@@ -5,10 +5,10 @@
 #include <time.h>
 
 #include "core/context.h"
-#include "core/error.h"
+#include "core/base/error.h"
 
 #ifdef UMT_WITH_CUDA
-#include "core/cuda_check.h"
+#include "core/base/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "memory/budget.h"
 

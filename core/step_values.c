@@ -5,10 +5,10 @@
 #include <string.h>
 
 #include "core/context.h"
-#include "core/error.h"
+#include "core/base/error.h"
 
 #ifdef UMT_WITH_CUDA
-#include "core/cuda_check.h"
+#include "core/base/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #endif
 
@@ -151,6 +151,10 @@ umt_status umt_step_values_flush(umt_context *ctx) {
     UMT_CUDA_TRY(cudaMemcpyAsync(v->device, slot_at(v, 0), v->used, cudaMemcpyHostToDevice, umt_cuda_stream()));
 #endif
     return UMT_OK;
+}
+
+void umt_step_values_unreplayable(umt_context *ctx, const char *why) {
+    if (ctx->values.recording) ctx->values.unreplayable = why;
 }
 
 umt_status umt_step_values_record_begin(umt_context *ctx, const void *input, size_t input_bytes) {

@@ -9,7 +9,7 @@
  * captured graph) always read the same address. An event per slot, recorded after the slot's
  * copies, guards its reuse: the host waits only when it is a whole ring ahead of the GPU.
  *
- * While a step is captured (core/step_graph.c) the values are only written to the slot, each
+ * While a step is captured (core/step/step_graph.c) the values are only written to the slot, each
  * with a record of how a replay makes it again (a copy of the step's input, a fresh RNG draw,
  * the optimizer's learning rate); umt_step_values_flush then copies the slot in one go before
  * the graph is launched.
@@ -66,6 +66,8 @@ umt_status umt_step_values_host_effect(umt_context *ctx, umt_step_value_redo red
                                        void *object);
 /* After a failed capture: every recorded host effect undone, last first. */
 void umt_step_values_undo(umt_context *ctx);
+/* While recording only (a no-op otherwise): a replay could not remake this step, for this reason. */
+void umt_step_values_unreplayable(umt_context *ctx, const char *why);
 /* Starts recording a step whose host data is input (input_bytes long), in a fresh slot. */
 umt_status umt_step_values_record_begin(umt_context *ctx, const void *input, size_t input_bytes);
 /* Ends the recording; the records stay for the replays. */

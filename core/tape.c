@@ -5,9 +5,8 @@
 #include <stdlib.h>
 
 #include "core/context.h"
-#include "core/error.h"
-#include "core/offload.h"
-#include "core/optim.h"
+#include "core/base/error.h"
+#include "core/hooks.h"
 #include "core/tensor.h"
 #include "memory/trace.h"
 
@@ -35,8 +34,8 @@ umt_status umt_tape_record(umt_context *ctx, const char *op, umt_backward_fn bac
         /* Counted so that backward knows when a parameter's last contribution has arrived. */
         if (inputs[i]->is_parameter) inputs[i]->pending_uses++;
     }
-    /* The offload tier may send what the op read to pinned memory now. */
-    return umt_offload_activations_recorded(ctx, tape->count - 1);
+    /* A subsystem may act on what the op read now (the offload tier sends it to host memory). */
+    return umt_hooks_op_recorded(ctx, tape->count - 1);
 }
 
 void umt_tape_clear(umt_tape *tape) { tape->count = 0; }
@@ -61,9 +60,10 @@ umt_status umt_step_begin(umt_context *ctx) {
     for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->pending_uses = 0;
     UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_ACTIVATIONS));
     UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_WORKSPACE));
-    /* The offload tier waits on events and plans on the host each step: nothing a replay redoes. */
-    if (ctx->offload && ctx->values.recording) {
-        ctx->values.unreplayable = "the context offloads to host memory (core/offload.h)";
+    /* A subsystem that works on the host in every step takes part in nothing a replay redoes. */
+    const char *unreplayable = umt_hooks_unreplayable(ctx);
+    if (unreplayable && ctx->values.recording) {
+        ctx->values.unreplayable = unreplayable;
         return umt_fail(UMT_ERR_UNSUPPORTED, "step graph: %s", ctx->values.unreplayable);
     }
     if (ctx->memory.trace) {
@@ -72,8 +72,8 @@ umt_status umt_step_begin(umt_context *ctx) {
         umt_trace_mark(ctx->memory.trace, mark);
     }
     ctx->steps_begun++;
-    /* The first step of an offloading context plans; later ones restart its prefetch order. */
-    UMT_TRY(umt_offload_step_begin(ctx));
+    /* Subsystems start their step (the offload tier plans at the first). */
+    UMT_TRY(umt_hooks_step_begin(ctx));
     return umt_step_values_begin(ctx);
 }
 
@@ -81,7 +81,7 @@ umt_status umt_zero_grad(umt_context *ctx) {
     if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_zero_grad: ctx is NULL");
     for (int i = 0; i < ctx->parameter_count; ++i) {
         umt_tensor *g = ctx->parameters[i]->grad;
-        if (umt_offload_zero_grad(ctx, ctx->parameters[i])) continue; /* marked, not rewritten */
+        if (umt_hooks_zero_grad(ctx, ctx->parameters[i])) continue; /* a subsystem's gradient, zeroed there */
         UMT_TRY(ctx->backend->fill(g->data, g->numel, 0.0f));
     }
     return UMT_OK;
@@ -93,22 +93,13 @@ bool umt_set_grad_enabled(umt_context *ctx, bool enabled) {
     return previous;
 }
 
-void umt_set_grad_ready_hook(umt_context *ctx, umt_grad_ready_fn fn, void *user) {
-    ctx->grad_ready = fn;
-    ctx->grad_ready_user = user;
-}
-
-/* After a node's backward: a parameter whose every use has now been processed is final (an
- * offloaded gradient starts its way home). */
+/* After a node's backward: a parameter whose every use has now been processed is final, and the
+ * subsystems hear of it (data parallelism starts its all-reduce, the offload tier sends it home). */
 static umt_status announce_finished_parameters(umt_context *ctx, const umt_node *node) {
     for (int i = 0; i < node->input_count; ++i) {
         umt_tensor *p = node->inputs[i];
         if (!p->is_parameter || --p->pending_uses != 0) continue;
-        UMT_TRY(umt_offload_gradient_ready(ctx, p));
-        /* The hook's host work (data parallelism's buckets) would not run in a replay. */
-        if (ctx->grad_ready && ctx->values.recording)
-            ctx->values.unreplayable = "a grad-ready hook (data parallelism) works on the host during backward";
-        if (ctx->grad_ready) ctx->grad_ready(p, ctx->grad_ready_user);
+        UMT_TRY(umt_hooks_gradient_ready(ctx, p));
     }
     return UMT_OK;
 }
@@ -136,9 +127,7 @@ static umt_status input_grads(umt_context *ctx, umt_node *node) {
     return UMT_OK;
 }
 
-/* Backward from loss, its gradient seeded with 1, or with the f32 at seed_on_device (a copy in
- * stream order: the host never reads it). */
-static umt_status backward_from(umt_context *ctx, umt_tensor *loss, const float *seed_on_device) {
+umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *seed_on_device) {
     if (loss->numel != 1 || loss->dtype != UMT_F32)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward: loss has %lld elements of %s (expected one f32)",
                         (long long)loss->numel, umt_dtype_name(loss->dtype));
@@ -158,9 +147,9 @@ static umt_status backward_from(umt_context *ctx, umt_tensor *loss, const float 
         /* A node whose output received no gradient lies on no path to the loss. */
         if (node->output->grad) {
             UMT_TRY(input_grads(ctx, node));
-            umt_status st = umt_offload_before_backward(ctx, node);
+            umt_status st = umt_hooks_before_op_backward(ctx, node);
             /* UMT_MEM_TRACE: the node's kernels, timed on the compute stream after the waits for
-             * what the offload tier brings in, so a bar that starts late shows the wait. */
+             * what subsystems bring in (the offload tier), so a bar that starts late shows the wait. */
             void *begin = umt_trace_begin(ctx->memory.trace, ctx->memory.stream);
             if (st == UMT_OK) st = node->backward(ctx, node);
             umt_trace_end(ctx->memory.trace, ctx->memory.stream, begin, node->op, "backward", UMT_TRACE_COMPUTE, 0);
@@ -169,23 +158,14 @@ static umt_status backward_from(umt_context *ctx, umt_tensor *loss, const float 
             umt_memory_end_of_life(&ctx->memory, UMT_POOL_ACTIVATIONS, node->output->grad->arena_slot);
         }
         UMT_TRY(announce_finished_parameters(ctx, node));
-        UMT_TRY(umt_offload_activations_after_backward(ctx, n));
+        UMT_TRY(umt_hooks_after_op_backward(ctx, n));
     }
     /* The tape has been consumed: a second backward needs a new forward. */
     umt_tape_clear(&ctx->tape);
-    return umt_offload_backward_done(ctx);
+    return umt_hooks_after_backward(ctx);
 }
 
 umt_status umt_backward(umt_context *ctx, umt_tensor *loss) {
     if (!ctx || !loss) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward: %s is NULL", ctx ? "loss" : "ctx");
-    return backward_from(ctx, loss, NULL);
-}
-
-umt_status umt_backward_scaled(umt_context *ctx, umt_tensor *loss, const umt_optimizer *opt) {
-    if (!ctx || !loss || !opt)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward_scaled: %s is NULL",
-                        !ctx ? "ctx" : !loss ? "loss" : "opt");
-    if (umt_optimizer_context(opt) != ctx)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward_scaled: the optimizer belongs to another context");
-    return backward_from(ctx, loss, umt_optimizer_loss_scale_on_device(opt));
+    return umt_tape_backward(ctx, loss, NULL);
 }

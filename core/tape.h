@@ -43,6 +43,9 @@ typedef struct {
  * out->requires_grad accordingly. Inputs after the first NULL are ignored. */
 umt_status umt_tape_record(umt_context *ctx, const char *op, umt_backward_fn backward, umt_tensor *out,
                            umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2);
+/* Backward from loss (umt_backward), its gradient seeded with 1, or with the f32 at
+ * seed_on_device (a copy in stream order: the host never reads it; umt_backward_scaled). */
+umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *seed_on_device);
 void umt_tape_clear(umt_tape *tape);
 void umt_tape_release(umt_tape *tape);
 

@@ -6,26 +6,9 @@
 #include <string.h>
 
 #include "core/context.h"
-#include "core/error.h"
-#include "core/offload.h"
+#include "core/base/error.h"
+#include "core/hooks.h"
 #include "memory/plan.h"
-
-size_t umt_dtype_size(umt_dtype dtype) {
-    switch (dtype) {
-    case UMT_F32: return 4;
-    case UMT_BF16: return 2;
-    case UMT_F16: return 2;
-    case UMT_I32: return 4;
-    case UMT_U8: return 1;
-    case UMT_DTYPE_COUNT: break;
-    }
-    return 0;
-}
-
-const char *umt_dtype_name(umt_dtype dtype) {
-    static const char *names[UMT_DTYPE_COUNT] = {"f32", "bf16", "f16", "i32", "u8"};
-    return (unsigned)dtype < UMT_DTYPE_COUNT ? names[dtype] : "invalid-dtype";
-}
 
 /* Validates a shape and computes its element count without overflow. */
 static umt_status shape_numel(const char *op, int ndim, const int64_t *shape, int64_t *numel) {
@@ -96,7 +79,7 @@ umt_tensor *umt_tensor_alloc(umt_context *ctx, umt_pool pool, umt_dtype dtype, i
 }
 
 umt_tensor *umt_tensor_alloc_kind(umt_context *ctx, umt_pool kind_pool, umt_dtype dtype, int ndim, const int64_t *shape) {
-    umt_tensor *t = umt_tensor_alloc(ctx, ctx ? umt_offload_initial_pool(ctx, kind_pool) : kind_pool, dtype, ndim, shape);
+    umt_tensor *t = umt_tensor_alloc(ctx, ctx ? umt_hooks_place(ctx, kind_pool) : kind_pool, dtype, ndim, shape);
     if (t) t->kind_pool = kind_pool;
     return t;
 }
@@ -199,7 +182,7 @@ umt_status umt_check_tensor(const char *op, const char *arg, const umt_tensor *t
         if (t->dtype != UMT_F32 && t->dtype != UMT_BF16 && t->dtype != UMT_F16)
             return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s (expected f32, bf16 or f16)", op, arg,
                             umt_dtype_name(t->dtype));
-        /* Only the CUDA backend has kernels for half types (core/backend.h, mixed precision). */
+        /* Only the CUDA backend has kernels for half types (kernels/backend.h, mixed precision). */
         if (t->dtype != UMT_F32 && !t->ctx->backend->gemm_lp)
             return umt_fail(UMT_ERR_UNSUPPORTED, "%s: %s is %s, which the %s backend cannot compute on", op, arg,
                             umt_dtype_name(t->dtype), t->ctx->backend->name);

@@ -35,19 +35,21 @@ struct umt_tensor {
                          * the optimizer's update kernel rewrites from the fp32 master; else NULL */
     int pending_uses;   /* parameters: tape uses whose backward has not run yet this step */
     int arena_slot;     /* activations: the allocation's slot in the arena plan (memory/plan.h) */
-    /* The offload tier (core/offload.h) */
-    umt_pool kind_pool; /* the pool its kind belongs to: differs from pool only in the offload tier */
-    umt_tensor *owner;  /* gradients and optimizer state: their parameter (the plan's groups) */
-    void *home;         /* offloaded: its bytes in the offload tier; data points there or at a streaming buffer */
-    bool grad_zero;     /* offloaded parameters: the gradient is zero, its host copy not rewritten yet */
-    bool updated_early; /* offloaded parameters: updated during this step's backward (core/offload.h) */
+    umt_pool kind_pool; /* the pool its kind belongs to; pool differs where a subsystem holds it (core/hooks.h) */
+    umt_tensor *owner;  /* gradients and optimizer state: their parameter */
+    /* The offload tier's own state (offload/offload.h): only offload/ reads or writes it. */
+    struct {
+        void *home;         /* offloaded: its bytes in the tier; data points there or at a streaming buffer */
+        bool grad_zero;     /* parameters: the gradient is zero, its host copy not rewritten yet */
+        bool updated_early; /* parameters: updated during this step's backward */
+    } offload;
     umt_tensor *next;   /* the context's list this header is on */
 };
 
 /* A header over new storage of pool (the public umt_tensor_new). */
 umt_tensor *umt_tensor_alloc(umt_context *ctx, umt_pool pool, umt_dtype dtype, int ndim, const int64_t *shape);
-/* The same for a tensor of kind pool (weights, grads, optim) that the offload tier may hold: it
- * starts there when the context offloads and has not planned yet (core/offload.h). */
+/* The same for a tensor of kind pool (weights, grads, optim), whose storage comes from the pool
+ * the hooks choose (core/hooks.h: a subsystem may hold it elsewhere), kind_pool itself if none. */
 umt_tensor *umt_tensor_alloc_kind(umt_context *ctx, umt_pool kind_pool, umt_dtype dtype, int ndim, const int64_t *shape);
 /* A view of base's storage with another shape (same numel), in the activations list. */
 umt_tensor *umt_tensor_view(umt_context *ctx, umt_tensor *base, int ndim, const int64_t *shape);

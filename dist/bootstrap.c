@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #ifdef UMT_WITH_MPI
 #include <mpi.h>

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 void umt_bucket_plan_free(umt_bucket_plan *plan) {
     free(plan->bucket_of);

@@ -1,14 +1,17 @@
 /*
- * dist/dist.c — the umt_dist object: the bucket plan, the gradient-ready hook that starts
- * buckets, and the calls around the optimizer. The NCCL work is dist/engine.c's; on one rank
- * there is none and every call here is a no-op, on any device.
+ * dist/dist.c — the umt_dist object: the bucket plan, the gradient-ready hook (on the context's
+ * hook table, core/hooks.h) that starts buckets, and the calls around the optimizer. The NCCL
+ * work is dist/engine.c's; on one rank there is none (unless options.always asks for it) and
+ * every call here is a no-op, on any device.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/base/error.h"
 #include "core/context.h"
-#include "core/error.h"
+#include "core/hooks.h"
+#include "core/step_values.h"
 #include "core/tensor.h"
 #include "dist/buckets.h"
 #include "dist/umt_dist.h"
@@ -20,8 +23,9 @@ struct umt_dist {
     umt_context *ctx;
     int rank, size;
     umt_bucket_plan plan;
-    /* The hook cannot return a failure: the first one waits here for umt_dist_finish_gradients,
-     * its message copied because later calls on this thread replace umt_last_error(). */
+    /* A failure in the hook waits here for umt_dist_finish_gradients, rather than stopping this
+     * rank's backward midway while the others go on: the first one, its message copied because
+     * later calls on this thread replace umt_last_error(). */
     umt_status hook_status;
     char hook_error[512];
 #ifdef UMT_WITH_CUDA
@@ -30,7 +34,7 @@ struct umt_dist {
 };
 
 umt_dist_options umt_dist_defaults(void) {
-    return (umt_dist_options){.bucket_bytes = (size_t)25 << 20, .reduce_bf16 = false, .timeout_s = 300};
+    return (umt_dist_options){.bucket_bytes = (size_t)25 << 20, .reduce_bf16 = false, .timeout_s = 300, .always = false};
 }
 
 int umt_dist_rank(const umt_dist *dist) { return dist ? dist->rank : 0; }
@@ -44,9 +48,11 @@ static int parameter_index(const umt_context *ctx, const umt_tensor *p) {
     return -1;
 }
 
-static void on_grad_ready(umt_tensor *parameter, void *user) {
-    umt_dist *dist = user;
-    if (dist->hook_status != UMT_OK) return;
+static umt_status on_gradient_ready(umt_context *ctx, void *self, umt_tensor *parameter) {
+    umt_dist *dist = self;
+    /* The buckets are host work that a CUDA graph's replay would not redo. */
+    umt_step_values_unreplayable(ctx, "a grad-ready hook (data parallelism) works on the host during backward");
+    if (dist->hook_status != UMT_OK) return UMT_OK;
     int first = 0;
     umt_status status = UMT_OK;
     int count = umt_bucket_plan_announce(&dist->plan, parameter_index(dist->ctx, parameter), &first, &status);
@@ -55,7 +61,10 @@ static void on_grad_ready(umt_tensor *parameter, void *user) {
         dist->hook_status = status;
         snprintf(dist->hook_error, sizeof dist->hook_error, "%s", umt_last_error());
     }
+    return UMT_OK;
 }
+
+static const umt_hooks dist_hooks = {.name = "dist", .gradient_ready = on_gradient_ready};
 
 static umt_status make_plan(umt_dist *dist, const umt_dist_options *options) {
     umt_context *ctx = dist->ctx;
@@ -71,8 +80,7 @@ static umt_status make_plan(umt_dist *dist, const umt_dist_options *options) {
 static umt_status create_parallel(umt_dist *dist, const umt_dist_process *process, const umt_dist_options *options) {
     UMT_TRY(make_plan(dist, options));
     UMT_TRY(umt_engine_create(dist->ctx, process, options, &dist->plan, &dist->engine));
-    umt_set_grad_ready_hook(dist->ctx, on_grad_ready, dist);
-    return UMT_OK;
+    return umt_hooks_register(dist->ctx, &dist_hooks, dist);
 }
 #else
 static umt_status create_parallel(umt_dist *dist, const umt_dist_process *process, const umt_dist_options *options) {
@@ -93,7 +101,7 @@ umt_status umt_dist_create(umt_context *ctx, const umt_dist_process *process, co
     umt_dist *dist = calloc(1, sizeof *dist);
     if (!dist) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_dist_create: no memory");
     *dist = (umt_dist){.ctx = ctx, .rank = process->rank, .size = process->size};
-    umt_status status = process->size > 1 ? create_parallel(dist, process, &o) : UMT_OK;
+    umt_status status = process->size > 1 || o.always ? create_parallel(dist, process, &o) : UMT_OK;
     if (status != UMT_OK) {
         umt_dist_destroy(dist);
         return status;
@@ -104,8 +112,8 @@ umt_status umt_dist_create(umt_context *ctx, const umt_dist_process *process, co
 
 umt_status umt_dist_finish_gradients(umt_dist *dist) {
     if (!dist) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_finish_gradients: dist is NULL");
-    if (dist->size == 1) return UMT_OK;
 #ifdef UMT_WITH_CUDA
+    if (!dist->engine) return UMT_OK;
     umt_status status = dist->hook_status;
     dist->hook_status = UMT_OK;
     if (status != UMT_OK) {
@@ -125,8 +133,8 @@ umt_status umt_dist_finish_gradients(umt_dist *dist) {
 
 static umt_status reduce_host(umt_dist *dist, double *values, int count, bool maximum) {
     if (!dist || !values) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_sum/max: NULL argument");
-    if (dist->size == 1) return UMT_OK;
 #ifdef UMT_WITH_CUDA
+    if (!dist->engine) return UMT_OK;
     return umt_engine_reduce_host(dist->engine, values, count, maximum);
 #else
     (void)count;
@@ -141,7 +149,7 @@ umt_status umt_dist_max(umt_dist *dist, double *values, int count) { return redu
 void umt_dist_destroy(umt_dist *dist) {
     if (!dist) return;
 #ifdef UMT_WITH_CUDA
-    if (dist->engine) umt_set_grad_ready_hook(dist->ctx, NULL, NULL);
+    if (dist->engine) umt_hooks_unregister(dist->ctx, &dist_hooks);
     umt_engine_destroy(dist->engine);
 #endif
     umt_bucket_plan_free(&dist->plan);

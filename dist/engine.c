@@ -18,8 +18,8 @@
 #include <nccl.h>
 
 #include "core/context.h"
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "core/tensor.h"
 #include "dist/bootstrap.h"
 #include "dist/watchdog.h"

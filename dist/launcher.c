@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "dist/bootstrap.h"
 #include "dist/umt_dist.h"
 

@@ -76,6 +76,9 @@ typedef struct {
     size_t bucket_bytes; /* gradients per all-reduce, in f32 bytes; default 25 MiB */
     bool reduce_bf16;    /* reduce in bf16 (half the traffic; gradients rounded to bf16) */
     double timeout_s;    /* a collective unfinished for this long aborts the run; default 300 */
+    /* Run the NCCL path on one rank too (the gradient hook, the buckets, a one-rank all-reduce):
+     * a check that data parallelism leaves a step as it was. Default false: one rank skips it. */
+    bool always;
 } umt_dist_options;
 
 umt_dist_options umt_dist_defaults(void);
@@ -84,7 +87,8 @@ typedef struct umt_dist umt_dist;
 
 /* After every parameter exists, on a context whose GPU is process->local_rank: the NCCL
  * communicator, rank 0's parameters and buffers broadcast to all, the bucket plan, the
- * gradient-ready hook and the watchdog. On one rank: a no-op object (any device). */
+ * gradient-ready hook and the watchdog. On one rank: a no-op object (any device), unless
+ * options->always. */
 umt_status umt_dist_create(umt_context *ctx, const umt_dist_process *process, const umt_dist_options *options,
                            umt_dist **out);
 /* Between umt_backward and umt_optimizer_step: starts any bucket not started yet, makes the

@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 enum { POLL_MS = 100, GRACE_SECONDS = 20, HUNG_EXIT_CODE = 3 };
 

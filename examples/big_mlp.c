@@ -1,6 +1,6 @@
 /*
  * examples/big_mlp.c — a wide MLP whose weights, gradients and Adam state are several times the
- * device budget, trained through the offload tier (core/offload.h).
+ * device budget, trained through the offload tier (offload/offload.h).
  *
  *   UMT_DEVICE_BUDGET=2G bazel-bin/examples/big_mlp                  # 8 x 8192^2: 8 GiB of state
  *   bazel-bin/examples/big_mlp --no-offload                          # the same, all in GPU memory
@@ -122,12 +122,14 @@ static int build(const options *o, model *m) {
     umt_context_options co = umt_context_defaults();
     co.device = UMT_DEVICE_CUDA;
     co.seed = o->seed;
-    co.offload = o->offload;
-    co.offload_reserve_bytes = o->reserve;
-    co.offload_optimizer = o->update_on;
-    co.offload_host_updates = o->host_updates;
-    co.offload_activations = o->offload_activations;
     if (umt_context_create(&co, &m->ctx)) return fail("context");
+    /* The tier first: the layers below are then made in host memory, and planned at step 1. */
+    umt_offload_options tier = umt_offload_defaults();
+    tier.reserve_bytes = o->reserve;
+    tier.optimizer = o->update_on;
+    tier.host_updates = o->host_updates;
+    tier.activations = o->offload_activations;
+    if (o->offload && umt_offload_enable(m->ctx, &tier)) return fail("offload");
     m->layers = calloc((size_t)o->depth, sizeof *m->layers);
     for (int64_t l = 0; l < o->depth; ++l) {
         char name[32];

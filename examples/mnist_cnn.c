@@ -73,12 +73,14 @@ static void usage(FILE *out) {
                  "                 [--fuse on|off] [--graph on|off]\n"
                  EXAMPLE_INPUT_USAGE
                  "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
+                 "                 [--dist auto|on]\n"
                  "defaults: 5 epochs, batch 64, test batch 1000, adadelta lr 1.0, gamma 0.7, seed 1, data/mnist,\n"
                  "          cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16\n"
                  "          tensor cores (else fp32), fused ops on, no clipping, data on the GPU when it fits (else pinned\n"
                  "          prefetch 4 deep with 1 loader thread); 1 GPU, buckets of 25 MiB reduced in f32,\n"
                  "          timeout 300 s, graph on (one CUDA graph launch per step, on one GPU with the data\n"
-                 "          on it). With --gpus N (or under mpirun) --batch-size is per GPU.\n");
+                 "          on it). With --gpus N (or under mpirun) --batch-size is per GPU. --dist on runs\n"
+                 "          the NCCL path on one GPU too (its results equal the run without it).\n");
 }
 
 static int parse_reduce(options *o, const char *value) {
@@ -92,6 +94,14 @@ static int parse_on_off(const char *flag, const char *value, bool *out) {
     *out = !strcmp(value, "on");
     if (*out || !strcmp(value, "off")) return 0;
     fprintf(stderr, "%s: %s '%s': expected on or off\n", program, flag, value);
+    return -1;
+}
+
+/* --dist auto: NCCL only with several ranks; on: with one too (dist/umt_dist.h, options.always). */
+static int parse_dist(options *o, const char *value) {
+    o->dist.always = !strcmp(value, "on");
+    if (o->dist.always || !strcmp(value, "auto")) return 0;
+    fprintf(stderr, "%s: --dist '%s': expected auto or on\n", program, value);
     return -1;
 }
 
@@ -113,6 +123,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--bucket-mb")) bad = example_number(program, flag, value, 0.001, 1e5, &v), o->dist.bucket_bytes = (size_t)(v * (1 << 20));
     else if (!strcmp(flag, "--dist-timeout")) bad = example_number(program, flag, value, 1, 1e6, &v), o->dist.timeout_s = v;
     else if (!strcmp(flag, "--reduce")) bad = parse_reduce(o, value);
+    else if (!strcmp(flag, "--dist")) bad = parse_dist(o, value);
     /* --fuse: each layer with its ReLU as one op, log-softmax with NLL as one (mnist_cnn_model.h). */
     else if (!strcmp(flag, "--fuse")) bad = parse_on_off(flag, value, &o->fuse);
     else if (!strcmp(flag, "--graph")) bad = parse_on_off(flag, value, &o->graph);
@@ -434,7 +445,7 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     if (make_optimizer(r, o)) return -1;
     /* A replay cannot take the loader's next batch or the ranks' all-reduce: those steps run
      * op by op (say so when the graph was asked for). */
-    bool capture = o->graph && !r->loader && r->ranks == 1;
+    bool capture = o->graph && !r->loader && r->ranks == 1 && !o->dist.always;
     if (o->graph && !capture && o->device == UMT_DEVICE_CUDA && r->rank == 0)
         printf("%s: --graph on needs one GPU and the data on it: every step runs op by op\n", program);
     if (example_check(program, umt_step_graph_create(r->ctx, capture, &r->graph))) return -1;

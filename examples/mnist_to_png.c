@@ -5,7 +5,7 @@
  *   bazel-bin/examples/mnist_to_png --data-dir data/mnist --out /tmp/digits --train 3000 --test 1000
  *   -> /tmp/digits/train/<digit>/<n>.png, /tmp/digits/test/<digit>/<n>.png
  *
- * It reads the IDX files with the library's reader (core/idx.h) and writes with stb_image_write.
+ * It reads the IDX files with the library's reader (core/data/idx.h) and writes with stb_image_write.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -16,7 +16,7 @@
 
 #include <stb/stb_image_write.h>
 
-#include "core/idx.h"
+#include "core/data/idx.h"
 #include "examples/example_common.h"
 
 static const char *const program = "mnist_to_png";

@@ -122,58 +122,13 @@ const char *umt_pool_name(umt_pool pool);
 typedef struct umt_context umt_context;
 typedef struct umt_tensor umt_tensor;
 
-/* Where the update of offloaded parameters runs (the offload tier, core/offload.h):
- *   auto     — the first two steps measure gpu and cpu, the faster one is kept (the default);
- *   gpu      — in umt_optimizer_step, on the GPU, parameters, gradients and state streamed
- *              through the double buffer in chunks;
- *   cpu      — in umt_optimizer_step, on the CPU, in place in pinned host memory, one thread per
- *              core;
- *   backward — on the GPU during umt_backward, as soon as a parameter's gradient is final: the
- *              weights and gradient are still in the double buffer, the kernel reads and writes
- *              the optimizer state in pinned memory directly, and only the updated weights go
- *              back. Fewest bytes over the link, but the update uses the learning rate set before
- *              backward, the gradient is consumed (not kept, not accumulated over several
- *              backward calls), and clipping is impossible; umt_optimizer_step then only counts
- *              the step for those parameters. Opt-in for that reason. */
-typedef enum {
-    UMT_OFFLOAD_OPTIM_AUTO = 0,
-    UMT_OFFLOAD_OPTIM_GPU,
-    UMT_OFFLOAD_OPTIM_CPU,
-    UMT_OFFLOAD_OPTIM_BACKWARD
-} umt_offload_optimizer;
-
-/* "auto", "gpu", "cpu", "backward" -> where; UMT_ERR_INVALID_ARGUMENT otherwise. */
-umt_status umt_offload_optimizer_parse(const char *name, umt_offload_optimizer *out);
-const char *umt_offload_optimizer_name(umt_offload_optimizer where);
-
 typedef struct {
     umt_device device;           /* where ops run */
     uint64_t seed;               /* seeds the context's RNG: parameter init, shuffles, dropout */
     umt_memory_mode memory_mode; /* CUDA only */
     int cuda_device;             /* CUDA only: which GPU */
     umt_precision precision;     /* bf16 and fp16: CUDA only */
-    /* CUDA, fp32: train models larger than the device budget. Parameters, gradients and
-     * optimizer state are made in the offload tier (pinned host memory); at the first
-     * umt_step_begin the placement planner (memory/offload_plan.h) moves back to the GPU what
-     * fits the budget less offload_reserve_bytes, and prints its plan; the rest is streamed
-     * (core/offload.h). Create the model and the optimizer before the first step. */
-    bool offload;
-    size_t offload_reserve_bytes;            /* device bytes the plan leaves for activations and scratch */
-    umt_offload_optimizer offload_optimizer; /* where offloaded parameters are updated */
-    /* UMT_OFFLOAD_OPTIM_BACKWARD: the first this many streamed parameters whose gradients are final
-     * in each backward are updated by CPU threads in pinned memory instead of through the GPU's
-     * update ring, beside it: only their gradients cross the link (core/offload_host.c). 0: none;
-     * UMT_OFFLOAD_HOST_AUTO (the default): the share that balances the CPU's time against the
-     * link's, both measured when the plan is made, for the first step; then the count is searched
-     * on whole steps and the fastest kept (umt_offload_stats.host_updates says when it has). */
-    int offload_host_updates;
-    /* With offload: activations saved for backward may go to the offload tier too. The first
-     * step sends every one (their sizes are unknown before a forward pass); from the second the
-     * planner keeps on the GPU those that fit (core/offload_activations.c). */
-    bool offload_activations;
 } umt_context_options;
-
-#define UMT_OFFLOAD_HOST_AUTO (-1)
 
 /* Options with defaults: umt_default_device(), seed 1, managed memory, GPU 0, fp32. */
 umt_context_options umt_context_defaults(void);
@@ -216,13 +171,75 @@ umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_st
 /* Prints one line per pool (placement, capacity, peak, allocations) and the budget to stderr. */
 void umt_memory_report(const umt_context *ctx);
 
+
+/* ----------------------------------------------------------------------------------------- */
+/* The offload tier: training a model larger than the device budget (CUDA, fp32)
+ *
+ * Enabled on a context before its model exists, the tier makes parameters, gradients and
+ * optimizer state in pinned host memory. At the first umt_step_begin a placement plan (printed)
+ * moves back to the GPU what fits the budget less reserve_bytes, optimizer state leaving first,
+ * then weights and gradients; the rest is streamed through device buffers one layer ahead of
+ * use, while compute runs. The losses are those of the same model in GPU memory. */
+
+/* Where the update of offloaded parameters runs:
+ *   auto     — the first two steps measure gpu and cpu, the faster one is kept (the default);
+ *   gpu      — in umt_optimizer_step, on the GPU, parameters, gradients and state streamed
+ *              through the double buffer in chunks;
+ *   cpu      — in umt_optimizer_step, on the CPU, in place in pinned host memory, one thread per
+ *              core;
+ *   backward — on the GPU during umt_backward, as soon as a parameter's gradient is final: the
+ *              weights and gradient are still in the double buffer, the kernel reads and writes
+ *              the optimizer state in pinned memory directly, and only the updated weights go
+ *              back. Fewest bytes over the link, but the update uses the learning rate set before
+ *              backward, the gradient is consumed (not kept, not accumulated over several
+ *              backward calls), and clipping is impossible; umt_optimizer_step then only counts
+ *              the step for those parameters. Opt-in for that reason. */
+typedef enum {
+    UMT_OFFLOAD_OPTIM_AUTO = 0,
+    UMT_OFFLOAD_OPTIM_GPU,
+    UMT_OFFLOAD_OPTIM_CPU,
+    UMT_OFFLOAD_OPTIM_BACKWARD
+} umt_offload_optimizer;
+
+/* "auto", "gpu", "cpu", "backward" -> where; UMT_ERR_INVALID_ARGUMENT otherwise. */
+umt_status umt_offload_optimizer_parse(const char *name, umt_offload_optimizer *out);
+const char *umt_offload_optimizer_name(umt_offload_optimizer where);
+
+typedef struct {
+    size_t reserve_bytes;            /* device bytes the plan leaves for activations and scratch */
+    umt_offload_optimizer optimizer; /* where offloaded parameters are updated */
+    /* UMT_OFFLOAD_OPTIM_BACKWARD: the first this many streamed parameters whose gradients are final
+     * in each backward are updated by CPU threads in pinned memory instead of through the GPU's
+     * update ring, beside it: only their gradients cross the link. 0: none;
+     * UMT_OFFLOAD_HOST_AUTO (the default): the share that balances the CPU's time against the
+     * link's, both measured when the plan is made, for the first step; then the count is searched
+     * on whole steps and the fastest kept (umt_offload_stats.host_updates says when it has). */
+    int host_updates;
+    /* Activations saved for backward may go to host memory too. The first step sends every one
+     * (their sizes are unknown before a forward pass); from the second the plan keeps on the GPU
+     * those that fit. */
+    bool activations;
+} umt_offload_options;
+
+#define UMT_OFFLOAD_HOST_AUTO (-1)
+
+/* No reserve, updates where they run faster (auto), the CPU's share of updates in backward
+ * measured (UMT_OFFLOAD_HOST_AUTO), saved activations on the GPU. */
+umt_offload_options umt_offload_defaults(void);
+/* Turns the tier on for ctx (options NULL: the defaults): call it right after umt_context_create,
+ * before any parameter exists. UMT_ERR_UNSUPPORTED on the CPU or in a build without CUDA;
+ * UMT_ERR_STATE once the context has parameters. Create the model and the optimizer before the
+ * first step; a precision other than fp32, clipping, loss scaling and a step graph are refused
+ * where they would meet offloaded tensors. */
+umt_status umt_offload_enable(umt_context *ctx, const umt_offload_options *options);
+
 /* What the offload tier has done since the context was made (all 0 without offload). */
 typedef struct {
     int offloaded_tensors;        /* weights, gradients and optimizer states in the offload tier */
     size_t offloaded_bytes;
     uint64_t bytes_to_device;     /* host -> device copies: weights, gradients, optimizer chunks */
     uint64_t bytes_to_host;       /* device -> host copies: gradients, updated parameters and state */
-    uint64_t activation_bytes_to_device; /* of which saved activations (options.offload_activations) */
+    uint64_t activation_bytes_to_device; /* of which saved activations (umt_offload_options.activations) */
     uint64_t activation_bytes_to_host;
     uint64_t activations_offloaded;      /* saved activations whose device bytes were given up, all steps */
     uint64_t updates_in_backward;        /* parameters updated during backward (UMT_OFFLOAD_OPTIM_BACKWARD), all steps */
@@ -468,7 +485,7 @@ int64_t umt_optimizer_steps(const umt_optimizer *opt);
 void umt_optimizer_destroy(umt_optimizer *opt);
 
 /* ----------------------------------------------------------------------------------------- */
-/* Whole training steps as one CUDA graph (core/step_graph.c)
+/* Whole training steps as one CUDA graph (core/step/step_graph.c)
  *
  * A step function does one whole training step: umt_step_begin, umt_zero_grad, forward, loss,
  * backward, umt_optimizer_step, and returns the loss (one f32), or NULL on failure. The host
@@ -570,8 +587,8 @@ umt_status umt_images_load(umt_context *ctx, const char *const *paths, int64_t c
 umt_status umt_permutation(umt_context *ctx, int64_t n, int64_t *out);
 
 /* ----------------------------------------------------------------------------------------- */
-/* Host-side samples and the prefetching loader (core/samples.c, core/image_folder.c,
- * core/loader.c) */
+/* Host-side samples and the prefetching loader (core/data/samples.c, core/data/image_folder.c,
+ * core/data/loader.c) */
 
 /* Labelled samples read on the host, one at a time, by the loader's threads: an IDX pair kept in
  * host memory, or an image folder decoded file by file. Independent of any context. */

@@ -1,5 +1,5 @@
 /* layers/batchnorm.c — batch normalisation, as PyTorch's nn.BatchNorm2d (and 1d over [N,C]). */
-#include "core/error.h"
+#include "core/base/error.h"
 #include "layers/layer.h"
 
 static umt_tensor *batchnorm_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x) {

@@ -1,5 +1,5 @@
 /* layers/conv2d.c — the 2-D convolution layer, initialised as PyTorch's nn.Conv2d. */
-#include "core/error.h"
+#include "core/base/error.h"
 #include "layers/layer.h"
 
 static umt_tensor *conv2d_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x) {

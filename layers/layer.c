@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "core/context.h"
-#include "core/error.h"
+#include "core/base/error.h"
 
 static void destroy_layer(void *object) {
     umt_layer *layer = object;
@@ -62,7 +62,7 @@ umt_tensor *umt_layer_forward_relu_max_pool2d_dropout(umt_context *ctx, umt_laye
         umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_layer_forward_relu_max_pool2d_dropout: layer is NULL");
         return NULL;
     }
-    /* The bias and ReLU then ride on the pool (core/ops_pool.c), which needs windows apart. */
+    /* The bias and ReLU then ride on the pool (core/ops/pool.c), which needs windows apart. */
     if (layer->product && layer->bias && umt_bias_relu_max_pool2d_dropout_supports(window, stride))
         return umt_bias_relu_max_pool2d_dropout(ctx, layer->product(ctx, layer, x), layer->bias, window, stride, p);
     return umt_max_pool2d_dropout(ctx, umt_layer_forward_relu(ctx, layer, x), window, stride, p);

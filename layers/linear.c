@@ -1,5 +1,5 @@
 /* layers/linear.c — the fully connected layer, initialised as PyTorch's nn.Linear. */
-#include "core/error.h"
+#include "core/base/error.h"
 #include "layers/layer.h"
 
 static umt_tensor *linear_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x) {

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #ifdef UMT_WITH_CUDA
-#include "core/cuda_check.h"
+#include "core/base/cuda_check.h"
 #endif
 
 umt_status umt_parse_bytes(const char *text, size_t *out) {

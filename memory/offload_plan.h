@@ -14,7 +14,7 @@
  *      use is copied into a device double buffer one layer ahead of use, so only two layers'
  *      weights and gradients are on the GPU at once;
  *   3. activations saved for backward, largest first: out after their forward, back one layer
- *      ahead in backward, through a second double buffer (at run time, core/offload_activations.c:
+ *      ahead in backward, through a second double buffer (at run time, offload/activations.c:
  *      buffers in the activation arena, which its plan places with the rest; the planner counts
  *      two of the largest layer's as that buffer).
  *
@@ -61,7 +61,7 @@
 /* Updates in backward (UMT_OFFLOAD_OPTIM_BACKWARD) stream each offloaded parameter's update through
  * a ring of device buffers, each holding one chunk of the weights and of every state array: while
  * one chunk's state comes in, another is updated and a third goes home, and the weight slot is
- * free for the next layer as soon as its last chunk is updated (core/offload_update.c). A
+ * free for the next layer as soon as its last chunk is updated (offload/update.c). A
  * parameter that stays resident with its state offloaded is updated in place through the ring's
  * state arrays. */
 #define UMT_OFFLOAD_RING_ENTRIES 4
@@ -105,34 +105,6 @@ umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_byt
 /* Adds entries to a fitting plan's update ring, up to UMT_OFFLOAD_RING_MAX_ENTRIES, from what the
  * budget leaves (a no-op without a ring, or once deepened). */
 void umt_plan_deepen_ring(umt_placement_plan *plan);
-
-/* Updates in backward on the CPU (core/offload_host.c): the share of the streamed elements that CPU
- * threads should update so that their time equals the link's. Per element a step sends home,
- * through the update ring, its weight and its `states` optimizer values (4 (1 + states) bytes);
- * updated on the CPU, its gradient (4 bytes), at cpu_rate elements a second against link_rate
- * bytes a second each way: s / R = 4 ((1 + m) (1 - s) + s) / B gives 4 (1 + m) R / (B + 4 m R),
- * at most 1. */
-double umt_plan_host_share(double cpu_rate, double link_rate, int states);
-
-/* UMT_OFFLOAD_HOST_AUTO: the share above is a first guess (the rates alone leave out when the CPU
- * can start, after forward, and what else the link carries), so the count of parameters that the
- * CPU threads take is then searched on whole steps: from the guess's count up, one more at a time
- * while the step gets faster; if the first step up is slower, down instead; the fastest count
- * timed is kept (H200, big_mlp --update-on backward 4G/2048: the share's 3 of 6 parameters took
- * 159.4 ms a step, 4 took 153.4; 8G/8192: 3 took 513.5 ms, 4 took 503.7). */
-typedef struct {
-    int count;      /* the count to time next; once settled, the count kept */
-    int first;      /* the share's count, where the search starts */
-    int most;       /* the most the CPU can take: every streamed parameter */
-    int direction;  /* +1 or -1: where the search goes; 0: settled */
-    int best;       /* the fastest count timed (-1: none yet), and its step */
-    double best_ms;
-} umt_host_count_search;
-
-umt_host_count_search umt_plan_host_search_start(int first, int most);
-/* The step time (ms) at s->count: s->count moves to the next count to time, or the search settles
- * on the fastest (s->direction 0). */
-void umt_plan_host_search_step(umt_host_count_search *s, double step_ms);
 
 /* The device bytes a plan needs for the items as they are marked now: fixed, resident items, and
  * the buffers (both slots of both double buffers, the ring), which go to *buffers. */

@@ -3,10 +3,10 @@
 
 #include <stdlib.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #ifdef UMT_WITH_CUDA
-#include "core/cuda_check.h"
+#include "core/base/cuda_check.h"
 #endif
 
 static umt_status host_alloc(size_t bytes, size_t align, void **out) {

@@ -4,7 +4,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "memory/pool.h"
 
 static bool overlap_in_time(const umt_plan_slot *a, const umt_plan_slot *b) {

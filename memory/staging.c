@@ -5,10 +5,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #ifdef UMT_WITH_CUDA
-#include "core/cuda_check.h"
+#include "core/base/cuda_check.h"
 #endif
 
 typedef struct {

@@ -25,7 +25,7 @@ typedef struct umt_trace umt_trace;
 /* UMT_TRACE_UPDATE and UMT_TRACE_STATE_IN: updates during backward and the copies in of their
  * optimizer state, on streams of their own (their bars overlap the compute and copy-in tracks',
  * and a track's bars must nest). */
-/* UMT_TRACE_HOST_UPDATE: updates in backward by CPU threads (core/offload_host.c), the bars of
+/* UMT_TRACE_HOST_UPDATE: updates in backward by CPU threads (offload/host.c), the bars of
  * their host functions on the stream that runs them. */
 enum { UMT_TRACE_HOST = 0, UMT_TRACE_COPY_IN = 1, UMT_TRACE_COMPUTE = 2, UMT_TRACE_COPY_OUT = 3, UMT_TRACE_UPDATE = 4,
        UMT_TRACE_STATE_IN = 5, UMT_TRACE_HOST_UPDATE = 6, UMT_TRACE_TRACKS = 7 };

@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "core/backend.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "umtrain.h"
 

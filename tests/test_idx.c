@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "core/idx.h"
+#include "core/data/idx.h"
 #include "umtrain.h"
 
 static char dir[64];

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "memory/offload_plan.h"
+#include "offload/host_share.h"
 #include "umtrain.h"
 
 #define MIB ((size_t)1 << 20)

@@ -5,7 +5,7 @@
  * values worked out from the update rule (PyTorch's torch.optim formulas), written as literals;
  * where the literal alone would hide the rule, the working is in the comment next to it.
  * Then: option validation, kind parsing, defaults, where the state lives, and clean-up; then
- * the mixed-precision step (core/optim_step.h): the fused low-precision copy against the plain
+ * the mixed-precision step (kernels/optim_step.h): the fused low-precision copy against the plain
  * update and a convert, clipping against hand-worked numbers, and the loss scaler with injected
  * infs and NaNs.
  */
@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#include "core/optim.h"
+#include "core/optim/optim.h"
 #include "core/tensor.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "umtrain.h"

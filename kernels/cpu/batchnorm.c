@@ -19,7 +19,7 @@
  */
 #include <math.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 static umt_status check_sizes(const char *op, int64_t n, int64_t c, int64_t hw) {

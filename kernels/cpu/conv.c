@@ -17,14 +17,14 @@
  */
 #include <stdint.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Shape checks                                                                                */
 
 /* Every size positive, stride >= 1, pad >= 0, the filter fits the padded input, and p, q as
- * core/backend.h defines them: an op that computed them differently is caught here. */
+ * kernels/backend.h defines them: an op that computed them differently is caught here. */
 umt_status umt_conv_check_shape(const char *op, const umt_conv_shape *s) {
     if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->k < 1 || s->r < 1 || s->s < 1 || s->stride < 1 ||
         s->pad < 0) {
@@ -186,7 +186,7 @@ umt_status umt_conv_check_channel_sizes(const char *op, int64_t n, int64_t k, in
     return UMT_OK;
 }
 
-/* y = x + bias per channel; the ops pass y == x, which is the "y += bias" of core/backend.h. */
+/* y = x + bias per channel; the ops pass y == x, which is the "y += bias" of kernels/backend.h. */
 umt_status umt_cpu_add_channel_bias(const float *x, const float *bias, float *y, int64_t n, int64_t k, int64_t hw) {
     UMT_TRY(umt_conv_check_channel_sizes("add_channel_bias", n, k, hw));
     for (int64_t img = 0; img < n; img++) {

@@ -4,7 +4,7 @@
  *
  * Host memory is the device here, so upload and download are the same memcpy as copy.
  */
-#include "core/backend.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 static const umt_backend cpu_backend = {

@@ -1,19 +1,19 @@
 /*
  * kernels/cpu/cpu_kernels.h — the plain-C reference kernels, also the CPU backend.
  *
- * One function per slot of umt_backend (core/backend.h documents each); readable first,
+ * One function per slot of umt_backend (kernels/backend.h documents each); readable first,
  * fast enough to train the MNIST MLP on two cores second. The GPU tests compare every CUDA
  * kernel against these.
  */
-#ifndef UMT_KERNELS_CPU_KERNELS_H
-#define UMT_KERNELS_CPU_KERNELS_H
+#ifndef UMT_KERNELS_CPU_CPU_KERNELS_H
+#define UMT_KERNELS_CPU_CPU_KERNELS_H
 
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/backend.h"
+#include "kernels/backend.h"
 #include "umtrain.h"
 
 #ifdef __cplusplus
@@ -150,4 +150,4 @@ umt_status umt_update_fusion_check(const char *op, umt_update_fusion fusion);
 }
 #endif
 
-#endif /* UMT_KERNELS_CPU_KERNELS_H */
+#endif /* UMT_KERNELS_CPU_CPU_KERNELS_H */

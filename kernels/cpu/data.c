@@ -5,7 +5,7 @@
  * with exactly the operations of torchvision's ToTensor then Normalize ((v / 255 - mean) / std
  * in f32), so a batch matches PyTorch's bit for bit.
  */
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 umt_status umt_cpu_gather_batch(const uint8_t *samples, const uint8_t *labels, const int64_t *indices, int64_t count,

@@ -1,7 +1,7 @@
 /*
  * kernels/cpu/dropout.c — inverted dropout, forward and backward.
  *
- * Element i is kept when umt_dropout_keep(seed, i, p) (core/backend.h): a hash of (seed, i),
+ * Element i is kept when umt_dropout_keep(seed, i, p) (kernels/backend.h): a hash of (seed, i),
  * not a stream of random numbers, so the CUDA kernels keep exactly the same elements whatever
  * order their threads run in. Kept elements are scaled by 1/(1-p), so the expected output
  * equals the input and evaluation needs no rescaling. The scale is computed once as
@@ -9,7 +9,7 @@
  * A dropped element is written as 0, not as x * 0: a NaN or infinite input that is dropped
  * does not reach the output (PyTorch, multiplying by the mask, would give NaN there).
  */
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 /* p in [0, 1) (a NaN fails too: p = 1 would divide by zero, and drop everything anyway). */

@@ -1,11 +1,11 @@
 /*
  * kernels/cpu/elementwise.c — elementwise arithmetic, bias rows and ReLU, with their backwards.
  *
- * Semantics are those of core/backend.h: plain loops over contiguous f32. The kernels named
+ * Semantics are those of kernels/backend.h: plain loops over contiguous f32. The kernels named
  * accumulate* and *_backward ADD into their output (a tensor used twice gets both gradients).
  * Outputs may alias inputs of the same shape (y = x in place), so no pointer is restrict.
  */
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 umt_status umt_cpu_add(const float *a, const float *b, float *out, int64_t n) {

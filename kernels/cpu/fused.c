@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 static umt_status check_f32(const char *op, umt_dtype dtype, int64_t n, int64_t k, int64_t hw) {

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 /*

@@ -9,7 +9,7 @@
  */
 #include <math.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 /* Every label must name a column: anything else would read outside the row. */

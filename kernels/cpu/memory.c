@@ -12,7 +12,7 @@
  */
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 static uint32_t f32_bits(float x) {

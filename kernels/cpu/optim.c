@@ -5,12 +5,12 @@
  * Adadelta, single-tensor path), so a run here can be compared with the same run in PyTorch to
  * within float rounding. g is the gradient, p the parameter; every formula is per element.
  *
- * Each rule is written once, in its fused form (core/optim_step.h): with a zero fusion that is
+ * Each rule is written once, in its fused form (kernels/optim_step.h): with a zero fusion that is
  * the plain update, which is all the plain slots do. Step scalars are host memory here.
  */
 #include <math.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 /* Shared with the CUDA backend, so that both refuse a bad copy alike, in the same words. */
@@ -100,7 +100,7 @@ umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, 
     if (s && s->found_inf) return UMT_OK;
     if (fusion.lr_on_device) lr = *fusion.lr_on_device;
     /* The corrections depend on the step only: computed once, in double, as PyTorch does on the
-     * host; with step scalars, from the steps really applied (core/optim_step.h, same formula). */
+     * host; with step scalars, from the steps really applied (kernels/optim_step.h, same formula). */
     double bias_correction1 = 1.0 - pow(beta1, (double)step);
     double bias_correction2 = 1.0 - pow(beta2, (double)step);
     adam_constants k = {
@@ -192,7 +192,7 @@ umt_status umt_cpu_multi_update(const umt_update_tensor *tensors, int count, umt
 }
 
 /* ----------------------------------------------------------------------------------------- */
-/* The step scalars (core/optim_step.h) */
+/* The step scalars (kernels/optim_step.h) */
 
 /* One sequential sum, in double, in partials[0]; the other partials are zero. */
 umt_status umt_cpu_grad_sumsq(const float *grad, int64_t n, double *partials) {

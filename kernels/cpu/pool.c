@@ -15,7 +15,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 /* Sizes positive, the window inside the input, p and q as the ops derive them, and plane

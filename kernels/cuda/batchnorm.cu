@@ -20,8 +20,8 @@
 #include <limits.h>
 #include <math.h>
 
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cudnn_handle.h"
 #include "kernels/cuda/launch.h"

@@ -38,8 +38,8 @@
 #include <limits.h>
 #include <string.h>
 
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/conv_engines.h"

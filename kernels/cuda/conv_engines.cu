@@ -40,8 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cuda/conv_engines.h"
 #include "kernels/cuda/cuda_kernels.h"
 

@@ -9,7 +9,7 @@
 #include <cudnn.h>
 #include <stddef.h>
 
-#include "core/backend.h"
+#include "kernels/backend.h"
 
 typedef enum { UMT_CONV_FORWARD, UMT_CONV_BACKWARD_DATA, UMT_CONV_BACKWARD_FILTER } umt_conv_direction;
 

@@ -26,8 +26,8 @@
  * (writing the mask back only when the input's gradient needs it) and sums the bias gradient
  * on the way. The first layer's activation is then written once and read once in backward.
  */
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/conv_thin.h"
 #include "kernels/cuda/cuda_kernels.h"

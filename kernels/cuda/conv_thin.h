@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "core/backend.h"
+#include "kernels/backend.h"
 
 /* Whether the direct kernels take a shape: bf16/f16 NHWC, c*r*s <= 9, k = 8, 16, 32, 64 or 128. */
 bool umt_cuda_conv_is_thin(const umt_conv_shape *s);

@@ -1,6 +1,6 @@
 /*
  * kernels/cuda/cuda_kernels.h — the CUDA backend: our kernels and cuBLAS behind the same
- * umt_backend slots as kernels/cpu/ (core/backend.h documents each slot).
+ * umt_backend slots as kernels/cpu/ (kernels/backend.h documents each slot).
  *
  * One process drives one GPU (data parallelism runs one process per GPU), so the backend's
  * state is one compute stream, one cuBLAS handle and one cuDNN handle for the process, made by
@@ -8,8 +8,8 @@
  * host value (download, count_correct) wait for it. Pointers handed to the slots are device or
  * managed memory, except where a slot says host.
  */
-#ifndef UMT_KERNELS_CUDA_KERNELS_H
-#define UMT_KERNELS_CUDA_KERNELS_H
+#ifndef UMT_KERNELS_CUDA_CUDA_KERNELS_H
+#define UMT_KERNELS_CUDA_CUDA_KERNELS_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -18,7 +18,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "core/backend.h"
+#include "kernels/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,7 +34,7 @@ const umt_backend *umt_cuda_backend(void);
 cudaStream_t umt_cuda_stream(void);
 /* Our own kernels (not cuBLAS or cuDNN, which stay on the compute stream) launch on stream from
  * now on, NULL for the compute stream again; returns the previous choice. The offload tier runs
- * its updates during backward beside the compute stream this way (core/offload.c). */
+ * its updates during backward beside the compute stream this way (offload/offload.c). */
 cudaStream_t umt_cuda_launch_on(cudaStream_t stream);
 /* The cuBLAS handle bound to the compute stream (gemm.cu). */
 cublasHandle_t umt_cuda_cublas_handle(void);
@@ -200,4 +200,4 @@ umt_status umt_cuda_step_prepare(umt_step_scalars *scalars, const double *partia
 }
 #endif
 
-#endif /* UMT_KERNELS_CUDA_KERNELS_H */
+#endif /* UMT_KERNELS_CUDA_CUDA_KERNELS_H */

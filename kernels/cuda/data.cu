@@ -7,10 +7,10 @@
  * parameter and each block copies it into shared memory, where threads of a warp reading
  * different entries do not serialise as they would on the parameter (constant) bank.
  *
- * indices, like every pointer here, is device memory (core/backend.h).
+ * indices, like every pointer here, is device memory (kernels/backend.h).
  */
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.h"
 

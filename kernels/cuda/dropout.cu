@@ -3,13 +3,13 @@
  * reference, and the results equal it bit for bit).
  *
  * Element i is kept when umt_dropout_keep(seed, i, p): the same inline hash as on the CPU
- * (core/backend.h compiles it for the device too), so both backends keep the same elements,
+ * (kernels/backend.h compiles it for the device too), so both backends keep the same elements,
  * whatever order the threads run in. The scale 1/(1-p) is computed once on the host, in float,
  * exactly as the CPU does, and __fmul_rn / __fadd_rn keep nvcc from fusing the backward's
  * multiply-add into one FMA, which would round once where the CPU rounds twice.
  */
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.h"
 

@@ -1,7 +1,7 @@
 /*
  * kernels/cuda/elementwise.cu — elementwise arithmetic, bias rows and ReLU, with their backwards.
  *
- * Semantics are those of core/backend.h and kernels/cpu/elementwise.c: the kernels named
+ * Semantics are those of kernels/backend.h and kernels/cpu/elementwise.c: the kernels named
  * accumulate* and *_backward ADD into their output. Outputs may alias inputs of the same shape,
  * so no pointer is __restrict__.
  *
@@ -10,8 +10,8 @@
  * instead of two), so the results equal the CPU's bit for bit; only sum_rows, a reduction, adds
  * in another order.
  */
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.h"
 

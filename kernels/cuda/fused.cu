@@ -11,7 +11,7 @@
  * one backward pass that reads y and dy, writes the masked gradient over dy and sums it per
  * channel on the way. At batch 4096 these activations are 300 MB each in bf16.
  *
- * Semantics (core/backend.h, reference kernels/cpu/fused.c): y = max(x + bias, 0) rounded once
+ * Semantics (kernels/backend.h, reference kernels/cpu/fused.c): y = max(x + bias, 0) rounded once
  * to the dtype, bit for bit the unfused kernels' result (rounding is monotone and keeps 0);
  * the masked gradient is exactly theirs; the bias sums are deterministic (a fixed split, then
  * the chunks added in order) but split differently from the unfused sums, so they agree to
@@ -19,8 +19,8 @@
  */
 #include <limits.h>
 
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cuda/bias_rows.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -301,7 +301,7 @@ extern "C" umt_status umt_cuda_bias_relu_backward(umt_dtype dtype, bool nhwc, co
     }
 }
 
-/* Bias + ReLU + max pool + dropout, backward (core/backend.h): the masked, scaled gradient and
+/* Bias + ReLU + max pool + dropout, backward (kernels/backend.h): the masked, scaled gradient and
  * its channel sums at the pooled size (the mask is y > 0), then the pool's scatter onto the
  * picks (windows apart: one addition each). */
 extern "C" umt_status umt_cuda_bias_relu_max_pool_dropout_backward(const umt_pool_shape *s, const uint8_t *pick,

@@ -16,8 +16,8 @@
  * op(B)ᵀ when op is the identity, and transposing it again gives op(B)ᵀ when op is a transpose.
  * No data moves.
  */
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"

@@ -23,8 +23,8 @@
  */
 #include <math.h>
 
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.h"
 

@@ -5,11 +5,11 @@
  * Every value is widened to f32 (exact), computed on in f32, and rounded to nearest even once,
  * at the store (kernels/cuda/float16.h). Biases and bias gradients are f32 masters and f32
  * gradients. The dtype switches inside the loads and stores are uniform across the grid, so
- * they cost no divergence. Semantics match the f32 slots of core/backend.h; the GPU tests check
+ * they cost no divergence. Semantics match the f32 slots of kernels/backend.h; the GPU tests check
  * them against the CPU's f32 kernels on the same (rounded) inputs.
  */
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cuda/bias_rows.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -447,7 +447,7 @@ static __global__ void relu_backward_lp_kernel(umt_dtype dtype, const void *y, c
     }
 }
 
-/* The draw is umt_dropout_keep's (core/backend.h): the f32 kernel's, element for element. */
+/* The draw is umt_dropout_keep's (kernels/backend.h): the f32 kernel's, element for element. */
 static __global__ void dropout_forward_lp_kernel(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n,
                                                  float p, float scale, uint64_t seed,
                                                  const uint64_t *seed_on_device) {

@@ -9,8 +9,8 @@
  * Conversions match kernels/cpu/memory.c bit for bit; the per-element conversions live in
  * kernels/cuda/float16.h (which says how), shared with the fused optimizer updates.
  */
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"

@@ -1,6 +1,6 @@
 /*
  * kernels/cuda/optim.cu — optimizer updates, in place, one thread per element, and the step
- * scalars' two kernels (core/optim_step.h).
+ * scalars' two kernels (kernels/optim_step.h).
  *
  * The formulas, and the order of every operation, are those of kernels/cpu/optim.c (PyTorch's
  * single-tensor update rules; the formulas are written out there). Multiplies and adds go
@@ -19,8 +19,8 @@
  */
 #include <math.h>
 
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
@@ -329,7 +329,7 @@ static __global__ void grad_sumsq_kernel(const float *grad, int64_t n, double *p
 }
 
 /* One block: each thread a strided share of the partials, then the tree, then thread 0 alone
- * makes the step's decision (core/optim_step.h). */
+ * makes the step's decision (kernels/optim_step.h). */
 static __global__ void step_prepare_kernel(umt_step_scalars *scalars, const double *partials, int64_t count,
                                            umt_step_options options) {
     double sum = 0.0;

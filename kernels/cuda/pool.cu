@@ -21,8 +21,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "core/cuda_check.h"
-#include "core/error.h"
+#include "core/base/cuda_check.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
@@ -513,7 +513,7 @@ extern "C" umt_status umt_cuda_max_pool_forward_lp(const umt_pool_shape *shape, 
     return max_pool_forward_half(shape, x, NULL, y, argmax, NULL);
 }
 
-/* Bias + ReLU + max pool (core/backend.h): f32 NCHW, or a half dtype in either layout. */
+/* Bias + ReLU + max pool (kernels/backend.h): f32 NCHW, or a half dtype in either layout. */
 extern "C" umt_status umt_cuda_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x,
                                                           const float *bias, void *y, uint8_t *pick) {
     const umt_pool_shape *s = shape;

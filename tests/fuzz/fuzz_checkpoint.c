@@ -1,5 +1,5 @@
 /*
- * tests/fuzz/fuzz_checkpoint.c — fuzz target: loading a checkpoint (core/checkpoint_load.c).
+ * tests/fuzz/fuzz_checkpoint.c — fuzz target: loading a checkpoint (core/checkpoint/load.c).
  *
  * The model is small and holds every kind of state a checkpoint does: parameters (two linear
  * layers and a batch norm), buffers (the batch norm's running statistics), Adam's two moments
@@ -11,7 +11,7 @@
  * mutations reach the record parser and the model matching behind the checksum; when it is
  * clear, the file goes as it is, and the envelope checks are what is tested.
  *
- * The rules, from include/umtrain.h and core/checkpoint_load.c: a refused file leaves the model,
+ * The rules, from include/umtrain.h and core/checkpoint/load.c: a refused file leaves the model,
  * the optimizer and the RNG as they were (every byte of them compared with a snapshot taken at
  * the start; saving them again instead would cost a file sync per input), with a message that
  * names the file. An accepted file is followed by loading the pristine one, which must succeed
@@ -23,7 +23,7 @@
 #include <zlib.h>
 
 #include "core/context.h"
-#include "core/optim.h"
+#include "core/optim/optim.h"
 #include "core/tensor.h"
 #include "tests/fuzz/fuzz_target.h"
 #include "umtrain.h"

@@ -1,7 +1,7 @@
 /*
- * tests/fuzz/fuzz_idx.c — fuzz target: the IDX reader (core/idx.h) on any bytes, raw or gzip.
+ * tests/fuzz/fuzz_idx.c — fuzz target: the IDX reader (core/data/idx.h) on any bytes, raw or gzip.
  *
- * The rules it checks, from core/idx.h: a read either succeeds with a header that agrees with
+ * The rules it checks, from core/data/idx.h: a read either succeeds with a header that agrees with
  * the data (type 0x08, rank 1..UMT_MAX_DIMS, no zero dimension, data bytes = the product of the
  * dimensions, data right after the header) or fails with UMT_ERR_FORMAT or UMT_ERR_UNSUPPORTED, a
  * message naming the file, and the output zeroed. Every data byte is read, so that a data size
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "core/idx.h"
+#include "core/data/idx.h"
 #include "tests/fuzz/fuzz_target.h"
 
 const char *const fuzz_target_name = "idx";

@@ -1,6 +1,6 @@
 /*
  * tests/fuzz/fuzz_image.c — fuzz target: image files into a batch (umt_images_load: the format
- * check of core/image_format.c, then stb_image's decoders and resizer, which Debian's libstb
+ * check of core/data/image_format.c, then stb_image's decoders and resizer, which Debian's libstb
  * provides and which see every byte of a file a user hands to examples/predict).
  *
  * The rules, from include/umtrain.h: an accepted file starts as a PNG, JPEG or BMP file does and

@@ -17,7 +17,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "core/backend.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "umtrain.h"
 

@@ -23,7 +23,7 @@
 
 #include <cmocka.h>
 
-#include "core/backend.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/gpu/kernel_twins.h"

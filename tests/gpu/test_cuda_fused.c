@@ -27,7 +27,7 @@
 #include <cmocka.h>
 
 #include "core/context.h"
-#include "core/precision.h"
+#include "core/ops/ops.h"
 #include "examples/mnist_cnn_model.h"
 #include "umtrain.h"
 

@@ -1,5 +1,5 @@
 /*
- * tests/gpu/test_cuda_lowp.c — the mixed-precision slots of the CUDA backend (core/backend.h,
+ * tests/gpu/test_cuda_lowp.c — the mixed-precision slots of the CUDA backend (kernels/backend.h,
  * "mixed precision") against the CPU backend's f32 slots, for bf16 and f16.
  *
  * Each case draws f32 values and rounds them to the half dtype with the CPU's convert. The CUDA
@@ -29,7 +29,7 @@
 
 #include <cmocka.h>
 
-#include "core/backend.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cudnn_handle.h"
 #include "tests/gpu/kernel_twins.h"

@@ -23,7 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/context.h"
-#include "core/error.h"
+#include "core/base/error.h"
 #include "core/tensor.h"
 #include "umtrain.h"
 
@@ -50,7 +50,7 @@ static void destroy(model *m) {
     m->ctx = alive = NULL;
 }
 
-/* Streamed parameters updated by CPU threads in each backward (options.offload_host_updates); the
+/* Streamed parameters updated by CPU threads in each backward (umt_offload_options.host_updates); the
  * teardown sets it back to 0. */
 static int host_updates;
 
@@ -70,15 +70,16 @@ static void build_with(model *m, const char *budget, umt_offload_optimizer where
     umt_context_options o = umt_context_defaults();
     o.device = UMT_DEVICE_CUDA;
     o.seed = 7;
-    o.offload = budget != NULL;
-    o.offload_reserve_bytes = reserve;
-    o.offload_optimizer = where;
-    o.offload_activations = activations;
-    o.offload_host_updates = host_updates;
     umt_status st = umt_context_create(&o, &m->ctx);
     unsetenv("UMT_DEVICE_BUDGET");
     if (st != UMT_OK) fail_msg("context: %s", umt_last_error());
     alive = m->ctx;
+    umt_offload_options tier = umt_offload_defaults();
+    tier.reserve_bytes = reserve;
+    tier.optimizer = where;
+    tier.activations = activations;
+    tier.host_updates = host_updates;
+    if (budget && umt_offload_enable(m->ctx, &tier) != UMT_OK) fail_msg("offload: %s", umt_last_error());
     for (int l = 0; l < DEPTH; ++l) {
         char name[16];
         snprintf(name, sizeof name, "fc%d", l);
@@ -136,9 +137,9 @@ static int parameters_offloaded(const model *m) {
     int count = 0;
     for (int i = 0; i < umt_parameter_count(m->ctx); ++i) {
         const umt_tensor *p = umt_parameter_at(m->ctx, i);
-        bool any = p->home != NULL;
+        bool any = p->offload.home != NULL;
         for (const umt_tensor *t = m->ctx->run_tensors; t && !any; t = t->next)
-            any = t->kind_pool == UMT_POOL_OPTIM && t->owner == p && t->home;
+            any = t->kind_pool == UMT_POOL_OPTIM && t->owner == p && t->offload.home;
         count += any;
     }
     return count;
@@ -179,7 +180,7 @@ static umt_offload_stats run_fully_offloaded(umt_offload_optimizer where) {
     assert_true(st.bytes_to_device > (uint64_t)STEPS * DEPTH * WIDTH * WIDTH * 4);
     struct cudaPointerAttributes a;
     umt_tensor *w = umt_parameter_at(m.ctx, 0);
-    assert_int_equal(cudaPointerGetAttributes(&a, w->home), cudaSuccess);
+    assert_int_equal(cudaPointerGetAttributes(&a, w->offload.home), cudaSuccess);
     assert_int_equal(a.type, cudaMemoryTypeHost);
     size_t budget, used;
     umt_device_budget(m.ctx, &budget, &used);
@@ -248,8 +249,8 @@ static void run_middle_budget(const char *budget, umt_offload_optimizer where) {
     float losses[STEPS];
     train(&m, losses);
     int weights_home = 0, state_home = 0;
-    for (int i = 0; i < umt_parameter_count(m.ctx); ++i) weights_home += umt_parameter_at(m.ctx, i)->home != NULL;
-    for (umt_tensor *t = m.ctx->run_tensors; t; t = t->next) state_home += t->kind_pool == UMT_POOL_OPTIM && t->home;
+    for (int i = 0; i < umt_parameter_count(m.ctx); ++i) weights_home += umt_parameter_at(m.ctx, i)->offload.home != NULL;
+    for (umt_tensor *t = m.ctx->run_tensors; t; t = t->next) state_home += t->kind_pool == UMT_POOL_OPTIM && t->offload.home;
     assert_int_equal(weights_home, 0);
     /* Four state tensors per layer (Adam's two for the weights, two for the bias): some, not all. */
     assert_true(state_home >= 1 && state_home < 4 * DEPTH);

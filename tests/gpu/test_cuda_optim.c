@@ -1,5 +1,5 @@
 /*
- * tests/gpu/test_cuda_optim.c — the mixed-precision optimizer step (core/optim_step.h) on the
+ * tests/gpu/test_cuda_optim.c — the mixed-precision optimizer step (kernels/optim_step.h) on the
  * GPU against the CPU reference, on fresh random inputs: the fused updates with their bf16/f16
  * copies, the deterministic sum of squares and the step's decision (clipping, loss scaling,
  * skipping on inf/NaN, growth), then the same through the public API on a CUDA context; and
@@ -27,9 +27,9 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 
-#include "core/backend.h"
-#include "core/optim.h"
-#include "core/optim_step.h"
+#include "kernels/backend.h"
+#include "core/optim/optim.h"
+#include "kernels/optim_step.h"
 #include "core/tensor.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"

@@ -9,6 +9,21 @@ UMT_COPTS = [
     "-Werror",
 ]
 
+def umt_folder(name, srcs = [], hdrs = [], deps = [], **kwargs):
+    """One folder's cc_library: its layer of umtrain, whose deps name only the folders it may call
+    (a header of any other folder is absent from its compiles' sandbox). Its headers are exported
+    as :headers too, for the CUDA compiles (tools/bazel/cuda.bzl)."""
+    native.cc_library(
+        name = name,
+        srcs = srcs,
+        hdrs = hdrs,
+        copts = UMT_COPTS,
+        deps = deps,
+        visibility = ["//visibility:public"],
+        **kwargs
+    )
+    native.filegroup(name = "headers", srcs = hdrs, visibility = ["//visibility:public"])
+
 def umt_test(name, srcs, deps = [], tags = [], size = "small", data = [], args = []):
     """A cmocka unit test linked against the library."""
     native.cc_test(

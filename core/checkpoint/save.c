@@ -1,0 +1,270 @@
+/*
+ * core/checkpoint/save.c — saving a whole training state in one file: parameters, buffers, optimizer
+ * state and step count, the context's RNG and the caller's epoch and step. The layout is in
+ * core/checkpoint/format.h and docs/CHECKPOINT.md; loading is core/checkpoint/load.c.
+ *
+ * Save streams the file into "<path>.tmp.<pid>", computing the CRC on the way, syncs it and
+ * renames it over path, so a reader sees the old checkpoint or the new one, never half of one;
+ * on any failure the temporary file is removed and path is left as it was.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "core/checkpoint/format.h"
+#include "core/context.h"
+#include "core/base/error.h"
+#include "core/optim/optim.h"
+#include "core/tensor.h"
+
+/* ----------------------------------------------------------------------------------------- */
+/* The model's side: the tensors a checkpoint of (ctx, opt) holds, section by section */
+
+const char *umt_ckpt_section_name(int section) {
+    static const char *const names[UMT_CKPT_SECTIONS] = {"parameter", "buffer", "optimizer state"};
+    return section >= 0 && section < UMT_CKPT_SECTIONS ? names[section] : "tensor";
+}
+
+int umt_ckpt_model_count(const umt_context *ctx, const umt_optimizer *opt, int section) {
+    switch (section) {
+    case UMT_CKPT_PARAMETERS: return umt_parameter_count(ctx);
+    case UMT_CKPT_BUFFERS: return umt_buffer_count(ctx);
+    default: return umt_optimizer_state_count(opt);
+    }
+}
+
+umt_tensor *umt_ckpt_model_tensor(const umt_context *ctx, const umt_optimizer *opt, int section, int i, char *name) {
+    umt_tensor *t;
+    const char *base = NULL;
+    int state = -1;
+    switch (section) {
+    case UMT_CKPT_PARAMETERS: t = umt_parameter_at(ctx, i); break;
+    case UMT_CKPT_BUFFERS: t = umt_buffer_at(ctx, i); break;
+    default: t = umt_optimizer_state_at(opt, i, &base, &state);
+    }
+    if (state < 0)
+        snprintf(name, UMT_CKPT_NAME_SIZE, "%s", t->name ? t->name : "");
+    else
+        snprintf(name, UMT_CKPT_NAME_SIZE, "%s/%d", base ? base : "", state);
+    return t;
+}
+
+const char *umt_ckpt_shape_text(int ndim, const int64_t *shape, char *buf, size_t size) {
+    size_t used = (size_t)snprintf(buf, size, "[");
+    for (int d = 0; d < ndim && used < size; ++d)
+        used += (size_t)snprintf(buf + used, size - used, d ? ",%lld" : "%lld", (long long)shape[d]);
+    if (used < size) snprintf(buf + used, size - used, "]");
+    return buf;
+}
+
+umt_status umt_ckpt_check_arguments(const char *what, const umt_context *ctx, const umt_optimizer *opt,
+                                    const char *path) {
+    if (!ctx || !path) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", what, ctx ? "path" : "ctx");
+    if (opt && umt_optimizer_context(opt) != ctx)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s: the optimizer belongs to another context", what, path);
+    return UMT_OK;
+}
+
+uint32_t umt_ckpt_crc(uint32_t crc, const void *bytes, size_t n) {
+    const Bytef *at = bytes;
+    /* zlib takes an unsigned int length: feed it a GiB at a time. */
+    while (n > 0) {
+        uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        crc = (uint32_t)crc32(crc, at, chunk);
+        at += chunk;
+        n -= chunk;
+    }
+    return crc;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Saving */
+
+typedef struct {
+    FILE *file;
+    uint32_t crc;
+    int error; /* errno of the first failed write; later writes are skipped */
+} writer;
+
+static void put(writer *w, const void *bytes, size_t n) {
+    if (w->error || n == 0) return;
+    errno = 0;
+    if (fwrite(bytes, 1, n, w->file) != n) {
+        w->error = errno ? errno : EIO;
+        return;
+    }
+    w->crc = umt_ckpt_crc(w->crc, bytes, n);
+}
+
+static void put_u32(writer *w, uint32_t v) {
+    uint8_t b[4];
+    for (int i = 0; i < 4; ++i) b[i] = (uint8_t)(v >> (8 * i));
+    put(w, b, sizeof b);
+}
+
+static void put_u64(writer *w, uint64_t v) {
+    put_u32(w, (uint32_t)v);
+    put_u32(w, (uint32_t)(v >> 32));
+}
+
+typedef struct {
+    uint32_t count[UMT_CKPT_SECTIONS];
+    uint64_t file_bytes;
+    size_t max_tensor_bytes; /* the host bounce buffer tensors are read through */
+} save_plan;
+
+/* Two parameters (or buffers) of one name could not be told apart on load: refuse them now. */
+static umt_status check_unique(const umt_context *ctx, int section, int i, const char *path) {
+    char name[UMT_CKPT_NAME_SIZE], other[UMT_CKPT_NAME_SIZE];
+    umt_ckpt_model_tensor(ctx, NULL, section, i, name);
+    for (int j = 0; j < i; ++j)
+        if (strcmp(name, (umt_ckpt_model_tensor(ctx, NULL, section, j, other), other)) == 0)
+            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: two %ss are named \"%s\" (checkpoints need unique names)",
+                            path, umt_ckpt_section_name(section), name);
+    return UMT_OK;
+}
+
+/* Counts, the file's length and the largest tensor, checking every name on the way. */
+static umt_status plan_save(const umt_context *ctx, const umt_optimizer *opt, const char *path, save_plan *plan) {
+    *plan = (save_plan){.file_bytes = UMT_CKPT_HEADER_BYTES + UMT_CKPT_CRC_BYTES};
+    char name[UMT_CKPT_NAME_SIZE];
+    for (int s = 0; s < UMT_CKPT_SECTIONS; ++s) {
+        int count = umt_ckpt_model_count(ctx, opt, s);
+        plan->count[s] = (uint32_t)count;
+        for (int i = 0; i < count; ++i) {
+            const umt_tensor *t = umt_ckpt_model_tensor(ctx, opt, s, i, name);
+            size_t name_bytes = strlen(name);
+            if (name_bytes > UMT_CKPT_MAX_NAME_BYTES)
+                return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s name \"%.40s...\" is %zu bytes (at most %d)", path,
+                                umt_ckpt_section_name(s), name, name_bytes, UMT_CKPT_MAX_NAME_BYTES);
+            if (s != UMT_CKPT_STATE) UMT_TRY(check_unique(ctx, s, i, path));
+            plan->file_bytes += UMT_CKPT_MIN_RECORD_BYTES + name_bytes + 8 * (uint64_t)t->ndim + t->bytes;
+            if (t->bytes > plan->max_tensor_bytes) plan->max_tensor_bytes = t->bytes;
+        }
+    }
+    if (plan->file_bytes > UMT_CKPT_MAX_FILE_BYTES)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "%s: the checkpoint would be %llu bytes, past the cap of %llu bytes", path,
+                        (unsigned long long)plan->file_bytes, (unsigned long long)UMT_CKPT_MAX_FILE_BYTES);
+    return UMT_OK;
+}
+
+static void write_header(writer *w, const umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
+                         const save_plan *plan) {
+    put(w, UMT_CKPT_MAGIC, UMT_CKPT_MAGIC_BYTES);
+    put_u32(w, UMT_CKPT_VERSION);
+    put_u64(w, plan->file_bytes);
+    put_u64(w, (uint64_t)(info ? info->epoch : 0));
+    put_u64(w, (uint64_t)(info ? info->step : 0));
+    put_u32(w, opt ? 1u + (uint32_t)umt_optimizer_kind_of(opt) : UMT_CKPT_NO_OPTIMIZER);
+    put_u64(w, (uint64_t)umt_optimizer_steps(opt));
+    for (int i = 0; i < 4; ++i) put_u64(w, ctx->rng.s[i]);
+    for (int s = 0; s < UMT_CKPT_SECTIONS; ++s) put_u32(w, plan->count[s]);
+}
+
+/* One record; the bytes come through scratch because the tensor may live on the GPU. */
+static umt_status write_tensor(writer *w, const umt_tensor *t, const char *name, void *scratch, const char *path) {
+    if (umt_tensor_copy_to_host(t, scratch, t->bytes) != UMT_OK)
+        return umt_fail(umt_last_status(), "%s: reading tensor %s: %s", path, name, umt_last_error());
+    size_t name_bytes = strlen(name);
+    put_u32(w, (uint32_t)name_bytes);
+    put(w, name, name_bytes);
+    put_u32(w, (uint32_t)t->dtype);
+    put_u32(w, (uint32_t)t->ndim);
+    for (int d = 0; d < t->ndim; ++d) put_u64(w, (uint64_t)t->shape[d]);
+    put_u64(w, t->bytes);
+    put(w, scratch, t->bytes);
+    return UMT_OK;
+}
+
+/* The whole checkpoint into tmp, synced to disk; the caller removes tmp on failure. */
+static umt_status write_temp(const umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
+                             const save_plan *plan, void *scratch, const char *path, const char *tmp) {
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return umt_fail(UMT_ERR_IO, "%s: cannot create the temporary file %s: %s", path, tmp, strerror(errno));
+    writer w = {.file = f, .crc = 0};
+    write_header(&w, ctx, opt, info, plan);
+    umt_status st = UMT_OK;
+    char name[UMT_CKPT_NAME_SIZE];
+    for (int s = 0; s < UMT_CKPT_SECTIONS && st == UMT_OK; ++s)
+        for (uint32_t i = 0; i < plan->count[s] && st == UMT_OK; ++i)
+            st = write_tensor(&w, umt_ckpt_model_tensor(ctx, opt, s, (int)i, name), name, scratch, path);
+    if (st == UMT_OK) put_u32(&w, w.crc);
+    if (st == UMT_OK && !w.error && (fflush(f) != 0 || fsync(fileno(f)) != 0)) w.error = errno;
+    if (fclose(f) != 0 && !w.error) w.error = errno;
+    if (st == UMT_OK && w.error)
+        st = umt_fail(UMT_ERR_IO, "%s: cannot write the temporary file %s: %s", path, tmp, strerror(w.error));
+    return st;
+}
+
+/* The rename is an entry of path's directory: syncing the directory makes it survive a crash. */
+static umt_status sync_directory(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!dir) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: no memory for the directory's name", path);
+    int fd = open(dir, O_RDONLY);
+    int err = fd < 0 || fsync(fd) != 0 ? errno : 0;
+    if (fd >= 0) close(fd);
+    umt_status st = UMT_OK;
+    /* EINVAL: the file system cannot sync a directory; its renames are as durable as it gets. */
+    if (err && err != EINVAL)
+        st = umt_fail(UMT_ERR_IO, "%s: written, but syncing its directory %s failed: %s", path, dir, strerror(err));
+    free(dir);
+    return st;
+}
+
+/* "<path>.tmp.<pid>", malloc'ed (NULL without memory): the file a save writes before the rename. */
+static char *temporary_name(const char *path) {
+    size_t size = strlen(path) + 32;
+    char *tmp = malloc(size);
+    if (tmp) snprintf(tmp, size, "%s.tmp.%ld", path, (long)getpid());
+    return tmp;
+}
+
+umt_status umt_checkpoint_check_writable(const char *path) {
+    if (!path || !*path) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_checkpoint_check_writable: no path");
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return umt_fail(UMT_ERR_IO, "%s: is a folder, expected the path of a checkpoint file", path);
+    char *tmp = temporary_name(path);
+    if (!tmp) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: no memory for the temporary file's name", path);
+    /* Exclusive: a file of that name (another save by this pid) is left alone. */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    umt_status status = fd >= 0 ? UMT_OK
+                                : umt_fail(UMT_ERR_IO, "%s: cannot create the temporary file %s that a save writes first: %s",
+                                           path, tmp, strerror(errno));
+    if (fd >= 0) {
+        close(fd);
+        remove(tmp);
+    }
+    free(tmp);
+    return status;
+}
+
+umt_status umt_checkpoint_save(umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
+                               const char *path) {
+    UMT_TRY(umt_ckpt_check_arguments("umt_checkpoint_save", ctx, opt, path));
+    save_plan plan;
+    UMT_TRY(plan_save(ctx, opt, path, &plan));
+    char *tmp = temporary_name(path);
+    void *scratch = malloc(plan.max_tensor_bytes ? plan.max_tensor_bytes : 1);
+    umt_status st = UMT_OK;
+    if (!tmp || !scratch) {
+        st = umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: no memory for a %zu-byte tensor buffer", path, plan.max_tensor_bytes);
+    } else {
+        st = write_temp(ctx, opt, info, &plan, scratch, path, tmp);
+        if (st == UMT_OK && rename(tmp, path) != 0)
+            st = umt_fail(UMT_ERR_IO, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
+        if (st != UMT_OK)
+            remove(tmp);
+        else
+            st = sync_directory(path);
+    }
+    free(scratch);
+    free(tmp);
+    return st;
+}

@@ -1,0 +1,166 @@
+/*
+ * core/data/dataset.c — labelled image datasets kept whole in the dataset pool, and batches
+ * gathered from them.
+ *
+ * Loading reads both IDX files (core/data/idx.c validates each on its own), checks that they agree
+ * with each other and with the number of classes, copies samples and labels into u8 tensors
+ * of the dataset pool and drops the file buffers. A batch is then one backend call that
+ * gathers and normalises rows on the device where the dataset lives.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/context.h"
+#include "core/base/error.h"
+#include "core/data/idx.h"
+#include "core/step_values.h"
+#include "core/tensor.h"
+
+struct umt_dataset {
+    umt_context *ctx;
+    umt_tensor *samples; /* u8 [N,H,W] or [N,D], as in the file */
+    umt_tensor *labels;  /* u8 [N] */
+    int64_t size;
+    int64_t chw[3];
+    int num_classes;
+};
+
+/* ----------------------------------------------------------------------------------------- */
+/* Loading */
+
+umt_status umt_idx_check_pair(const char *images_path, const umt_idx *images, const char *labels_path,
+                              const umt_idx *labels, int num_classes) {
+    if (images->ndim != 2 && images->ndim != 3)
+        return umt_fail(UMT_ERR_FORMAT, "%s: images file has rank %d, expected 3 [N,H,W] or 2 [N,D]", images_path,
+                        images->ndim);
+    if (labels->ndim != 1)
+        return umt_fail(UMT_ERR_FORMAT, "%s: labels file has rank %d, expected 1 [N]", labels_path, labels->ndim);
+    if (images->dims[0] != labels->dims[0])
+        return umt_fail(UMT_ERR_FORMAT, "images file %s holds %lld samples, labels file %s holds %lld", images_path,
+                        (long long)images->dims[0], labels_path, (long long)labels->dims[0]);
+    for (size_t i = 0; i < labels->data_bytes; ++i)
+        if (labels->data[i] >= num_classes)
+            return umt_fail(UMT_ERR_FORMAT, "%s: label %zu is %d, expected < %d (num_classes)", labels_path, i,
+                            labels->data[i], num_classes);
+    return UMT_OK;
+}
+
+/* A u8 tensor of the dataset pool holding a copy of the file's elements. */
+static umt_status upload_idx(umt_context *ctx, const umt_idx *idx, umt_tensor **out) {
+    *out = umt_tensor_alloc(ctx, UMT_POOL_DATASET, UMT_U8, idx->ndim, idx->dims);
+    /* The shape is valid (the reader checked it), so only the pool can have refused; it has
+     * recorded the message. */
+    if (!*out) return umt_last_status();
+    umt_status status = ctx->backend->upload((*out)->data, idx->data, idx->data_bytes);
+    if (status != UMT_OK) {
+        umt_tensor_free(*out);
+        *out = NULL;
+    }
+    return status;
+}
+
+static void destroy_owned(void *object) { umt_dataset_destroy(object); }
+
+/* The dataset over two validated files, registered with the context. */
+static umt_status make_dataset(umt_context *ctx, const umt_idx *images, const umt_idx *labels, int num_classes,
+                               umt_dataset **out) {
+    umt_dataset *ds = calloc(1, sizeof *ds);
+    if (!ds) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_dataset_load_idx: no memory for the dataset");
+    ds->ctx = ctx;
+    ds->size = images->dims[0];
+    ds->num_classes = num_classes;
+    /* [N,H,W] is a one-channel image; [N,D] a D-channel 1x1 one, so that every batch is 4-D. */
+    bool flat = images->ndim == 2;
+    ds->chw[0] = flat ? images->dims[1] : 1;
+    ds->chw[1] = flat ? 1 : images->dims[1];
+    ds->chw[2] = flat ? 1 : images->dims[2];
+    umt_status status = upload_idx(ctx, images, &ds->samples);
+    if (status == UMT_OK) status = upload_idx(ctx, labels, &ds->labels);
+    if (status == UMT_OK) status = umt_context_own(ctx, ds, destroy_owned);
+    if (status != UMT_OK) {
+        umt_tensor_free(ds->labels);
+        umt_tensor_free(ds->samples);
+        free(ds);
+        return status;
+    }
+    *out = ds;
+    return UMT_OK;
+}
+
+umt_status umt_dataset_load_idx(umt_context *ctx, const char *images_path, const char *labels_path, int num_classes,
+                                umt_dataset **out) {
+    if (out) *out = NULL;
+    if (!ctx || !images_path || !labels_path || !out)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_load_idx: ctx, paths and out must not be NULL");
+    /* Labels are stored as u8, so at most 256 classes can be told apart. */
+    if (num_classes < 1 || num_classes > 256)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_load_idx: num_classes %d, expected 1..256", num_classes);
+    umt_idx images, labels;
+    umt_status status = umt_idx_read(images_path, &images);
+    if (status != UMT_OK) return status;
+    status = umt_idx_read(labels_path, &labels);
+    if (status == UMT_OK) status = umt_idx_check_pair(images_path, &images, labels_path, &labels, num_classes);
+    if (status == UMT_OK) status = make_dataset(ctx, &images, &labels, num_classes, out);
+    umt_idx_free(&images);
+    umt_idx_free(&labels);
+    return status;
+}
+
+void umt_dataset_destroy(umt_dataset *ds) {
+    if (!ds) return;
+    umt_context_disown(ds->ctx, ds);
+    umt_tensor_free(ds->labels);
+    umt_tensor_free(ds->samples);
+    free(ds);
+}
+
+int64_t umt_dataset_size(const umt_dataset *ds) { return ds ? ds->size : 0; }
+
+int umt_dataset_num_classes(const umt_dataset *ds) { return ds ? ds->num_classes : 0; }
+
+void umt_dataset_sample_shape(const umt_dataset *ds, int64_t chw[3]) {
+    for (int i = 0; i < 3; ++i) chw[i] = ds ? ds->chw[i] : 0;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Batches */
+
+static umt_status check_batch_request(const umt_dataset *ds, const int64_t *indices, int64_t count, float mean,
+                                      float std) {
+    if (count <= 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_batch: count %lld, expected > 0", (long long)count);
+    if (!isfinite(mean) || !isfinite(std) || !(std > 0.0f))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_batch: mean %g, std %g: expected finite, std > 0",
+                        (double)mean, (double)std);
+    for (int64_t i = 0; i < count; ++i)
+        if (indices[i] < 0 || indices[i] >= ds->size)
+            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_batch: indices[%lld] is %lld, expected 0..%lld",
+                            (long long)i, (long long)indices[i], (long long)ds->size - 1);
+    return UMT_OK;
+}
+
+umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int64_t *indices, int64_t count, float mean,
+                             float std, umt_tensor **images, umt_tensor **labels) {
+    if (images) *images = NULL;
+    if (labels) *labels = NULL;
+    if (!ctx || !ds || !indices || !images || !labels)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
+                        "umt_dataset_batch: ctx, ds, indices, images and labels must not be NULL");
+    if (ds->ctx != ctx)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_batch: the dataset belongs to another context");
+    UMT_TRY(check_batch_request(ds, indices, count, mean, std));
+    umt_tensor *x =
+        umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 4, (int64_t[]){count, ds->chw[0], ds->chw[1], ds->chw[2]});
+    umt_tensor *y = x ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, 1, (int64_t[]){count}) : NULL;
+    /* Both live in the step arena, freed by the next umt_step_begin even when this fails. */
+    if (!y) return umt_last_status();
+    /* The kernel reads the indices where it runs: they travel with the step's values, a queued
+     * copy from pinned memory (core/step_values.h), so the host does not wait for them. */
+    void *device_indices = NULL;
+    UMT_TRY(umt_step_values_input(ctx, indices, (size_t)count * sizeof *indices, &device_indices));
+    UMT_TRY(ctx->backend->gather_batch(ds->samples->data, ds->labels->data, device_indices, count,
+                                       ds->chw[0] * ds->chw[1] * ds->chw[2], mean, std, x->data, y->data));
+    *images = x;
+    *labels = y;
+    return UMT_OK;
+}

@@ -1,0 +1,513 @@
+/*
+ * core/optim/optim.c — optimizers: SGD (momentum, weight decay), Adam, AdamW, Adadelta.
+ *
+ * An optimizer is a list of slots, one per parameter registered with the context when the
+ * optimizer was made; each slot holds the parameter and the state tensors its kind needs, in
+ * the optim pool (so the memory policy can place or offload them as a group). A step checks
+ * every gradient first, then calls the backend's update kernel once per parameter: the
+ * arithmetic lives in kernels/ (kernels/cpu/optim.c states each rule), and this file only
+ * decides what is updated with what.
+ *
+ * Each update is the fused kernel: it also rewrites the parameter's low-precision copy, if the
+ * context's precision gave it one. With loss scaling or clipping on, the optimizer also owns
+ * the step scalars (kernels/optim_step.h) in the optim pool, and a step first gathers the
+ * gradients' sum of squares and lets the device decide the step: nothing waits for the host.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "core/context.h"
+#include "core/base/error.h"
+#include "core/hooks.h"
+#include "core/optim/optim.h"
+#include "kernels/optim_step.h"
+#include "core/tensor.h"
+
+/* State tensors per parameter: SGD velocity | Adam m, v | Adadelta square_avg, delta_avg. */
+#define UMT_OPTIM_MAX_STATE 2
+
+typedef struct {
+    umt_tensor *param;
+    umt_tensor *state[UMT_OPTIM_MAX_STATE];
+} umt_optim_slot;
+
+struct umt_optimizer {
+    umt_context *ctx;
+    umt_optimizer_options options;
+    int64_t steps; /* calls to umt_optimizer_step, skipped steps included */
+    int slot_count;
+    umt_optim_slot *slots;
+    /* Only with loss scaling or clipping (else NULL): one umt_step_scalars, and
+     * UMT_GRAD_SUMSQ_PARTIALS doubles per slot for the sum of squares. */
+    umt_tensor *scalars;
+    umt_tensor *partials;
+    umt_update_tensor *tensors; /* slot_count entries: the multi-tensor update's list */
+};
+
+/* ----------------------------------------------------------------------------------------- */
+/* Kinds and defaults */
+
+static const char *const kind_names[] = {
+    [UMT_OPT_SGD] = "sgd", [UMT_OPT_ADAM] = "adam", [UMT_OPT_ADAMW] = "adamw", [UMT_OPT_ADADELTA] = "adadelta"};
+#define KIND_COUNT ((int)(sizeof kind_names / sizeof kind_names[0]))
+
+umt_status umt_optimizer_kind_parse(const char *name, umt_optimizer_kind *out) {
+    if (!name || !out)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_kind_parse: %s is NULL", name ? "out" : "name");
+    for (int k = 0; k < KIND_COUNT; ++k)
+        if (strcmp(name, kind_names[k]) == 0) {
+            *out = (umt_optimizer_kind)k;
+            return UMT_OK;
+        }
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "optimizer \"%s\" is unknown (expected sgd, adam, adamw or adadelta)",
+                    name);
+}
+
+umt_optimizer_options umt_optimizer_defaults(umt_optimizer_kind kind) {
+    /* Fields a kind does not use still get PyTorch's values for the kind that does, so that
+     * switching .kind on a set of defaults never leaves a zero eps or beta behind. */
+    umt_optimizer_options o = {
+        .kind = kind, .lr = 1e-3f, .weight_decay = 0.0f, .momentum = 0.0f,
+        .beta1 = 0.9f, .beta2 = 0.999f, .rho = 0.9f, .eps = 1e-8f,
+        /* PyTorch's GradScaler: init_scale 2^16, growth_interval 2000; clipping off. */
+        .max_grad_norm = 0.0f, .loss_scaling = false, .loss_scale_init = 65536.0f,
+        .loss_scale_growth_interval = 2000, .multi_tensor = true,
+    };
+    switch (kind) {
+    case UMT_OPT_SGD: o.lr = 1e-2f; break;
+    case UMT_OPT_ADAM: break;
+    case UMT_OPT_ADAMW: o.weight_decay = 1e-2f; break;
+    case UMT_OPT_ADADELTA:
+        o.lr = 1.0f;
+        o.eps = 1e-6f;
+        break;
+    }
+    return o;
+}
+
+/* How many state tensors each parameter needs under these options. */
+static int state_count(const umt_optimizer_options *o) {
+    switch (o->kind) {
+    case UMT_OPT_SGD: return o->momentum != 0.0f ? 1 : 0;
+    case UMT_OPT_ADAM:
+    case UMT_OPT_ADAMW:
+    case UMT_OPT_ADADELTA: return 2;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Validation: only the options the kind reads are checked, so a hand-built SGD option set
+ * with eps and betas left at 0 is fine. Comparisons are written so that NaN fails them. */
+
+static umt_status check_unit_interval(const char *name, float value) {
+    if (!(value >= 0.0f && value < 1.0f))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: %s %g (expected 0 <= %s < 1)", name, value,
+                        name);
+    return UMT_OK;
+}
+
+/* Clipping and loss scaling; the scaler's fields are read only when it is on. */
+static umt_status check_step_options(const umt_optimizer_options *o) {
+    if (!(o->max_grad_norm >= 0.0f && isfinite(o->max_grad_norm)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
+                        "umt_optimizer_create: max_grad_norm %g (expected finite >= 0; 0 turns clipping off)",
+                        o->max_grad_norm);
+    if (!o->loss_scaling) return UMT_OK;
+    if (!(o->loss_scale_init > 0.0f && isfinite(o->loss_scale_init)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: loss_scale_init %g (expected finite > 0)",
+                        o->loss_scale_init);
+    if (o->loss_scale_growth_interval < 1)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: loss_scale_growth_interval %d (expected >= 1)",
+                        o->loss_scale_growth_interval);
+    return UMT_OK;
+}
+
+static umt_status check_options(const umt_optimizer_options *o) {
+    if ((unsigned)o->kind >= (unsigned)KIND_COUNT)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: kind %d (expected 0..%d)", (int)o->kind,
+                        KIND_COUNT - 1);
+    if (!(o->lr > 0.0f && isfinite(o->lr)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: lr %g (expected finite > 0)", o->lr);
+    if (!(o->weight_decay >= 0.0f && isfinite(o->weight_decay)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: weight_decay %g (expected finite >= 0)",
+                        o->weight_decay);
+    UMT_TRY(check_step_options(o));
+    if (o->kind == UMT_OPT_SGD) return check_unit_interval("momentum", o->momentum);
+    if (o->kind == UMT_OPT_ADADELTA) {
+        UMT_TRY(check_unit_interval("rho", o->rho));
+    } else {
+        UMT_TRY(check_unit_interval("beta1", o->beta1));
+        UMT_TRY(check_unit_interval("beta2", o->beta2));
+    }
+    if (!(o->eps > 0.0f && isfinite(o->eps)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: eps %g (expected finite > 0)", o->eps);
+    return UMT_OK;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Creation and destruction */
+
+/* Frees the state tensors and the optimizer; the context's list is the caller's business. */
+static void release(void *object) {
+    umt_optimizer *opt = object;
+    umt_hooks_optimizer(opt->ctx, opt, false);
+    for (int i = 0; i < opt->slot_count; ++i)
+        for (int s = 0; s < UMT_OPTIM_MAX_STATE; ++s) umt_tensor_free(opt->slots[i].state[s]);
+    umt_tensor_free(opt->scalars);
+    umt_tensor_free(opt->partials);
+    free(opt->tensors);
+    free(opt->slots);
+    free(opt);
+}
+
+/* Zeroed state tensors shaped like each parameter, in the optim pool. */
+static umt_status alloc_state(umt_optimizer *opt) {
+    umt_context *ctx = opt->ctx;
+    int count = state_count(&opt->options);
+    for (int i = 0; i < opt->slot_count; ++i) {
+        umt_tensor *p = opt->slots[i].param;
+        for (int s = 0; s < count; ++s) {
+            umt_tensor *t = umt_tensor_alloc_kind(ctx, UMT_POOL_OPTIM, UMT_F32, p->ndim, p->shape);
+            /* umt_tensor_alloc has recorded which pool refused, why, and with which status. */
+            if (!t) return umt_last_status();
+            t->owner = p;
+            opt->slots[i].state[s] = t;
+            UMT_TRY(ctx->backend->fill(t->data, t->numel, 0.0f));
+        }
+    }
+    return UMT_OK;
+}
+
+/* A byte tensor in the optim pool (the scalars block and the partial sums have no dtype). */
+static umt_tensor *alloc_bytes(umt_context *ctx, size_t bytes) {
+    int64_t shape[1] = {(int64_t)bytes};
+    return umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_U8, 1, shape);
+}
+
+/* The step scalars and the partial sums, when loss scaling or clipping is on. */
+static umt_status alloc_step_scalars(umt_optimizer *opt) {
+    const umt_optimizer_options *o = &opt->options;
+    if (!o->loss_scaling && o->max_grad_norm == 0.0f) return UMT_OK;
+    opt->scalars = alloc_bytes(opt->ctx, sizeof(umt_step_scalars));
+    if (!opt->scalars) return umt_last_status();
+    opt->partials = alloc_bytes(opt->ctx, (size_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS * sizeof(double));
+    if (!opt->partials) return umt_last_status();
+    umt_step_scalars initial = umt_step_scalars_initial(o->loss_scaling, o->loss_scale_init);
+    return opt->ctx->backend->upload(opt->scalars->data, &initial, sizeof initial);
+}
+
+umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *options, umt_optimizer **out) {
+    if (!ctx || !options || !out)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: %s is NULL",
+                        !ctx ? "ctx" : !options ? "options" : "out");
+    *out = NULL;
+    UMT_TRY(check_options(options));
+    int count = umt_parameter_count(ctx);
+    /* Parameters made later are not covered, so an empty list is almost surely a mistake. */
+    if (count == 0)
+        return umt_fail(UMT_ERR_STATE, "umt_optimizer_create: the context has no parameters (create the model first)");
+    umt_optimizer *opt = calloc(1, sizeof *opt);
+    umt_optim_slot *slots = opt ? calloc((size_t)count, sizeof *slots) : NULL;
+    umt_update_tensor *tensors = slots ? calloc((size_t)count, sizeof *tensors) : NULL;
+    if (!tensors) {
+        free(slots);
+        free(opt);
+        return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_optimizer_create: no memory for %d parameter slots", count);
+    }
+    *opt = (umt_optimizer){.ctx = ctx, .options = *options, .slot_count = count, .slots = slots, .tensors = tensors};
+    for (int i = 0; i < count; ++i) slots[i].param = umt_parameter_at(ctx, i);
+    umt_status st = alloc_state(opt);
+    if (st == UMT_OK) st = alloc_step_scalars(opt);
+    if (st == UMT_OK) st = umt_context_own(ctx, opt, release);
+    if (st == UMT_OK) umt_hooks_optimizer(ctx, opt, true);
+    if (st != UMT_OK) {
+        release(opt);
+        return st;
+    }
+    *out = opt;
+    return UMT_OK;
+}
+
+void umt_optimizer_destroy(umt_optimizer *opt) {
+    if (!opt) return;
+    umt_context_disown(opt->ctx, opt);
+    release(opt);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Stepping */
+
+/* One update of n elements: the optimizer's rule on raw pointers, with the backend's kernel. */
+static umt_status update_arrays(const umt_optimizer_options *o, const umt_backend *be, float *p, const float *g,
+                                float *s0, float *s1, int64_t n, int64_t step, umt_update_fusion fusion) {
+    switch (o->kind) {
+    case UMT_OPT_SGD: return be->sgd_update_fused(p, g, s0, n, o->lr, o->momentum, o->weight_decay, fusion);
+    case UMT_OPT_ADAM:
+    case UMT_OPT_ADAMW:
+        return be->adam_update_fused(p, g, s0, s1, n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+                                     o->kind == UMT_OPT_ADAMW, step, fusion);
+    case UMT_OPT_ADADELTA:
+        return be->adadelta_update_fused(p, g, s0, s1, n, o->lr, o->rho, o->eps, o->weight_decay, fusion);
+    }
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_step: kind %d", (int)o->kind);
+}
+
+static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *slot, int64_t step,
+                              const float *lr_on_device) {
+    float *s0 = slot->state[0] ? slot->state[0]->data : NULL;
+    float *s1 = slot->state[1] ? slot->state[1]->data : NULL;
+    const umt_tensor *lowp = slot->param->lowp;
+    umt_update_fusion fusion = {
+        .scalars = opt->scalars ? opt->scalars->data : NULL,
+        .lr_on_device = lr_on_device,
+        .lowp = lowp ? lowp->data : NULL,
+        .lowp_dtype = lowp ? lowp->dtype : UMT_F32,
+    };
+    if (lowp && lowp->nhwc) { /* a conv weight's copy is K,R,S,C (core/precision.c) */
+        fusion.lowp_channels = lowp->shape[1];
+        fusion.lowp_pixels = lowp->shape[2] * lowp->shape[3];
+    }
+    return update_arrays(&opt->options, opt->ctx->backend, slot->param->data, slot->param->grad->data, s0, s1,
+                         slot->param->numel, step, fusion);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* What subsystems that update parameters themselves see (core/optim/optim.h) */
+
+umt_status umt_optimizer_state_of(const umt_optimizer *opt, const umt_tensor *p, umt_tensor *state[2]) {
+    for (int i = 0; i < opt->slot_count; ++i) {
+        if (opt->slots[i].param != p) continue;
+        state[0] = opt->slots[i].state[0];
+        state[1] = opt->slots[i].state[1];
+        return UMT_OK;
+    }
+    return umt_fail(UMT_ERR_STATE, "umt_optimizer_state_of: %s is not covered by the optimizer",
+                    p->name ? p->name : "a parameter");
+}
+
+umt_status umt_optimizer_update_range(const umt_optimizer *opt, float *param, const float *grad, float *s0, float *s1,
+                                      int64_t n) {
+    return update_arrays(&opt->options, opt->ctx->backend, param, grad, s0, s1, n, opt->steps + 1,
+                         (umt_update_fusion){0});
+}
+
+int umt_optimizer_parameter_count(const umt_optimizer *opt) { return opt->slot_count; }
+
+umt_tensor *umt_optimizer_parameter_at(const umt_optimizer *opt, int i, umt_tensor *state[2]) {
+    state[0] = opt->slots[i].state[0];
+    state[1] = opt->slots[i].state[1];
+    return opt->slots[i].param;
+}
+
+bool umt_optimizer_has_step_scalars(const umt_optimizer *opt) { return opt->scalars != NULL; }
+
+void umt_optimizer_snapshot(const umt_optimizer *opt, umt_optimizer_options *options, int64_t *step) {
+    *options = opt->options;
+    *step = opt->steps + 1;
+}
+
+umt_status umt_optimizer_update_with(const umt_optimizer_options *options, int64_t step, const umt_backend *be,
+                                     float *param, const float *grad, float *s0, float *s1, int64_t n) {
+    return update_arrays(options, be, param, grad, s0, s1, n, step, (umt_update_fusion){0});
+}
+
+/* Every parameter's update in one backend call (one launch per 32 parameters on CUDA), the
+ * same arithmetic as update_slot's per-parameter calls. */
+static umt_status update_all(const umt_optimizer *opt, int64_t step, const float *lr_on_device) {
+    const umt_optimizer_options *o = &opt->options;
+    for (int i = 0; i < opt->slot_count; ++i) {
+        const umt_optim_slot *slot = &opt->slots[i];
+        const umt_tensor *lowp = slot->param->lowp;
+        bool nhwc = lowp && lowp->nhwc; /* a conv weight's copy is K,R,S,C (core/precision.c) */
+        opt->tensors[i] = (umt_update_tensor){
+            .param = slot->param->data, .grad = slot->param->grad->data,
+            .state0 = slot->state[0] ? slot->state[0]->data : NULL,
+            .state1 = slot->state[1] ? slot->state[1]->data : NULL,
+            .lowp = lowp ? lowp->data : NULL, .n = slot->param->numel,
+            .lowp_channels = nhwc ? lowp->shape[1] : 0, .lowp_pixels = nhwc ? lowp->shape[2] * lowp->shape[3] : 0,
+        };
+    }
+    /* Every copy has the context's compute dtype. */
+    umt_update_fusion common = {
+        .scalars = opt->scalars ? opt->scalars->data : NULL,
+        .lr_on_device = lr_on_device,
+        .lowp_dtype = UMT_F32,
+    };
+    for (int i = 0; i < opt->slot_count; ++i)
+        if (opt->slots[i].param->lowp) common.lowp_dtype = opt->slots[i].param->lowp->dtype;
+    umt_update_rule rule = {
+        .kind = o->kind, .lr = o->lr, .momentum = o->momentum, .weight_decay = o->weight_decay,
+        .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .rho = o->rho,
+        .decoupled = o->kind == UMT_OPT_ADAMW, .step = step,
+    };
+    return opt->ctx->backend->multi_update(opt->tensors, opt->slot_count, rule, common);
+}
+
+/* On the device, in stream order: every gradient's share of the sum of squares, then the one
+ * thread that decides the step (skip, multiplier, Adam's factors, the loss scale). */
+static umt_status prepare_step(const umt_optimizer *opt, const float *lr_on_device) {
+    const umt_backend *be = opt->ctx->backend;
+    const umt_optimizer_options *o = &opt->options;
+    double *partials = opt->partials->data;
+    for (int i = 0; i < opt->slot_count; ++i) {
+        const umt_tensor *grad = opt->slots[i].param->grad;
+        UMT_TRY(be->grad_sumsq(grad->data, grad->numel, partials + (size_t)i * UMT_GRAD_SUMSQ_PARTIALS));
+    }
+    umt_step_options options = {
+        .max_grad_norm = o->max_grad_norm,
+        .loss_scaling = o->loss_scaling,
+        .growth_interval = o->loss_scale_growth_interval,
+        .adam = o->kind == UMT_OPT_ADAM || o->kind == UMT_OPT_ADAMW,
+        .lr = o->lr, .beta1 = o->beta1, .beta2 = o->beta2, .lr_on_device = lr_on_device,
+    };
+    return be->step_prepare(opt->scalars->data, partials, (int64_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS,
+                            options);
+}
+
+/* What a replay of a captured step (core/step/step_graph.c) redoes for the optimizer: the rate of
+ * the step, written where the kernels read it, and the host's count of steps. */
+static void write_lr(void *object, void *dst, size_t bytes) {
+    memcpy(dst, &((umt_optimizer *)object)->options.lr, bytes);
+}
+
+static void count_step(void *object, void *dst, size_t bytes) {
+    (void)dst;
+    (void)bytes;
+    ((umt_optimizer *)object)->steps++;
+}
+
+static void uncount_step(void *object, void *dst, size_t bytes) {
+    (void)dst;
+    (void)bytes;
+    ((umt_optimizer *)object)->steps--;
+}
+
+static umt_status record_for_replay(umt_optimizer *opt, const float **lr_on_device) {
+    umt_context *ctx = opt->ctx;
+    bool adam = opt->options.kind == UMT_OPT_ADAM || opt->options.kind == UMT_OPT_ADAMW;
+    /* Without step scalars Adam's bias correction comes from the host's step count, by value. */
+    if (adam && !opt->scalars)
+        ctx->values.unreplayable = "Adam without step scalars (clipping or loss scaling) counts its steps on the host";
+    void *lr = NULL;
+    UMT_TRY(umt_step_values_remade(ctx, sizeof(float), write_lr, opt, &lr));
+    *lr_on_device = lr;
+    return UMT_OK;
+}
+
+umt_status umt_optimizer_step(umt_optimizer *opt) {
+    if (!opt) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_step: opt is NULL");
+    /* umt_optimizer_set_lr cannot report, so a bad rate is refused here; 0 is allowed because
+     * a schedule may anneal to it. */
+    if (!(opt->options.lr >= 0.0f && isfinite(opt->options.lr)))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_step: lr %g (expected finite >= 0)", opt->options.lr);
+    /* Every gradient is checked before any parameter moves, so a failure leaves the model whole. */
+    for (int i = 0; i < opt->slot_count; ++i) {
+        const umt_tensor *p = opt->slots[i].param;
+        if (!p->grad || p->grad->numel != p->numel)
+            return umt_fail(UMT_ERR_STATE, "umt_optimizer_step: parameter %s has no gradient of its shape",
+                            p->name ? p->name : "(unnamed)");
+        if (p->lowp && p->lowp->numel != p->numel)
+            return umt_fail(UMT_ERR_STATE, "umt_optimizer_step: parameter %s has a low-precision copy of %lld "
+                            "elements (expected %lld)", p->name ? p->name : "(unnamed)", (long long)p->lowp->numel,
+                            (long long)p->numel);
+    }
+    const float *lr_on_device = NULL;
+    if (opt->ctx->values.recording) UMT_TRY(record_for_replay(opt, &lr_on_device));
+    if (opt->scalars) UMT_TRY(prepare_step(opt, lr_on_device));
+    int64_t step = opt->steps + 1;
+    /* One launch for every parameter, unless a subsystem updates some (the offload tier): the
+     * others one by one, then the subsystems theirs (core/hooks.h). */
+    if (opt->ctx->backend->multi_update && opt->options.multi_tensor && !umt_hooks_update_parameters(opt->ctx)) {
+        UMT_TRY(update_all(opt, step, lr_on_device));
+    } else {
+        for (int i = 0; i < opt->slot_count; ++i) {
+            const umt_optim_slot *slot = &opt->slots[i];
+            if (!umt_hooks_updates_parameter(opt->ctx, slot->param, slot->state[0], slot->state[1]))
+                UMT_TRY(update_slot(opt, slot, step, lr_on_device));
+        }
+        UMT_TRY(umt_hooks_after_update(opt->ctx, opt, step));
+    }
+    opt->steps = step;
+    if (opt->ctx->values.recording) return umt_step_values_host_effect(opt->ctx, count_step, uncount_step, opt);
+    return UMT_OK;
+}
+
+void umt_optimizer_set_lr(umt_optimizer *opt, float lr) {
+    if (opt) opt->options.lr = lr;
+}
+
+float umt_optimizer_lr(const umt_optimizer *opt) { return opt ? opt->options.lr : 0.0f; }
+
+int64_t umt_optimizer_steps(const umt_optimizer *opt) { return opt ? opt->steps : 0; }
+
+umt_status umt_optimizer_read_scalars(const umt_optimizer *opt, umt_step_scalars *out) {
+    if (!opt || !out)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_read_scalars: %s is NULL", opt ? "out" : "opt");
+    if (!opt->scalars) {
+        *out = umt_step_scalars_initial(false, 1.0f);
+        out->applied_steps = opt->steps;
+        return UMT_OK;
+    }
+    return opt->ctx->backend->download(out, opt->scalars->data, sizeof *out);
+}
+
+int64_t umt_optimizer_skipped_steps(const umt_optimizer *opt) {
+    umt_step_scalars s;
+    return umt_optimizer_read_scalars(opt, &s) == UMT_OK ? s.skipped_steps : -1;
+}
+
+float umt_optimizer_loss_scale(const umt_optimizer *opt) {
+    umt_step_scalars s;
+    return umt_optimizer_read_scalars(opt, &s) == UMT_OK ? s.loss_scale : NAN;
+}
+
+const float *umt_optimizer_loss_scale_on_device(const umt_optimizer *opt) {
+    if (!opt || !opt->scalars || !opt->options.loss_scaling) return NULL;
+    return &((const umt_step_scalars *)opt->scalars->data)->loss_scale;
+}
+
+/* The loss gradient seeded with the current loss scale: a read on the device, no wait. */
+umt_status umt_backward_scaled(umt_context *ctx, umt_tensor *loss, const umt_optimizer *opt) {
+    if (!ctx || !loss || !opt)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward_scaled: %s is NULL",
+                        !ctx ? "ctx" : !loss ? "loss" : "opt");
+    if (umt_optimizer_context(opt) != ctx)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward_scaled: the optimizer belongs to another context");
+    return umt_tape_backward(ctx, loss, umt_optimizer_loss_scale_on_device(opt));
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* What checkpoints see (core/optim/optim.h) */
+
+umt_context *umt_optimizer_context(const umt_optimizer *opt) { return opt ? opt->ctx : NULL; }
+
+umt_optimizer_kind umt_optimizer_kind_of(const umt_optimizer *opt) { return opt->options.kind; }
+
+const char *umt_optimizer_kind_name(umt_optimizer_kind kind) {
+    return (unsigned)kind < (unsigned)KIND_COUNT ? kind_names[kind] : "invalid-optimizer";
+}
+
+int umt_optimizer_state_count(const umt_optimizer *opt) {
+    return opt ? opt->slot_count * state_count(&opt->options) : 0;
+}
+
+umt_tensor *umt_optimizer_state_at(const umt_optimizer *opt, int i, const char **param_name, int *state_index) {
+    int per_slot = opt ? state_count(&opt->options) : 0;
+    if (i < 0 || i >= umt_optimizer_state_count(opt)) return NULL;
+    const umt_optim_slot *slot = &opt->slots[i / per_slot];
+    *param_name = slot->param->name;
+    *state_index = i % per_slot;
+    return slot->state[i % per_slot];
+}
+
+umt_status umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps) {
+    if (!opt) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_set_steps: opt is NULL");
+    opt->steps = steps;
+    if (!opt->scalars) return UMT_OK;
+    /* Adam's bias correction counts the device's applied steps: they restart from here. */
+    umt_step_scalars *device = opt->scalars->data;
+    return opt->ctx->backend->upload(&device->applied_steps, &steps, sizeof steps);
+}

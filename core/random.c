@@ -1,0 +1,33 @@
+/* core/random.c — what the context's RNG draws for callers: uniform fills and permutations. */
+#include <stdlib.h>
+
+#include "core/base/error.h"
+#include "core/base/rng.h"
+#include "core/context.h"
+#include "core/tensor.h"
+
+umt_status umt_tensor_uniform(umt_context *ctx, umt_tensor *t, float low, float high) {
+    UMT_TRY(umt_check_tensor("umt_tensor_uniform", "t", t, UMT_F32, 0));
+    if (!(low <= high)) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_uniform: low %g > high %g", low, high);
+    /* Drawn on the host in index order, so a seed gives the same values on every backend. */
+    float *host = malloc((size_t)t->numel * sizeof *host);
+    if (!host) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_tensor_uniform: no memory for %lld values", (long long)t->numel);
+    for (int64_t i = 0; i < t->numel; ++i) host[i] = low + (high - low) * umt_rng_uniform(&ctx->rng);
+    t->lowp_stale = true;
+    umt_status st = ctx->backend->upload(t->data, host, t->bytes);
+    free(host);
+    return st;
+}
+
+umt_status umt_permutation(umt_context *ctx, int64_t n, int64_t *out) {
+    if (!ctx || !out || n < 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_permutation: n = %lld, out %s", (long long)n, out ? "set" : "NULL");
+    for (int64_t i = 0; i < n; ++i) out[i] = i;
+    /* Fisher-Yates: each of the n! orders equally likely. */
+    for (int64_t i = n - 1; i > 0; --i) {
+        int64_t j = (int64_t)umt_rng_below(&ctx->rng, (uint64_t)i + 1);
+        int64_t tmp = out[i];
+        out[i] = out[j];
+        out[j] = tmp;
+    }
+    return UMT_OK;
+}

@@ -1,0 +1,293 @@
+/*
+ * kernels/backend.h — the table of kernels an op calls, one table per device.
+ *
+ * Ops (core/ops/) check shapes, allocate outputs from the pools and record the tape; then
+ * they call ctx->backend->kernel(...) on raw pointers. The CPU table (kernels/cpu/) is the
+ * readable reference; a CUDA table fills the same slots. All tensors are row-major and
+ * contiguous; float means f32 unless a dtype is passed.
+ *
+ * Naming: `x_backward` kernels ACCUMULATE into the input gradient (dx += ...), because a
+ * tensor used twice receives the sum of both gradients.
+ */
+#ifndef UMT_KERNELS_BACKEND_H
+#define UMT_KERNELS_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/optim_step.h"
+#include "umtrain.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The shape of a 2-D convolution, dilation 1, no groups:
+ * x [n,c,h,w] * w [k,c,r,s] -> y [n,k,p,q], p = (h + 2*pad - r)/stride + 1, q likewise.
+ * The f32 slots take NCHW f32 (dtype and nhwc left zero); the _lp slots read dtype and nhwc. */
+typedef struct {
+    int64_t n, c, h, w; /* input */
+    int64_t k, r, s;    /* filters: k of c x r x s */
+    int64_t p, q;       /* output height and width */
+    int64_t stride, pad;
+    umt_dtype dtype;    /* of x, w, y and their gradients (_lp slots: bf16 or f16) */
+    bool nhwc;          /* x, y stored N,H,W,C and w K,R,S,C (_lp slots) */
+} umt_conv_shape;
+
+/* The shape of a 2-D pooling window over x [n,c,h,w] -> y [n,c,p,q], no padding; dtype and
+ * nhwc as in umt_conv_shape (read by the _lp slots only). */
+typedef struct {
+    int64_t n, c, h, w;
+    int64_t p, q;
+    int64_t window, stride;
+    umt_dtype dtype;
+    bool nhwc;
+} umt_pool_shape;
+
+typedef struct umt_backend {
+    const char *name;
+
+    /* --- memory --- */
+    umt_status (*fill)(float *x, int64_t n, float value);
+    umt_status (*copy)(void *dst, const void *src, size_t bytes);
+    umt_status (*upload)(void *dst, const void *host_src, size_t bytes);
+    umt_status (*download)(void *host_dst, const void *src, size_t bytes);
+    /* dst[i] = (dst_dtype) src[i] between f32, bf16 and f16, round to nearest even. */
+    umt_status (*convert)(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype, int64_t n);
+
+    /* --- matrix product: C = alpha * op(A) op(B) + beta * C, op(A) [m,k], op(B) [k,n] --- */
+    umt_status (*gemm)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                       int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+    /* --- elementwise --- */
+    umt_status (*add)(const float *a, const float *b, float *out, int64_t n);
+    /* out[r,c] = x[r,c] + bias[c] (x may equal out) */
+    umt_status (*add_rows)(const float *x, const float *bias, float *out, int64_t rows, int64_t cols);
+    /* dst += alpha * src */
+    umt_status (*accumulate)(float *dst, const float *src, float alpha, int64_t n);
+    /* dbias[c] += sum over r of dy[r,c] */
+    umt_status (*sum_rows)(const float *dy, float *dbias, int64_t rows, int64_t cols);
+    umt_status (*mul)(const float *a, const float *b, float *out, int64_t n);
+    /* dst += a * b */
+    umt_status (*accumulate_product)(float *dst, const float *a, const float *b, int64_t n);
+    umt_status (*relu)(const float *x, float *y, int64_t n);
+    /* dx += dy where y > 0 */
+    umt_status (*relu_backward)(const float *y, const float *dy, float *dx, int64_t n);
+
+    /* --- reductions and losses; scalar results live in a 1-element tensor --- */
+    umt_status (*mean)(const float *x, float *out, int64_t n);
+    /* dx += dout[0] / n */
+    umt_status (*mean_backward)(const float *dout, float *dx, int64_t n);
+    umt_status (*log_softmax)(const float *x, float *y, int64_t rows, int64_t cols);
+    /* dx += dy - exp(y) * sum_c dy  (per row) */
+    umt_status (*log_softmax_backward)(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols);
+    /* loss[0] = -mean_r logp[r, labels[r]] */
+    umt_status (*nll_loss)(const float *logp, const int32_t *labels, float *loss, int64_t rows, int64_t cols);
+    umt_status (*nll_loss_backward)(const float *dloss, const int32_t *labels, float *dlogp, int64_t rows,
+                                    int64_t cols);
+    /* probs = softmax(logits), loss[0] = -mean_r log probs[r, labels[r]] */
+    umt_status (*softmax_xent)(const float *logits, const int32_t *labels, float *probs, float *loss, int64_t rows,
+                               int64_t cols);
+    /* dlogits += dloss[0] / rows * (probs - onehot(labels)) */
+    umt_status (*softmax_xent_backward)(const float *probs, const int32_t *labels, const float *dloss,
+                                        float *dlogits, int64_t rows, int64_t cols);
+    /* *correct = number of rows whose arg-max equals the label (a host result) */
+    umt_status (*count_correct)(const float *scores, const int32_t *labels, int64_t rows, int64_t cols,
+                                int64_t *correct);
+
+    /* --- data: gather rows of a u8 dataset into a normalised f32 batch and i32 labels;
+     *     indices, like every other pointer here, is memory of the backend's device --- */
+    umt_status (*gather_batch)(const uint8_t *samples, const uint8_t *labels, const int64_t *indices, int64_t count,
+                               int64_t sample_numel, float mean, float std, float *images_out,
+                               int32_t *labels_out);
+
+    /* --- convolution: the workspace (from the workspace pool) is at least
+     *     conv2d_workspace_bytes(shape) bytes; the backend may pick and cache an algorithm per
+     *     shape there. y is overwritten; dx and dw accumulate. --- */
+    umt_status (*conv2d_workspace_bytes)(const umt_conv_shape *shape, size_t *bytes);
+    umt_status (*conv2d_forward)(const umt_conv_shape *shape, const float *x, const float *w, float *y,
+                                 void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_backward_data)(const umt_conv_shape *shape, const float *w, const float *dy, float *dx,
+                                       void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_backward_filter)(const umt_conv_shape *shape, const float *x, const float *dy, float *dw,
+                                         void *workspace, size_t workspace_bytes);
+    /* y[n,k,:] = x[n,k,:] + bias[k] over n images of k channels of hw pixels (y may equal x) */
+    umt_status (*add_channel_bias)(const float *x, const float *bias, float *y, int64_t n, int64_t k, int64_t hw);
+    /* dbias[k] += sum over n and hw of dy[n,k,:] */
+    umt_status (*sum_channel_bias)(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw);
+
+    /* --- bias + ReLU fused (core/ops/conv.c, core/ops/matmul.c) over n images of k channels of
+     *     hw pixels, x and y of dtype: f32 NCHW, or bf16/f16 NCHW or NHWC (nhwc); a linear
+     *     layer's [rows, k] output is hw = 1. bias is f32, NULL for none. --- */
+    /* y = max(x + bias[channel], 0) (y may equal x) */
+    umt_status (*bias_relu)(umt_dtype dtype, bool nhwc, const void *x, const float *bias, void *y, int64_t n,
+                            int64_t k, int64_t hw);
+    /* IN PLACE: dy[i] = y[i] > 0 ? dy[i] : 0, the gradient before the ReLU, which the layer's
+     * own backward then reads; dbias[channel] += the channel's sum of it (dbias NULL: none) */
+    umt_status (*bias_relu_backward)(umt_dtype dtype, bool nhwc, const void *y, void *dy, float *dbias, int64_t n,
+                                     int64_t k, int64_t hw);
+
+    /* --- pooling: max keeps the index (0..h*w-1 within its channel plane) of the first
+     *     maximum of each window for backward; dx accumulates --- */
+    umt_status (*max_pool_forward)(const umt_pool_shape *shape, const float *x, float *y, int32_t *argmax);
+    umt_status (*max_pool_backward)(const umt_pool_shape *shape, const int32_t *argmax, const float *dy, float *dx);
+    /* Max pool then dropout (core/ops/pool.c), backward in one pass, windows apart (stride >=
+     * window): dx[pick of output o] += dy[o] / (1 - p) where mask[o], in shape->dtype (f32, or
+     * bf16/f16 in either layout), the scaled gradient rounded to the dtype first as the unfused
+     * dropout backward stores it */
+    umt_status (*max_pool_dropout_backward)(const umt_pool_shape *shape, const int32_t *argmax, const uint8_t *mask,
+                                            const void *dy, void *dx, float p);
+    /* A convolution's bias and ReLU applied on the way into a max pool (core/ops/pool.c), in
+     * shape->dtype and layout as above, windows apart and at most 256 positions each: y = the
+     * window's first maximum of max(x + bias[channel], 0) rounded to the dtype, bit for bit
+     * bias_relu then max_pool_forward, without the full-size intermediate; pick[o] = the
+     * maximum's position in its window, i * window + j (one byte, where argmax takes four). */
+    umt_status (*bias_relu_max_pool_forward)(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
+                                             uint8_t *pick);
+    /* Its backward, after the dropout of probability p that followed (0: none), y that
+     * dropout's output (0 wherever the ReLU or the dropout zeroed it): IN PLACE dy = y > 0 ?
+     * dy / (1 - p) rounded to the dtype : 0 (the gradient before the dropout and the ReLU, as
+     * the unfused backwards store it), dbias[channel] += its sums (NULL: none), and dx[the
+     * input at pick[o] in o's window] += dy[o] (NULL: none); dx_fresh: dx holds no values yet (the tape's unzeroed
+     * new gradient, core/tape.h) and every element is written, 0 off the picks. */
+    umt_status (*bias_relu_max_pool_dropout_backward)(const umt_pool_shape *shape, const uint8_t *pick,
+                                                      const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
+                                                      float p);
+    umt_status (*avg_pool_forward)(const umt_pool_shape *shape, const float *x, float *y);
+    umt_status (*avg_pool_backward)(const umt_pool_shape *shape, const float *dy, float *dx);
+
+    /* --- dropout: element i is kept when umt_dropout_keep(seed, i, p) (kernels/backend.h), the
+     *     same counter-based draw on every backend; kept elements are scaled by 1/(1-p).
+     *     mask[i] = 1 if kept, else 0; dx accumulates. A non-NULL seed_on_device is read (in
+     *     stream order) instead of seed: a CUDA graph replays with a new seed there --- */
+    umt_status (*dropout_forward)(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed,
+                                  const uint64_t *seed_on_device);
+    umt_status (*dropout_backward)(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
+
+    /* --- batch norm over channels of x [n,c,hw] (spatial): training uses the batch's mean and
+     *     biased variance, saves mean and 1/sqrt(var+eps) for backward, and moves the running
+     *     statistics by momentum (running_var with the unbiased variance, as PyTorch);
+     *     evaluation uses the running statistics; dx, dgamma, dbeta accumulate, and a NULL
+     *     one of them (an input that takes no gradient) is not computed --- */
+    umt_status (*batchnorm_forward_train)(const float *x, const float *gamma, const float *beta, float *y,
+                                          float *running_mean, float *running_var, float *save_mean,
+                                          float *save_inv_std, int64_t n, int64_t c, int64_t hw, float momentum,
+                                          float eps);
+    umt_status (*batchnorm_forward_eval)(const float *x, const float *gamma, const float *beta,
+                                         const float *running_mean, const float *running_var, float *y, int64_t n,
+                                         int64_t c, int64_t hw, float eps);
+    umt_status (*batchnorm_backward)(const float *x, const float *dy, const float *gamma, const float *save_mean,
+                                     const float *save_inv_std, float *dx, float *dgamma, float *dbeta, int64_t n,
+                                     int64_t c, int64_t hw);
+
+    /* --- mixed precision (core/precision.c). Activations and their gradients are bf16 or f16
+     *     (dtype), 4-D ones NHWC where nhwc says so; parameters, their gradients, biases and
+     *     every accumulation stay f32. These slots exist on CUDA only: the CPU table leaves
+     *     them NULL, and core/precision.c refuses a low precision there. --- */
+    /* Zeroes bytes bytes at x (both backends: gradients of any dtype start from it). */
+    umt_status (*zero)(void *x, size_t bytes);
+    /* dst (=, or += when accumulate) src, converting dtypes and, for n images of c channels of
+     * hw pixels, the layout: one slot for casts, layout changes and their backwards. */
+    umt_status (*recast)(const void *src, umt_dtype src_dtype, bool src_nhwc, void *dst, umt_dtype dst_dtype,
+                         bool dst_nhwc, int64_t n, int64_t c, int64_t hw, bool accumulate);
+    /* C = alpha op(A) op(B) + beta C with A, B of ab_dtype and C of c_dtype (f32 or ab_dtype),
+     * products on tensor cores, accumulation in f32 */
+    umt_status (*gemm_lp)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
+                          int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
+                          umt_dtype ab_dtype, umt_dtype c_dtype);
+    umt_status (*add_rows_lp)(umt_dtype dtype, const void *x, const float *bias, void *out, int64_t rows,
+                              int64_t cols);
+    umt_status (*sum_rows_lp)(umt_dtype dtype, const void *dy, float *dbias, int64_t rows, int64_t cols);
+    umt_status (*relu_lp)(umt_dtype dtype, const void *x, void *y, int64_t n);
+    umt_status (*relu_backward_lp)(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n);
+    umt_status (*dropout_forward_lp)(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n, float p,
+                                     uint64_t seed, const uint64_t *seed_on_device);
+    umt_status (*dropout_backward_lp)(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx, int64_t n,
+                                      float p);
+    /* Convolution on bf16/f16 NHWC tensors; dw is an f32 gradient (accumulated); dx accumulates,
+     * or with overwrite is written whole (a fresh gradient, core/tape.h: nothing to add to) */
+    umt_status (*conv2d_forward_lp)(const umt_conv_shape *shape, const void *x, const void *w, void *y,
+                                    void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_backward_data_lp)(const umt_conv_shape *shape, const void *w, const void *dy, void *dx,
+                                          bool overwrite, void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_backward_filter_lp)(const umt_conv_shape *shape, const void *x, const void *dy, float *dw,
+                                            void *workspace, size_t workspace_bytes);
+    /* Convolution, bias and ReLU in one pass, where the backend has it for the shape (the slot
+     * NULL or conv2d_relu_fused_lp false: the op runs conv2d_forward_lp, then bias_relu). The
+     * forward gives bit for bit those two ops' y (the product rounded to the dtype, then the
+     * bias and the ReLU). The backward's weight side reads y and dy once: the masked gradient
+     * (y > 0 ? dy : 0, written over dy when keep_dy, for conv2d_backward_data_lp to read), and
+     * from it dw += the weight gradient and dbias += its channel sums (dbias may be NULL). */
+    bool (*conv2d_relu_fused_lp)(const umt_conv_shape *shape);
+    umt_status (*conv2d_relu_forward_lp)(const umt_conv_shape *shape, const void *x, const void *w, const float *bias,
+                                         void *y, void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_relu_backward_filter_lp)(const umt_conv_shape *shape, const void *x, const void *y, void *dy,
+                                                 bool keep_dy, float *dw, float *dbias, void *workspace,
+                                                 size_t workspace_bytes);
+    umt_status (*add_channel_bias_lp)(umt_dtype dtype, bool nhwc, const void *x, const float *bias, void *y,
+                                      int64_t n, int64_t k, int64_t hw);
+    umt_status (*sum_channel_bias_lp)(umt_dtype dtype, bool nhwc, const void *dy, float *dbias, int64_t n,
+                                      int64_t k, int64_t hw);
+    /* Pooling as above; argmax indexes the window's first maximum in its (h, w) plane */
+    umt_status (*max_pool_forward_lp)(const umt_pool_shape *shape, const void *x, void *y, int32_t *argmax);
+    umt_status (*max_pool_backward_lp)(const umt_pool_shape *shape, const int32_t *argmax, const void *dy,
+                                       void *dx);
+    umt_status (*avg_pool_forward_lp)(const umt_pool_shape *shape, const void *x, void *y);
+    umt_status (*avg_pool_backward_lp)(const umt_pool_shape *shape, const void *dy, void *dx);
+
+    /* --- optimizer updates, in place over n elements (PyTorch's update rules) --- */
+    umt_status (*sgd_update)(float *param, const float *grad, float *velocity, int64_t n, float lr, float momentum,
+                             float weight_decay);
+    /* step counts from 1; decoupled selects AdamW's weight decay */
+    umt_status (*adam_update)(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
+                              float beta2, float eps, float weight_decay, bool decoupled, int64_t step);
+    umt_status (*adadelta_update)(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,
+                                  float lr, float rho, float eps, float weight_decay);
+
+    /* --- fused optimizer steps (kernels/optim_step.h tells the story): the same rules as above,
+     *     each in one pass that may also scale or clip the gradient, skip the step and write
+     *     the parameter's low-precision copy; a zero fusion is the plain update, bit for bit --- */
+    /* partials[0..UMT_GRAD_SUMSQ_PARTIALS) = a fixed split of sum(grad^2), in double */
+    umt_status (*grad_sumsq)(const float *grad, int64_t n, double *partials);
+    /* One thread: sums partials[0..count) in a fixed order, then umt_step_finish(scalars) */
+    umt_status (*step_prepare)(umt_step_scalars *scalars, const double *partials, int64_t count,
+                               umt_step_options options);
+    umt_status (*sgd_update_fused)(float *param, const float *grad, float *velocity, int64_t n, float lr,
+                                   float momentum, float weight_decay, umt_update_fusion fusion);
+    umt_status (*adam_update_fused)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                                    float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                                    int64_t step, umt_update_fusion fusion);
+    umt_status (*adadelta_update_fused)(float *param, const float *grad, float *square_avg, float *delta_avg,
+                                        int64_t n, float lr, float rho, float eps, float weight_decay,
+                                        umt_update_fusion fusion);
+    /* The fused update of rule.kind over count tensors at once (CUDA: one launch per 32), bit
+     * for bit the per-tensor slots above. common gives scalars, lr_on_device and lowp_dtype;
+     * each tensor its own lowp copy and layout. */
+    umt_status (*multi_update)(const umt_update_tensor *tensors, int count, umt_update_rule rule,
+                               umt_update_fusion common);
+} umt_backend;
+
+/* Dropout's draw for element i: a counter-based hash of (seed, i) -> uniform in [0, 1),
+ * compared with p. The same inline code runs on the CPU and in CUDA kernels, so both backends
+ * drop the same elements for the same seed. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline bool umt_dropout_keep(uint64_t seed, uint64_t i, float p) {
+    /* splitmix64 of seed + i * golden ratio: consecutive i give independent-looking bits. */
+    uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f) >= p;
+}
+
+/* The CPU backend (kernels/cpu/cpu_backend.c). */
+const umt_backend *umt_cpu_backend(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UMT_KERNELS_BACKEND_H */

@@ -1,0 +1,228 @@
+/*
+ * offload/host.c — updates in backward on the CPU, beside the GPU's update ring
+ * (UMT_OFFLOAD_OPTIM_BACKWARD with umt_offload_options.host_updates > 0, or UMT_OFFLOAD_HOST_AUTO: the
+ * share of the measured rates for the first step, then the count searched on whole steps).
+ *
+ * Through the ring (offload/update.c) a streamed parameter's optimizer state crosses the
+ * link both ways every step: with Adam, twice its weights' bytes each way. Updated by CPU threads
+ * in pinned memory, where its weights, gradient and state live, only the gradient crosses (out),
+ * and the weights come in again at the next forward. The CPU's time then runs beside the link's
+ * instead of adding to it, so the first parameters of each backward (the last layers, which the
+ * next forward needs last) go to the CPU and the rest through the ring.
+ *
+ * The update is a host function on a stream of its own, queued after the gradient's copy home:
+ * the host thread queues the rest of backward meanwhile. The slot's weights are given up (they
+ * are the old ones); the next copy of the parameter's weights waits for the update's event.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/backend.h"
+#include "core/context.h"
+#include "core/base/error.h"
+#include "offload/state.h"
+#include "core/optim/optim.h"
+#include "core/tensor.h"
+#include "memory/trace.h"
+
+#include "core/base/cuda_check.h"
+
+/* A core is left to the thread that queues the GPU's work, which runs meanwhile. */
+#define SPARE_CORES 1
+
+/* The optimizer's rule with the options and step of the enqueue (the job's own copy). */
+static umt_status host_rule(const void *user, const umt_backend *be, float *param, const float *grad, float *s0,
+                            float *s1, int64_t n) {
+    const umt_offload_host_rule *rule = user;
+    return umt_optimizer_update_with(&rule->options, rule->step, be, param, grad, s0, s1, n);
+}
+
+/* Elements per second that the CPU threads update with Adam (the optimizer is attached only in
+ * backward; Adam is the common rule, and a costlier one than SGD's), on scratch arrays of a
+ * million elements per thread (the threads' work item): best of three, the first touching the
+ * pages. */
+static umt_status cpu_rate(double *rate) {
+    long threads = sysconf(_SC_NPROCESSORS_ONLN) - SPARE_CORES;
+    int64_t n = (int64_t)(threads < 1 ? 1 : threads) << 20;
+    float *a = calloc((size_t)n * 4, sizeof *a);
+    if (!a) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory to time the CPU's update (%lld elements)",
+                            (long long)n);
+    umt_offload_host_rule rule = {umt_optimizer_defaults(UMT_OPT_ADAM), 1};
+    umt_offload_cpu_job job = {host_rule, &rule, a, a + n, a + 2 * n, a + 3 * n, n};
+    *rate = 0;
+    for (int r = 0; r < 3; ++r) {
+        double start = umt_offload_seconds();
+        bool ok = umt_offload_cpu_threads(&job, 1, SPARE_CORES);
+        double seconds = umt_offload_seconds() - start;
+        if (!ok) return free(a), umt_fail(UMT_ERR_STATE, "offload: timing the CPU's update: %s", umt_last_error());
+        if (seconds > 0 && (double)n / seconds > *rate) *rate = (double)n / seconds;
+    }
+    free(a);
+    return UMT_OK;
+}
+
+/* The CPU's share (umt_plan_host_share) from the rates measured now. */
+umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int count) {
+    int wanted = o->options.host_updates;
+    o->stats.host_updates = wanted == UMT_OFFLOAD_HOST_AUTO ? 0 : wanted;
+    if (wanted != UMT_OFFLOAD_HOST_AUTO || !o->plan.ring_bytes) return UMT_OK;
+    int64_t streamed = 0;
+    for (int i = 0; i < count; ++i)
+        if (items[i].pool == UMT_POOL_WEIGHTS && items[i].offloaded) {
+            streamed += (int64_t)(items[i].bytes / sizeof(float));
+            o->host_streamed++;
+        }
+    if (!streamed) return UMT_OK;
+    double rate = 0;
+    umt_link_speed link;
+    umt_status st = cpu_rate(&rate);
+    if (st == UMT_OK) st = umt_link_measure(o->ctx, (size_t)16 << 20, &link);
+    if (st != UMT_OK) {
+        fprintf(stderr, "offload: updates in backward stay on the GPU: %s\n", umt_last_error());
+        return UMT_OK;
+    }
+    double per_way = link.both_ways_gbps / 2 * 1e9; /* backward sends and receives at once */
+    double share = umt_plan_host_share(rate, per_way, o->plan.ring_arrays - 1);
+    o->host_target_elements = (int64_t)(share * (double)streamed);
+    o->stats.host_updates = -1; /* searched from the second step */
+    fprintf(stderr, "offload: CPU threads update %.2f G elements/s (Adam), the link moves %.1f GB/s each way at once: "
+            "the CPU takes %.0f%% of the %.3f G streamed elements in backward at first, then the count is searched "
+            "step by step\n", rate / 1e9, per_way / 1e9, 100 * share, (double)streamed / 1e9);
+    return UMT_OK;
+}
+
+/* UMT_OFFLOAD_HOST_AUTO: one step of the count's search (umt_plan_host_search_step), at the step's
+ * end, before the step's counts are reset. The first step's count (the share's) starts it. A
+ * count is timed on its second step: the first still waits for the last count's CPU updates. A
+ * step runs from the last step's end to this one, the compute stream drained at both. */
+static umt_status search(umt_offload *o) {
+    umt_host_count_search *s = &o->host_search;
+    if (o->stats.host_updates != -1) return UMT_OK; /* a fixed count, or the search settled */
+    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
+    double now = umt_offload_seconds(), ms = 1e3 * (now - o->host_last_end_s);
+    o->host_last_end_s = now;
+    if (!o->host_searching) {
+        o->host_searching = true;
+        *s = umt_plan_host_search_start(o->host_updates_this_step, o->host_streamed);
+    } else if (++o->host_steps_at_count == 2) {
+        size_t used = strlen(o->host_search_log);
+        snprintf(o->host_search_log + used, sizeof o->host_search_log - used, "%s%d: %.1f ms", used ? ", " : "",
+                 s->count, ms);
+        umt_plan_host_search_step(s, ms);
+        o->host_steps_at_count = 0;
+    }
+    if (s->direction) return UMT_OK;
+    o->stats.host_updates = s->count;
+    fprintf(stderr, "offload: streamed parameters updated by CPU threads, step time per count: %s; %d from now on\n",
+            o->host_search_log, s->count);
+    return UMT_OK;
+}
+
+/* Whether p, with its state, goes to the CPU this step. */
+static bool takes(const umt_offload *o, const umt_tensor *p, umt_tensor *const state[2]) {
+    int wanted = o->options.host_updates;
+    if (o->host_searching) wanted = o->host_search.count;
+    /* auto's first step: the nearest whole parameters to the share, counting from backward's first */
+    if (wanted == UMT_OFFLOAD_HOST_AUTO ? o->host_elements_this_step + p->numel / 2 > o->host_target_elements
+                                        : o->host_updates_this_step >= wanted)
+        return false;
+    /* Every array in pinned memory: the CPU reaches nothing on the GPU. */
+    return p->offload.home && p->grad->offload.home && (!state[0] || state[0]->offload.home) && (!state[1] || state[1]->offload.home);
+}
+
+static const char *label(const umt_tensor *p) { return p->name ? p->name : "a parameter"; }
+
+static umt_offload_host_job *find_job(const umt_offload *o, const umt_tensor *p) {
+    for (int j = 0; j < o->host_job_count; ++j)
+        if (o->host_jobs[j]->parameter == p) return o->host_jobs[j];
+    return NULL;
+}
+
+static umt_status job_of(umt_offload *o, umt_tensor *p, umt_offload_host_job **out) {
+    if ((*out = find_job(o, p))) return UMT_OK;
+    if (o->host_job_count == o->host_job_slots) {
+        int slots = o->host_job_slots ? 2 * o->host_job_slots : 16;
+        umt_offload_host_job **grown = realloc(o->host_jobs, (size_t)slots * sizeof *grown);
+        if (!grown) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory for %s's CPU update", label(p));
+        o->host_jobs = grown;
+        o->host_job_slots = slots;
+    }
+    umt_offload_host_job *job = calloc(1, sizeof *job);
+    if (!job) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory for %s's CPU update", label(p));
+    job->parameter = p;
+    atomic_init(&job->failed, 0);
+    o->host_jobs[o->host_job_count++] = job;
+    UMT_CUDA_TRY(cudaEventCreateWithFlags((cudaEvent_t *)&job->done, cudaEventDisableTiming));
+    return *out = job, UMT_OK;
+}
+
+/* The host function: no CUDA calls here. */
+static void CUDART_CB run_job(void *arg) {
+    umt_offload_host_job *job = arg;
+    if (!umt_offload_cpu_threads(&job->job, 1, SPARE_CORES)) atomic_store(&job->failed, 1);
+}
+
+umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
+    umt_tensor *p = o->slots[s].holder;
+    umt_tensor *state[2] = {0};
+    *taken = false;
+    UMT_TRY(umt_offload_state_of(o, p, state));
+    if (!takes(o, p, state)) return UMT_OK;
+    *taken = true;
+    if (!o->host_update)
+        UMT_CUDA_TRY(cudaStreamCreateWithFlags((cudaStream_t *)&o->host_update, cudaStreamNonBlocking));
+    umt_offload_host_job *job = NULL;
+    UMT_TRY(job_of(o, p, &job));
+    /* The job is rewritten below: last step's host function must have run (the host is rarely a
+     * whole step ahead of the GPU). */
+    UMT_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)job->done));
+    UMT_TRY(umt_offload_gradient_out(o, s));
+    UMT_TRY(umt_offload_evict(o, s)); /* its weights there are the old ones now */
+    job->job = (umt_offload_cpu_job){host_rule, &job->rule, p->offload.home, p->grad->offload.home, state[0] ? state[0]->offload.home : NULL,
+                                     state[1] ? state[1]->offload.home : NULL, p->numel};
+    umt_optimizer_snapshot(o->attached, &job->rule.options, &job->rule.step);
+    UMT_TRY(umt_offload_wait(o->host_update, o->slots[s].drained)); /* the gradient is home */
+    umt_trace *trace = o->ctx->memory.trace;
+    void *begin = umt_trace_begin(trace, o->host_update);
+    UMT_CUDA_TRY(cudaLaunchHostFunc((cudaStream_t)o->host_update, run_job, job));
+    umt_trace_end(trace, o->host_update, begin, label(p), "cpu update", UMT_TRACE_HOST_UPDATE, 0);
+    UMT_TRY(umt_offload_record(job->done, o->host_update));
+    p->offload.grad_zero = true; /* consumed by the update */
+    p->offload.updated_early = true;
+    o->stats.updates_in_backward++;
+    o->host_updates_this_step++;
+    o->host_elements_this_step += p->numel;
+    return UMT_OK;
+}
+
+umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p) {
+    const umt_offload_host_job *job = find_job(o, p);
+    return job ? umt_offload_wait(stream, job->done) : UMT_OK;
+}
+
+umt_status umt_offload_host_step_end(umt_offload *o) {
+    UMT_TRY(search(o));
+    o->host_updates_this_step = 0;
+    o->host_elements_this_step = 0;
+    for (int j = 0; j < o->host_job_count; ++j) {
+        umt_offload_host_job *job = o->host_jobs[j];
+        if (atomic_load(&job->failed))
+            return umt_fail(UMT_ERR_STATE, "offload: the CPU update of %s failed in backward", label(job->parameter));
+    }
+    return UMT_OK;
+}
+
+void umt_offload_host_destroy(umt_offload *o) {
+    if (o->host_update) {
+        cudaStreamSynchronize((cudaStream_t)o->host_update);
+        cudaStreamDestroy((cudaStream_t)o->host_update);
+    }
+    for (int j = 0; j < o->host_job_count; ++j) {
+        cudaEventDestroy((cudaEvent_t)o->host_jobs[j]->done);
+        free(o->host_jobs[j]);
+    }
+    free(o->host_jobs);
+}

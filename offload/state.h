@@ -1,0 +1,205 @@
+/*
+ * offload/state.h — the offload tier's state, shared by its two files: offload/offload.c
+ * (planning, slots, streaming in forward and backward) and offload/update.c (the update).
+ * Nothing else includes it.
+ */
+#ifndef UMT_OFFLOAD_STATE_H
+#define UMT_OFFLOAD_STATE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "offload/offload.h"
+#include "memory/offload_plan.h"
+#include "offload/host_share.h"
+
+/* One half of the double buffer. Its events order the three streams around it:
+ *   loaded    copy-in stream: what the slot should hold is there (compute waits for it);
+ *   released  compute stream: queued work that reads or writes the slot is behind this;
+ *   drained   copy-out stream: the slot's gradient (or update chunk) has left for the host; with
+ *             updates in backward, update stream: the slot's last chunk is updated (its weights
+ *             leave from the ring). */
+typedef struct {
+    void *base;          /* stream pool: weights at base, gradient at grads */
+    void *grads;
+    umt_tensor *holder;  /* the parameter whose weights are in the slot, or NULL */
+    bool grads_live;     /* the gradient part holds holder's gradient, not yet copied out */
+    void *loaded, *released, *drained;
+} umt_offload_slot;
+
+/* One entry of the update ring (UMT_OFFLOAD_OPTIM_BACKWARD, offload/update.c): a chunk of
+ * the weights and of each state array. Its events:
+ *   loaded    state-in stream: the chunk's state is there (the update waits for it);
+ *   released  update stream: the chunk is updated, its weights copied in beside (copy-out waits);
+ *   drained   copy-out stream: the chunk has gone home (the next copy into the entry waits). */
+typedef struct {
+    float *arrays[3]; /* weights, state 0, state 1: the plan's ring_chunk_bytes each */
+    void *loaded, *released, *drained;
+} umt_offload_ring_entry;
+
+typedef struct {
+    umt_tensor *parameter;
+    bool for_backward;
+} umt_offload_use;
+
+/* UMT_OFFLOAD_OPTIM_BACKWARD: backward's next weights, put off at their load. A copy engine
+ * serves its direction copy after copy in the order they became ready, so a whole layer's weights
+ * queued at once would hold back the update ring's state for 5 ms while the copies out ran dry.
+ * Instead a piece goes in after each update chunk's state, on the same stream: the link's
+ * to-device direction carries per chunk about what its to-host direction does. */
+typedef struct {
+    umt_tensor *parameter; /* NULL: nothing put off */
+    int slot;
+    size_t done;           /* bytes queued so far */
+} umt_offload_deferred;
+
+/* One array update for CPU threads: fn on [0, n) of each array, in pinned memory. */
+typedef struct umt_offload_cpu_job {
+    umt_offload_update_fn fn;
+    const void *user;
+    float *param, *grad, *state0, *state1;
+    int64_t n;
+} umt_offload_cpu_job;
+
+/* UMT_OFFLOAD_OPTIM_BACKWARD with options.offload_host_updates (offload/host.c): a streamed
+ * parameter updated by CPU threads during backward, in a host function on the host-update
+ * stream. One per such parameter, reused every step; the host function reads only this. */
+typedef struct {
+    umt_optimizer_options options; /* as at the enqueue: the host function may run after the step */
+    int64_t step;
+} umt_offload_host_rule;
+
+typedef struct {
+    umt_tensor *parameter;
+    umt_offload_cpu_job job;
+    umt_offload_host_rule rule;
+    void *done; /* host-update stream event: this step's update has run */
+    atomic_int failed;
+} umt_offload_host_job;
+
+/* Where a saved activation is (offload/activations.c). */
+typedef enum {
+    UMT_ACTIVATION_RESIDENT, /* in the arena, as any activation (kept by the plan, or the last one) */
+    UMT_ACTIVATION_LEAVING,  /* its copy out is queued; the arena bytes are still its own */
+    UMT_ACTIVATION_AWAY,     /* data points at its pinned copy; the arena bytes are free for reuse */
+    UMT_ACTIVATION_BACK,     /* copied into an arena buffer for backward (or on its way there) */
+} umt_activation_state;
+
+/* One saved activation of this step, by order of discovery. home, bytes and the events outlive
+ * the step: the next step's activation of the same index reuses them. */
+typedef struct {
+    umt_tensor *tensor;
+    size_t bytes;
+    void *home;               /* its pinned copy (offload pool) */
+    void *arena;              /* its own bytes in the arena, for the view check */
+    int first_node, group;    /* the earliest tape node that reads it; the node that sent it out */
+    const char *op;           /* that node's op, for the plan and the trace */
+    umt_activation_state state;
+    bool offload;             /* the plan's decision (the first step: every one) */
+    int buffer_slot;          /* the arena plan's slot of the buffer it came back to */
+    void *left, *loaded;      /* events: copy out done (copy-out stream); copy in done (copy-in stream) */
+} umt_offload_activation;
+
+struct umt_offload {
+    umt_context *ctx;
+    umt_offload_options options;
+    bool planned;
+    umt_placement_plan plan;
+    size_t slot_bytes;
+    void *compute, *copy_in, *copy_out; /* CUDA streams (compute is the backend's) */
+    void *update;                       /* UMT_OFFLOAD_OPTIM_BACKWARD: the updates' stream */
+    void *updated;                      /* its event: the updates queued so far are done */
+    void *state_in;                     /* UMT_OFFLOAD_OPTIM_BACKWARD: the state's copies in */
+    void *homed;                        /* copy-out event: weights updated so far are home */
+    void *gradient_final;               /* compute event: a resident parameter's gradient is final */
+    umt_offload_ring_entry ring[UMT_OFFLOAD_RING_MAX_ENTRIES]; /* the plan's ring_entries in use */
+    int ring_arrays;                    /* the plan's ring_arrays once the ring is made (0: no ring) */
+    int ring_next;                      /* the entry the next chunk takes */
+    umt_offload_deferred deferred;
+    umt_offload_slot slots[2];
+    int last_slot; /* the slot of the most recent acquire: the prefetch goes to the other one */
+    /* The order parameters were acquired in during the first step, replayed as prefetches. */
+    umt_offload_use *uses;
+    int use_count, use_slots;
+    bool recording, following;
+    int next_use;
+    /* The update */
+    umt_offload_optimizer optimizer; /* where it runs now: auto until both have been timed */
+    double update_start_s;
+    bool update_used_gpu, update_used_cpu;
+    bool slots_claimed; /* this update has evicted the slots to stream chunks through them */
+    umt_offload_cpu_job *cpu_jobs;
+    int cpu_job_count, cpu_job_slots;
+    /* Updates in backward on the CPU (offload/host.c) */
+    void *host_update;                /* their stream (made at the first) */
+    umt_offload_host_job **host_jobs; /* one per parameter so updated */
+    int host_job_count, host_job_slots;
+    int host_updates_this_step;
+    int64_t host_elements_this_step;
+    int64_t host_target_elements; /* UMT_OFFLOAD_HOST_AUTO: the CPU's share of a step's streamed elements */
+    /* UMT_OFFLOAD_HOST_AUTO after the first step: the count searched on whole steps */
+    bool host_searching;           /* the share's first step is done: the count comes from the search */
+    umt_host_count_search host_search;
+    int host_streamed;             /* streamed parameters: the most the CPU can take */
+    int host_steps_at_count;       /* steps since the count was set */
+    double host_last_end_s;        /* the last step's end, the compute stream drained */
+    char host_search_log[256];     /* the counts timed, printed when the search settles */
+    const umt_optimizer *attached; /* UMT_OFFLOAD_OPTIM_BACKWARD: the optimizer that updates in backward */
+    /* Saved activations (options.offload_activations, offload/activations.c) */
+    umt_offload_activation *activations;
+    int activation_count, activation_slots, activation_events; /* this step's; allocated; with events made */
+    bool activations_planned;  /* stage 3 has run on the first step's activations */
+    int activation_pending;    /* the LEAVING one whose arena bytes are freed at the next send, or -1 */
+    bool in_backward;
+    umt_offload_stats stats;
+};
+
+/* Slot bookkeeping used by both files. */
+umt_status umt_offload_evict(umt_offload *o, int s);
+umt_status umt_offload_wait(void *stream, void *event);
+umt_status umt_offload_record(void *event, void *stream);
+/* A host <-> device copy on the copy-in or copy-out stream, counted in the stats and traced; the
+ * same on a stream and track of the caller's choice. */
+umt_status umt_offload_copy(umt_offload *o, void *dst, const void *src, size_t bytes, bool to_device, const char *what);
+umt_status umt_offload_copy_on(umt_offload *o, void *stream, int track, void *dst, const void *src, size_t bytes,
+                               bool to_device, const char *what);
+
+/* p's optimizer state (the attached optimizer's), refused when the optimizer keeps step scalars
+ * (clipping, loss scaling) and p or its state is offloaded. */
+umt_status umt_offload_state_of(const umt_offload *o, const umt_tensor *p, umt_tensor *state[2]);
+
+/* UMT_OFFLOAD_OPTIM_BACKWARD (offload/update.c): slot s's parameter, its gradient final, is
+ * updated through the ring; the ring's entries are carved from one stream-pool buffer. */
+umt_status umt_offload_update_in_slot(umt_offload *o, int s);
+/* The same for p, resident on the GPU with state in the offload tier: updated in place, its state
+ * through the ring (a no-op when its state is on the GPU too: the optimizer's step updates it). */
+umt_status umt_offload_update_resident(umt_offload *o, umt_tensor *p);
+/* Up to bytes more of the put-off weight load (SIZE_MAX: the rest); a no-op when none is. */
+umt_status umt_offload_deferred_piece(umt_offload *o, size_t bytes);
+umt_status umt_offload_make_ring(umt_offload *o);
+double umt_offload_seconds(void);
+/* CPU threads (one per core, less spare) run the jobs; false when one failed. No CUDA calls: a
+ * host function may run it. */
+bool umt_offload_cpu_threads(const umt_offload_cpu_job *jobs, int count, int spare);
+/* Slot s's gradient, final, goes home on the copy-out stream (its drained event after). */
+umt_status umt_offload_gradient_out(umt_offload *o, int s);
+
+/* Updates in backward on the CPU (offload/host.c): at the plan, with UMT_OFFLOAD_HOST_AUTO,
+ * the CPU's share from its measured rate and the link's (printed); slot s's parameter, its
+ * gradient final, queued for CPU threads when it is one of them (the first such parameters of
+ * each backward, as many as options.offload_host_updates or the share says: *taken); a stream's
+ * wait for p's last one (before a copy reads its weights); the step's end (a failed update is
+ * reported); freeing. */
+umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int count);
+umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken);
+umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p);
+umt_status umt_offload_host_step_end(umt_offload *o);
+void umt_offload_host_destroy(umt_offload *o);
+
+/* Saved activations (offload/activations.c): the step's start (after the first step: the
+ * plan's stage 3), and freeing the events and pinned copies. */
+umt_status umt_offload_activations_step_begin(umt_offload *o);
+void umt_offload_activations_destroy(umt_offload *o);
+
+#endif /* UMT_OFFLOAD_STATE_H */
