@@ -1,7 +1,8 @@
 """tools/check_layers.py — umtrain's layers, checked on what the build knows.
 
     python3 tools/check_layers.py deps EDGES      # EDGES: `bazel query --output=graph` of the libraries
-    python3 tools/check_layers.py symbols BIN     # BIN: bazel-bin, after building //:umtrain and //dist
+    python3 tools/check_layers.py symbols BIN LIBS   # BIN: bazel-bin after building //:umtrain and //dist;
+                                                   # LIBS: the libraries in that build (`bazel cquery`)
 
 Each folder's library has a level (LEVELS below, the order of ../shared/DESIGN.md's picture). A
 library may depend on libraries of lower levels only, and on the few sideways neighbours ALSO
@@ -84,8 +85,8 @@ def archive_of(bin_dir, label):
     return path if os.path.exists(path) else None
 
 
-def check_symbols(bin_dir, planted=None):
-    archives = {label: archive_of(bin_dir, label) for label in LEVELS}
+def check_symbols(bin_dir, built, planted=None):
+    archives = {label: archive_of(bin_dir, label) for label in LEVELS if label in built}
     archives = {label: path for label, path in archives.items() if path}
     defined = {label: nm(path, False) for label, path in archives.items()}
     owner = {}
@@ -105,17 +106,21 @@ def check_symbols(bin_dir, planted=None):
 
 
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in ("deps", "symbols"):
+    if len(sys.argv) != (3 if sys.argv[1:2] == ["deps"] else 4) or sys.argv[1] not in ("deps", "symbols"):
         sys.exit(__doc__)
     if sys.argv[1] == "deps":
         edges = graph_edges(open(sys.argv[2]).read())
         problems = check_edges(edges)
         caught = check_edges(edges | {PLANTED_EDGE})
         seen = f"{len(edges)} edges between {len(LEVELS)} libraries"
+        count = len(edges)
     else:
-        problems, count = check_symbols(sys.argv[2])
-        caught, _ = check_symbols(sys.argv[2], PLANTED_SYMBOL)
+        built = {line.split()[0] for line in open(sys.argv[3]) if line.strip()}
+        problems, count = check_symbols(sys.argv[2], built)
+        caught, _ = check_symbols(sys.argv[2], built, PLANTED_SYMBOL)
         seen = f"the objects of {count} libraries"
+    if count == 0:
+        problems.append("nothing to check: the graph or the build is empty")
     if len(caught) <= len(problems):
         problems.append(f"the planted violation ({PLANTED_EDGE if sys.argv[1] == 'deps' else PLANTED_SYMBOL}) "
                         "was not caught: the check itself is broken")

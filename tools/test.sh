@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/test.sh — the one command that runs every CPU test: installs what is missing, runs the
-# unit tests, then the bad-input tests again under AddressSanitizer + UBSan, and ends with one
-# line "N passed, N failed" counting the test cases of every run.
+# unit tests, then the bad-input tests again under AddressSanitizer + UBSan, then the layering
+# checks (tools/check_layers.sh), and ends with one line "N passed, N failed" counting the test
+# cases of every run.
 # GPU tests carry the tag "gpu" and are left out here (tools/gpu_run.sh runs them).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -37,9 +38,24 @@ run_suite() {
     count_cases "$(bazel info "$@" bazel-testlogs 2>/dev/null)" "$targets"
 }
 
-# Every CPU test, then all but the slow ones again under the sanitizers (bad inputs above all).
+# The layering (tools/check_layers.sh): each of its checks counts as one case.
+run_layer_checks() {
+    echo "== tools/check_layers.sh =="
+    local out p f
+    out=$(bash tools/check_layers.sh 2>&1)
+    echo "$out"
+    p=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1/p' <<< "$out")
+    f=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\2/p' <<< "$out")
+    [[ -n "$p" ]] || f=1
+    passed=$((passed + ${p:-0}))
+    failed=$((failed + ${f:-0}))
+}
+
+# Every CPU test, then all but the slow ones again under the sanitizers (bad inputs above all),
+# then the layering.
 run_suite "gpu"
 run_suite "gpu|slow" --config=asan
+run_layer_checks
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
