@@ -181,7 +181,7 @@ umt_tensor *umt_parameter_new(umt_context *ctx, const char *name, int ndim, cons
     umt_tensor *p = named_weights(ctx, "umt_parameter_new", name, ndim, shape, true);
     umt_tensor *g = p ? umt_tensor_alloc_kind(ctx, UMT_POOL_GRADS, UMT_F32, ndim, shape) : NULL;
     if (g) g->owner = p;
-    if (!g || ctx->backend->fill(g->data, g->numel, 0.0f) != UMT_OK ||
+    if (!g || ctx->backend->f32.fill(g->data, g->numel, 0.0f) != UMT_OK ||
         register_named(&ctx->parameters, &ctx->parameter_count, &ctx->parameter_slots, p) != UMT_OK) {
         umt_tensor_free(g);
         umt_tensor_free(p);

@@ -42,7 +42,7 @@ umt_status umt_precision_check(const umt_context *ctx) {
     if ((unsigned)p >= (unsigned)PRECISION_COUNT)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: precision %d (expected 0..%d)", (int)p,
                         PRECISION_COUNT - 1);
-    if (p != UMT_PRECISION_FP32 && !ctx->backend->gemm_lp)
+    if (p != UMT_PRECISION_FP32 && !ctx->backend->lowp.gemm)
         return umt_fail(UMT_ERR_UNSUPPORTED, "umt_context_create: precision %s needs the CUDA backend (%s has fp32 only)",
                         umt_precision_name(p), ctx->backend->name);
     return UMT_OK;

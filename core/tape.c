@@ -82,7 +82,7 @@ umt_status umt_zero_grad(umt_context *ctx) {
     for (int i = 0; i < ctx->parameter_count; ++i) {
         umt_tensor *g = ctx->parameters[i]->grad;
         if (umt_hooks_zero_grad(ctx, ctx->parameters[i])) continue; /* a subsystem's gradient, zeroed there */
-        UMT_TRY(ctx->backend->fill(g->data, g->numel, 0.0f));
+        UMT_TRY(ctx->backend->f32.fill(g->data, g->numel, 0.0f));
     }
     return UMT_OK;
 }
@@ -138,9 +138,9 @@ umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *se
     umt_tensor *seed = umt_tensor_grad_or_zeros(ctx, loss);
     if (!seed) return UMT_ERR_OUT_OF_MEMORY;
     if (seed_on_device)
-        UMT_TRY(ctx->backend->copy(seed->data, seed_on_device, sizeof(float)));
+        UMT_TRY(ctx->backend->f32.copy(seed->data, seed_on_device, sizeof(float)));
     else
-        UMT_TRY(ctx->backend->fill(seed->data, 1, 1.0f));
+        UMT_TRY(ctx->backend->f32.fill(seed->data, 1, 1.0f));
 
     for (int n = ctx->tape.count - 1; n >= 0; --n) {
         umt_node *node = &ctx->tape.nodes[n];

@@ -156,11 +156,11 @@ static umt_status pack(umt_engine *e, const umt_bucket_plan *plan, int b, bool i
         umt_tensor *grad = e->ctx->parameters[p]->grad;
         void *slice = buffer + (size_t)plan->offset[p] * element;
         if (e->reduce_dtype == UMT_F32)
-            UMT_TRY(into_buffer ? backend->copy(slice, grad->data, grad->bytes) : backend->copy(grad->data, slice, grad->bytes));
+            UMT_TRY(into_buffer ? backend->f32.copy(slice, grad->data, grad->bytes) : backend->f32.copy(grad->data, slice, grad->bytes));
         else if (into_buffer)
-            UMT_TRY(backend->convert(grad->data, UMT_F32, slice, e->reduce_dtype, grad->numel));
+            UMT_TRY(backend->f32.convert(grad->data, UMT_F32, slice, e->reduce_dtype, grad->numel));
         else
-            UMT_TRY(backend->convert(slice, e->reduce_dtype, grad->data, UMT_F32, grad->numel));
+            UMT_TRY(backend->f32.convert(slice, e->reduce_dtype, grad->data, UMT_F32, grad->numel));
     }
     return UMT_OK;
 }
@@ -194,12 +194,12 @@ umt_status umt_engine_reduce_host(umt_engine *e, double *values, int count, bool
                         HOST_VALUES);
     UMT_TRY(umt_watchdog_check(e->watchdog));
     size_t bytes = (size_t)count * sizeof *values;
-    UMT_TRY(e->ctx->backend->upload(e->host_values->data, values, bytes));
+    UMT_TRY(e->ctx->backend->f32.upload(e->host_values->data, values, bytes));
     NCCL_TRY(e, ncclAllReduce(e->host_values->data, e->host_values->data, (size_t)count, ncclFloat64,
                               maximum ? ncclMax : ncclSum, e->comm, e->compute));
     UMT_CUDA_TRY(cudaEventRecord(e->host_done, e->compute));
     umt_watchdog_mark(e->watchdog, e->bucket_count, e->host_done);
-    umt_status status = e->ctx->backend->download(values, e->host_values->data, bytes);
+    umt_status status = e->ctx->backend->f32.download(values, e->host_values->data, bytes);
     /* After an abort the wait ends with whatever the buffer held: the watchdog's word wins. */
     UMT_TRY(umt_watchdog_check(e->watchdog));
     return status;

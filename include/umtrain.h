@@ -95,7 +95,8 @@ umt_precision umt_precision_default(umt_device device, int cuda_device);
 /* "2G", "64M", "512K", "1048576" (binary units, optional "iB"/"B") -> bytes. */
 umt_status umt_parse_bytes(const char *text, size_t *out);
 
-/* Every tensor's storage comes from exactly one pool; memory/policy.c says where each lives. */
+/* Every tensor's storage comes from exactly one pool; each pool has one placement (on CUDA:
+ * managed memory with its own access advice, or pinned host memory) and one lifetime. */
 typedef enum {
     UMT_POOL_WEIGHTS = 0, /* parameters (fp32 masters), whole run */
     UMT_POOL_GRADS,       /* parameter gradients, whole run */
@@ -485,7 +486,7 @@ int64_t umt_optimizer_steps(const umt_optimizer *opt);
 void umt_optimizer_destroy(umt_optimizer *opt);
 
 /* ----------------------------------------------------------------------------------------- */
-/* Whole training steps as one CUDA graph (core/step/step_graph.c)
+/* Whole training steps as one CUDA graph
  *
  * A step function does one whole training step: umt_step_begin, umt_zero_grad, forward, loss,
  * backward, umt_optimizer_step, and returns the loss (one f32), or NULL on failure. The host
@@ -587,8 +588,7 @@ umt_status umt_images_load(umt_context *ctx, const char *const *paths, int64_t c
 umt_status umt_permutation(umt_context *ctx, int64_t n, int64_t *out);
 
 /* ----------------------------------------------------------------------------------------- */
-/* Host-side samples and the prefetching loader (core/data/samples.c, core/data/image_folder.c,
- * core/data/loader.c) */
+/* Host-side samples and the prefetching loader */
 
 /* Labelled samples read on the host, one at a time, by the loader's threads: an IDX pair kept in
  * host memory, or an image folder decoded file by file. Independent of any context. */

@@ -2,9 +2,11 @@
  * kernels/backend.h — the table of kernels an op calls, one table per device.
  *
  * Ops (core/ops/) check shapes, allocate outputs from the pools and record the tape; then
- * they call ctx->backend->kernel(...) on raw pointers. The CPU table (kernels/cpu/) is the
- * readable reference; a CUDA table fills the same slots. All tensors are row-major and
- * contiguous; float means f32 unless a dtype is passed.
+ * they call a kernel of the context's table on raw pointers: ctx->backend->f32.gemm(...). The
+ * slots come in three groups: the f32 reference, which the CPU table (kernels/cpu/) fills and
+ * which is the readable reference; low precision; fused fast paths. The CUDA table
+ * (kernels/cuda/) fills all three. All tensors are row-major and contiguous; float means f32
+ * unless a dtype is passed.
  *
  * Naming: `x_backward` kernels ACCUMULATE into the input gradient (dx += ...), because a
  * tensor used twice receives the sum of both gradients.
@@ -45,9 +47,11 @@ typedef struct {
     bool nhwc;
 } umt_pool_shape;
 
-typedef struct umt_backend {
-    const char *name;
-
+/* --- Group 1, the f32 reference: each op's f32 kernel, the fused ones included (bias + ReLU,
+ *     max pool + dropout, the optimizer's fused steps). Every backend fills every slot; the CPU
+ *     backend (kernels/cpu/) is exactly this group. The few slots that take a dtype compute f32
+ *     on the CPU, and bf16 and f16 too where the backend has group 2. --- */
+typedef struct {
     /* --- memory --- */
     umt_status (*fill)(float *x, int64_t n, float value);
     umt_status (*copy)(void *dst, const void *src, size_t bytes);
@@ -55,6 +59,8 @@ typedef struct umt_backend {
     umt_status (*download)(void *host_dst, const void *src, size_t bytes);
     /* dst[i] = (dst_dtype) src[i] between f32, bf16 and f16, round to nearest even. */
     umt_status (*convert)(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype, int64_t n);
+    /* Zeroes bytes bytes at x (gradients of any dtype start from it). */
+    umt_status (*zero)(void *x, size_t bytes);
 
     /* --- matrix product: C = alpha * op(A) op(B) + beta * C, op(A) [m,k], op(B) [k,n] --- */
     umt_status (*gemm)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
@@ -181,61 +187,6 @@ typedef struct umt_backend {
                                      const float *save_inv_std, float *dx, float *dgamma, float *dbeta, int64_t n,
                                      int64_t c, int64_t hw);
 
-    /* --- mixed precision (core/precision.c). Activations and their gradients are bf16 or f16
-     *     (dtype), 4-D ones NHWC where nhwc says so; parameters, their gradients, biases and
-     *     every accumulation stay f32. These slots exist on CUDA only: the CPU table leaves
-     *     them NULL, and core/precision.c refuses a low precision there. --- */
-    /* Zeroes bytes bytes at x (both backends: gradients of any dtype start from it). */
-    umt_status (*zero)(void *x, size_t bytes);
-    /* dst (=, or += when accumulate) src, converting dtypes and, for n images of c channels of
-     * hw pixels, the layout: one slot for casts, layout changes and their backwards. */
-    umt_status (*recast)(const void *src, umt_dtype src_dtype, bool src_nhwc, void *dst, umt_dtype dst_dtype,
-                         bool dst_nhwc, int64_t n, int64_t c, int64_t hw, bool accumulate);
-    /* C = alpha op(A) op(B) + beta C with A, B of ab_dtype and C of c_dtype (f32 or ab_dtype),
-     * products on tensor cores, accumulation in f32 */
-    umt_status (*gemm_lp)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
-                          int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
-                          umt_dtype ab_dtype, umt_dtype c_dtype);
-    umt_status (*add_rows_lp)(umt_dtype dtype, const void *x, const float *bias, void *out, int64_t rows,
-                              int64_t cols);
-    umt_status (*sum_rows_lp)(umt_dtype dtype, const void *dy, float *dbias, int64_t rows, int64_t cols);
-    umt_status (*relu_lp)(umt_dtype dtype, const void *x, void *y, int64_t n);
-    umt_status (*relu_backward_lp)(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n);
-    umt_status (*dropout_forward_lp)(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n, float p,
-                                     uint64_t seed, const uint64_t *seed_on_device);
-    umt_status (*dropout_backward_lp)(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx, int64_t n,
-                                      float p);
-    /* Convolution on bf16/f16 NHWC tensors; dw is an f32 gradient (accumulated); dx accumulates,
-     * or with overwrite is written whole (a fresh gradient, core/tape.h: nothing to add to) */
-    umt_status (*conv2d_forward_lp)(const umt_conv_shape *shape, const void *x, const void *w, void *y,
-                                    void *workspace, size_t workspace_bytes);
-    umt_status (*conv2d_backward_data_lp)(const umt_conv_shape *shape, const void *w, const void *dy, void *dx,
-                                          bool overwrite, void *workspace, size_t workspace_bytes);
-    umt_status (*conv2d_backward_filter_lp)(const umt_conv_shape *shape, const void *x, const void *dy, float *dw,
-                                            void *workspace, size_t workspace_bytes);
-    /* Convolution, bias and ReLU in one pass, where the backend has it for the shape (the slot
-     * NULL or conv2d_relu_fused_lp false: the op runs conv2d_forward_lp, then bias_relu). The
-     * forward gives bit for bit those two ops' y (the product rounded to the dtype, then the
-     * bias and the ReLU). The backward's weight side reads y and dy once: the masked gradient
-     * (y > 0 ? dy : 0, written over dy when keep_dy, for conv2d_backward_data_lp to read), and
-     * from it dw += the weight gradient and dbias += its channel sums (dbias may be NULL). */
-    bool (*conv2d_relu_fused_lp)(const umt_conv_shape *shape);
-    umt_status (*conv2d_relu_forward_lp)(const umt_conv_shape *shape, const void *x, const void *w, const float *bias,
-                                         void *y, void *workspace, size_t workspace_bytes);
-    umt_status (*conv2d_relu_backward_filter_lp)(const umt_conv_shape *shape, const void *x, const void *y, void *dy,
-                                                 bool keep_dy, float *dw, float *dbias, void *workspace,
-                                                 size_t workspace_bytes);
-    umt_status (*add_channel_bias_lp)(umt_dtype dtype, bool nhwc, const void *x, const float *bias, void *y,
-                                      int64_t n, int64_t k, int64_t hw);
-    umt_status (*sum_channel_bias_lp)(umt_dtype dtype, bool nhwc, const void *dy, float *dbias, int64_t n,
-                                      int64_t k, int64_t hw);
-    /* Pooling as above; argmax indexes the window's first maximum in its (h, w) plane */
-    umt_status (*max_pool_forward_lp)(const umt_pool_shape *shape, const void *x, void *y, int32_t *argmax);
-    umt_status (*max_pool_backward_lp)(const umt_pool_shape *shape, const int32_t *argmax, const void *dy,
-                                       void *dx);
-    umt_status (*avg_pool_forward_lp)(const umt_pool_shape *shape, const void *x, void *y);
-    umt_status (*avg_pool_backward_lp)(const umt_pool_shape *shape, const void *dy, void *dx);
-
     /* --- optimizer updates, in place over n elements (PyTorch's update rules) --- */
     umt_status (*sgd_update)(float *param, const float *grad, float *velocity, int64_t n, float lr, float momentum,
                              float weight_decay);
@@ -266,6 +217,75 @@ typedef struct umt_backend {
      * each tensor its own lowp copy and layout. */
     umt_status (*multi_update)(const umt_update_tensor *tensors, int count, umt_update_rule rule,
                                umt_update_fusion common);
+} umt_backend_f32;
+
+/* --- Group 2, low precision (core/precision.h): activations and their gradients in bf16 or f16
+ *     (dtype), 4-D ones NHWC where nhwc says so; parameters, their gradients, biases and every
+ *     accumulation stay f32. The CUDA backend fills it; the CPU leaves it empty, and
+ *     umt_context_create refuses a low precision there. --- */
+typedef struct {
+    /* dst (=, or += when accumulate) src, converting dtypes and, for n images of c channels of
+     * hw pixels, the layout: one slot for casts, layout changes and their backwards. */
+    umt_status (*recast)(const void *src, umt_dtype src_dtype, bool src_nhwc, void *dst, umt_dtype dst_dtype,
+                         bool dst_nhwc, int64_t n, int64_t c, int64_t hw, bool accumulate);
+    /* C = alpha op(A) op(B) + beta C with A, B of ab_dtype and C of c_dtype (f32 or ab_dtype),
+     * products on tensor cores, accumulation in f32 */
+    umt_status (*gemm)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
+                       int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
+                       umt_dtype ab_dtype, umt_dtype c_dtype);
+    umt_status (*add_rows)(umt_dtype dtype, const void *x, const float *bias, void *out, int64_t rows,
+                           int64_t cols);
+    umt_status (*sum_rows)(umt_dtype dtype, const void *dy, float *dbias, int64_t rows, int64_t cols);
+    umt_status (*relu)(umt_dtype dtype, const void *x, void *y, int64_t n);
+    umt_status (*relu_backward)(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n);
+    umt_status (*dropout_forward)(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n, float p,
+                                  uint64_t seed, const uint64_t *seed_on_device);
+    umt_status (*dropout_backward)(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx, int64_t n,
+                                   float p);
+    /* Convolution on bf16/f16 NHWC tensors; dw is an f32 gradient (accumulated); dx accumulates,
+     * or with overwrite is written whole (a fresh gradient, core/tape.h: nothing to add to) */
+    umt_status (*conv2d_forward)(const umt_conv_shape *shape, const void *x, const void *w, void *y,
+                                 void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_backward_data)(const umt_conv_shape *shape, const void *w, const void *dy, void *dx,
+                                       bool overwrite, void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_backward_filter)(const umt_conv_shape *shape, const void *x, const void *dy, float *dw,
+                                         void *workspace, size_t workspace_bytes);
+    umt_status (*add_channel_bias)(umt_dtype dtype, bool nhwc, const void *x, const float *bias, void *y,
+                                   int64_t n, int64_t k, int64_t hw);
+    umt_status (*sum_channel_bias)(umt_dtype dtype, bool nhwc, const void *dy, float *dbias, int64_t n,
+                                   int64_t k, int64_t hw);
+    /* Pooling as in group 1; argmax indexes the window's first maximum in its (h, w) plane */
+    umt_status (*max_pool_forward)(const umt_pool_shape *shape, const void *x, void *y, int32_t *argmax);
+    umt_status (*max_pool_backward)(const umt_pool_shape *shape, const int32_t *argmax, const void *dy,
+                                    void *dx);
+    umt_status (*avg_pool_forward)(const umt_pool_shape *shape, const void *x, void *y);
+    umt_status (*avg_pool_backward)(const umt_pool_shape *shape, const void *dy, void *dx);
+} umt_backend_lowp;
+
+/* --- Group 3, fused fast paths: one kernel for what an op otherwise does with several slots of
+ *     the groups above, bit for bit the same result. An op takes it where the slot is set and
+ *     says yes for the shape; the CUDA backend fills it. --- */
+typedef struct {
+    /* Convolution, bias and ReLU in one pass, where the backend has it for the shape (the slot
+     * NULL or conv2d_relu_supports false: the op runs lowp.conv2d_forward, then f32.bias_relu). The
+     * forward gives bit for bit those two ops' y (the product rounded to the dtype, then the
+     * bias and the ReLU). The backward's weight side reads y and dy once: the masked gradient
+     * (y > 0 ? dy : 0, written over dy when keep_dy, for lowp.conv2d_backward_data to read), and
+     * from it dw += the weight gradient and dbias += its channel sums (dbias may be NULL). */
+    bool (*conv2d_relu_supports)(const umt_conv_shape *shape);
+    umt_status (*conv2d_relu_forward)(const umt_conv_shape *shape, const void *x, const void *w, const float *bias,
+                                      void *y, void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_relu_backward_filter)(const umt_conv_shape *shape, const void *x, const void *y, void *dy,
+                                              bool keep_dy, float *dw, float *dbias, void *workspace,
+                                              size_t workspace_bytes);
+} umt_backend_fused;
+
+/* The table an op calls through ctx->backend: one per device, its slots in three groups. */
+typedef struct umt_backend {
+    const char *name;
+    umt_backend_f32 f32;
+    umt_backend_lowp lowp;
+    umt_backend_fused fused;
 } umt_backend;
 
 /* Dropout's draw for element i: a counter-based hash of (seed, i) -> uniform in [0, 1),

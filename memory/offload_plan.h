@@ -30,9 +30,8 @@
  * parameters makes room for it. With its state offloaded, the step ends with that state's round
  * trip over the link, after backward; one more streamed layer instead costs fewer bytes (its
  * weights in twice and out once, against a resident layer's state in and out) and hides under
- * backward. H200, big_mlp --update-on backward (CPU count searched): 8G/8192 505.4 -> 496.8 ms a
- * step (499.2 in GPU memory), 4G/2048 155.0 -> 143.0 ms. Where there is no such room, the order
- * above stands.
+ * backward (docs/PERF.md, "Offload tier", has the step times before and after this rule). Where
+ * there is no such room, the order above stands.
  *
  * Streaming has a price in device memory: the double buffers. Offloading the first item of a
  * stage can therefore raise the total before later items lower it; the planner keeps going and
@@ -66,10 +65,10 @@
  * state arrays. */
 #define UMT_OFFLOAD_RING_ENTRIES 4
 /* What the budget leaves after the plan deepens the ring, up to this many entries: the state of
- * more chunks comes in ahead, which carries the link over the pauses between layers (H200,
- * big_mlp --update-on backward 2G/512, 2026-11-23: 176.7 ms a step with 4 entries, 167.6 with 6,
- * 168.3 with 8). Resident parameters come first: at 4G/2048 two more entries cost one (190.3
- * against 184.4 ms), so the ring takes only what is left. */
+ * more chunks comes in ahead, which carries the link over the pauses between layers (6 was as
+ * fast as 8 and faster than 4: docs/PERF.md, "Offload tier"). Resident parameters come first:
+ * where two more entries would cost a resident layer, the step was slower, so the ring takes
+ * only what is left. */
 #define UMT_OFFLOAD_RING_MAX_ENTRIES 6
 /* A chunk of one array: this, or a sixteenth of a weight slot for small models. */
 #define UMT_OFFLOAD_RING_CHUNK_BYTES ((size_t)16 << 20)

@@ -18,8 +18,8 @@ double umt_plan_host_share(double cpu_rate, double link_rate, int states);
  * can start, after forward, and what else the link carries), so the count of parameters that the
  * CPU threads take is then searched on whole steps: from the guess's count up, one more at a time
  * while the step gets faster; if the first step up is slower, down instead; the fastest count
- * timed is kept (H200, big_mlp --update-on backward 4G/2048: the share's 3 of 6 parameters took
- * 159.4 ms a step, 4 took 153.4; 8G/8192: 3 took 513.5 ms, 4 took 503.7). */
+ * timed is kept (the search found faster counts than the share's at both sizes docs/PERF.md
+ * records, "Offload tier"). */
 typedef struct {
     int count;      /* the count to time next; once settled, the count kept */
     int first;      /* the share's count, where the search starts */

@@ -47,8 +47,8 @@ umt_status umt_offload_record(void *event, void *stream) {
 }
 
 /* A copy engine serves the copies of one direction one whole copy at a time, whatever their
- * streams: a 256 MiB weight copy would hold the state copies of the update ring back for 5 ms.
- * Copies go in pieces of this size, so that streams take turns. */
+ * streams: a 256 MiB weight copy would hold the state copies of the update ring back for
+ * milliseconds. Copies go in pieces of this size, so that streams take turns. */
 #define COPY_PIECE_BYTES ((size_t)16 << 20)
 
 umt_status umt_offload_copy_on(umt_offload *o, void *stream, int track, void *dst, const void *src, size_t bytes,
@@ -445,7 +445,7 @@ umt_status umt_offload_create(umt_context *ctx, const umt_offload_options *optio
     *out = o;
     /* The recorded first step hands ended activations and gradients out again, so that it needs
      * about what later steps do (big_mlp: 2 depth + 2 tensors at the peak, not 4 depth + 2); the
-     * bytes it saves go to resident parameters (H200, 4G/2048: 203 to 185 ms a step). */
+     * bytes it saves go to resident parameters, which do not stream (docs/PERF.md). */
     umt_memory_set_recycle(&ctx->memory, UMT_POOL_ACTIVATIONS, true);
     return create_streams(o);
 }

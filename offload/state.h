@@ -45,7 +45,8 @@ typedef struct {
 
 /* UMT_OFFLOAD_OPTIM_BACKWARD: backward's next weights, put off at their load. A copy engine
  * serves its direction copy after copy in the order they became ready, so a whole layer's weights
- * queued at once would hold back the update ring's state for 5 ms while the copies out ran dry.
+ * queued at once would hold back the update ring's state for milliseconds while the copies out
+ * ran dry.
  * Instead a piece goes in after each update chunk's state, on the same stream: the link's
  * to-device direction carries per chunk about what its to-host direction does. */
 typedef struct {

@@ -47,8 +47,7 @@
 #define MAX_THREADS 64
 /* Weights put off for backward's next layer go in WEIGHT_PIECES_PER_CHUNK chunks' worth after each
  * update chunk's state: two state arrays in, then two pieces of weights, against a chunk's weights
- * and state going out. Measured on the H200 (big_mlp --update-on backward, 2026-11-23), 1, 2, 4
- * and 16: 179.6, 176.9, 186.0 and 192.9 ms a step at 2G/512; 219.5, 203.0, 202.7, 206.1 at 4G/2048. */
+ * and state going out. Two was the fastest of 1, 2, 4 and 16 (docs/PERF.md, "Offload tier"). */
 #define WEIGHT_PIECES_PER_CHUNK 2
 
 bool umt_offload_involves(const umt_tensor *p, const umt_tensor *state0, const umt_tensor *state1) {

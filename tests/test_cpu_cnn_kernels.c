@@ -360,21 +360,21 @@ static void test_pooling_refuses_bad_shapes_and_out_of_plane_argmax(void **state
 static void test_cpu_backend_fills_the_cnn_slots_with_these_kernels(void **state) {
     (void)state;
     const umt_backend *cpu = umt_cpu_backend();
-    assert_ptr_equal(cpu->conv2d_workspace_bytes, umt_cpu_conv2d_workspace_bytes);
-    assert_ptr_equal(cpu->conv2d_forward, umt_cpu_conv2d_forward);
-    assert_ptr_equal(cpu->conv2d_backward_data, umt_cpu_conv2d_backward_data);
-    assert_ptr_equal(cpu->conv2d_backward_filter, umt_cpu_conv2d_backward_filter);
-    assert_ptr_equal(cpu->add_channel_bias, umt_cpu_add_channel_bias);
-    assert_ptr_equal(cpu->sum_channel_bias, umt_cpu_sum_channel_bias);
-    assert_ptr_equal(cpu->max_pool_forward, umt_cpu_max_pool_forward);
-    assert_ptr_equal(cpu->max_pool_backward, umt_cpu_max_pool_backward);
-    assert_ptr_equal(cpu->avg_pool_forward, umt_cpu_avg_pool_forward);
-    assert_ptr_equal(cpu->avg_pool_backward, umt_cpu_avg_pool_backward);
-    assert_ptr_equal(cpu->dropout_forward, umt_cpu_dropout_forward);
-    assert_ptr_equal(cpu->dropout_backward, umt_cpu_dropout_backward);
-    assert_ptr_equal(cpu->batchnorm_forward_train, umt_cpu_batchnorm_forward_train);
-    assert_ptr_equal(cpu->batchnorm_forward_eval, umt_cpu_batchnorm_forward_eval);
-    assert_ptr_equal(cpu->batchnorm_backward, umt_cpu_batchnorm_backward);
+    assert_ptr_equal(cpu->f32.conv2d_workspace_bytes, umt_cpu_conv2d_workspace_bytes);
+    assert_ptr_equal(cpu->f32.conv2d_forward, umt_cpu_conv2d_forward);
+    assert_ptr_equal(cpu->f32.conv2d_backward_data, umt_cpu_conv2d_backward_data);
+    assert_ptr_equal(cpu->f32.conv2d_backward_filter, umt_cpu_conv2d_backward_filter);
+    assert_ptr_equal(cpu->f32.add_channel_bias, umt_cpu_add_channel_bias);
+    assert_ptr_equal(cpu->f32.sum_channel_bias, umt_cpu_sum_channel_bias);
+    assert_ptr_equal(cpu->f32.max_pool_forward, umt_cpu_max_pool_forward);
+    assert_ptr_equal(cpu->f32.max_pool_backward, umt_cpu_max_pool_backward);
+    assert_ptr_equal(cpu->f32.avg_pool_forward, umt_cpu_avg_pool_forward);
+    assert_ptr_equal(cpu->f32.avg_pool_backward, umt_cpu_avg_pool_backward);
+    assert_ptr_equal(cpu->f32.dropout_forward, umt_cpu_dropout_forward);
+    assert_ptr_equal(cpu->f32.dropout_backward, umt_cpu_dropout_backward);
+    assert_ptr_equal(cpu->f32.batchnorm_forward_train, umt_cpu_batchnorm_forward_train);
+    assert_ptr_equal(cpu->f32.batchnorm_forward_eval, umt_cpu_batchnorm_forward_eval);
+    assert_ptr_equal(cpu->f32.batchnorm_backward, umt_cpu_batchnorm_backward);
 }
 
 int main(void) {

@@ -392,13 +392,13 @@ static void test_cpu_backend_fills_every_slot_with_its_kernels(void **state) {
     const umt_backend *cpu = umt_cpu_backend();
     assert_non_null(cpu);
     assert_string_equal(cpu->name, "cpu");
-    assert_ptr_equal(cpu->gemm, umt_cpu_gemm);
-    assert_ptr_equal(cpu->upload, umt_cpu_copy);
-    assert_ptr_equal(cpu->download, umt_cpu_copy);
+    assert_ptr_equal(cpu->f32.gemm, umt_cpu_gemm);
+    assert_ptr_equal(cpu->f32.upload, umt_cpu_copy);
+    assert_ptr_equal(cpu->f32.download, umt_cpu_copy);
     /* Every other slot, named, so a forgotten one fails here instead of crashing an op. */
 #define ASSERT_SLOT(slot)                                                                          \
     do {                                                                                           \
-        if (cpu->slot == NULL) fail_msg("cpu backend slot %s is NULL", #slot);                     \
+        if (cpu->f32.slot == NULL) fail_msg("cpu backend slot %s is NULL", #slot);                 \
     } while (0)
     ASSERT_SLOT(fill);
     ASSERT_SLOT(copy);
@@ -425,6 +425,18 @@ static void test_cpu_backend_fills_every_slot_with_its_kernels(void **state) {
     ASSERT_SLOT(adam_update);
     ASSERT_SLOT(adadelta_update);
 #undef ASSERT_SLOT
+    /* And every slot of the reference group, named above or not (the group holds function
+     * pointers only, all of one size). */
+    void (*slots[sizeof cpu->f32 / sizeof(void (*)(void))])(void);
+    assert_int_equal(sizeof slots, sizeof cpu->f32);
+    memcpy(slots, &cpu->f32, sizeof slots);
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
+        if (!slots[i]) fail_msg("cpu backend: slot %zu of the f32 group is NULL", i);
+    /* The CPU fills the reference group only: low precision and the fused paths are CUDA's. */
+    const umt_backend_lowp no_lowp = {0};
+    const umt_backend_fused no_fused = {0};
+    assert_memory_equal(&cpu->lowp, &no_lowp, sizeof no_lowp);
+    assert_memory_equal(&cpu->fused, &no_fused, sizeof no_fused);
 }
 
 int main(void) {

@@ -22,8 +22,8 @@ if [[ -e /usr/include/x86_64-linux-gnu/mpi/mpi.h ]]; then
     cp -f bazel-bin/examples/mnist_cnn "$mpi_binary"
 fi
 
-gpu_targets=(//tests/gpu:all //examples:mnist_mlp //examples:mnist_cnn //examples:predict //examples:image_folder
-             //examples:mnist_to_png //examples:big_mlp //bench:all)
+gpu_targets=(//tests/gpu:all //examples:mnist_mlp //examples:mnist_cnn //examples:mnist_cnn_minimal //examples:predict
+             //examples:image_folder //examples:mnist_to_png //examples:big_mlp //bench:all)
 echo "gpu_bundle: bazel build --config=cuda ${gpu_targets[*]}"
 bazel build --config=cuda "${gpu_targets[@]}"
 
@@ -32,7 +32,7 @@ mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/data"
 for t in $(bazel query 'kind(cc_test, //tests/gpu:all)' 2>/dev/null); do
     cp "bazel-bin/tests/gpu/${t##*:}" "$bundle"/bin/
 done
-cp bazel-bin/examples/mnist_mlp bazel-bin/examples/mnist_cnn bazel-bin/examples/predict \
+cp bazel-bin/examples/mnist_mlp bazel-bin/examples/mnist_cnn bazel-bin/examples/mnist_cnn_minimal bazel-bin/examples/predict \
     bazel-bin/examples/image_folder bazel-bin/examples/mnist_to_png bazel-bin/examples/big_mlp \
     bazel-bin/bench/mlp_mem_modes bazel-bin/bench/cpu_update "$bundle"/bin/
 # cmocka and stb are not on the GPU machine's image; CUDA, cuBLAS, cuDNN and zlib are.
@@ -42,6 +42,8 @@ done
 # Compressed, the four MNIST files travel in 12 MB instead of 55 (the IDX reader inflates them).
 for f in data/mnist/*-ubyte; do gzip -9 -c "$f" > "$bundle/data/$(basename "$f").gz"; done
 cp tools/gpu_run_all.sh "$bundle"/run_all.sh
+# Two builds' deterministic results, for a bit-for-bit comparison (tools/gpu_golden.sh).
+cp tools/gpu_golden.sh "$bundle"/golden.sh
 cp bench/torch_ref.py bench/input_pipeline.sh tools/kernel_profile.sh "$bundle"/
 # The offload tier: big_mlp's losses and benchmark, and the trace drawn as an SVG (bench/offload.sh).
 cp bench/offload.sh tools/mem_trace_svg.py tools/trace_phases.py "$bundle"/

@@ -50,6 +50,26 @@ for precision in fp32 bf16 fp16; do
     row "mnist_cnn 5 epochs $precision" "${accs:-none}(exit $rc)$skipped"
     [[ $rc -ne 0 ]] && tail -n 5 "$log"
 done
+# The minimal trainer (examples/mnist_cnn_minimal.c, eager f32) reads the uncompressed files.
+mkdir -p /tmp/umt_mnist
+for f in data/*.gz; do gunzip -c "$f" > "/tmp/umt_mnist/$(basename "$f" .gz)"; done
+log="$logs/mnist_cnn_minimal.log"
+bin/mnist_cnn_minimal --data-dir /tmp/umt_mnist --epochs 2 > "$log" 2>&1
+rc=$?
+row "mnist_cnn_minimal 2 epochs" "$(grep 'test accuracy' "$log" | awk '{print $NF}' | tr '\n' ' ')(exit $rc)"
+
+# Data parallelism's path on one GPU (--dist on: the gradient hook, the buckets, a one-rank
+# all-reduce) must leave training as it was: after an epoch, the same checkpoint bytes.
+for precision in fp32 bf16; do
+    for dist in auto on; do
+        bin/mnist_cnn --device cuda --data-dir data --epochs 1 --precision "$precision" --graph off --dist "$dist" \
+            --save "/tmp/umt_dist_$dist.ckpt" > "$logs/mnist_cnn_dist_${dist}_$precision.log" 2>&1
+    done
+    same="checkpoints DIFFER"
+    cmp -s /tmp/umt_dist_auto.ckpt /tmp/umt_dist_on.ckpt && same="checkpoints equal"
+    row "mnist_cnn 1 epoch $precision: --dist on vs auto" "$same ($(grep -c 'test accuracy' "$logs/mnist_cnn_dist_on_$precision.log") epoch)"
+done
+
 # Speed: umtrain against PyTorch (eager and torch.compile) with the floor, in fp32 and bf16
 # (bench/speed.sh; the bf16 table is the one docs/PERF.md and the README show).
 # torch.compile takes minutes per batch size: it runs for bf16 only, fp32 against eager.

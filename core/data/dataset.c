@@ -51,7 +51,7 @@ static umt_status upload_idx(umt_context *ctx, const umt_idx *idx, umt_tensor **
     /* The shape is valid (the reader checked it), so only the pool can have refused; it has
      * recorded the message. */
     if (!*out) return umt_last_status();
-    umt_status status = ctx->backend->upload((*out)->data, idx->data, idx->data_bytes);
+    umt_status status = ctx->backend->f32.upload((*out)->data, idx->data, idx->data_bytes);
     if (status != UMT_OK) {
         umt_tensor_free(*out);
         *out = NULL;
@@ -158,7 +158,7 @@ umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int6
      * copy from pinned memory (core/step_values.h), so the host does not wait for them. */
     void *device_indices = NULL;
     UMT_TRY(umt_step_values_input(ctx, indices, (size_t)count * sizeof *indices, &device_indices));
-    UMT_TRY(ctx->backend->gather_batch(ds->samples->data, ds->labels->data, device_indices, count,
+    UMT_TRY(ctx->backend->f32.gather_batch(ds->samples->data, ds->labels->data, device_indices, count,
                                        ds->chw[0] * ds->chw[1] * ds->chw[2], mean, std, x->data, y->data));
     *images = x;
     *labels = y;

@@ -46,19 +46,19 @@ static umt_status conv_backward_from(umt_context *ctx, const umt_node *node, boo
     const umt_backend *be = ctx->backend;
     size_t bytes = 0;
     void *workspace = NULL;
-    UMT_TRY(be->conv2d_workspace_bytes(&s, &bytes));
+    UMT_TRY(be->f32.conv2d_workspace_bytes(&s, &bytes));
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
     bool fresh = umt_input_grad_fresh(node, 0);
     if (umt_dtype_is_lowp(s.dtype)) {
-        if (dx) UMT_TRY(be->conv2d_backward_data_lp(&s, w->lowp->data, dy, dx, fresh, workspace, bytes));
-        if (dw) UMT_TRY(be->conv2d_backward_filter_lp(&s, x->data, dy, dw, workspace, bytes));
-        if (dbias) UMT_TRY(be->sum_channel_bias_lp(s.dtype, s.nhwc, dy, dbias, s.n, s.k, s.p * s.q));
+        if (dx) UMT_TRY(be->lowp.conv2d_backward_data(&s, w->lowp->data, dy, dx, fresh, workspace, bytes));
+        if (dw) UMT_TRY(be->lowp.conv2d_backward_filter(&s, x->data, dy, dw, workspace, bytes));
+        if (dbias) UMT_TRY(be->lowp.sum_channel_bias(s.dtype, s.nhwc, dy, dbias, s.n, s.k, s.p * s.q));
         return UMT_OK;
     }
-    if (dx && fresh) UMT_TRY(be->zero(dx, (size_t)x->numel * sizeof(float)));
-    if (dx) UMT_TRY(be->conv2d_backward_data(&s, w->data, dy, dx, workspace, bytes));
-    if (dw) UMT_TRY(be->conv2d_backward_filter(&s, x->data, dy, dw, workspace, bytes));
-    if (dbias) UMT_TRY(be->sum_channel_bias(dy, dbias, s.n, s.k, s.p * s.q));
+    if (dx && fresh) UMT_TRY(be->f32.zero(dx, (size_t)x->numel * sizeof(float)));
+    if (dx) UMT_TRY(be->f32.conv2d_backward_data(&s, w->data, dy, dx, workspace, bytes));
+    if (dw) UMT_TRY(be->f32.conv2d_backward_filter(&s, x->data, dy, dw, workspace, bytes));
+    if (dbias) UMT_TRY(be->f32.sum_channel_bias(dy, dbias, s.n, s.k, s.p * s.q));
     return UMT_OK;
 }
 
@@ -66,7 +66,7 @@ static umt_status conv_backward(umt_context *ctx, const umt_node *node) { return
 
 /* Whether the backend runs this convolution, its bias and its ReLU as one (kernels/backend.h). */
 static bool fused_by_backend(const umt_backend *be, const umt_conv_shape *s) {
-    return umt_dtype_is_lowp(s->dtype) && be->conv2d_relu_fused_lp && be->conv2d_relu_fused_lp(s);
+    return umt_dtype_is_lowp(s->dtype) && be->fused.conv2d_relu_supports && be->fused.conv2d_relu_supports(s);
 }
 
 /* The backend's fused backward: the weight gradient reads y and dy once, masks, and sums the
@@ -77,11 +77,11 @@ static umt_status conv_relu_backward_fused(umt_context *ctx, const umt_node *nod
     float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     size_t bytes = 0;
     void *workspace = NULL;
-    UMT_TRY(ctx->backend->conv2d_workspace_bytes(s, &bytes));
+    UMT_TRY(ctx->backend->f32.conv2d_workspace_bytes(s, &bytes));
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
-    UMT_TRY(ctx->backend->conv2d_relu_backward_filter_lp(s, x->data, y->data, dy, dx != NULL, umt_input_grad(node, 1),
+    UMT_TRY(ctx->backend->fused.conv2d_relu_backward_filter(s, x->data, y->data, dy, dx != NULL, umt_input_grad(node, 1),
                                                          dbias, workspace, bytes));
-    return dx ? ctx->backend->conv2d_backward_data_lp(s, w->lowp->data, dy, dx, umt_input_grad_fresh(node, 0),
+    return dx ? ctx->backend->lowp.conv2d_backward_data(s, w->lowp->data, dy, dx, umt_input_grad_fresh(node, 0),
                                                       workspace, bytes)
               : UMT_OK;
 }
@@ -94,7 +94,7 @@ static umt_status conv_relu_backward(umt_context *ctx, const umt_node *node) {
     umt_conv_shape s = conv_shape(node->inputs[0], node->inputs[1], node->params[0], node->params[1]);
     if (fused_by_backend(ctx->backend, &s) && umt_input_grad(node, 1)) return conv_relu_backward_fused(ctx, node, &s);
     float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
-    UMT_TRY(ctx->backend->bias_relu_backward(y->dtype, y->nhwc, y->data, y->grad->data, dbias, y->shape[0],
+    UMT_TRY(ctx->backend->f32.bias_relu_backward(y->dtype, y->nhwc, y->data, y->grad->data, dbias, y->shape[0],
                                              y->shape[1], y->shape[2] * y->shape[3]));
     return conv_backward_from(ctx, node, false);
 }
@@ -103,15 +103,15 @@ static umt_status conv_relu_backward(umt_context *ctx, const umt_node *node) {
  * product, or with the product where the backend fuses all three. */
 static umt_status forward_into(const umt_backend *be, const umt_conv_shape *s, const void *x, const void *w,
                                const float *b, bool relu, void *y, void *workspace, size_t bytes) {
-    if (relu && fused_by_backend(be, s)) return be->conv2d_relu_forward_lp(s, x, w, b, y, workspace, bytes);
+    if (relu && fused_by_backend(be, s)) return be->fused.conv2d_relu_forward(s, x, w, b, y, workspace, bytes);
     bool lowp = umt_dtype_is_lowp(s->dtype);
-    UMT_TRY(lowp ? be->conv2d_forward_lp(s, x, w, y, workspace, bytes)
-                 : be->conv2d_forward(s, x, w, y, workspace, bytes));
+    UMT_TRY(lowp ? be->lowp.conv2d_forward(s, x, w, y, workspace, bytes)
+                 : be->f32.conv2d_forward(s, x, w, y, workspace, bytes));
     int64_t pixels = s->p * s->q;
-    if (relu) return be->bias_relu(s->dtype, s->nhwc, y, b, y, s->n, s->k, pixels);
+    if (relu) return be->f32.bias_relu(s->dtype, s->nhwc, y, b, y, s->n, s->k, pixels);
     if (!b) return UMT_OK;
-    return lowp ? be->add_channel_bias_lp(s->dtype, s->nhwc, y, b, y, s->n, s->k, pixels)
-                : be->add_channel_bias(y, b, y, s->n, s->k, pixels);
+    return lowp ? be->lowp.add_channel_bias(s->dtype, s->nhwc, y, b, y, s->n, s->k, pixels)
+                : be->f32.add_channel_bias(y, b, y, s->n, s->k, pixels);
 }
 
 /* y = conv(x, w) + bias, then max(y, 0) when relu: the bias and the ReLU in one pass. */
@@ -128,7 +128,7 @@ static umt_tensor *conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, u
     if (!y) return NULL;
     size_t bytes = 0;
     void *workspace = NULL;
-    umt_status st = ctx->backend->conv2d_workspace_bytes(&s, &bytes);
+    umt_status st = ctx->backend->f32.conv2d_workspace_bytes(&s, &bytes);
     if (st == UMT_OK) st = umt_context_workspace(ctx, bytes, &workspace);
     if (st == UMT_OK)
         st = forward_into(ctx->backend, &s, x->data, w->data, bias ? bias->data : NULL, relu, y->data, workspace,

@@ -175,7 +175,7 @@ static umt_status alloc_state(umt_optimizer *opt) {
             if (!t) return umt_last_status();
             t->owner = p;
             opt->slots[i].state[s] = t;
-            UMT_TRY(ctx->backend->fill(t->data, t->numel, 0.0f));
+            UMT_TRY(ctx->backend->f32.fill(t->data, t->numel, 0.0f));
         }
     }
     return UMT_OK;
@@ -196,7 +196,7 @@ static umt_status alloc_step_scalars(umt_optimizer *opt) {
     opt->partials = alloc_bytes(opt->ctx, (size_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS * sizeof(double));
     if (!opt->partials) return umt_last_status();
     umt_step_scalars initial = umt_step_scalars_initial(o->loss_scaling, o->loss_scale_init);
-    return opt->ctx->backend->upload(opt->scalars->data, &initial, sizeof initial);
+    return opt->ctx->backend->f32.upload(opt->scalars->data, &initial, sizeof initial);
 }
 
 umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *options, umt_optimizer **out) {
@@ -244,13 +244,13 @@ void umt_optimizer_destroy(umt_optimizer *opt) {
 static umt_status update_arrays(const umt_optimizer_options *o, const umt_backend *be, float *p, const float *g,
                                 float *s0, float *s1, int64_t n, int64_t step, umt_update_fusion fusion) {
     switch (o->kind) {
-    case UMT_OPT_SGD: return be->sgd_update_fused(p, g, s0, n, o->lr, o->momentum, o->weight_decay, fusion);
+    case UMT_OPT_SGD: return be->f32.sgd_update_fused(p, g, s0, n, o->lr, o->momentum, o->weight_decay, fusion);
     case UMT_OPT_ADAM:
     case UMT_OPT_ADAMW:
-        return be->adam_update_fused(p, g, s0, s1, n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+        return be->f32.adam_update_fused(p, g, s0, s1, n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
                                      o->kind == UMT_OPT_ADAMW, step, fusion);
     case UMT_OPT_ADADELTA:
-        return be->adadelta_update_fused(p, g, s0, s1, n, o->lr, o->rho, o->eps, o->weight_decay, fusion);
+        return be->f32.adadelta_update_fused(p, g, s0, s1, n, o->lr, o->rho, o->eps, o->weight_decay, fusion);
     }
     return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_step: kind %d", (int)o->kind);
 }
@@ -343,7 +343,7 @@ static umt_status update_all(const umt_optimizer *opt, int64_t step, const float
         .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .rho = o->rho,
         .decoupled = o->kind == UMT_OPT_ADAMW, .step = step,
     };
-    return opt->ctx->backend->multi_update(opt->tensors, opt->slot_count, rule, common);
+    return opt->ctx->backend->f32.multi_update(opt->tensors, opt->slot_count, rule, common);
 }
 
 /* On the device, in stream order: every gradient's share of the sum of squares, then the one
@@ -354,7 +354,7 @@ static umt_status prepare_step(const umt_optimizer *opt, const float *lr_on_devi
     double *partials = opt->partials->data;
     for (int i = 0; i < opt->slot_count; ++i) {
         const umt_tensor *grad = opt->slots[i].param->grad;
-        UMT_TRY(be->grad_sumsq(grad->data, grad->numel, partials + (size_t)i * UMT_GRAD_SUMSQ_PARTIALS));
+        UMT_TRY(be->f32.grad_sumsq(grad->data, grad->numel, partials + (size_t)i * UMT_GRAD_SUMSQ_PARTIALS));
     }
     umt_step_options options = {
         .max_grad_norm = o->max_grad_norm,
@@ -363,7 +363,7 @@ static umt_status prepare_step(const umt_optimizer *opt, const float *lr_on_devi
         .adam = o->kind == UMT_OPT_ADAM || o->kind == UMT_OPT_ADAMW,
         .lr = o->lr, .beta1 = o->beta1, .beta2 = o->beta2, .lr_on_device = lr_on_device,
     };
-    return be->step_prepare(opt->scalars->data, partials, (int64_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS,
+    return be->f32.step_prepare(opt->scalars->data, partials, (int64_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS,
                             options);
 }
 
@@ -420,7 +420,7 @@ umt_status umt_optimizer_step(umt_optimizer *opt) {
     int64_t step = opt->steps + 1;
     /* One launch for every parameter, unless a subsystem updates some (the offload tier): the
      * others one by one, then the subsystems theirs (core/hooks.h). */
-    if (opt->ctx->backend->multi_update && opt->options.multi_tensor && !umt_hooks_update_parameters(opt->ctx)) {
+    if (opt->ctx->backend->f32.multi_update && opt->options.multi_tensor && !umt_hooks_update_parameters(opt->ctx)) {
         UMT_TRY(update_all(opt, step, lr_on_device));
     } else {
         for (int i = 0; i < opt->slot_count; ++i) {
@@ -451,7 +451,7 @@ umt_status umt_optimizer_read_scalars(const umt_optimizer *opt, umt_step_scalars
         out->applied_steps = opt->steps;
         return UMT_OK;
     }
-    return opt->ctx->backend->download(out, opt->scalars->data, sizeof *out);
+    return opt->ctx->backend->f32.download(out, opt->scalars->data, sizeof *out);
 }
 
 int64_t umt_optimizer_skipped_steps(const umt_optimizer *opt) {
@@ -509,5 +509,5 @@ umt_status umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps) {
     if (!opt->scalars) return UMT_OK;
     /* Adam's bias correction counts the device's applied steps: they restart from here. */
     umt_step_scalars *device = opt->scalars->data;
-    return opt->ctx->backend->upload(&device->applied_steps, &steps, sizeof steps);
+    return opt->ctx->backend->f32.upload(&device->applied_steps, &steps, sizeof steps);
 }

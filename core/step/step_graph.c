@@ -67,8 +67,8 @@ static umt_status keep_loss(umt_step_graph *g, const umt_tensor *loss) {
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_run: the step returned %lld elements of %s "
                         "(expected one f32 loss)", (long long)loss->numel, umt_dtype_name(loss->dtype));
     const umt_backend *be = g->ctx->backend;
-    UMT_TRY(be->copy(g->loss->data, loss->data, sizeof(float)));
-    return be->accumulate(g->loss_sum->data, loss->data, 1.0f, 1);
+    UMT_TRY(be->f32.copy(g->loss->data, loss->data, sizeof(float)));
+    return be->f32.accumulate(g->loss_sum->data, loss->data, 1.0f, 1);
 }
 
 static umt_status eager_step(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
@@ -253,8 +253,8 @@ umt_status umt_step_graph_create(umt_context *ctx, bool capture, umt_step_graph 
     /* Next to the optimizer's step scalars: small state the step leaves for the host. */
     g->loss = umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, 1, one);
     g->loss_sum = g->loss ? umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, 1, one) : NULL;
-    umt_status st = g->loss_sum ? ctx->backend->fill(g->loss_sum->data, 1, 0.0f) : umt_last_status();
-    if (st == UMT_OK) st = ctx->backend->fill(g->loss->data, 1, 0.0f);
+    umt_status st = g->loss_sum ? ctx->backend->f32.fill(g->loss_sum->data, 1, 0.0f) : umt_last_status();
+    if (st == UMT_OK) st = ctx->backend->f32.fill(g->loss->data, 1, 0.0f);
     if (st == UMT_OK) st = umt_context_own(ctx, g, release);
     if (st != UMT_OK) {
         release(g);
@@ -274,7 +274,7 @@ umt_status umt_step_graph_take_mean_loss(umt_step_graph *g, double *mean, int64_
     *steps = g->loss_count;
     *mean = g->loss_count ? (double)sum / (double)g->loss_count : 0.0;
     g->loss_count = 0;
-    return g->ctx->backend->fill(g->loss_sum->data, 1, 0.0f);
+    return g->ctx->backend->f32.fill(g->loss_sum->data, 1, 0.0f);
 }
 
 umt_step_graph_stats umt_step_graph_stats_get(const umt_step_graph *g) {

@@ -75,8 +75,8 @@ static inline void axpy_4_rows_n(int64_t n, const float *restrict b, float a0, f
 
 /* GCC's -O2 vectoriser only takes loops whose trip count it knows to be a multiple of the vector
  * width (no scalar epilogue), so the row is walked in chunks of a constant GEMM_CHUNK columns
- * (vector code, measured 3x faster than the plain loop) and the last n % GEMM_CHUNK columns
- * one by one. */
+ * (vector code, several times the plain loop's speed: docs/PERF.md, "CPU GEMM") and the last
+ * n % GEMM_CHUNK columns one by one. */
 static void axpy_4_rows(int64_t n, const float *b, float a0, float a1, float a2, float a3, float *c0, float *c1,
                         float *c2, float *c3) {
     int64_t j = 0;

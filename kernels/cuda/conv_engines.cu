@@ -5,9 +5,8 @@
  * cuDNN has two front doors. The legacy calls (cudnnConvolutionForward and its two backwards,
  * conv.cu's f32 path) choose among a fixed list of algorithms. The graph API (cudnnBackend*)
  * describes the same convolution as a graph of one operation and reaches every engine cuDNN
- * has, Hopper's own kernels among them. For conv2 of the MNIST CNN at batch 4096 in bf16 on an
- * H200, the legacy calls' best weight gradient took 0.73 ms and the graph API's 0.42 ms
- * (docs/PERF.md).
+ * has, Hopper's own kernels among them; for the MNIST CNN's second convolution in bf16 its
+ * engines are the faster ones (docs/PERF.md).
  *
  * Making a direction's set of engines:
  *   1. descriptors: x, w, y as N,H,W,C tensors (w as K,R,S,C), the convolution (sums in f32),
@@ -19,11 +18,11 @@
  *      compilation costs seconds) and within the workspace limit. The first that cuDNN can
  *      build as an execution plan is built at once, so that a shape no engine takes fails
  *      here; the others are built only if they are timed.
- * Mode B, cuDNN's other ranking, took 30-100 ms a query on the H200 against mode A's 1-2 ms,
- * and ranked no better: with four sets per shape it added a second to a run's start.
+ * Mode B, cuDNN's other ranking, takes tens of times longer a query than mode A and ranked no
+ * better: with four sets per shape it added about a second to a run's start (docs/PERF.md).
  *
- * Mode A's order is a guess, and a poor one for the backward directions: for conv2 at batch
- * 4096 its first weight-gradient engine is 1.7x slower than the fastest on its list. So a
+ * Mode A's order is a guess, and a poor one for the backward directions: its first
+ * weight-gradient engine can be much slower than the fastest on its list. So a
  * timed set's first run times the first candidate on the call's own tensors and, if one run
  * of it takes WORTH_TIMING_US or more, every other one; it keeps the fastest and releases the
  * rest. Below that, the search (milliseconds per candidate, most of it loading kernels) costs

@@ -6,9 +6,9 @@
  * Why not cuDNN: each output pixel of such a layer is a dot product of only c*r*s <= 9 terms,
  * too short for tensor cores, so the work is moving the output (the MNIST CNN's first layer
  * writes 43 kB per image in bf16, its input is 1.5 kB). cuDNN's kernels for one input channel
- * are generic ones: at batch 4096 on an H200 its forward took 0.32 ms plus a 0.13 ms layout
- * change, and its weight gradient (a split-K GEMM 2.8M deep) 0.83 ms, against about 0.05 ms to
- * read or write the 177 MB output once (tools/kernel_profile.sh).
+ * are generic ones (a layout change, and a split-K GEMM millions deep for the weight gradient)
+ * that took several times what reading or writing the output once takes (docs/PERF.md,
+ * tools/kernel_profile.sh).
  *
  * Forward: a thread computes one output pixel: its c*r*s inputs read once into registers, then
  * its channels eight at a time (one 16-byte store each) from weights in shared memory that all
@@ -34,8 +34,8 @@
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 
-/* THIN_TERMS: the most c*r*s taken; THIN_BLOCKS: the weight gradient's blocks (two waves of
- * two blocks on each of an H200's 132 multiprocessors, about); GROUP: channels per vector. A
+/* THIN_TERMS: the most c*r*s taken; THIN_BLOCKS: the weight gradient's blocks (about two waves
+ * of two blocks on each of a Hopper GPU's 132 multiprocessors); GROUP: channels per vector. A
  * warp's 32 lanes must hold whole pixels' channel groups, so k / 8 is a power of two, and at
  * most MAX_GROUPS so that the weight gradient's per-warp sums (8 warps of k * THIN_TERMS
  * floats) fit the 48 KiB of shared memory a launch gets without asking. */

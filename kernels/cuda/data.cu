@@ -22,7 +22,7 @@ typedef struct {
 
 /* images_out[i, j] = table[samples[indices[i], j]]: a block per image (grid-strided), its
  * threads across the image's pixels, so that no thread divides to find its row (a 64-bit
- * division per pixel made this kernel 34 us for a batch of 4096 MNIST images on an H200). */
+ * division per pixel made this small kernel slow: docs/PERF.md, "Figures behind the comments"). */
 static __global__ void gather_images_kernel(const uint8_t *samples, const int64_t *indices, int64_t count,
                                             int64_t sample_numel, normalise_table table, float *images_out) {
     __shared__ float shared_table[PIXEL_VALUES];

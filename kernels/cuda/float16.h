@@ -6,7 +6,7 @@
  * round-to-nearest-even conversions (__float2bfloat16_rn, __float2half_rn), which handle
  * overflow to infinity and f16 subnormals as the CPU code does. NaNs are built by hand with
  * the CPU's rule (keep sign and top payload, set the quiet bit), because the hardware returns a
- * canonical NaN whatever the input was (0x7fff for bf16 on an H200: seen in tests/gpu).
+ * canonical NaN whatever the input was (0x7fff for bf16; tests/gpu checks the NaNs).
  */
 #ifndef UMT_KERNELS_CUDA_FLOAT16_H
 #define UMT_KERNELS_CUDA_FLOAT16_H

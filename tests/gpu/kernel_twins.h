@@ -71,8 +71,9 @@ twin twin_poisoned(size_t bytes); /* 0xFF bytes: NaN for floats, -1 for integers
 twin twin_random(int64_t n, float lo, float hi);
 void *downloaded(twin t); /* from_device of the device side */
 
-/* BOTH(slot(args)) runs the slot through the CPU table with every P(twin) in args naming the
- * host side, then through the CUDA table with P naming the device side; both must succeed.
+/* BOTH(slot(args)) runs the f32 reference slot (kernels/backend.h: the group both tables fill)
+ * through the CPU table with every P(twin) in args naming the host side, then through the CUDA
+ * table with P naming the device side; both must succeed.
  * F and L name the host side as float and int32 (the CPU's inputs and results). */
 extern bool on_device;
 #define P(t) ((void *)(on_device ? (t).device : (t).host))
@@ -81,9 +82,9 @@ extern bool on_device;
 #define BOTH(call)                                                                                                 \
     do {                                                                                                           \
         on_device = false;                                                                                         \
-        EXPECT_OK(cpu->call);                                                                                      \
+        EXPECT_OK(cpu->f32.call);                                                                                  \
         on_device = true;                                                                                          \
-        EXPECT_OK(gpu->call);                                                                                      \
+        EXPECT_OK(gpu->f32.call);                                                                                  \
     } while (0)
 
 /* Runs call through both tables (P picking the side): both must fail with status and the same
@@ -93,10 +94,10 @@ extern bool on_device;
     do {                                                                                                           \
         char cpu_message_[512];                                                                                    \
         on_device = false;                                                                                         \
-        assert_int_equal(cpu->call, status);                                                                       \
+        assert_int_equal(cpu->f32.call, status);                                                                   \
         snprintf(cpu_message_, sizeof cpu_message_, "%s", umt_last_error());                                       \
         on_device = true;                                                                                          \
-        assert_int_equal(gpu->call, (deferred) ? UMT_OK : (status));                                               \
+        assert_int_equal(gpu->f32.call, (deferred) ? UMT_OK : (status));                                           \
         if (deferred) assert_int_equal(umt_cuda_synchronize(), status);                                            \
         assert_string_equal(umt_last_error(), cpu_message_);                                                       \
         if (deferred) assert_int_equal(umt_cuda_synchronize(), UMT_OK);                                            \

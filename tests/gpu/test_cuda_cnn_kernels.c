@@ -67,8 +67,8 @@ typedef struct {
 
 static workspaces workspaces_for(const umt_conv_shape *s) {
     workspaces w;
-    EXPECT_OK(cpu->conv2d_workspace_bytes(s, &w.host_bytes));
-    EXPECT_OK(gpu->conv2d_workspace_bytes(s, &w.device_bytes));
+    EXPECT_OK(cpu->f32.conv2d_workspace_bytes(s, &w.host_bytes));
+    EXPECT_OK(gpu->f32.conv2d_workspace_bytes(s, &w.device_bytes));
     w.host = host_alloc(w.host_bytes);
     w.device = device_alloc(w.device_bytes);
     return w;
@@ -98,9 +98,9 @@ static void check_conv(const int64_t *shape, twin x, twin w, double relative) {
     twin dx = twin_random(x_numel, -1, 1), dw = twin_random(w_numel, -1, 1);
     const float *abs_x = absolute(F(x), x_numel), *abs_w = absolute(F(w), w_numel), *abs_dy = absolute(F(dy), y_numel);
     float *y_scale = host_alloc(y.bytes), *dx_scale = absolute(F(dx), x_numel), *dw_scale = absolute(F(dw), w_numel);
-    EXPECT_OK(cpu->conv2d_forward(s, abs_x, abs_w, y_scale, ws.host, ws.host_bytes));
-    EXPECT_OK(cpu->conv2d_backward_data(s, abs_w, abs_dy, dx_scale, ws.host, ws.host_bytes));
-    EXPECT_OK(cpu->conv2d_backward_filter(s, abs_x, abs_dy, dw_scale, ws.host, ws.host_bytes));
+    EXPECT_OK(cpu->f32.conv2d_forward(s, abs_x, abs_w, y_scale, ws.host, ws.host_bytes));
+    EXPECT_OK(cpu->f32.conv2d_backward_data(s, abs_w, abs_dy, dx_scale, ws.host, ws.host_bytes));
+    EXPECT_OK(cpu->f32.conv2d_backward_filter(s, abs_x, abs_dy, dw_scale, ws.host, ws.host_bytes));
 
     BOTH(conv2d_forward(s, P(x), P(w), P(y), WORKSPACE(ws)));
     expect_within("conv2d_forward", y, y_scale, relative, 1e-6);
@@ -147,17 +147,17 @@ static void test_conv2d_plans_survive_more_shapes_than_the_cache_holds(void **st
     (void)state;
     umt_conv_shape first = conv_shape(mnist_conv2);
     size_t before = 0, after = 0;
-    EXPECT_OK(gpu->conv2d_workspace_bytes(&first, &before));
+    EXPECT_OK(gpu->f32.conv2d_workspace_bytes(&first, &before));
     if (before > 0) { /* cuDNN may choose algorithms that need none: then nothing is too small */
         float *b = device_alloc(before);
-        assert_int_equal(gpu->conv2d_forward(&first, b, b, b, b, before - 1), UMT_ERR_INVALID_ARGUMENT);
-        assert_int_equal(gpu->conv2d_backward_filter(&first, b, b, b, NULL, before), UMT_ERR_INVALID_ARGUMENT);
+        assert_int_equal(gpu->f32.conv2d_forward(&first, b, b, b, b, before - 1), UMT_ERR_INVALID_ARGUMENT);
+        assert_int_equal(gpu->f32.conv2d_backward_filter(&first, b, b, b, NULL, before), UMT_ERR_INVALID_ARGUMENT);
     }
     for (int64_t n = 1; n <= 40; n++) {
         check_conv((const int64_t[9]){n, 2, 6, 5, 3, 3, 3, 1, 1}, twin_random(n * 60, -1, 1), twin_random(54, -1, 1),
                    1e-4);
     }
-    EXPECT_OK(gpu->conv2d_workspace_bytes(&first, &after));
+    EXPECT_OK(gpu->f32.conv2d_workspace_bytes(&first, &after));
     assert_int_equal(after, before);
     check_conv(mnist_conv2, twin_random(64 * 32 * 26 * 26, -1, 1), twin_random(64 * 32 * 9, -1, 1), 1e-4);
 }
@@ -343,7 +343,7 @@ static void check_batchnorm_backward(const int64_t *shape) {
     twin rmean = twin_random(c, -1, 1), rvar = twin_random(c, 0.5f, 1.5f);
     float *y = host_alloc((size_t)numel * 4), *saved_mean = host_alloc((size_t)c * 4);
     float *saved_inv_std = host_alloc((size_t)c * 4);
-    EXPECT_OK(cpu->batchnorm_forward_train(F(x), F(gamma), F(beta), y, F(rmean), F(rvar), saved_mean, saved_inv_std,
+    EXPECT_OK(cpu->f32.batchnorm_forward_train(F(x), F(gamma), F(beta), y, F(rmean), F(rvar), saved_mean, saved_inv_std,
                                            n, c, hw, 0.1f, 1e-5f));
     twin mean = twin_of(saved_mean, (size_t)c * 4), inv_std = twin_of(saved_inv_std, (size_t)c * 4);
     twin dy = twin_random(numel, -1, 1), dx = twin_random(numel, -1, 1);

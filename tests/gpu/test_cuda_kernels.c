@@ -70,8 +70,10 @@ static const int64_t sizes[] = {1, 7, 1000, 65537};
 static void test_every_slot_of_the_cuda_table_is_filled(void **state) {
     (void)state;
     assert_string_equal(gpu->name, "cuda");
-    /* Every member after the name is a function pointer: walk them all, slots added later too. */
-    for (size_t at = offsetof(umt_backend, fill); at < sizeof *gpu; at += sizeof gpu->fill) {
+    /* Every member after the name is a function pointer, in all three groups (the CUDA table
+     * fills the reference, low precision and the fused paths): walk them all, slots added later
+     * too. */
+    for (size_t at = offsetof(umt_backend, f32); at < sizeof *gpu; at += sizeof gpu->f32.fill) {
         void (*slot)(void);
         memcpy(&slot, (const char *)gpu + at, sizeof slot);
         if (!slot) fail_msg("the cuda table's slot at byte offset %zu is NULL", at);
@@ -103,9 +105,9 @@ static void test_fill_copy_upload_and_download_match_the_cpu(void **state) {
         expect_same_bytes("copy", copied);
         /* upload then download through the backend: the host buffers are usable on return. */
         twin round_trip = twin_poisoned(bytes);
-        EXPECT_OK(gpu->upload(round_trip.device, source.host, bytes));
+        EXPECT_OK(gpu->f32.upload(round_trip.device, source.host, bytes));
         float *back = host_alloc(bytes);
-        EXPECT_OK(gpu->download(back, round_trip.device, bytes));
+        EXPECT_OK(gpu->f32.download(back, round_trip.device, bytes));
         assert_memory_equal(back, source.host, bytes);
     }
 }
@@ -202,7 +204,7 @@ static void test_gemm_with_beta_0_writes_no_nan_into_a_nan_filled_c(void **state
     (void)state;
     enum { M = 96, N = 80, K = 70 };
     twin a = twin_random(M * K, -1, 1), b = twin_random(K * N, -1, 1), c = twin_poisoned(M * N * sizeof(float));
-    EXPECT_OK(gpu->gemm(false, false, M, N, K, 1.0f, D(a), K, D(b), N, 0.0f, D(c), N));
+    EXPECT_OK(gpu->f32.gemm(false, false, M, N, K, 1.0f, D(a), K, D(b), N, 0.0f, D(c), N));
     const float *got = downloaded(c);
     for (int i = 0; i < M * N; i++) {
         if (isnan(got[i])) fail_msg("C[%d] is NaN: beta = 0 must not read C", i);

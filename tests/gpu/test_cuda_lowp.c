@@ -117,8 +117,8 @@ static pair pair_of(const float *values, umt_dtype dtype, bool nhwc, dims d) {
     size_t size = umt_dtype_size(dtype);
     pair p = {host_alloc((size_t)count * sizeof(float)), NULL, dtype, nhwc, d};
     void *stored = host_alloc((size_t)count * size), *ordered = host_alloc((size_t)count * size);
-    EXPECT_OK(cpu->convert(values, UMT_F32, stored, dtype, count));
-    EXPECT_OK(cpu->convert(stored, dtype, p.ref, UMT_F32, count));
+    EXPECT_OK(cpu->f32.convert(values, UMT_F32, stored, dtype, count));
+    EXPECT_OK(cpu->f32.convert(stored, dtype, p.ref, UMT_F32, count));
     permute(stored, false, ordered, nhwc, d, size);
     p.dev = to_device(ordered, (size_t)count * size);
     return p;
@@ -141,7 +141,7 @@ static pair pair_poisoned(umt_dtype dtype, bool nhwc, dims d) {
 /* The CUDA side's values as f32 in NCHW order. */
 static float *result_of(pair p) {
     float *out = host_alloc((size_t)numel(p.d) * sizeof *out);
-    EXPECT_OK(cpu->convert(downloaded_nchw(p.dev, p.nhwc, p.d, umt_dtype_size(p.dtype)), p.dtype, out, UMT_F32,
+    EXPECT_OK(cpu->f32.convert(downloaded_nchw(p.dev, p.nhwc, p.d, umt_dtype_size(p.dtype)), p.dtype, out, UMT_F32,
                            numel(p.d)));
     return out;
 }
@@ -174,11 +174,11 @@ static void expect_exact(const char *what, pair p) {
     size_t size = umt_dtype_size(p.dtype);
     const uint8_t *got = downloaded_nchw(p.dev, p.nhwc, p.d, size);
     uint8_t *want = host_alloc((size_t)count * size);
-    EXPECT_OK(cpu->convert(p.ref, UMT_F32, want, p.dtype, count));
+    EXPECT_OK(cpu->f32.convert(p.ref, UMT_F32, want, p.dtype, count));
     for (int64_t i = 0; i < count; i++) {
         if (memcmp(got + (size_t)i * size, want + (size_t)i * size, size) != 0) {
             float got_value;
-            EXPECT_OK(cpu->convert(got + (size_t)i * size, p.dtype, &got_value, UMT_F32, 1));
+            EXPECT_OK(cpu->f32.convert(got + (size_t)i * size, p.dtype, &got_value, UMT_F32, 1));
             fail_at(what, p, i, got_value, p.ref[i], "expected the same bits");
         }
     }
@@ -203,9 +203,9 @@ static void test_zero_clears_exactly_the_bytes_asked_for(void **state) {
     CONTEXT("zero %d of %d bytes", CLEARED, SIZE);
     uint8_t *host = poison(SIZE);
     void *device = to_device(host, SIZE);
-    EXPECT_OK(cpu->zero(host, CLEARED));
-    EXPECT_OK(gpu->zero(device, CLEARED));
-    EXPECT_OK(gpu->zero(device, 0));
+    EXPECT_OK(cpu->f32.zero(host, CLEARED));
+    EXPECT_OK(gpu->f32.zero(device, CLEARED));
+    EXPECT_OK(gpu->f32.zero(device, 0));
     const uint8_t *got = from_device(device, SIZE);
     for (int i = 0; i < SIZE; i++) {
         uint8_t want = i < CLEARED ? 0x00 : 0xff;
@@ -226,7 +226,7 @@ static void check_recast(dims d, umt_dtype src_dtype, bool src_nhwc, umt_dtype d
             accumulate ? ", accumulating" : "");
     pair src = pair_random(src_dtype, src_nhwc, d, -4, 4);
     pair dst = accumulate ? pair_random(dst_dtype, dst_nhwc, d, -4, 4) : pair_poisoned(dst_dtype, dst_nhwc, d);
-    EXPECT_OK(gpu->recast(src.dev, src_dtype, src_nhwc, dst.dev, dst_dtype, dst_nhwc, d.n, d.c, d.hw, accumulate));
+    EXPECT_OK(gpu->lowp.recast(src.dev, src_dtype, src_nhwc, dst.dev, dst_dtype, dst_nhwc, d.n, d.c, d.hw, accumulate));
     for (int64_t i = 0; i < numel(d); i++) dst.ref[i] = accumulate ? dst.ref[i] + src.ref[i] : src.ref[i];
     expect_exact("recast", dst);
 }
@@ -255,11 +255,11 @@ static void test_recast_round_trip_equals_the_cpu_rounding(void **state) {
         CONTEXT("recast round trip f32 NCHW -> %s NHWC -> f32 NCHW", umt_dtype_name(HALVES[t]));
         pair source = pair_random(UMT_F32, false, d, -100, 100);
         pair middle = pair_poisoned(HALVES[t], true, d), back = pair_poisoned(UMT_F32, false, d);
-        EXPECT_OK(gpu->recast(source.dev, UMT_F32, false, middle.dev, HALVES[t], true, d.n, d.c, d.hw, false));
-        EXPECT_OK(gpu->recast(middle.dev, HALVES[t], true, back.dev, UMT_F32, false, d.n, d.c, d.hw, false));
+        EXPECT_OK(gpu->lowp.recast(source.dev, UMT_F32, false, middle.dev, HALVES[t], true, d.n, d.c, d.hw, false));
+        EXPECT_OK(gpu->lowp.recast(middle.dev, HALVES[t], true, back.dev, UMT_F32, false, d.n, d.c, d.hw, false));
         uint8_t *rounded = host_alloc((size_t)numel(d) * 2);
-        EXPECT_OK(cpu->convert(source.ref, UMT_F32, rounded, HALVES[t], numel(d)));
-        EXPECT_OK(cpu->convert(rounded, HALVES[t], back.ref, UMT_F32, numel(d)));
+        EXPECT_OK(cpu->f32.convert(source.ref, UMT_F32, rounded, HALVES[t], numel(d)));
+        EXPECT_OK(cpu->f32.convert(rounded, HALVES[t], back.ref, UMT_F32, numel(d)));
         expect_exact("recast round trip", back);
     }
 }
@@ -284,10 +284,10 @@ static void check_gemm(umt_dtype dtype, const int64_t *shape, bool trans_a, bool
     pair c = beta != 0.0f ? pair_random(c_dtype, false, cd, -1, 1) : pair_poisoned(c_dtype, false, cd);
     float *scale = absolute(c.ref, m * n); /* |beta C|, NaN-free: beta is 0 or 1 */
     for (int64_t i = 0; i < m * n; i++) scale[i] = beta != 0.0f ? scale[i] : 0.0f;
-    EXPECT_OK(cpu->gemm(trans_a, trans_b, m, n, k, alpha, absolute(a.ref, a_rows * lda), lda,
+    EXPECT_OK(cpu->f32.gemm(trans_a, trans_b, m, n, k, alpha, absolute(a.ref, a_rows * lda), lda,
                         absolute(b.ref, b_rows * ldb), ldb, 1.0f, scale, n));
-    EXPECT_OK(cpu->gemm(trans_a, trans_b, m, n, k, alpha, a.ref, lda, b.ref, ldb, beta, c.ref, n));
-    EXPECT_OK(gpu->gemm_lp(trans_a, trans_b, m, n, k, alpha, a.dev, lda, b.dev, ldb, beta, c.dev, n, dtype, c_dtype));
+    EXPECT_OK(cpu->f32.gemm(trans_a, trans_b, m, n, k, alpha, a.ref, lda, b.ref, ldb, beta, c.ref, n));
+    EXPECT_OK(gpu->lowp.gemm(trans_a, trans_b, m, n, k, alpha, a.dev, lda, b.dev, ldb, beta, c.dev, n, dtype, c_dtype));
     expect_close("gemm_lp C", c, scale, dtype);
 }
 
@@ -315,18 +315,18 @@ static void check_rows(umt_dtype dtype, int64_t rows, int64_t cols) {
     pair bias = pair_random(UMT_F32, false, flat(cols), -1, 1);
     float *scale = absolute(x.ref, rows * cols);
     for (int64_t i = 0; i < rows * cols; i++) scale[i] += fabsf(bias.ref[i % cols]);
-    EXPECT_OK(cpu->add_rows(x.ref, bias.ref, out.ref, rows, cols));
-    EXPECT_OK(gpu->add_rows_lp(dtype, x.dev, bias.dev, out.dev, rows, cols));
+    EXPECT_OK(cpu->f32.add_rows(x.ref, bias.ref, out.ref, rows, cols));
+    EXPECT_OK(gpu->lowp.add_rows(dtype, x.dev, bias.dev, out.dev, rows, cols));
     expect_close("add_rows_lp", out, scale, dtype);
-    EXPECT_OK(cpu->add_rows(x.ref, bias.ref, x.ref, rows, cols));
-    EXPECT_OK(gpu->add_rows_lp(dtype, x.dev, bias.dev, x.dev, rows, cols));
+    EXPECT_OK(cpu->f32.add_rows(x.ref, bias.ref, x.ref, rows, cols));
+    EXPECT_OK(gpu->lowp.add_rows(dtype, x.dev, bias.dev, x.dev, rows, cols));
     expect_close("add_rows_lp in place", x, scale, dtype);
 
     pair dy = pair_random(dtype, false, d, -1, 1), dbias = pair_random(UMT_F32, false, flat(cols), -1, 1);
     float *sum_scale = absolute(dbias.ref, cols);
-    EXPECT_OK(cpu->sum_rows(absolute(dy.ref, rows * cols), sum_scale, rows, cols));
-    EXPECT_OK(cpu->sum_rows(dy.ref, dbias.ref, rows, cols));
-    EXPECT_OK(gpu->sum_rows_lp(dtype, dy.dev, dbias.dev, rows, cols));
+    EXPECT_OK(cpu->f32.sum_rows(absolute(dy.ref, rows * cols), sum_scale, rows, cols));
+    EXPECT_OK(cpu->f32.sum_rows(dy.ref, dbias.ref, rows, cols));
+    EXPECT_OK(gpu->lowp.sum_rows(dtype, dy.dev, dbias.dev, rows, cols));
     expect_close("sum_rows_lp", dbias, sum_scale, dtype);
 }
 
@@ -346,18 +346,18 @@ static void check_channel_bias(umt_dtype dtype, bool nhwc, dims d) {
     pair bias = pair_random(UMT_F32, false, flat(k), -1, 1);
     float *scale = absolute(x.ref, numel(d));
     for (int64_t i = 0; i < numel(d); i++) scale[i] += fabsf(bias.ref[i / hw % k]);
-    EXPECT_OK(cpu->add_channel_bias(x.ref, bias.ref, y.ref, n, k, hw));
-    EXPECT_OK(gpu->add_channel_bias_lp(dtype, nhwc, x.dev, bias.dev, y.dev, n, k, hw));
+    EXPECT_OK(cpu->f32.add_channel_bias(x.ref, bias.ref, y.ref, n, k, hw));
+    EXPECT_OK(gpu->lowp.add_channel_bias(dtype, nhwc, x.dev, bias.dev, y.dev, n, k, hw));
     expect_close("add_channel_bias_lp", y, scale, dtype);
-    EXPECT_OK(cpu->add_channel_bias(x.ref, bias.ref, x.ref, n, k, hw));
-    EXPECT_OK(gpu->add_channel_bias_lp(dtype, nhwc, x.dev, bias.dev, x.dev, n, k, hw));
+    EXPECT_OK(cpu->f32.add_channel_bias(x.ref, bias.ref, x.ref, n, k, hw));
+    EXPECT_OK(gpu->lowp.add_channel_bias(dtype, nhwc, x.dev, bias.dev, x.dev, n, k, hw));
     expect_close("add_channel_bias_lp in place", x, scale, dtype);
 
     pair dy = pair_random(dtype, nhwc, d, -1, 1), dbias = pair_random(UMT_F32, false, flat(k), -1, 1);
     float *sum_scale = absolute(dbias.ref, k);
-    EXPECT_OK(cpu->sum_channel_bias(absolute(dy.ref, numel(d)), sum_scale, n, k, hw));
-    EXPECT_OK(cpu->sum_channel_bias(dy.ref, dbias.ref, n, k, hw));
-    EXPECT_OK(gpu->sum_channel_bias_lp(dtype, nhwc, dy.dev, dbias.dev, n, k, hw));
+    EXPECT_OK(cpu->f32.sum_channel_bias(absolute(dy.ref, numel(d)), sum_scale, n, k, hw));
+    EXPECT_OK(cpu->f32.sum_channel_bias(dy.ref, dbias.ref, n, k, hw));
+    EXPECT_OK(gpu->lowp.sum_channel_bias(dtype, nhwc, dy.dev, dbias.dev, n, k, hw));
     expect_close("sum_channel_bias_lp", dbias, sum_scale, dtype);
 }
 
@@ -379,8 +379,8 @@ static void check_relu(umt_dtype dtype, int64_t n) {
     float *values = host_alloc((size_t)n * sizeof *values);
     for (int64_t i = 0; i < n; i++) values[i] = i == 0 ? -0.0f : i == 1 ? 0.0f : uniform(-2, 2);
     pair x = pair_of(values, dtype, false, flat(n)), y = pair_poisoned(dtype, false, flat(n));
-    EXPECT_OK(cpu->relu(x.ref, y.ref, n));
-    EXPECT_OK(gpu->relu_lp(dtype, x.dev, y.dev, n));
+    EXPECT_OK(cpu->f32.relu(x.ref, y.ref, n));
+    EXPECT_OK(gpu->lowp.relu(dtype, x.dev, y.dev, n));
     expect_exact("relu_lp", y);
 
     pair dy = pair_random(dtype, false, flat(n), -1, 1), dx = pair_random(dtype, false, flat(n), -1, 1);
@@ -390,8 +390,8 @@ static void check_relu(umt_dtype dtype, int64_t n) {
         passed[i] = y.ref[i] > 0.0f;
         scale[i] += fabsf(dy.ref[i]);
     }
-    EXPECT_OK(cpu->relu_backward(y.ref, dy.ref, dx.ref, n));
-    EXPECT_OK(gpu->relu_backward_lp(dtype, y.dev, dy.dev, dx.dev, n));
+    EXPECT_OK(cpu->f32.relu_backward(y.ref, dy.ref, dx.ref, n));
+    EXPECT_OK(gpu->lowp.relu_backward(dtype, y.dev, dy.dev, dx.dev, n));
     expect_close("relu_backward_lp", dx, scale, dtype);
     expect_untouched("relu_backward_lp where y <= 0", dx, before, passed);
 }
@@ -409,8 +409,8 @@ static void check_dropout(umt_dtype dtype, int64_t n, float p) {
             (long long)n, (double)p, (unsigned long long)seed);
     pair x = pair_random(dtype, false, flat(n), -2, 2), y = pair_poisoned(dtype, false, flat(n));
     uint8_t *mask = poison((size_t)n), *mask_dev = to_device(mask, (size_t)n);
-    EXPECT_OK(cpu->dropout_forward(x.ref, y.ref, mask, n, p, seed, NULL));
-    EXPECT_OK(gpu->dropout_forward_lp(dtype, x.dev, y.dev, mask_dev, n, p, seed, NULL));
+    EXPECT_OK(cpu->f32.dropout_forward(x.ref, y.ref, mask, n, p, seed, NULL));
+    EXPECT_OK(gpu->lowp.dropout_forward(dtype, x.dev, y.dev, mask_dev, n, p, seed, NULL));
     const uint8_t *got_mask = from_device(mask_dev, (size_t)n);
     bool *kept = host_alloc((size_t)n * sizeof *kept);
     for (int64_t i = 0; i < n; i++) {
@@ -428,8 +428,8 @@ static void check_dropout(umt_dtype dtype, int64_t n, float p) {
     pair dy = pair_random(dtype, false, flat(n), -1, 1), dx = pair_random(dtype, false, flat(n), -1, 1);
     float *before = copy_of(dx.ref, n), *scale = absolute(dx.ref, n);
     for (int64_t i = 0; i < n; i++) scale[i] += fabsf(dy.ref[i]) / (1.0f - p);
-    EXPECT_OK(cpu->dropout_backward(mask, dy.ref, dx.ref, n, p));
-    EXPECT_OK(gpu->dropout_backward_lp(dtype, mask_dev, dy.dev, dx.dev, n, p));
+    EXPECT_OK(cpu->f32.dropout_backward(mask, dy.ref, dx.ref, n, p));
+    EXPECT_OK(gpu->lowp.dropout_backward(dtype, mask_dev, dy.dev, dx.dev, n, p));
     expect_close("dropout_backward_lp", dx, scale, dtype);
     expect_untouched("dropout_backward_lp where dropped", dx, before, kept);
 }
@@ -466,8 +466,8 @@ static void check_conv(umt_dtype dtype, const int64_t *shape) {
             (long long)f.s, (long long)f.stride, (long long)f.pad);
     dims xd = {f.n, f.c, f.h * f.w}, wd = {f.k, f.c, f.r * f.s}, yd = {f.n, f.k, f.p * f.q};
     size_t cpu_bytes = 0, gpu_bytes = 0;
-    EXPECT_OK(cpu->conv2d_workspace_bytes(&f, &cpu_bytes));
-    EXPECT_OK(gpu->conv2d_workspace_bytes(&h, &gpu_bytes));
+    EXPECT_OK(cpu->f32.conv2d_workspace_bytes(&f, &cpu_bytes));
+    EXPECT_OK(gpu->f32.conv2d_workspace_bytes(&h, &gpu_bytes));
     void *cpu_ws = host_alloc(cpu_bytes), *gpu_ws = to_device(poison(gpu_bytes), gpu_bytes);
 
     pair x = pair_random(dtype, true, xd, -1, 1), w = pair_random(dtype, true, wd, -1, 1);
@@ -477,24 +477,24 @@ static void check_conv(umt_dtype dtype, const int64_t *shape) {
     const float *abs_dy = absolute(dy.ref, numel(yd));
     float *y_scale = host_alloc((size_t)numel(yd) * sizeof(float));
     float *dx_scale = absolute(dx.ref, numel(xd)), *dw_scale = absolute(dw.ref, numel(wd));
-    EXPECT_OK(cpu->conv2d_forward(&f, abs_x, abs_w, y_scale, cpu_ws, cpu_bytes));
-    EXPECT_OK(cpu->conv2d_backward_data(&f, abs_w, abs_dy, dx_scale, cpu_ws, cpu_bytes));
-    EXPECT_OK(cpu->conv2d_backward_filter(&f, abs_x, abs_dy, dw_scale, cpu_ws, cpu_bytes));
+    EXPECT_OK(cpu->f32.conv2d_forward(&f, abs_x, abs_w, y_scale, cpu_ws, cpu_bytes));
+    EXPECT_OK(cpu->f32.conv2d_backward_data(&f, abs_w, abs_dy, dx_scale, cpu_ws, cpu_bytes));
+    EXPECT_OK(cpu->f32.conv2d_backward_filter(&f, abs_x, abs_dy, dw_scale, cpu_ws, cpu_bytes));
 
-    EXPECT_OK(cpu->conv2d_forward(&f, x.ref, w.ref, y.ref, cpu_ws, cpu_bytes));
-    EXPECT_OK(gpu->conv2d_forward_lp(&h, x.dev, w.dev, y.dev, gpu_ws, gpu_bytes));
+    EXPECT_OK(cpu->f32.conv2d_forward(&f, x.ref, w.ref, y.ref, cpu_ws, cpu_bytes));
+    EXPECT_OK(gpu->lowp.conv2d_forward(&h, x.dev, w.dev, y.dev, gpu_ws, gpu_bytes));
     expect_close("conv2d_forward_lp y", y, y_scale, dtype);
-    EXPECT_OK(cpu->conv2d_backward_data(&f, w.ref, dy.ref, dx.ref, cpu_ws, cpu_bytes));
-    EXPECT_OK(gpu->conv2d_backward_data_lp(&h, w.dev, dy.dev, dx.dev, false, gpu_ws, gpu_bytes));
+    EXPECT_OK(cpu->f32.conv2d_backward_data(&f, w.ref, dy.ref, dx.ref, cpu_ws, cpu_bytes));
+    EXPECT_OK(gpu->lowp.conv2d_backward_data(&h, w.dev, dy.dev, dx.dev, false, gpu_ws, gpu_bytes));
     expect_close("conv2d_backward_data_lp dx", dx, dx_scale, dtype);
     /* Overwriting (a fresh gradient): a poisoned dx ends as the gradient alone. */
     pair fresh = pair_poisoned(dtype, true, xd);
     memset(fresh.ref, 0, (size_t)numel(xd) * sizeof(float));
-    EXPECT_OK(cpu->conv2d_backward_data(&f, w.ref, dy.ref, fresh.ref, cpu_ws, cpu_bytes));
-    EXPECT_OK(gpu->conv2d_backward_data_lp(&h, w.dev, dy.dev, fresh.dev, true, gpu_ws, gpu_bytes));
+    EXPECT_OK(cpu->f32.conv2d_backward_data(&f, w.ref, dy.ref, fresh.ref, cpu_ws, cpu_bytes));
+    EXPECT_OK(gpu->lowp.conv2d_backward_data(&h, w.dev, dy.dev, fresh.dev, true, gpu_ws, gpu_bytes));
     expect_close("conv2d_backward_data_lp dx (overwrite)", fresh, dx_scale, dtype);
-    EXPECT_OK(cpu->conv2d_backward_filter(&f, x.ref, dy.ref, dw.ref, cpu_ws, cpu_bytes));
-    EXPECT_OK(gpu->conv2d_backward_filter_lp(&h, x.dev, dy.dev, (float *)dw.dev, gpu_ws, gpu_bytes));
+    EXPECT_OK(cpu->f32.conv2d_backward_filter(&f, x.ref, dy.ref, dw.ref, cpu_ws, cpu_bytes));
+    EXPECT_OK(gpu->lowp.conv2d_backward_filter(&h, x.dev, dy.dev, (float *)dw.dev, gpu_ws, gpu_bytes));
     expect_close("conv2d_backward_filter_lp dw (f32, K,C,R,S)", dw, dw_scale, dtype);
 }
 
@@ -562,8 +562,8 @@ static void check_max_pool(const umt_pool_shape *f, const umt_pool_shape *h, dim
     umt_dtype dtype = h->dtype;
     pair x = distinct_input(dtype, h->nhwc, xd), y = pair_poisoned(dtype, h->nhwc, yd);
     int32_t *argmax = poison((size_t)numel(yd) * 4), *argmax_dev = to_device(argmax, (size_t)numel(yd) * 4);
-    EXPECT_OK(cpu->max_pool_forward(f, x.ref, y.ref, argmax));
-    EXPECT_OK(gpu->max_pool_forward_lp(h, x.dev, y.dev, argmax_dev));
+    EXPECT_OK(cpu->f32.max_pool_forward(f, x.ref, y.ref, argmax));
+    EXPECT_OK(gpu->lowp.max_pool_forward(h, x.dev, y.dev, argmax_dev));
     expect_exact("max_pool_forward_lp y", y);
     const int32_t *got = downloaded_nchw(argmax_dev, h->nhwc, yd, sizeof(int32_t));
     for (int64_t i = 0; i < numel(yd); i++)
@@ -571,9 +571,9 @@ static void check_max_pool(const umt_pool_shape *f, const umt_pool_shape *h, dim
 
     pair dy = pair_random(dtype, h->nhwc, yd, -1, 1), dx = pair_random(dtype, h->nhwc, xd, -1, 1);
     float *scale = absolute(dx.ref, numel(xd));
-    EXPECT_OK(cpu->max_pool_backward(f, argmax, absolute(dy.ref, numel(yd)), scale));
-    EXPECT_OK(cpu->max_pool_backward(f, argmax, dy.ref, dx.ref));
-    EXPECT_OK(gpu->max_pool_backward_lp(h, argmax_dev, dy.dev, dx.dev));
+    EXPECT_OK(cpu->f32.max_pool_backward(f, argmax, absolute(dy.ref, numel(yd)), scale));
+    EXPECT_OK(cpu->f32.max_pool_backward(f, argmax, dy.ref, dx.ref));
+    EXPECT_OK(gpu->lowp.max_pool_backward(h, argmax_dev, dy.dev, dx.dev));
     expect_close("max_pool_backward_lp dx", dx, scale, dtype);
 }
 
@@ -581,16 +581,16 @@ static void check_avg_pool(const umt_pool_shape *f, const umt_pool_shape *h, dim
     umt_dtype dtype = h->dtype;
     pair x = pair_random(dtype, h->nhwc, xd, -1, 1), y = pair_poisoned(dtype, h->nhwc, yd);
     float *y_scale = host_alloc((size_t)numel(yd) * sizeof(float));
-    EXPECT_OK(cpu->avg_pool_forward(f, absolute(x.ref, numel(xd)), y_scale));
-    EXPECT_OK(cpu->avg_pool_forward(f, x.ref, y.ref));
-    EXPECT_OK(gpu->avg_pool_forward_lp(h, x.dev, y.dev));
+    EXPECT_OK(cpu->f32.avg_pool_forward(f, absolute(x.ref, numel(xd)), y_scale));
+    EXPECT_OK(cpu->f32.avg_pool_forward(f, x.ref, y.ref));
+    EXPECT_OK(gpu->lowp.avg_pool_forward(h, x.dev, y.dev));
     expect_close("avg_pool_forward_lp y", y, y_scale, dtype);
 
     pair dy = pair_random(dtype, h->nhwc, yd, -1, 1), dx = pair_random(dtype, h->nhwc, xd, -1, 1);
     float *dx_scale = absolute(dx.ref, numel(xd));
-    EXPECT_OK(cpu->avg_pool_backward(f, absolute(dy.ref, numel(yd)), dx_scale));
-    EXPECT_OK(cpu->avg_pool_backward(f, dy.ref, dx.ref));
-    EXPECT_OK(gpu->avg_pool_backward_lp(h, dy.dev, dx.dev));
+    EXPECT_OK(cpu->f32.avg_pool_backward(f, absolute(dy.ref, numel(yd)), dx_scale));
+    EXPECT_OK(cpu->f32.avg_pool_backward(f, dy.ref, dx.ref));
+    EXPECT_OK(gpu->lowp.avg_pool_backward(h, dy.dev, dx.dev));
     expect_close("avg_pool_backward_lp dx", dx, dx_scale, dtype);
 }
 

@@ -218,7 +218,8 @@ static void test_offloaded_run_matches_in_memory_losses_with_updates_in_backward
  * the biases' state adds a little. */
 /* UMT_OFFLOAD_HOST_AUTO: the share the measured rates give (printed). It takes a layer of the six
  * once it passes a twelfth: Adam's share, 12 R / (B + 8 R), does so when the CPU updates more than
- * B / 136 elements a second, 0.4 G at 50 GB/s (one core of the H200 host does 0.67 G). */
+ * B / 136 elements a second, 0.4 G at 50 GB/s (one core of a GPU host does more: docs/PERF.md,
+ * "CPU Adam update"). */
 static void test_updates_in_backward_share_the_cpu_by_measured_rates(void **state) {
     (void)state;
     host_updates = UMT_OFFLOAD_HOST_AUTO;
@@ -268,7 +269,7 @@ static void test_a_middle_budget_offloads_optimizer_state_only(void **state) {
 
 static void test_resident_parameters_update_their_offloaded_state_in_backward(void **state) {
     (void)state;
-    /* Everything on the GPU takes 433 MiB (H200, 2026-11-23), so the budget stays below that.
+    /* Everything on the GPU takes 433 MiB (a plan's "fits" line), so the budget stays below that.
      * The double buffer (128 MiB) and the update ring (4 entries of three 4 MiB chunks, 48 MiB)
      * then cost 3 more large moments (16 MiB each) than the 420M run's 9: at 425M, all 12. */
     run_middle_budget("425M", UMT_OFFLOAD_OPTIM_BACKWARD);
@@ -387,8 +388,8 @@ static void test_a_refused_allocation_prints_the_pools_largest_first(void **stat
 }
 
 /* 12 saved activations of 8 MiB, and the gradients the recorded first step recycles: some
- * 112 MiB beside the double buffer and the rest (168 MiB), where 272M leaves 104 MiB. (At 288M
- * they fit, H200 2026-11-23.) With them offloaded the plan keeps none on the GPU: 265 MiB. */
+ * 112 MiB beside the double buffer and the rest (168 MiB), where 272M leaves 104 MiB (at 288M
+ * they fit). With them offloaded the plan keeps none on the GPU: 265 MiB. */
 static void test_saved_activations_offloaded_match_in_memory_losses(void **state) {
     (void)state;
     const size_t reserve = (size_t)96 << 20;

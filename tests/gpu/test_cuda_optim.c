@@ -103,23 +103,23 @@ static rig make_rig(umt_optimizer_kind kind, int count, const int64_t *n, umt_st
 static void step_on(const umt_backend *be, rig *r, int64_t step) {
     on_device = be == gpu;
     for (int i = 0; i < r->count; i++)
-        EXPECT_OK(be->grad_sumsq(P(r->grad[i]), r->n[i], (double *)P(r->partials) + i * UMT_GRAD_SUMSQ_PARTIALS));
-    EXPECT_OK(be->step_prepare(P(r->scalars), P(r->partials), (int64_t)r->count * UMT_GRAD_SUMSQ_PARTIALS,
+        EXPECT_OK(be->f32.grad_sumsq(P(r->grad[i]), r->n[i], (double *)P(r->partials) + i * UMT_GRAD_SUMSQ_PARTIALS));
+    EXPECT_OK(be->f32.step_prepare(P(r->scalars), P(r->partials), (int64_t)r->count * UMT_GRAD_SUMSQ_PARTIALS,
                                r->options));
     for (int i = 0; i < r->count; i++) {
         umt_update_fusion fusion = {.scalars = P(r->scalars), .lowp = P(r->lowp[i]), .lowp_dtype = r->lowp_dtype};
         switch (r->kind) {
         case UMT_OPT_SGD:
-            EXPECT_OK(be->sgd_update_fused(P(r->param[i]), P(r->grad[i]), P(r->s0[i]), r->n[i], 0.1f, 0.9f, 1e-2f,
+            EXPECT_OK(be->f32.sgd_update_fused(P(r->param[i]), P(r->grad[i]), P(r->s0[i]), r->n[i], 0.1f, 0.9f, 1e-2f,
                                            fusion));
             break;
         case UMT_OPT_ADAM:
         case UMT_OPT_ADAMW:
-            EXPECT_OK(be->adam_update_fused(P(r->param[i]), P(r->grad[i]), P(r->s0[i]), P(r->s1[i]), r->n[i], 1e-3f,
+            EXPECT_OK(be->f32.adam_update_fused(P(r->param[i]), P(r->grad[i]), P(r->s0[i]), P(r->s1[i]), r->n[i], 1e-3f,
                                             0.9f, 0.999f, 1e-8f, 1e-2f, r->kind == UMT_OPT_ADAMW, step, fusion));
             break;
         case UMT_OPT_ADADELTA:
-            EXPECT_OK(be->adadelta_update_fused(P(r->param[i]), P(r->grad[i]), P(r->s0[i]), P(r->s1[i]), r->n[i],
+            EXPECT_OK(be->f32.adadelta_update_fused(P(r->param[i]), P(r->grad[i]), P(r->s0[i]), P(r->s1[i]), r->n[i],
                                                 1.0f, 0.9f, 1e-6f, 1e-2f, fusion));
             break;
         }
@@ -339,7 +339,7 @@ static void test_scaled_backward_and_clipped_step_on_a_cuda_context_match_the_cp
     assert_int_equal(umt_optimizer_skipped_steps(opt_gpu), 0);
     /* An overflowing gradient on the GPU: the step is skipped and the scale halves. */
     float poison = INFINITY;
-    EXPECT_OK(gpu->upload((float *)umt_tensor_grad(w_gpu)->data + (random_u32() % N), &poison, sizeof poison));
+    EXPECT_OK(gpu->f32.upload((float *)umt_tensor_grad(w_gpu)->data + (random_u32() % N), &poison, sizeof poison));
     EXPECT_OK(umt_optimizer_step(opt_gpu));
     EXPECT_OK(umt_tensor_copy_to_host(w_gpu, plain, sizeof plain));
     assert_memory_equal(plain, on_gpu, sizeof plain);
@@ -397,17 +397,17 @@ static void expect_same_device_bytes(const char *what, int i, twin a, twin b) {
 static void update_one(const umt_update_rule *rule, const multi_case *c, umt_update_fusion fusion) {
     switch (rule->kind) {
     case UMT_OPT_SGD:
-        EXPECT_OK(gpu->sgd_update_fused(c->param.device, c->grad.device, rule->momentum != 0.0f ? c->s0.device : NULL,
+        EXPECT_OK(gpu->f32.sgd_update_fused(c->param.device, c->grad.device, rule->momentum != 0.0f ? c->s0.device : NULL,
                                         c->n, rule->lr, rule->momentum, rule->weight_decay, fusion));
         break;
     case UMT_OPT_ADAM:
     case UMT_OPT_ADAMW:
-        EXPECT_OK(gpu->adam_update_fused(c->param.device, c->grad.device, c->s0.device, c->s1.device, c->n, rule->lr,
+        EXPECT_OK(gpu->f32.adam_update_fused(c->param.device, c->grad.device, c->s0.device, c->s1.device, c->n, rule->lr,
                                          rule->beta1, rule->beta2, rule->eps, rule->weight_decay, rule->decoupled,
                                          rule->step, fusion));
         break;
     case UMT_OPT_ADADELTA:
-        EXPECT_OK(gpu->adadelta_update_fused(c->param.device, c->grad.device, c->s0.device, c->s1.device, c->n,
+        EXPECT_OK(gpu->f32.adadelta_update_fused(c->param.device, c->grad.device, c->s0.device, c->s1.device, c->n,
                                              rule->lr, rule->rho, rule->eps, rule->weight_decay, fusion));
         break;
     }
@@ -432,7 +432,7 @@ static void check_multi(umt_update_rule rule, int variant) {
     umt_step_options options = {.loss_scaling = true, .growth_interval = 2000, .lr = rule.lr,
                                 .adam = rule.kind == UMT_OPT_ADAM || rule.kind == UMT_OPT_ADAMW,
                                 .beta1 = rule.beta1, .beta2 = rule.beta2};
-    EXPECT_OK(gpu->step_prepare(scalars.device, partials.device, UMT_GRAD_SUMSQ_PARTIALS * 2, options));
+    EXPECT_OK(gpu->f32.step_prepare(scalars.device, partials.device, UMT_GRAD_SUMSQ_PARTIALS * 2, options));
     twin lr = twin_of(&rule.lr, sizeof rule.lr);
     umt_update_fusion common = {.scalars = variant ? scalars.device : NULL, .lowp_dtype = lowp_dtype,
                                 .lr_on_device = variant == 2 ? lr.device : NULL};
@@ -442,7 +442,7 @@ static void check_multi(umt_update_rule rule, int variant) {
                                     .lowp_pixels = a[i].pixels};
         update_one(&rule, &a[i], fusion);
     }
-    EXPECT_OK(gpu->multi_update(tensors, MULTI_COUNT, rule, common));
+    EXPECT_OK(gpu->f32.multi_update(tensors, MULTI_COUNT, rule, common));
     for (int i = 0; i < MULTI_COUNT; i++) {
         expect_same_device_bytes("param", i, a[i].param, b[i].param);
         expect_same_device_bytes("state 0", i, a[i].s0, b[i].s0);
