@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/device.h"
 #include "core/base/error.h"
+#include "core/device.h"
 #include "core/precision.h"
 #include "core/tensor.h"
 #include "memory/trace.h"

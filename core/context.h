@@ -6,11 +6,11 @@
 
 #include <stdbool.h>
 
-#include "kernels/backend.h"
-#include "core/hooks.h"
 #include "core/base/rng.h"
+#include "core/hooks.h"
 #include "core/step_values.h"
 #include "core/tape.h"
+#include "kernels/backend.h"
 #include "memory/pool.h"
 #include "umtrain.h"
 

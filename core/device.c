@@ -4,8 +4,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/context.h"
 #include "core/base/error.h"
+#include "core/context.h"
 
 #ifdef UMT_WITH_CUDA
 #include "core/base/cuda_check.h"

@@ -59,11 +59,16 @@ const char *umt_hooks_unreplayable(const umt_context *ctx) {
 /* The events */
 
 /* Calls the event on every table that has it, in registration order; returns the first failure.
- * (Events with no argument past self spell the loop out: C11 wants one argument here.) */
+ * RAISE0 for the events that take nothing past self (C11 wants an argument for "..."). */
 #define RAISE(ctx, event, ...)                                                                                     \
     for (int i_ = 0; i_ < (ctx)->hooks.count; ++i_) {                                                             \
         const umt_subscription *s_ = &(ctx)->hooks.list[i_];                                                      \
         if (s_->hooks->event) UMT_TRY(s_->hooks->event((ctx), s_->self, __VA_ARGS__));                            \
+    }
+#define RAISE0(ctx, event)                                                                                         \
+    for (int i_ = 0; i_ < (ctx)->hooks.count; ++i_) {                                                             \
+        const umt_subscription *s_ = &(ctx)->hooks.list[i_];                                                      \
+        if (s_->hooks->event) UMT_TRY(s_->hooks->event((ctx), s_->self));                                         \
     }
 
 umt_pool umt_hooks_place(const umt_context *ctx, umt_pool kind) {
@@ -76,10 +81,7 @@ umt_pool umt_hooks_place(const umt_context *ctx, umt_pool kind) {
 }
 
 umt_status umt_hooks_step_begin(umt_context *ctx) {
-    for (int i = 0; i < ctx->hooks.count; ++i) {
-        const umt_subscription *s = &ctx->hooks.list[i];
-        if (s->hooks->step_begin) UMT_TRY(s->hooks->step_begin(ctx, s->self));
-    }
+    RAISE0(ctx, step_begin);
     return UMT_OK;
 }
 
@@ -117,10 +119,7 @@ umt_status umt_hooks_gradient_ready(umt_context *ctx, umt_tensor *parameter) {
 }
 
 umt_status umt_hooks_after_backward(umt_context *ctx) {
-    for (int i = 0; i < ctx->hooks.count; ++i) {
-        const umt_subscription *s = &ctx->hooks.list[i];
-        if (s->hooks->after_backward) UMT_TRY(s->hooks->after_backward(ctx, s->self));
-    }
+    RAISE0(ctx, after_backward);
     return UMT_OK;
 }
 

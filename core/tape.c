@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "core/context.h"
 #include "core/base/error.h"
+#include "core/context.h"
 #include "core/hooks.h"
 #include "core/tensor.h"
 #include "memory/trace.h"

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/context.h"
 #include "core/base/error.h"
+#include "core/context.h"
 #include "core/hooks.h"
 #include "memory/plan.h"
 

@@ -17,9 +17,9 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "core/context.h"
 #include "core/base/cuda_check.h"
 #include "core/base/error.h"
+#include "core/context.h"
 #include "core/tensor.h"
 #include "dist/bootstrap.h"
 #include "dist/watchdog.h"

@@ -39,8 +39,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "examples/example_common.h"
 #include "dist/umt_dist.h"
+#include "examples/example_common.h"
 #include "examples/mnist_cnn_model.h"
 #include "umtrain.h"
 

@@ -4,9 +4,11 @@
  *   tools/fetch_mnist.sh                      # once: the four IDX files into data/mnist
  *   bazel build //examples:mnist_mlp && bazel-bin/examples/mnist_mlp --epochs 2
  *
- * The whole training loop of umtrain in one page: load the IDX files, build two linear layers,
- * then per step: gather a shuffled batch, forward (linear, relu, linear, softmax cross-entropy),
- * backward, optimizer step; after each epoch, test accuracy with grad disabled.
+ * The training loop of umtrain with its flags (optimizer, schedule, device, memory mode,
+ * precision): load the IDX files, build two linear layers, then per step: gather a shuffled
+ * batch, forward (linear, relu, linear, softmax cross-entropy), backward, optimizer step; after
+ * each epoch, test accuracy with grad disabled. examples/mnist_cnn_minimal.c is the shortest
+ * trainer to read first.
  * With the defaults (SGD lr 0.05, momentum 0.9, lr x0.2 after each epoch) it reaches 97.7-98.0%
  * test accuracy after 2 epochs (seeds 1-4).
  */

@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "core/context.h"
 #include "core/base/error.h"
+#include "core/context.h"
 
 static void destroy_layer(void *object) {
     umt_layer *layer = object;

@@ -20,13 +20,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kernels/backend.h"
-#include "core/context.h"
 #include "core/base/error.h"
-#include "offload/state.h"
+#include "core/context.h"
 #include "core/optim/optim.h"
 #include "core/tensor.h"
+#include "kernels/backend.h"
 #include "memory/trace.h"
+#include "offload/state.h"
 
 #include "core/base/cuda_check.h"
 

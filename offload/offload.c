@@ -11,11 +11,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/context.h"
 #include "core/base/error.h"
-#include "offload/state.h"
+#include "core/context.h"
 #include "core/tensor.h"
 #include "memory/trace.h"
+#include "offload/state.h"
 
 #include "core/base/cuda_check.h"
 

@@ -10,9 +10,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "offload/offload.h"
 #include "memory/offload_plan.h"
 #include "offload/host_share.h"
+#include "offload/offload.h"
 
 /* One half of the double buffer. Its events order the three streams around it:
  *   loaded    copy-in stream: what the slot should hold is there (compute waits for it);

@@ -32,12 +32,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/context.h"
 #include "core/base/error.h"
-#include "offload/state.h"
+#include "core/context.h"
 #include "core/optim/optim.h"
 #include "core/tensor.h"
 #include "memory/trace.h"
+#include "offload/state.h"
 
 #include "core/base/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"

@@ -15,9 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <cmocka.h>
+
+#include "tests/run_program.h"
 
 static const char *binary, *source;
 
@@ -28,13 +29,8 @@ static const char usage[] = "usage: mnist_cnn_minimal [--data-dir DIR] [--epochs
 /* Runs the binary with args; returns its exit status, its stdout and stderr together in out. */
 static int run(const char *args, char *out, size_t size) {
     char command[1024];
-    snprintf(command, sizeof command, "%s %s 2>&1", binary, args);
-    FILE *p = popen(command, "r");
-    assert_non_null(p);
-    size_t used = fread(out, 1, size - 1, p);
-    out[used] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    snprintf(command, sizeof command, "%s %s", binary, args);
+    return run_program(command, out, size);
 }
 
 static void test_the_file_is_at_most_120_lines(void **state) {

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -20,6 +19,7 @@
 
 #include "examples/example_common.h"
 #include "examples/mnist_cnn_model.h"
+#include "tests/run_program.h"
 #include "umtrain.h"
 
 static const char *predict_binary;
@@ -61,13 +61,8 @@ static int teardown(void **state) {
 /* Runs predict with args; returns its exit status, its stdout+stderr in out. */
 static int run_predict(const char *args, char *out, size_t size) {
     char command[2048];
-    snprintf(command, sizeof command, "%s --device cpu %s 2>&1", predict_binary, args);
-    FILE *p = popen(command, "r");
-    assert_non_null(p);
-    size_t used = fread(out, 1, size - 1, p);
-    out[used] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    snprintf(command, sizeof command, "%s --device cpu %s", predict_binary, args);
+    return run_program(command, out, size);
 }
 
 static void test_predict_prints_what_the_model_computes_for_each_file(void **state) {

@@ -16,9 +16,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/base/error.h"
 #include "core/checkpoint/format.h"
 #include "core/context.h"
-#include "core/base/error.h"
 #include "core/optim/optim.h"
 #include "core/tensor.h"
 

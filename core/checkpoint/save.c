@@ -16,9 +16,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "core/base/error.h"
 #include "core/checkpoint/format.h"
 #include "core/context.h"
-#include "core/base/error.h"
 #include "core/optim/optim.h"
 #include "core/tensor.h"
 

@@ -10,8 +10,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "core/context.h"
 #include "core/base/error.h"
+#include "core/context.h"
 #include "core/data/idx.h"
 #include "core/step_values.h"
 #include "core/tensor.h"

@@ -4,8 +4,8 @@
  */
 #include <stdlib.h>
 
-#include "core/context.h"
 #include "core/base/error.h"
+#include "core/context.h"
 #include "core/data/image_format.h"
 #include "core/tensor.h"
 

@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/context.h"
 #include "core/base/error.h"
+#include "core/context.h"
 #include "core/data/samples.h"
 #include "core/tensor.h"
 #include "memory/staging.h"

@@ -8,12 +8,12 @@
 #ifndef UMT_CORE_OPS_OPS_H
 #define UMT_CORE_OPS_OPS_H
 
-#include "kernels/backend.h"
-#include "core/context.h"
 #include "core/base/error.h"
+#include "core/context.h"
 #include "core/precision.h"
 #include "core/tape.h"
 #include "core/tensor.h"
+#include "kernels/backend.h"
 
 /* An f32 output of the given shape in the activations pool. */
 umt_tensor *umt_op_output(umt_context *ctx, int ndim, const int64_t *shape);

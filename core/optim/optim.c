@@ -17,13 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/backend.h"
-#include "core/context.h"
 #include "core/base/error.h"
+#include "core/context.h"
 #include "core/hooks.h"
 #include "core/optim/optim.h"
-#include "kernels/optim_step.h"
 #include "core/tensor.h"
+#include "kernels/backend.h"
+#include "kernels/optim_step.h"
 
 /* State tensors per parameter: SGD velocity | Adam m, v | Adadelta square_avg, delta_avg. */
 #define UMT_OPTIM_MAX_STATE 2

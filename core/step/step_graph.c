@@ -24,8 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "core/context.h"
 #include "core/base/error.h"
+#include "core/context.h"
 #include "core/step_values.h"
 #include "core/tensor.h"
 

@@ -22,8 +22,8 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 
-#include "core/context.h"
 #include "core/base/error.h"
+#include "core/context.h"
 #include "core/tensor.h"
 #include "umtrain.h"
 

@@ -27,12 +27,12 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 
-#include "kernels/backend.h"
 #include "core/optim/optim.h"
-#include "kernels/optim_step.h"
 #include "core/tensor.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/optim_step.h"
 #include "tests/gpu/kernel_twins.h"
 #include "umtrain.h"
 
