@@ -63,7 +63,7 @@ typedef struct umt_offload_cpu_job {
     int64_t n;
 } umt_offload_cpu_job;
 
-/* UMT_OFFLOAD_OPTIM_BACKWARD with options.offload_host_updates (offload/host.c): a streamed
+/* UMT_OFFLOAD_OPTIM_BACKWARD with options.host_updates (offload/host.c): a streamed
  * parameter updated by CPU threads during backward, in a host function on the host-update
  * stream. One per such parameter, reused every step; the host function reads only this. */
 typedef struct {
@@ -147,7 +147,7 @@ struct umt_offload {
     double host_last_end_s;        /* the last step's end, the compute stream drained */
     char host_search_log[256];     /* the counts timed, printed when the search settles */
     const umt_optimizer *attached; /* UMT_OFFLOAD_OPTIM_BACKWARD: the optimizer that updates in backward */
-    /* Saved activations (options.offload_activations, offload/activations.c) */
+    /* Saved activations (options.activations, offload/activations.c) */
     umt_offload_activation *activations;
     int activation_count, activation_slots, activation_events; /* this step's; allocated; with events made */
     bool activations_planned;  /* stage 3 has run on the first step's activations */
@@ -189,7 +189,7 @@ umt_status umt_offload_gradient_out(umt_offload *o, int s);
 /* Updates in backward on the CPU (offload/host.c): at the plan, with UMT_OFFLOAD_HOST_AUTO,
  * the CPU's share from its measured rate and the link's (printed); slot s's parameter, its
  * gradient final, queued for CPU threads when it is one of them (the first such parameters of
- * each backward, as many as options.offload_host_updates or the share says: *taken); a stream's
+ * each backward, as many as options.host_updates or the share says: *taken); a stream's
  * wait for p's last one (before a copy reads its weights); the step's end (a failed update is
  * reported); freeing. */
 umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int count);
