@@ -8,15 +8,14 @@
  * model, and only when everything agrees is anything copied in. A bad checkpoint therefore
  * leaves the model, the optimizer and the RNG as they were.
  */
-#include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "core/base/error.h"
+#include "core/base/file.h"
 #include "core/checkpoint/format.h"
 #include "core/context.h"
 #include "core/optim/optim.h"
@@ -27,40 +26,6 @@ static uint32_t le32(const uint8_t *p) {
 }
 
 static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
-
-/* ----------------------------------------------------------------------------------------- */
-/* Loading: the file */
-
-/* Reads the whole regular file at path, refusing one past UMT_CKPT_MAX_FILE_BYTES before allocating. */
-static umt_status read_file(const char *path, uint8_t **out, size_t *size) {
-    *out = NULL;
-    *size = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return umt_fail(UMT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    umt_status status = UMT_OK;
-    if (fstat(fileno(f), &st) != 0)
-        status = umt_fail(UMT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        status = umt_fail(UMT_ERR_IO, "%s: not a regular file (expected a checkpoint)", path);
-    else if ((uint64_t)st.st_size > UMT_CKPT_MAX_FILE_BYTES)
-        status = umt_fail(UMT_ERR_FORMAT, "%s: the file is %lld bytes, past the checkpoint cap of %llu bytes", path,
-                          (long long)st.st_size, (unsigned long long)UMT_CKPT_MAX_FILE_BYTES);
-    *size = status == UMT_OK ? (size_t)st.st_size : 0;
-    uint8_t *data = status == UMT_OK ? malloc(*size ? *size : 1) : NULL;
-    if (status == UMT_OK && !data)
-        status = umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: no memory for the file's %zu bytes", path, *size);
-    if (status == UMT_OK && fread(data, 1, *size, f) != *size)
-        /* Short without an error means the file shrank between fstat and the read. */
-        status = umt_fail(UMT_ERR_IO, "%s: reading %zu bytes: %s", path, *size,
-                          ferror(f) ? strerror(errno) : "the file ended early");
-    fclose(f);
-    if (status == UMT_OK)
-        *out = data;
-    else
-        free(data);
-    return status;
-}
 
 /* Magic, version, length and checksum: what must hold before any other field is believed. */
 static umt_status check_envelope(const char *path, const uint8_t *file, size_t size) {
@@ -331,7 +296,7 @@ umt_status umt_checkpoint_load(umt_context *ctx, umt_optimizer *opt, umt_checkpo
     UMT_TRY(umt_ckpt_check_arguments("umt_checkpoint_load", ctx, opt, path));
     uint8_t *file;
     size_t size;
-    UMT_TRY(read_file(path, &file, &size));
+    UMT_TRY(umt_file_read_regular(path, "a checkpoint", UMT_CKPT_MAX_FILE_BYTES, &file, &size));
     size_t expected = 0;
     for (int s = 0; s < UMT_CKPT_SECTIONS; ++s) expected += (size_t)umt_ckpt_model_count(ctx, opt, s);
     const record **match = calloc(expected ? expected : 1, sizeof *match);

@@ -11,61 +11,19 @@
  */
 #include "core/data/idx.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <zlib.h>
 
 #include "core/base/error.h"
+#include "core/base/file.h"
 
 #define IDX_MAGIC_BYTES 4
 #define IDX_DIM_BYTES 4
 
 /* ----------------------------------------------------------------------------------------- */
 /* Reading the file */
-
-/* Reads the whole regular file at path into *buf (NULL for an empty file). */
-static umt_status read_file(const char *path, size_t max_bytes, uint8_t **buf, size_t *size) {
-    *buf = NULL;
-    *size = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return umt_fail(UMT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0) {
-        int err = errno;
-        fclose(f);
-        return umt_fail(UMT_ERR_IO, "%s: cannot stat: %s", path, strerror(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        fclose(f);
-        return umt_fail(UMT_ERR_IO, "%s: not a regular file (expected an IDX file)", path);
-    }
-    if ((uint64_t)st.st_size > max_bytes) {
-        fclose(f);
-        return umt_fail(UMT_ERR_FORMAT, "%s: file is %lld bytes, past the IDX reader's cap of %zu bytes", path,
-                        (long long)st.st_size, max_bytes);
-    }
-    size_t want = (size_t)st.st_size;
-    uint8_t *data = want ? malloc(want) : NULL;
-    if (want && !data) {
-        fclose(f);
-        return umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: no memory for the file's %zu bytes", path, want);
-    }
-    size_t got = want ? fread(data, 1, want, f) : 0;
-    int err = ferror(f) ? errno : 0;
-    fclose(f);
-    if (got != want) {
-        free(data);
-        /* Short without an error means the file shrank between fstat and the read. */
-        return umt_fail(UMT_ERR_IO, "%s: read %zu of %zu bytes: %s", path, got, want,
-                        err ? strerror(err) : "the file ended early");
-    }
-    *buf = data;
-    *size = want;
-    return UMT_OK;
-}
 
 /* ----------------------------------------------------------------------------------------- */
 /* Decompressing */
@@ -252,7 +210,7 @@ umt_status umt_idx_read_capped(const char *path, size_t max_bytes, umt_idx *out)
                         UMT_IDX_MAX_BYTES);
     uint8_t *file = NULL;
     size_t size = 0;
-    UMT_TRY(read_file(path, max_bytes, &file, &size));
+    UMT_TRY(umt_file_read_regular(path, "an IDX file", max_bytes, &file, &size));
     const char *origin = "";
     if (size >= 2 && file[0] == 0x1f && file[1] == 0x8b) {
         uint8_t *plain = NULL;
