@@ -6,10 +6,16 @@
 #include "core/base/error.h"
 #include "core/context.h"
 
+/* The subscription of hooks, or NULL. */
+static umt_subscription *find(const umt_context *ctx, const umt_hooks *hooks) {
+    for (int i = 0; i < ctx->hooks.count; ++i)
+        if (ctx->hooks.list[i].hooks == hooks) return &ctx->hooks.list[i];
+    return NULL;
+}
+
 umt_status umt_hooks_register(umt_context *ctx, const umt_hooks *hooks, void *self) {
     umt_hook_table *t = &ctx->hooks;
-    if (umt_hooks_self(ctx, hooks))
-        return umt_fail(UMT_ERR_STATE, "%s: already registered on this context", hooks->name);
+    if (find(ctx, hooks)) return umt_fail(UMT_ERR_STATE, "%s: already registered on this context", hooks->name);
     if (t->count == t->slots) {
         int slots = t->slots ? 2 * t->slots : 4;
         umt_subscription *grown = realloc(t->list, (size_t)slots * sizeof *grown);
@@ -23,18 +29,15 @@ umt_status umt_hooks_register(umt_context *ctx, const umt_hooks *hooks, void *se
 
 void umt_hooks_unregister(umt_context *ctx, const umt_hooks *hooks) {
     umt_hook_table *t = &ctx->hooks;
-    for (int i = 0; i < t->count; ++i) {
-        if (t->list[i].hooks != hooks) continue;
-        for (int j = i + 1; j < t->count; ++j) t->list[j - 1] = t->list[j];
-        t->count--;
-        return;
-    }
+    umt_subscription *s = find(ctx, hooks);
+    if (!s) return;
+    for (umt_subscription *next = s + 1; next < t->list + t->count; ++next) next[-1] = *next;
+    t->count--;
 }
 
 void *umt_hooks_self(const umt_context *ctx, const umt_hooks *hooks) {
-    for (int i = 0; i < ctx->hooks.count; ++i)
-        if (ctx->hooks.list[i].hooks == hooks) return ctx->hooks.list[i].self;
-    return NULL;
+    const umt_subscription *s = find(ctx, hooks);
+    return s ? s->self : NULL;
 }
 
 int umt_hooks_gradient_subscribers(const umt_context *ctx) {

@@ -72,9 +72,10 @@ typedef struct {
     int count, slots;
 } umt_hook_table;
 
-/* Adds a subscription (a table may be registered once per context). */
+/* Adds a subscription (a table may be registered once per context; UMT_ERR_STATE after). */
 umt_status umt_hooks_register(umt_context *ctx, const umt_hooks *hooks, void *self);
-/* Removes it; a no-op if it is not registered. */
+/* Removes it (its destroy is not called: self is the registrant's); a no-op if it is not
+ * registered. */
 void umt_hooks_unregister(umt_context *ctx, const umt_hooks *hooks);
 /* The self that hooks was registered with, or NULL. */
 void *umt_hooks_self(const umt_context *ctx, const umt_hooks *hooks);

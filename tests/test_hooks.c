@@ -240,6 +240,8 @@ static void test_a_subsystem_places_the_tensors_of_its_kinds(void **state) {
     (void)state;
     umt_context *ctx = new_context();
     assert_int_equal(umt_hooks_register(ctx, &placing, NULL), UMT_OK);
+    /* Once only, whatever its self (NULL here). */
+    assert_int_equal(umt_hooks_register(ctx, &placing, NULL), UMT_ERR_STATE);
     umt_tensor *p = umt_parameter_new(ctx, "p", 1, (int64_t[]){4});
     assert_non_null(p);
     umt_optimizer *opt;
