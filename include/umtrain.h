@@ -539,7 +539,15 @@ typedef struct {
 
 /* opt may be NULL (a model-only checkpoint). info's epoch and step (0 when info is NULL) and the
  * optimizer's step count must be within 0..2^53, as load requires; a path must be named (not
- * NULL, not empty). */
+ * NULL, not empty).
+ * Signals: from the temporary file's creation to its rename or removal, the calling thread
+ * blocks SIGINT and SIGTERM, and restores its mask after. A SIGINT or SIGTERM whose action is the
+ * default (ending the process) stops the save within 16 MiB of writing: the temporary file is
+ * removed, and the signal then takes effect, so the process ends as it would have, leaving the
+ * previous checkpoint at path and no temporary file. One the program catches or ignores waits
+ * for the save to finish (a handler then runs; Ctrl-C can mean "stop after this save"). A signal
+ * goes to a thread that does not block it, so for this to hold the program's other threads
+ * should block both (umtrain's loader threads do). */
 umt_status umt_checkpoint_save(umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
                                const char *path);
 /* Whether umt_checkpoint_save could write path now: path is not a folder, and the temporary file

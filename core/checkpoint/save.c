@@ -5,10 +5,13 @@
  *
  * Save streams the file into "<path>.tmp.<pid>", computing the CRC on the way, syncs it and
  * renames it over path, so a reader sees the old checkpoint or the new one, never half of one;
- * on any failure the temporary file is removed and path is left as it was.
+ * on any failure the temporary file is removed and path is left as it was. While the temporary
+ * file exists SIGINT and SIGTERM are held off (core/base/signals.h), so that they cannot end the
+ * process with the file still there: one that would end it stops the save first.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +21,7 @@
 
 #include "core/base/error.h"
 #include "core/base/escape.h"
+#include "core/base/signals.h"
 #include "core/checkpoint/format.h"
 #include "core/context.h"
 #include "core/optim/optim.h"
@@ -101,8 +105,14 @@ uint32_t umt_ckpt_crc(uint32_t crc, const void *bytes, size_t n) {
 typedef struct {
     FILE *file;
     uint32_t crc;
-    int error; /* errno of the first failed write; later writes are skipped */
+    int error;                  /* errno of the first failed write; later writes are skipped */
+    const sigset_t *saved_mask; /* the signal mask the save restores when done */
+    int signal;                 /* the SIGINT or SIGTERM that stopped the save, or 0 */
 } writer;
+
+/* Tensor data is written in pieces of this size, asking between them whether to stop: a save of
+ * gigabytes still answers Ctrl-C within a piece. */
+#define WRITE_PIECE_BYTES ((size_t)16 << 20)
 
 static void put(writer *w, const void *bytes, size_t n) {
     if (w->error || n == 0) return;
@@ -112,6 +122,19 @@ static void put(writer *w, const void *bytes, size_t n) {
         return;
     }
     w->crc = umt_ckpt_crc(w->crc, bytes, n);
+}
+
+/* A pending SIGINT or SIGTERM that would end the process stops the save (see umt_checkpoint_save). */
+static bool stop_requested(writer *w) {
+    if (!w->error && (w->signal = umt_signals_stop_pending(w->saved_mask)) != 0) w->error = EINTR;
+    return w->error != 0;
+}
+
+static void put_data(writer *w, const uint8_t *bytes, size_t n) {
+    for (size_t done = 0, piece; done < n && !stop_requested(w); done += piece) {
+        piece = n - done < WRITE_PIECE_BYTES ? n - done : WRITE_PIECE_BYTES;
+        put(w, bytes + done, piece);
+    }
 }
 
 static void put_u32(writer *w, uint32_t v) {
@@ -194,16 +217,18 @@ static umt_status write_tensor(writer *w, const umt_tensor *t, const char *name,
     put_u32(w, (uint32_t)t->ndim);
     for (int d = 0; d < t->ndim; ++d) put_u64(w, (uint64_t)t->shape[d]);
     put_u64(w, t->bytes);
-    put(w, scratch, t->bytes);
+    put_data(w, scratch, t->bytes);
     return UMT_OK;
 }
 
-/* The whole checkpoint into tmp, synced to disk; the caller removes tmp on failure. */
+/* The whole checkpoint into tmp, synced to disk; the caller removes tmp on failure, and restores
+ * saved_mask, the signal mask from before the save. */
 static umt_status write_temp(const umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
-                             const save_plan *plan, void *scratch, const char *path, const char *tmp) {
+                             const save_plan *plan, void *scratch, const char *path, const char *tmp,
+                             const sigset_t *saved_mask) {
     FILE *f = fopen(tmp, "wb");
     if (!f) return umt_fail(UMT_ERR_IO, "%s: cannot create the temporary file %s: %s", path, tmp, strerror(errno));
-    writer w = {.file = f, .crc = 0};
+    writer w = {.file = f, .crc = 0, .saved_mask = saved_mask};
     write_header(&w, ctx, opt, info, plan);
     umt_status st = UMT_OK;
     char name[UMT_CKPT_NAME_SIZE];
@@ -211,9 +236,13 @@ static umt_status write_temp(const umt_context *ctx, const umt_optimizer *opt, c
         for (uint32_t i = 0; i < plan->count[s] && st == UMT_OK; ++i)
             st = write_tensor(&w, umt_ckpt_model_tensor(ctx, opt, s, (int)i, name, NULL), name, scratch, path);
     if (st == UMT_OK) put_u32(&w, w.crc);
-    if (st == UMT_OK && !w.error && (fflush(f) != 0 || fsync(fileno(f)) != 0)) w.error = errno;
+    /* Asked once more before the sync, which may take long on a slow disk. */
+    if (st == UMT_OK && !stop_requested(&w) && (fflush(f) != 0 || fsync(fileno(f)) != 0)) w.error = errno;
     if (fclose(f) != 0 && !w.error) w.error = errno;
-    if (st == UMT_OK && w.error)
+    if (st == UMT_OK && w.signal)
+        st = umt_fail(UMT_ERR_IO, "%s: save stopped by %s; the temporary file %s is removed, %s is as it was", path,
+                      umt_signal_name(w.signal), tmp, path);
+    else if (st == UMT_OK && w.error)
         st = umt_fail(UMT_ERR_IO, "%s: cannot write the temporary file %s: %s", path, tmp, strerror(w.error));
     return st;
 }
@@ -252,6 +281,8 @@ umt_status umt_checkpoint_check_writable(const char *path) {
     char *tmp = temporary_name(path);
     if (!tmp) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: no memory for the temporary file's name", path);
     /* Exclusive: a file of that name (another save by this pid) is left alone. */
+    sigset_t previous;
+    umt_signals_block_stop(&previous);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
     umt_status status = fd >= 0 ? UMT_OK
                                 : umt_fail(UMT_ERR_IO, "%s: cannot create the temporary file %s that a save writes first: %s",
@@ -260,6 +291,7 @@ umt_status umt_checkpoint_check_writable(const char *path) {
         close(fd);
         remove(tmp);
     }
+    umt_signals_restore(&previous);
     free(tmp);
     return status;
 }
@@ -274,13 +306,17 @@ static umt_status check_counts(const umt_optimizer *opt, const umt_checkpoint_in
                                 umt_optimizer_steps(opt));
 }
 
-/* Writes tmp and renames it over path; tmp is removed if anything fails. */
+/* Writes tmp and renames it over path, with SIGINT and SIGTERM held off while tmp exists: one
+ * that would end the process stops the writing, and is delivered once tmp is removed. */
 static umt_status write_and_rename(const umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
                                    const save_plan *plan, void *scratch, const char *path, const char *tmp) {
-    umt_status st = write_temp(ctx, opt, info, plan, scratch, path, tmp);
+    sigset_t previous;
+    umt_signals_block_stop(&previous);
+    umt_status st = write_temp(ctx, opt, info, plan, scratch, path, tmp, &previous);
     if (st == UMT_OK && rename(tmp, path) != 0)
         st = umt_fail(UMT_ERR_IO, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
     if (st != UMT_OK) remove(tmp);
+    umt_signals_restore(&previous);
     return st;
 }
 
