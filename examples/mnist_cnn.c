@@ -14,7 +14,8 @@
  * lr x0.7 after every epoch, batch 64, test batch 1000, inputs normalised with mean 0.1307 and
  * std 0.3081, log-softmax + NLL. Each epoch prints progress lines and the test accuracy; with
  * --save, a checkpoint is written (atomically) after each epoch, and --resume continues from one
- * exactly as if the run had not stopped.
+ * exactly as if the run had not stopped (one of NaN or infinite values is refused unless
+ * --allow-nonfinite: to look into a diverged run).
  *
  * Steps (include/umtrain.h, umt_step_graph): on a GPU a whole training step is captured once
  * into a CUDA graph and replayed, one launch per step (--graph off: every step launched op by
@@ -59,7 +60,7 @@ typedef struct {
     bool device_set;
     umt_memory_mode memory_mode;
     int log_every, bench_steps, gpus;
-    bool fuse, graph;
+    bool fuse, graph, allow_nonfinite;
     example_input_flags input;
     umt_dist_options dist;
 } options;
@@ -68,7 +69,7 @@ static void usage(FILE *out) {
     fprintf(out, "usage: mnist_cnn [--epochs N] [--batch-size N] [--test-batch-size N] [--lr F] [--gamma F]\n"
                  "                 [--optimizer adadelta|sgd|adam|adamw] [--seed N] [--device cpu|cuda]\n"
                  "                 [--mem managed|managed-plain|device] [--data-dir DIR] [--train-limit N]\n"
-                 "                 [--log-every N] [--save PATH] [--resume PATH] [--bench STEPS]\n"
+                 "                 [--log-every N] [--save PATH] [--resume PATH [--allow-nonfinite]] [--bench STEPS]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
                  "                 [--fuse on|off] [--graph on|off]\n"
                  EXAMPLE_INPUT_USAGE
@@ -155,6 +156,10 @@ static int parse_options(int argc, char **argv, options *o) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             exit(0);
+        }
+        if (!strcmp(argv[i], "--allow-nonfinite")) {
+            o->allow_nonfinite = true;
+            continue;
         }
         if (i + 1 >= argc) return example_missing_value(program, argv[i], usage);
         if (parse_flag(o, argv[i], argv[i + 1])) return -1;
@@ -362,7 +367,8 @@ static int train(run_state *r, const options *o) {
     time_to_accuracy timing = {.wall_start_s = example_seconds()};
     umt_checkpoint_info info = {0, 0};
     if (o->resume) {
-        if (example_check(program, umt_checkpoint_load(r->ctx, r->opt, &info, o->resume))) return -1;
+        umt_checkpoint_load_options lo = {.allow_nonfinite = o->allow_nonfinite};
+        if (example_check(program, umt_checkpoint_load_with(r->ctx, r->opt, &info, o->resume, &lo))) return -1;
         if (r->rank == 0)
             printf("%s: resumed from %s after epoch %lld (step %lld)\n", program, o->resume, (long long)info.epoch,
                    (long long)info.step);

@@ -7,6 +7,10 @@
  * Each PNG, JPEG or BMP file is read as grey, resized to 28x28 when it is not, inverted when it
  * is a dark digit on a light background (--invert auto; MNIST digits are light on dark), and
  * normalised as in training. Prints one line per file: the class and its probability.
+ *
+ * A checkpoint holding NaN or infinite values is refused; --allow-nonfinite loads it anyway (to
+ * look into a run that diverged), and a file whose scores are then NaN gets "not a number"
+ * instead of a digit, and exit status 1.
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,7 +24,8 @@
 static const char *const program = "predict";
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: predict --checkpoint PATH [--device cpu|cuda] [--invert auto|yes|no] IMAGE...\n");
+    fprintf(out, "usage: predict --checkpoint PATH [--device cpu|cuda] [--invert auto|yes|no] [--allow-nonfinite] "
+                 "IMAGE...\n");
 }
 
 typedef struct {
@@ -29,6 +34,7 @@ typedef struct {
     umt_invert invert;
     const char **images;
     int image_count;
+    bool allow_nonfinite; /* load a checkpoint of NaN or infinite values */
 } options;
 
 static int parse_options(int argc, char **argv, options *o) {
@@ -38,6 +44,10 @@ static int parse_options(int argc, char **argv, options *o) {
         const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
         if (strncmp(flag, "--", 2) != 0) {
             o->images[o->image_count++] = flag;
+            continue;
+        }
+        if (!strcmp(flag, "--allow-nonfinite")) {
+            o->allow_nonfinite = true;
             continue;
         }
         if (!value) return example_missing_value(program, flag, usage);
@@ -56,7 +66,7 @@ static int parse_options(int argc, char **argv, options *o) {
     return 0;
 }
 
-/* Classifies every image in one batch and prints a line per file. */
+/* Classifies every image in one batch and prints a line per file; -1 if any file's scores are NaN. */
 static int classify(umt_context *ctx, const mnist_cnn *model, const options *o) {
     umt_tensor *images = NULL;
     if (example_check(program, umt_images_load(ctx, o->images, o->image_count, 1, 28, 28, o->invert, MNIST_MEAN,
@@ -70,14 +80,22 @@ static int classify(umt_context *ctx, const mnist_cnn *model, const options *o) 
         free(host);
         return example_check(program, umt_last_status());
     }
+    int rc = 0;
     for (int i = 0; i < o->image_count; ++i) {
-        int best = 0;
+        int best = 0, nan = 0;
+        for (int c = 0; c < 10; ++c) nan += isnan(host[i * 10 + c]) != 0;
         for (int c = 1; c < 10; ++c)
             if (host[i * 10 + c] > host[i * 10 + best]) best = c;
-        printf("%s: %d (p = %.3f)\n", o->images[i], best, exp((double)host[i * 10 + best]));
+        /* NaN compares false with everything, so class 0 would "win": say what it is instead. */
+        if (nan) {
+            printf("%s: not a number (%d of the 10 scores are NaN: the checkpoint's weights?)\n", o->images[i], nan);
+            rc = -1;
+        } else {
+            printf("%s: %d (p = %.3f)\n", o->images[i], best, exp((double)host[i * 10 + best]));
+        }
     }
     free(host);
-    return 0;
+    return rc;
 }
 
 int main(int argc, char **argv) {
@@ -92,7 +110,8 @@ int main(int argc, char **argv) {
     mnist_cnn model;
     int rc = example_check(program, umt_context_create(&co, &ctx));
     if (!rc && mnist_cnn_build(ctx, &model)) rc = example_check(program, umt_last_status());
-    if (!rc) rc = example_check(program, umt_checkpoint_load(ctx, NULL, NULL, o.checkpoint));
+    umt_checkpoint_load_options lo = {.allow_nonfinite = o.allow_nonfinite};
+    if (!rc) rc = example_check(program, umt_checkpoint_load_with(ctx, NULL, NULL, o.checkpoint, &lo));
     if (!rc) rc = classify(ctx, &model, &o);
     umt_context_destroy(ctx);
     free(o.images);

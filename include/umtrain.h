@@ -537,7 +537,17 @@ typedef struct {
     int64_t step;  /* optimizer steps taken */
 } umt_checkpoint_info;
 
-/* opt may be NULL (a model-only checkpoint). */
+/* opt may be NULL (a model-only checkpoint). info's epoch and step (0 when info is NULL) and the
+ * optimizer's step count must be within 0..2^53, as load requires; a path must be named (not
+ * NULL, not empty).
+ * Signals: from the temporary file's creation to its rename or removal, the calling thread
+ * blocks SIGINT and SIGTERM, and restores its mask after. A SIGINT or SIGTERM whose action is the
+ * default (ending the process) stops the save within 16 MiB of writing: the temporary file is
+ * removed, and the signal then takes effect, so the process ends as it would have, leaving the
+ * previous checkpoint at path and no temporary file. One the program catches or ignores waits
+ * for the save to finish (a handler then runs; Ctrl-C can mean "stop after this save"). A signal
+ * goes to a thread that does not block it, so for this to hold the program's other threads
+ * should block both (umtrain's loader threads do). */
 umt_status umt_checkpoint_save(umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
                                const char *path);
 /* Whether umt_checkpoint_save could write path now: path is not a folder, and the temporary file
@@ -546,8 +556,24 @@ umt_status umt_checkpoint_save(umt_context *ctx, const umt_optimizer *opt, const
 umt_status umt_checkpoint_check_writable(const char *path);
 /* Loads into the context's parameters and buffers (names, shapes and dtypes must match; a
  * missing, extra or mismatched tensor, a truncated file or a bad checksum is an error naming
- * it) and, when opt is given, into the optimizer; restores the RNG; fills *info if not NULL. */
+ * it) and, when opt is given, into the optimizer; restores the RNG; fills *info if not NULL.
+ * path must be a regular file (a FIFO, a directory or a device is refused before any read). An
+ * epoch, step or optimizer step count outside 0..2^53 is refused, and so is a NaN or infinite
+ * value in any tensor it would load (naming the tensor and the element): see
+ * umt_checkpoint_load_with to load one anyway. Names read from the file are printed escaped
+ * (\xNN for any byte outside printable ASCII). A refused file changes nothing. */
 umt_status umt_checkpoint_load(umt_context *ctx, umt_optimizer *opt, umt_checkpoint_info *info, const char *path);
+
+/* How umt_checkpoint_load_with loads; all false (or NULL options) is umt_checkpoint_load. */
+typedef struct {
+    /* Load NaN and infinite values instead of refusing the file: to look into a run that
+     * diverged (which layer went first, and where), not to train on. */
+    bool allow_nonfinite;
+} umt_checkpoint_load_options;
+
+/* umt_checkpoint_load with options (NULL: the defaults). */
+umt_status umt_checkpoint_load_with(umt_context *ctx, umt_optimizer *opt, umt_checkpoint_info *info, const char *path,
+                                    const umt_checkpoint_load_options *options);
 
 /* ----------------------------------------------------------------------------------------- */
 /* Datasets */

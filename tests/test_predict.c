@@ -2,9 +2,13 @@
  * tests/test_predict.c — examples/predict end to end: a checkpoint of the MNIST CNN and image
  * files written by the test, the real binary run on them, its answers compared with the same
  * model evaluated in this process; unreadable files and a wrong checkpoint give clear errors.
+ * Checkpoints that are not regular files (a FIFO, a directory, a loop of symbolic links,
+ * /dev/zero) are refused within a second, and one of NaN weights is refused unless
+ * --allow-nonfinite asks for it, and then no digit is claimed for a NaN output.
  *
  * argv[1] is the predict binary (tests/BUILD passes its location).
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -24,6 +30,7 @@
 
 static const char *predict_binary;
 static char dir[64], checkpoint[128], images[3][128], missing[128], garbage[128], other_checkpoint[128];
+static char fifo[128], loop_a[128], loop_b[128], nan_checkpoint[128];
 
 static int setup(void **state) {
     (void)state;
@@ -36,6 +43,11 @@ static int setup(void **state) {
     snprintf(images[2], 128, "%s/big_dark_on_light.jpg", dir);
     snprintf(missing, sizeof missing, "%s/missing.png", dir);
     snprintf(garbage, sizeof garbage, "%s/garbage.png", dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo.ckpt", dir);
+    snprintf(loop_a, sizeof loop_a, "%s/loop-a.ckpt", dir);
+    snprintf(loop_b, sizeof loop_b, "%s/loop-b.ckpt", dir);
+    snprintf(nan_checkpoint, sizeof nan_checkpoint, "%s/nan.ckpt", dir);
+    if (mkfifo(fifo, 0600) != 0 || symlink(loop_b, loop_a) != 0 || symlink(loop_a, loop_b) != 0) return -1;
     static unsigned char stroke[28 * 28], ring[28 * 28], big[64 * 64];
     for (int y = 0; y < 28; ++y)
         for (int x = 0; x < 28; ++x) {
@@ -53,7 +65,8 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    const char *files[] = {checkpoint, other_checkpoint, images[0], images[1], images[2], garbage};
+    const char *files[] = {checkpoint, other_checkpoint, images[0], images[1], images[2], garbage,
+                           fifo,       loop_a,           loop_b,    nan_checkpoint};
     for (size_t i = 0; i < sizeof files / sizeof *files; ++i) unlink(files[i]);
     return rmdir(dir);
 }
@@ -63,6 +76,18 @@ static int run_predict(const char *args, char *out, size_t size) {
     char command[2048];
     snprintf(command, sizeof command, "%s --device cpu %s", predict_binary, args);
     return run_program(command, out, size);
+}
+
+/* run_predict under `timeout`, so that a hang ends as exit status 124; *seconds: how long it ran. */
+static int run_predict_timed(const char *args, char *out, size_t size, double *seconds) {
+    char command[2048];
+    snprintf(command, sizeof command, "timeout 5 %s --device cpu %s", predict_binary, args);
+    struct timespec start, end;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    int status = run_program(command, out, size);
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    *seconds = (double)(end.tv_sec - start.tv_sec) + 1e-9 * (double)(end.tv_nsec - start.tv_nsec);
+    return status;
 }
 
 static void test_predict_prints_what_the_model_computes_for_each_file(void **state) {
@@ -121,6 +146,60 @@ static void test_unreadable_files_and_wrong_checkpoints_fail_naming_them(void **
     assert_non_null(strstr(out, "usage"));
 }
 
+static void test_checkpoint_that_is_not_a_regular_file_is_refused_within_a_second_naming_it(void **state) {
+    (void)state;
+    const char *paths[] = {fifo, dir, loop_a, "/dev/zero"};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; ++i) {
+        char args[1024], out[4096];
+        double seconds;
+        snprintf(args, sizeof args, "--checkpoint %s %s", paths[i], images[0]);
+        int status = run_predict_timed(args, out, sizeof out, &seconds);
+        if (status != 1 || !strstr(out, paths[i]) || seconds >= 1.0)
+            fail_msg("--checkpoint %s: exit status %d after %.2f s (124: hung), expected 1 within 1 s naming it: %s",
+                     paths[i], status, seconds, out);
+    }
+}
+
+/* A checkpoint of the CNN whose conv1.weight is all NaN. */
+static void save_nan_checkpoint(void) {
+    umt_context_options o = umt_context_defaults();
+    o.device = UMT_DEVICE_CPU;
+    umt_context *ctx;
+    mnist_cnn model;
+    assert_int_equal(umt_context_create(&o, &ctx), UMT_OK);
+    assert_int_equal(mnist_cnn_build(ctx, &model), 0);
+    assert_string_equal(umt_tensor_name(umt_parameter_at(ctx, 0)), "conv1.weight");
+    assert_int_equal(umt_tensor_fill(umt_parameter_at(ctx, 0), NAN), UMT_OK);
+    assert_int_equal(umt_checkpoint_save(ctx, NULL, NULL, nan_checkpoint), UMT_OK);
+    umt_context_destroy(ctx);
+}
+
+static void test_checkpoint_of_nan_weights_is_refused_naming_the_tensor(void **state) {
+    (void)state;
+    save_nan_checkpoint();
+    char args[1024], out[4096];
+    snprintf(args, sizeof args, "--checkpoint %s %s", nan_checkpoint, images[0]);
+    int status = run_predict(args, out, sizeof out);
+    if (status != 1 || !strstr(out, nan_checkpoint) || !strstr(out, "conv1.weight") || !strstr(out, "nan"))
+        fail_msg("exit status %d, expected 1 and a message naming the file and conv1.weight: %s", status, out);
+}
+
+static void test_allow_nonfinite_loads_nan_weights_and_claims_no_digit(void **state) {
+    (void)state;
+    save_nan_checkpoint();
+    char args[1024], out[4096];
+    snprintf(args, sizeof args, "--allow-nonfinite --checkpoint %s %s %s", nan_checkpoint, images[0], images[1]);
+    int status = run_predict(args, out, sizeof out);
+    print_message("%s", out);
+    for (int i = 0; i < 2; ++i) {
+        char expected[512];
+        snprintf(expected, sizeof expected, "%s: not a number", images[i]);
+        if (!strstr(out, expected)) fail_msg("expected '%s' in: %s", expected, out);
+    }
+    assert_null(strstr(out, "p = nan"));
+    assert_int_equal(status, 1);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_predict PATH_TO_PREDICT\n");
@@ -130,6 +209,9 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_predict_prints_what_the_model_computes_for_each_file),
         cmocka_unit_test(test_unreadable_files_and_wrong_checkpoints_fail_naming_them),
+        cmocka_unit_test(test_checkpoint_that_is_not_a_regular_file_is_refused_within_a_second_naming_it),
+        cmocka_unit_test(test_checkpoint_of_nan_weights_is_refused_naming_the_tensor),
+        cmocka_unit_test(test_allow_nonfinite_loads_nan_weights_and_claims_no_digit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -46,6 +46,11 @@ enum {
 #define UMT_CKPT_MAX_NAME_BYTES 4096
 /* Room for a name and a state suffix, so that a longer name is seen (and refused) whole. */
 #define UMT_CKPT_NAME_SIZE (UMT_CKPT_MAX_NAME_BYTES + 16)
+/* A name as a message prints it: escaped (core/base/escape.h), cut with "..." past this. */
+#define UMT_CKPT_NAME_TEXT_SIZE 160
+/* The epoch, the step and the optimizer's step count are within 0..2^53: exact as doubles, and
+ * far enough from INT64_MAX that a program counting on from them cannot overflow. */
+#define UMT_CKPT_MAX_COUNT ((int64_t)1 << 53)
 /* A record with an empty name, no dimensions and no bytes: name length, dtype, ndim, byte count. */
 #define UMT_CKPT_MIN_RECORD_BYTES 20
 
@@ -57,11 +62,17 @@ const char *umt_ckpt_section_name(int section);
 /* How many tensors a checkpoint of (ctx, opt) holds in a section (opt may be NULL: no state). */
 int umt_ckpt_model_count(const umt_context *ctx, const umt_optimizer *opt, int section);
 /* Tensor i of a section; its checkpoint name goes to name[UMT_CKPT_NAME_SIZE]: a parameter's or
- * buffer's own name, "<parameter>/<state index>" for optimizer state. */
-umt_tensor *umt_ckpt_model_tensor(const umt_context *ctx, const umt_optimizer *opt, int section, int i, char *name);
+ * buffer's own name, "<parameter>/<state index>" for optimizer state. *name_bytes (if not NULL)
+ * gets the name's whole length, which may pass what name holds. */
+umt_tensor *umt_ckpt_model_tensor(const umt_context *ctx, const umt_optimizer *opt, int section, int i, char *name,
+                                  size_t *name_bytes);
+/* The name as a message prints it, into text[UMT_CKPT_NAME_TEXT_SIZE]. */
+const char *umt_ckpt_name_text(const char *name, size_t name_bytes, char *text);
+/* status naming path, field and value unless 0 <= value <= UMT_CKPT_MAX_COUNT. */
+umt_status umt_ckpt_check_count(umt_status status, const char *path, const char *field, int64_t value);
 /* "[8,4]", for messages. */
 const char *umt_ckpt_shape_text(int ndim, const int64_t *shape, char *buf, size_t size);
-/* ctx and path present, and opt (if any) made from ctx. */
+/* ctx and path present, the path not empty, and opt (if any) made from ctx; what names the caller. */
 umt_status umt_ckpt_check_arguments(const char *what, const umt_context *ctx, const umt_optimizer *opt,
                                     const char *path);
 /* zlib's crc32 continued over n bytes (any n). */

@@ -6,7 +6,9 @@
  * first, then every tensor record is parsed with bounds checks (nothing is allocated from a
  * count before it is checked against the bytes present), then matched by name against the
  * model, and only when everything agrees is anything copied in. A bad checkpoint therefore
- * leaves the model, the optimizer and the RNG as they were.
+ * leaves the model, the optimizer and the RNG as they were. A file of NaN or infinite values
+ * (the last save of a diverged run) counts as bad unless the caller asks for it (forensics), and
+ * the names it holds reach messages only escaped (core/base/escape.h).
  */
 #include <stdarg.h>
 #include <stdbool.h>
@@ -15,6 +17,7 @@
 #include <string.h>
 
 #include "core/base/error.h"
+#include "core/base/escape.h"
 #include "core/base/file.h"
 #include "core/checkpoint/format.h"
 #include "core/context.h"
@@ -90,16 +93,22 @@ static const uint8_t *take(reader *r, uint64_t n) {
     return p;
 }
 
-static umt_status record_error(const reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static umt_status record_error(const reader *r, const record *rec, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
-static umt_status record_error(const reader *r, const char *fmt, ...) {
-    char problem[512];
+/* A problem of the record being parsed; rec (NULL before its name is read) puts its name first. */
+static umt_status record_error(const reader *r, const record *rec, const char *fmt, ...) {
+    char problem[512], name[UMT_CKPT_NAME_TEXT_SIZE + 2] = "";
     va_list args;
     va_start(args, fmt);
     vsnprintf(problem, sizeof problem, fmt, args);
     va_end(args);
-    return umt_fail(UMT_ERR_FORMAT, "%s: tensor record %llu at byte %zu: %s", r->path, (unsigned long long)r->index,
-                    r->start, problem);
+    if (rec) {
+        umt_ckpt_name_text(rec->name, rec->name_bytes, name);
+        strcat(name, ": ");
+    }
+    return umt_fail(UMT_ERR_FORMAT, "%s: tensor record %llu at byte %zu: %s%s", r->path, (unsigned long long)r->index,
+                    r->start, name, problem);
 }
 
 /* Dimensions from p; their product is kept at most the file's length, which no real tensor
@@ -108,10 +117,8 @@ static umt_status parse_shape(reader *r, record *rec, const uint8_t *p, int64_t 
     *numel = 1;
     for (int d = 0; d < rec->ndim; ++d) {
         int64_t dim = (int64_t)le64(p + 8 * d);
-        if (dim < 0)
-            return record_error(r, "%.*s: dimension %d is %lld", (int)rec->name_bytes, rec->name, d, (long long)dim);
-        if (dim && *numel > (int64_t)r->end / dim)
-            return record_error(r, "%.*s: more elements than the file has bytes", (int)rec->name_bytes, rec->name);
+        if (dim < 0) return record_error(r, rec, "dimension %d is %lld", d, (long long)dim);
+        if (dim && *numel > (int64_t)r->end / dim) return record_error(r, rec, "more elements than the file has bytes");
         rec->shape[d] = dim;
         *numel *= dim;
     }
@@ -121,31 +128,30 @@ static umt_status parse_shape(reader *r, record *rec, const uint8_t *p, int64_t 
 static umt_status parse_record(reader *r, record *rec) {
     const uint8_t *p = take(r, 4);
     if (p && (rec->name_bytes = le32(p)) > UMT_CKPT_MAX_NAME_BYTES)
-        return record_error(r, "a name of %u bytes (at most %d)", rec->name_bytes, UMT_CKPT_MAX_NAME_BYTES);
+        return record_error(r, NULL, "a name of %u bytes (at most %d)", rec->name_bytes, UMT_CKPT_MAX_NAME_BYTES);
     if (!p || !(rec->name = (const char *)take(r, rec->name_bytes)) || !(p = take(r, 8)))
-        return record_error(r, "the name, dtype or rank runs past the end of the tensor data");
+        return record_error(r, NULL, "the name, dtype or rank runs past the end of the tensor data");
     uint32_t dtype = le32(p), ndim = le32(p + 4);
     if (dtype >= UMT_DTYPE_COUNT || ndim > UMT_MAX_DIMS)
-        return record_error(r, "%.*s: dtype %u and rank %u (expected dtype < %d, rank <= %d)", (int)rec->name_bytes,
-                            rec->name, dtype, ndim, UMT_DTYPE_COUNT, UMT_MAX_DIMS);
+        return record_error(r, rec, "dtype %u and rank %u (expected dtype < %d, rank <= %d)", dtype, ndim,
+                            UMT_DTYPE_COUNT, UMT_MAX_DIMS);
     rec->dtype = (umt_dtype)dtype;
     rec->ndim = (int)ndim;
     if (!(p = take(r, 8 * (uint64_t)ndim + 8)))
-        return record_error(r, "%.*s: the shape runs past the end of the tensor data", (int)rec->name_bytes, rec->name);
+        return record_error(r, rec, "the shape runs past the end of the tensor data");
     int64_t numel;
     UMT_TRY(parse_shape(r, rec, p, &numel));
     rec->bytes = le64(p + 8 * ndim);
     uint64_t expected = (uint64_t)numel * umt_dtype_size(rec->dtype);
     if (rec->bytes != expected) {
         char shape[96];
-        return record_error(r, "%.*s: %llu bytes, but %s %s takes %llu", (int)rec->name_bytes, rec->name,
-                            (unsigned long long)rec->bytes, umt_dtype_name(rec->dtype),
-                            umt_ckpt_shape_text(rec->ndim, rec->shape, shape, sizeof shape),
+        return record_error(r, rec, "%llu bytes, but %s %s takes %llu", (unsigned long long)rec->bytes,
+                            umt_dtype_name(rec->dtype), umt_ckpt_shape_text(rec->ndim, rec->shape, shape, sizeof shape),
                             (unsigned long long)expected);
     }
     if (!(rec->data = take(r, rec->bytes)))
-        return record_error(r, "%.*s: its %llu bytes run past the end of the tensor data", (int)rec->name_bytes,
-                            rec->name, (unsigned long long)rec->bytes);
+        return record_error(r, rec, "its %llu bytes run past the end of the tensor data",
+                            (unsigned long long)rec->bytes);
     return UMT_OK;
 }
 
@@ -161,9 +167,9 @@ static umt_status parse_header(const char *path, const uint8_t *file, checkpoint
     if (ck->optimizer > UMT_CKPT_OPTIMIZER_CODES)
         return umt_fail(UMT_ERR_FORMAT, "%s: optimizer code %u (expected 0 for none or 1..%u)", path, ck->optimizer,
                         UMT_CKPT_OPTIMIZER_CODES);
-    if (ck->optimizer_steps < 0)
-        return umt_fail(UMT_ERR_FORMAT, "%s: optimizer step count %lld (expected >= 0)", path,
-                        (long long)ck->optimizer_steps);
+    UMT_TRY(umt_ckpt_check_count(UMT_ERR_FORMAT, path, "epoch", ck->info.epoch));
+    UMT_TRY(umt_ckpt_check_count(UMT_ERR_FORMAT, path, "step", ck->info.step));
+    UMT_TRY(umt_ckpt_check_count(UMT_ERR_FORMAT, path, "optimizer step count", ck->optimizer_steps));
     if (ck->optimizer == UMT_CKPT_NO_OPTIMIZER && ck->count[UMT_CKPT_STATE] != 0)
         return umt_fail(UMT_ERR_FORMAT, "%s: %u optimizer state tensors but no optimizer", path,
                         ck->count[UMT_CKPT_STATE]);
@@ -207,30 +213,47 @@ static umt_status check_layout(const char *path, int section, const char *name, 
     if (rec->dtype == t->dtype && rec->ndim == t->ndim &&
         memcmp(rec->shape, t->shape, (size_t)t->ndim * sizeof *t->shape) == 0)
         return UMT_OK;
-    char in_file[96], in_model[96];
+    char in_file[96], in_model[96], text[UMT_CKPT_NAME_TEXT_SIZE];
     return umt_fail(UMT_ERR_FORMAT, "%s: %s %s is %s %s in the file but %s %s in the model", path,
-                    umt_ckpt_section_name(section), name, umt_dtype_name(rec->dtype),
-                    umt_ckpt_shape_text(rec->ndim, rec->shape, in_file, sizeof in_file), umt_dtype_name(t->dtype),
-                    umt_ckpt_shape_text(t->ndim, t->shape, in_model, sizeof in_model));
+                    umt_ckpt_section_name(section), umt_ckpt_name_text(name, strlen(name), text),
+                    umt_dtype_name(rec->dtype), umt_ckpt_shape_text(rec->ndim, rec->shape, in_file, sizeof in_file),
+                    umt_dtype_name(t->dtype), umt_ckpt_shape_text(t->ndim, t->shape, in_model, sizeof in_model));
+}
+
+/* A section's tensor the model has and the file lacks, one the file has and the model lacks. */
+static umt_status mismatch_error(const char *path, int section, const char *missing, const record *extra) {
+    const char *kind = umt_ckpt_section_name(section);
+    char missing_text[UMT_CKPT_NAME_TEXT_SIZE], extra_text[UMT_CKPT_NAME_TEXT_SIZE];
+    if (missing) umt_ckpt_name_text(missing, strlen(missing), missing_text);
+    if (extra) umt_ckpt_name_text(extra->name, extra->name_bytes, extra_text);
+    if (missing && extra)
+        return umt_fail(UMT_ERR_FORMAT, "%s: %s %s is missing from the file, which has %s %s that the model lacks",
+                        path, kind, missing_text, kind, extra_text);
+    if (missing) return umt_fail(UMT_ERR_FORMAT, "%s: %s %s is missing from the file", path, kind, missing_text);
+    return umt_fail(UMT_ERR_FORMAT, "%s: the file has %s %s, which the model lacks (extra tensor)", path, kind,
+                    extra_text);
 }
 
 /* The record of each model tensor of a section into match[]: every one present exactly once
  * with its dtype and shape, and no record left over. */
 static umt_status match_section(const umt_context *ctx, const umt_optimizer *opt, const char *path, int section,
                                 record *records, uint32_t record_count, const record **match) {
-    char name[UMT_CKPT_NAME_SIZE], missing[UMT_CKPT_NAME_SIZE] = "";
+    char name[UMT_CKPT_NAME_SIZE], missing[UMT_CKPT_NAME_SIZE], text[UMT_CKPT_NAME_TEXT_SIZE];
+    bool any_missing = false;
     int count = umt_ckpt_model_count(ctx, opt, section);
     for (int i = 0; i < count; ++i) {
-        const umt_tensor *t = umt_ckpt_model_tensor(ctx, opt, section, i, name);
+        const umt_tensor *t = umt_ckpt_model_tensor(ctx, opt, section, i, name, NULL);
         record *found = NULL;
         for (uint32_t j = 0; j < record_count; ++j) {
             if (!same_name(&records[j], name)) continue;
             if (found || records[j].used)
                 return umt_fail(UMT_ERR_FORMAT, "%s: %s %s appears twice in the %s", path,
-                                umt_ckpt_section_name(section), name, found ? "file" : "model");
+                                umt_ckpt_section_name(section), umt_ckpt_name_text(name, strlen(name), text),
+                                found ? "file" : "model");
             found = &records[j];
         }
-        if (!found && !missing[0]) snprintf(missing, sizeof missing, "%s", name);
+        if (!found && !any_missing) memcpy(missing, name, sizeof missing);
+        any_missing = any_missing || !found;
         if (!found) continue;
         UMT_TRY(check_layout(path, section, name, found, t));
         found->used = true;
@@ -239,15 +262,7 @@ static umt_status match_section(const umt_context *ctx, const umt_optimizer *opt
     const record *extra = NULL;
     for (uint32_t j = 0; j < record_count && !extra; ++j)
         if (!records[j].used) extra = &records[j];
-    const char *kind = umt_ckpt_section_name(section);
-    if (missing[0] && extra)
-        return umt_fail(UMT_ERR_FORMAT, "%s: %s %s is missing from the file, which has %s %.*s that the model lacks",
-                        path, kind, missing, kind, (int)extra->name_bytes, extra->name);
-    if (missing[0]) return umt_fail(UMT_ERR_FORMAT, "%s: %s %s is missing from the file", path, kind, missing);
-    if (extra)
-        return umt_fail(UMT_ERR_FORMAT, "%s: the file has %s %.*s, which the model lacks (extra tensor)", path, kind,
-                        (int)extra->name_bytes, extra->name);
-    return UMT_OK;
+    return any_missing || extra ? mismatch_error(path, section, any_missing ? missing : NULL, extra) : UMT_OK;
 }
 
 static umt_status check_optimizer(const char *path, const umt_optimizer *opt, const checkpoint *ck) {
@@ -277,23 +292,65 @@ static umt_status match_model(const umt_context *ctx, const umt_optimizer *opt, 
     return UMT_OK;
 }
 
-static umt_status apply(umt_context *ctx, umt_optimizer *opt, const char *path, const checkpoint *ck,
-                        const record *const *match) {
-    char name[UMT_CKPT_NAME_SIZE];
+/* ----------------------------------------------------------------------------------------- */
+/* Loading: non-finite values */
+
+/* The record's first element that is NaN or infinite, or -1; *what gets "nan", "inf" or "-inf".
+ * Records matched to the model are f32, as every parameter, buffer and optimizer state is. Read
+ * as bits: an exponent of all ones is NaN (mantissa not zero) or infinity, and the data is not
+ * aligned for floats in the file. */
+static int64_t first_nonfinite(const record *rec, const char **what) {
+    if (rec->dtype != UMT_F32) return -1;
+    for (uint64_t i = 0; i < rec->bytes / 4; ++i) {
+        uint32_t bits = le32(rec->data + 4 * i);
+        if ((bits & 0x7f800000u) != 0x7f800000u) continue;
+        *what = bits & 0x007fffffu ? "nan" : bits & 0x80000000u ? "-inf" : "inf";
+        return (int64_t)i;
+    }
+    return -1;
+}
+
+/* Every tensor to be loaded holds finite values only: a NaN weight would make every output NaN
+ * and still print as an answer. */
+static umt_status check_finite(const umt_context *ctx, const umt_optimizer *opt, const char *path,
+                               const record *const *match) {
+    char name[UMT_CKPT_NAME_SIZE], text[UMT_CKPT_NAME_TEXT_SIZE];
     for (int s = 0; s < UMT_CKPT_SECTIONS && (opt || s != UMT_CKPT_STATE); ++s)
         for (int i = 0, count = umt_ckpt_model_count(ctx, opt, s); i < count; ++i, ++match) {
-            umt_tensor *t = umt_ckpt_model_tensor(ctx, opt, s, i, name);
+            const char *what;
+            int64_t at = first_nonfinite(*match, &what);
+            if (at < 0) continue;
+            umt_ckpt_model_tensor(ctx, opt, s, i, name, NULL);
+            return umt_fail(UMT_ERR_FORMAT,
+                            "%s: %s %s: element %lld is %s (expected finite values; to look into a diverged "
+                            "run's file anyway, load it with allow_nonfinite)",
+                            path, umt_ckpt_section_name(s), umt_ckpt_name_text(name, strlen(name), text),
+                            (long long)at, what);
+        }
+    return UMT_OK;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Loading: copying in */
+
+static umt_status apply(umt_context *ctx, umt_optimizer *opt, const char *path, const checkpoint *ck,
+                        const record *const *match) {
+    char name[UMT_CKPT_NAME_SIZE], text[UMT_CKPT_NAME_TEXT_SIZE];
+    for (int s = 0; s < UMT_CKPT_SECTIONS && (opt || s != UMT_CKPT_STATE); ++s)
+        for (int i = 0, count = umt_ckpt_model_count(ctx, opt, s); i < count; ++i, ++match) {
+            umt_tensor *t = umt_ckpt_model_tensor(ctx, opt, s, i, name, NULL);
             if (umt_tensor_copy_from_host(t, (*match)->data, (*match)->bytes) != UMT_OK)
-                return umt_fail(umt_last_status(), "%s: writing %s %s: %s", path, umt_ckpt_section_name(s), name,
-                                umt_last_error());
+                return umt_fail(umt_last_status(), "%s: writing %s %s: %s", path, umt_ckpt_section_name(s),
+                                umt_ckpt_name_text(name, strlen(name), text), umt_last_error());
         }
     memcpy(ctx->rng.s, ck->rng, sizeof ck->rng);
     if (opt) UMT_TRY(umt_optimizer_set_steps(opt, ck->optimizer_steps));
     return UMT_OK;
 }
 
-umt_status umt_checkpoint_load(umt_context *ctx, umt_optimizer *opt, umt_checkpoint_info *info, const char *path) {
-    UMT_TRY(umt_ckpt_check_arguments("umt_checkpoint_load", ctx, opt, path));
+static umt_status load(const char *function, umt_context *ctx, umt_optimizer *opt, umt_checkpoint_info *info,
+                       const char *path, const umt_checkpoint_load_options *options) {
+    UMT_TRY(umt_ckpt_check_arguments(function, ctx, opt, path));
     uint8_t *file;
     size_t size;
     UMT_TRY(umt_file_read_regular(path, "a checkpoint", UMT_CKPT_MAX_FILE_BYTES, &file, &size));
@@ -305,10 +362,20 @@ umt_status umt_checkpoint_load(umt_context *ctx, umt_optimizer *opt, umt_checkpo
                           : umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: no memory to match %zu tensors", path, expected);
     if (st == UMT_OK) st = parse(path, file, size, &ck);
     if (st == UMT_OK) st = match_model(ctx, opt, path, &ck, match);
+    if (st == UMT_OK && !(options && options->allow_nonfinite)) st = check_finite(ctx, opt, path, match);
     if (st == UMT_OK) st = apply(ctx, opt, path, &ck, match);
     if (st == UMT_OK && info) *info = ck.info;
     free(ck.records);
     free(match);
     free(file);
     return st;
+}
+
+umt_status umt_checkpoint_load(umt_context *ctx, umt_optimizer *opt, umt_checkpoint_info *info, const char *path) {
+    return load("umt_checkpoint_load", ctx, opt, info, path, NULL);
+}
+
+umt_status umt_checkpoint_load_with(umt_context *ctx, umt_optimizer *opt, umt_checkpoint_info *info, const char *path,
+                                    const umt_checkpoint_load_options *options) {
+    return load("umt_checkpoint_load_with", ctx, opt, info, path, options);
 }

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "core/base/error.h"
+#include "core/base/signals.h"
 #include "core/context.h"
 #include "core/data/samples.h"
 #include "core/tensor.h"
@@ -171,13 +172,21 @@ static umt_status check_options(const umt_samples *samples, const umt_loader_opt
     return UMT_OK;
 }
 
+/* The threads start with SIGINT and SIGTERM blocked (they inherit the mask): those signals go to
+ * the program's own threads, where a checkpoint save can hold them off (core/base/signals.h). */
 static umt_status start_threads(umt_loader *l) {
     l->threads = calloc((size_t)l->options.workers, sizeof *l->threads);
     if (!l->threads) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_loader_create: no memory for the threads");
+    sigset_t previous;
+    umt_signals_block_stop(&previous);
+    umt_status status = UMT_OK;
     for (; l->thread_count < l->options.workers; ++l->thread_count)
-        if (pthread_create(&l->threads[l->thread_count], NULL, worker_main, l) != 0)
-            return umt_fail(UMT_ERR_STATE, "umt_loader_create: cannot start loader thread %d", l->thread_count);
-    return UMT_OK;
+        if (pthread_create(&l->threads[l->thread_count], NULL, worker_main, l) != 0) {
+            status = umt_fail(UMT_ERR_STATE, "umt_loader_create: cannot start loader thread %d", l->thread_count);
+            break;
+        }
+    umt_signals_restore(&previous);
+    return status;
 }
 
 static umt_status make_loader(umt_loader *l) {
