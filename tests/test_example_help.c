@@ -76,6 +76,19 @@ static void test_help_after_other_flags_still_prints_the_usage(void **state) {
     }
 }
 
+/* The limits on what a run reads are listed, so that a user finds them. */
+static void test_the_trainers_usage_lists_test_limit(void **state) {
+    (void)state;
+    for (int i = 0; i < binary_count; ++i) {
+        const char *name = base_name(binaries[i]);
+        if (strcmp(name, "mnist_cnn") && strcmp(name, "mnist_mlp") && strcmp(name, "image_folder")) continue;
+        char out[4096];
+        int quiet = 0;
+        assert_int_equal(run_help(binaries[i], "--help", out, sizeof out, &quiet), 0);
+        if (!strstr(out, "[--test-limit N]")) fail_msg("%s --help lists no [--test-limit N]:\n%s", name, out);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s EXAMPLE_BINARY...\n", argv[0]);
@@ -86,6 +99,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_example_prints_its_usage_on_stdout_and_exits_0_on_help),
         cmocka_unit_test(test_help_after_other_flags_still_prints_the_usage),
+        cmocka_unit_test(test_the_trainers_usage_lists_test_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
