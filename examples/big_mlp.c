@@ -64,6 +64,10 @@ static int parse(int argc, char **argv, options *o) {
                    .host_updates = UMT_OFFLOAD_HOST_AUTO};
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            print_usage(stdout);
+            exit(0);
+        }
         if (!strcmp(a, "--no-offload")) { o->offload = false; continue; }
         if (!strcmp(a, "--offload-activations")) { o->offload_activations = true; continue; }
         if (!v) return example_missing_value("big_mlp", a, print_usage), 2;

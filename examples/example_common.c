@@ -68,6 +68,20 @@ int example_check(const char *program, umt_status status) {
     return -1;
 }
 
+int example_optimizer(const char *program, const char *name, float lr, umt_optimizer_kind *kind, float *chosen_lr) {
+    if (example_check(program, umt_optimizer_kind_parse(name, kind))) return -1;
+    *chosen_lr = lr > 0 ? lr : umt_optimizer_defaults(*kind).lr;
+    return 0;
+}
+
+int64_t example_limit(int64_t n, int64_t limit) { return limit > 0 && limit < n ? limit : n; }
+
+const char *example_count_text(char *buffer, size_t size, int64_t used, int64_t total) {
+    if (used < total) snprintf(buffer, size, "%lld of %lld", (long long)used, (long long)total);
+    else snprintf(buffer, size, "%lld", (long long)total);
+    return buffer;
+}
+
 double example_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -127,10 +141,11 @@ int example_count_correct(const char *program, umt_context *ctx, example_forward
 }
 
 int example_evaluate_loader(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
-                            umt_loader *test, double *accuracy) {
+                            umt_loader *test, int64_t limit, double *accuracy) {
     bool was_grad = umt_set_grad_enabled(ctx, false), was_training = umt_set_training(ctx, false);
     int64_t seen = 0, correct = 0;
-    umt_status status = umt_loader_start_epoch(test, 0, NULL);
+    /* Without shuffling, the loader's first `limit` samples are the set's first. */
+    umt_status status = umt_loader_start_epoch(test, limit, NULL);
     while (status == UMT_OK) {
         umt_tensor *images = NULL, *labels = NULL;
         int64_t right = 0;
@@ -174,8 +189,8 @@ int example_input_flag(const char *program, example_input_flags *flags, const ch
 }
 
 int example_evaluate(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
-                     const umt_dataset *test, int64_t batch_size, double *accuracy) {
-    int64_t n = umt_dataset_size(test), correct = 0;
+                     const umt_dataset *test, int64_t batch_size, int64_t limit, double *accuracy) {
+    int64_t n = example_limit(umt_dataset_size(test), limit), correct = 0;
     int rc = example_count_correct(program, ctx, forward, model, test, batch_size, 0, n, &correct);
     *accuracy = 100.0 * (double)correct / (double)n;
     return rc;

@@ -25,6 +25,16 @@ int example_whole_number(const char *program, const char *flag, const char *text
 int example_missing_value(const char *program, const char *flag, void (*usage)(FILE *out));
 /* 0 for UMT_OK; otherwise prints "<program>: <umt_last_error()>" and returns -1. */
 int example_check(const char *program, umt_status status);
+/* --optimizer NAME with --lr (0 when not given): NAME's kind, and the rate to train with: lr when
+ * given, else that optimizer's PyTorch default (umt_optimizer_defaults), so that choosing another
+ * optimizer never keeps the first one's rate. -1 (message printed) for an unknown name. */
+int example_optimizer(const char *program, const char *name, float lr, umt_optimizer_kind *kind, float *chosen_lr);
+/* The samples a --train-limit or --test-limit of `limit` leaves of n: the first limit, or all n
+ * when limit is 0 or past n. */
+int64_t example_limit(int64_t n, int64_t limit);
+/* "<used> of <total>" when a limit cut the set, else "<total>", into buffer (returned): the
+ * banners' counts. */
+const char *example_count_text(char *buffer, size_t size, int64_t used, int64_t total);
 /* Seconds on a monotonic clock. */
 double example_seconds(void);
 /* Loads <dir>/<split>-images-idx3-ubyte[.gz] and the labels beside it (10 classes). */
@@ -33,15 +43,16 @@ int example_load_mnist(const char *program, umt_context *ctx, const char *dir, c
 /* The same files as host-side samples, for the prefetching loader (--data-on host). */
 int example_load_mnist_samples(const char *program, const char *dir, const char *split, umt_samples **out);
 
-/* Test accuracy in batches of batch_size, in evaluation mode with grad disabled; forward maps a
- * normalised image batch to class scores. */
+/* Test accuracy on the first `limit` samples (0: all; --test-limit) in batches of batch_size, in
+ * evaluation mode with grad disabled; forward maps a normalised image batch to class scores. */
 typedef umt_tensor *(*example_forward_fn)(umt_context *ctx, const void *model, umt_tensor *images);
 int example_evaluate(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
-                     const umt_dataset *test, int64_t batch_size, double *accuracy);
+                     const umt_dataset *test, int64_t batch_size, int64_t limit, double *accuracy);
 
-/* Test accuracy over one epoch of a loader (which should not shuffle), as example_evaluate. */
+/* Test accuracy over one epoch of a loader (which should not shuffle) on its first `limit`
+ * samples (0: all), as example_evaluate. */
 int example_evaluate_loader(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
-                            umt_loader *test, double *accuracy);
+                            umt_loader *test, int64_t limit, double *accuracy);
 
 /* The input-pipeline flags the trainers share: --data-on, --loader, --prefetch, --workers. */
 typedef enum { EXAMPLE_DATA_AUTO = 0, EXAMPLE_DATA_GPU, EXAMPLE_DATA_HOST } example_data_on;

@@ -28,8 +28,8 @@ typedef struct {
     umt_image_folder_options folder;
     int epochs, crop_padding;
     bool flip;
-    int64_t batch_size;
-    float lr;
+    int64_t batch_size, test_limit; /* test_limit 0: every test image */
+    float lr; /* 0: Adam's default */
     uint64_t seed;
     umt_device device;
     example_input_flags input;
@@ -39,8 +39,10 @@ static void usage(FILE *out) {
     fprintf(out, "usage: image_folder --root DIR [--size N] [--channels 0|1|3] [--test-fraction F] [--skip-bad]\n"
                  "                    [--epochs N] [--batch-size N] [--lr F] [--seed N] [--device cpu|cuda]\n"
                  "                    [--crop-padding N] [--flip] [--prefetch N] [--workers N] [--loader pinned|pageable-sync]\n"
+                 "                    [--test-limit N]\n"
                  "defaults: size 28, channels from the first file, test fraction 0.2 (without train/ and test/),\n"
-                 "          5 epochs, batch 64, adam lr 1e-3, seed 1, no augmentation, prefetch 4, 2 workers\n");
+                 "          5 epochs, batch 64, adam lr 1e-3, seed 1, no augmentation, prefetch 4, 2 workers,\n"
+                 "          every test image (a limit N: the first N)\n");
 }
 
 static int parse_flag(options *o, const char *flag, const char *value) {
@@ -57,6 +59,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--batch-size")) bad = example_whole_number(program, flag, value, 1, 1 << 16, &v), o->batch_size = (int64_t)v;
     else if (!strcmp(flag, "--lr")) bad = example_number(program, flag, value, 1e-9, 100, &v), o->lr = (float)v;
     else if (!strcmp(flag, "--seed")) bad = example_whole_number(program, flag, value, 0, 1e15, &v), o->seed = (uint64_t)v;
+    else if (!strcmp(flag, "--test-limit")) bad = example_whole_number(program, flag, value, 1, 1e9, &v), o->test_limit = (int64_t)v;
     else if (!strcmp(flag, "--crop-padding")) bad = example_whole_number(program, flag, value, 0, 64, &v), o->crop_padding = (int)v;
     else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device));
     else {
@@ -69,7 +72,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
 
 static int parse_options(int argc, char **argv, options *o) {
     *o = (options){.folder = {.height = 28, .width = 28, .test_fraction = 0.2}, .epochs = 5, .batch_size = 64,
-                   .lr = 1e-3f, .seed = 1, .device = umt_default_device(), .input = example_input_defaults()};
+                   .seed = 1, .device = umt_default_device(), .input = example_input_defaults()};
     o->input.workers = 2;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), exit(0), 0;
@@ -116,7 +119,7 @@ typedef struct {
     umt_loader *train, *test;
 } run_state;
 
-static int train_epoch(run_state *r, int epoch) {
+static int train_epoch(run_state *r, int64_t epoch) {
     int64_t steps = 0, step = 0;
     double loss_sum = 0, start = example_seconds();
     if (example_check(program, umt_loader_start_epoch(r->train, 0, &steps))) return -1;
@@ -136,7 +139,7 @@ static int train_epoch(run_state *r, int epoch) {
     double seconds = example_seconds() - start;
     umt_loader_stats stats;
     if (example_check(program, umt_loader_take_stats(r->train, &stats))) return -1;
-    printf("epoch %d loss %.4f in %.2f s (%lld steps), data wait %.1f ms (%.2f%%)\n", epoch + 1,
+    printf("epoch %lld loss %.4f in %.2f s (%lld steps), data wait %.1f ms (%.2f%%)\n", (long long)(epoch + 1),
            loss_sum / (double)(step ? step : 1), seconds, (long long)steps, stats.wait_ms,
            100.0 * stats.wait_ms / (1e3 * seconds));
     return 0;
@@ -166,17 +169,18 @@ static int run(run_state *r, const options *o, const umt_samples *train, const u
     co.seed = o->seed;
     co.device = o->device;
     umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_ADAM);
-    oo.lr = o->lr;
+    if (o->lr > 0) oo.lr = o->lr;
     if (example_check(program, umt_context_create(&co, &r->ctx)) ||
         build_model(r->ctx, &r->model, chw, umt_samples_num_classes(train)) ||
         example_check(program, umt_optimizer_create(r->ctx, &oo, &r->opt)) || make_loaders(r, o, train, test))
         return -1;
-    for (int epoch = 0; epoch < o->epochs; ++epoch) {
+    int64_t tested = example_limit(umt_samples_size(test), o->test_limit);
+    for (int64_t epoch = 0; epoch < o->epochs; ++epoch) {
         double accuracy = 0;
-        if (train_epoch(r, epoch) ||
-            (umt_samples_size(test) && example_evaluate_loader(program, r->ctx, forward, &r->model, r->test, &accuracy)))
+        if (train_epoch(r, epoch) || (tested && example_evaluate_loader(program, r->ctx, forward, &r->model, r->test,
+                                                                        o->test_limit, &accuracy)))
             return -1;
-        printf("epoch %d test accuracy %.2f%% (%lld images)\n", epoch + 1, accuracy, (long long)umt_samples_size(test));
+        printf("epoch %lld test accuracy %.2f%% (%lld images)\n", (long long)(epoch + 1), accuracy, (long long)tested);
         fflush(stdout);
     }
     return 0;

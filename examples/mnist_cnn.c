@@ -6,16 +6,19 @@
  *   bazel-bin/examples/mnist_cnn --resume cnn.ckpt --epochs 16 --save cnn.ckpt
  *   bazel-bin/examples/mnist_cnn --bench 200 --batch-size 512     # images/s, data on the GPU
  *   bazel-bin/examples/mnist_cnn --precision fp16                  # half precision, loss scaling
+ *   bazel-bin/examples/mnist_cnn --device cpu --train-limit 640 --test-limit 1000   # a quick look on a CPU
  *   bazel-bin/examples/mnist_cnn --data-on host --batch-size 512  # pinned prefetch from the host
  *   bazel-bin/examples/mnist_cnn --gpus 2                         # one process per GPU (NCCL)
  *   mpirun -np 2 bazel-bin/examples/mnist_cnn                     # the same, ranks from mpirun
  *
  * The network (examples/mnist_cnn_model.c) and the recipe are the example's: Adadelta lr 1.0,
  * lr x0.7 after every epoch, batch 64, test batch 1000, inputs normalised with mean 0.1307 and
- * std 0.3081, log-softmax + NLL. Each epoch prints progress lines and the test accuracy; with
- * --save, a checkpoint is written (atomically) after each epoch, and --resume continues from one
- * exactly as if the run had not stopped (one of NaN or infinite values is refused unless
- * --allow-nonfinite: to look into a diverged run).
+ * std 0.3081, log-softmax + NLL (--optimizer picks another, with PyTorch's default lr for it
+ * unless --lr is given). Each epoch prints progress lines and the test accuracy; with --save, a
+ * checkpoint is written (atomically) after each epoch, and --resume continues from one exactly as
+ * if the run had not stopped (and says so when the checkpoint has no epoch left to train). A
+ * checkpoint of NaN or infinite values is refused unless --allow-nonfinite: to look into a
+ * diverged run.
  *
  * Steps (include/umtrain.h, umt_step_graph): on a GPU a whole training step is captured once
  * into a CUDA graph and replayed, one launch per step (--graph off: every step launched op by
@@ -46,14 +49,18 @@
 #include "umtrain.h"
 
 static const char *const program = "mnist_cnn";
+/* The most --epochs takes; a checkpoint past it cannot be resumed by any. */
+enum { MOST_EPOCHS = 1000 };
 
 /* ----------------------------------------------------------------------------------------- */
 /* Options */
 
 typedef struct {
     int epochs;
-    int64_t batch_size, test_batch_size, train_limit;
-    float lr, gamma, clip_grad_norm, target_accuracy;
+    int64_t batch_size, test_batch_size, train_limit, test_limit; /* limits: 0 for all the images */
+    float lr; /* 0 until parsed: the optimizer's own default unless --lr is given */
+    float gamma, clip_grad_norm, target_accuracy;
+    umt_optimizer_kind optimizer_kind;
     const char *optimizer, *data_dir, *save, *resume, *precision;
     uint64_t seed;
     umt_device device;
@@ -69,14 +76,16 @@ static void usage(FILE *out) {
     fprintf(out, "usage: mnist_cnn [--epochs N] [--batch-size N] [--test-batch-size N] [--lr F] [--gamma F]\n"
                  "                 [--optimizer adadelta|sgd|adam|adamw] [--seed N] [--device cpu|cuda]\n"
                  "                 [--mem managed|managed-plain|device] [--data-dir DIR] [--train-limit N]\n"
-                 "                 [--log-every N] [--save PATH] [--resume PATH [--allow-nonfinite]] [--bench STEPS]\n"
+                 "                 [--test-limit N] [--log-every N] [--save PATH] [--resume PATH [--allow-nonfinite]]\n"
+                 "                 [--bench STEPS]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
                  "                 [--fuse on|off] [--graph on|off]\n"
                  EXAMPLE_INPUT_USAGE
                  "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
                  "                 [--dist auto|on]\n"
-                 "defaults: 5 epochs, batch 64, test batch 1000, adadelta lr 1.0, gamma 0.7, seed 1, data/mnist,\n"
-                 "          cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16\n"
+                 "defaults: 5 epochs, batch 64, test batch 1000, adadelta lr 1.0 (other optimizers: PyTorch's\n"
+                 "          default lr), gamma 0.7, seed 1, data/mnist, all training and test images (limits: the\n"
+                 "          first N), cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16\n"
                  "          tensor cores (else fp32), fused ops on, no clipping, data on the GPU when it fits (else pinned\n"
                  "          prefetch 4 deep with 1 loader thread); 1 GPU, buckets of 25 MiB reduced in f32,\n"
                  "          timeout 300 s, graph on (one CUDA graph launch per step, on one GPU with the data\n"
@@ -111,10 +120,11 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     int bad = example_input_flag(program, &o->input, flag, value);
     if (bad <= 0) return bad;
     bad = 0;
-    if (!strcmp(flag, "--epochs")) bad = example_whole_number(program, flag, value, 1, 1000, &v), o->epochs = (int)v;
+    if (!strcmp(flag, "--epochs")) bad = example_whole_number(program, flag, value, 1, MOST_EPOCHS, &v), o->epochs = (int)v;
     else if (!strcmp(flag, "--batch-size")) bad = example_whole_number(program, flag, value, 1, 1 << 20, &v), o->batch_size = (int64_t)v;
     else if (!strcmp(flag, "--test-batch-size")) bad = example_whole_number(program, flag, value, 1, 1 << 20, &v), o->test_batch_size = (int64_t)v;
     else if (!strcmp(flag, "--train-limit")) bad = example_whole_number(program, flag, value, 1, 1e9, &v), o->train_limit = (int64_t)v;
+    else if (!strcmp(flag, "--test-limit")) bad = example_whole_number(program, flag, value, 1, 1e9, &v), o->test_limit = (int64_t)v;
     else if (!strcmp(flag, "--lr")) bad = example_number(program, flag, value, 1e-9, 100, &v), o->lr = (float)v;
     else if (!strcmp(flag, "--gamma")) bad = example_number(program, flag, value, 1e-6, 1, &v), o->gamma = (float)v;
     else if (!strcmp(flag, "--seed")) bad = example_whole_number(program, flag, value, 0, 1e15, &v), o->seed = (uint64_t)v;
@@ -148,7 +158,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
 static int parse_options(int argc, char **argv, options *o) {
     /* The device default is settled after the launch: asking whether a GPU exists starts CUDA,
      * which a forked rank could then no longer use. */
-    *o = (options){.epochs = 5, .batch_size = 64, .test_batch_size = 1000, .lr = 1.0f, .gamma = 0.7f,
+    *o = (options){.epochs = 5, .batch_size = 64, .test_batch_size = 1000, .gamma = 0.7f,
                    .optimizer = "adadelta", .data_dir = "data/mnist", .seed = 1, .memory_mode = UMT_MEM_MANAGED,
                    .log_every = 100, .gpus = 1, .fuse = true, .graph = true, .input = example_input_defaults(),
                    .dist = umt_dist_defaults()};
@@ -165,7 +175,8 @@ static int parse_options(int argc, char **argv, options *o) {
         if (parse_flag(o, argv[i], argv[i + 1])) return -1;
         i++;
     }
-    return 0;
+    /* Adadelta's default lr is the recipe's 1.0. */
+    return example_optimizer(program, o->optimizer, o->lr, &o->optimizer_kind, &o->lr);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -229,8 +240,8 @@ static int64_t start_epoch(run_state *r, int64_t n, int64_t global) {
 
 /* The mean loss so far over every rank (a collective: every rank logs at the same steps); the
  * steps' losses were summed on the device since the last line. */
-static int log_progress(run_state *r, int epoch, int64_t step, int64_t steps, double *loss_sum, double *window_start,
-                        int64_t *window_images) {
+static int log_progress(run_state *r, int64_t epoch, int64_t step, int64_t steps, double *loss_sum,
+                        double *window_start, int64_t *window_images) {
     double window_mean = 0;
     int64_t window_steps = 0;
     if (example_check(program, umt_step_graph_take_mean_loss(r->graph, &window_mean, &window_steps))) return -1;
@@ -239,8 +250,9 @@ static int log_progress(run_state *r, int epoch, int64_t step, int64_t steps, do
     if (example_check(program, umt_dist_sum(r->dist, &mean, 1))) return -1;
     double now = example_seconds();
     if (r->rank == 0)
-        printf("epoch %d step %lld/%lld loss %.4f lr %.4g images/s %.0f\n", epoch + 1, (long long)(step + 1),
-               (long long)steps, mean / r->ranks, umt_optimizer_lr(r->opt), (double)*window_images / (now - *window_start));
+        printf("epoch %lld step %lld/%lld loss %.4f lr %.4g images/s %.0f\n", (long long)(epoch + 1),
+               (long long)(step + 1), (long long)steps, mean / r->ranks, umt_optimizer_lr(r->opt),
+               (double)*window_images / (now - *window_start));
     fflush(stdout);
     *window_start = now;
     *window_images = 0;
@@ -248,12 +260,12 @@ static int log_progress(run_state *r, int epoch, int64_t step, int64_t steps, do
 }
 
 /* The compute stream's wait for data over the epoch just trained (data on the host). */
-static int report_wait(run_state *r, int epoch, double epoch_s, int64_t steps) {
+static int report_wait(run_state *r, int64_t epoch, double epoch_s, int64_t steps) {
     umt_loader_stats stats;
     if (!r->loader) return 0;
     if (example_check(program, umt_loader_take_stats(r->loader, &stats))) return -1;
-    printf("epoch %d data wait %.1f ms of %.1f ms (%.2f%% of step time), step %.3f ms\n", epoch + 1, stats.wait_ms,
-           1e3 * epoch_s, 100.0 * stats.wait_ms / (1e3 * epoch_s), 1e3 * epoch_s / (double)steps);
+    printf("epoch %lld data wait %.1f ms of %.1f ms (%.2f%% of step time), step %.3f ms\n", (long long)(epoch + 1),
+           stats.wait_ms, 1e3 * epoch_s, 100.0 * stats.wait_ms / (1e3 * epoch_s), 1e3 * epoch_s / (double)steps);
     return 0;
 }
 
@@ -263,9 +275,8 @@ static void report_graph(const run_state *r) {
            (long long)s.replayed_steps, (long long)s.eager_steps);
 }
 
-static int train_epoch(run_state *r, const options *o, int epoch) {
-    int64_t n = train_size(r);
-    if (o->train_limit && o->train_limit < n) n = o->train_limit;
+static int train_epoch(run_state *r, const options *o, int64_t epoch) {
+    int64_t n = example_limit(train_size(r), o->train_limit);
     int64_t global = o->batch_size * r->ranks, steps = start_epoch(r, n, global), window_images = 0;
     if (steps < 0) return -1;
     double start = example_seconds(), window_start = start, loss_sum = 0;
@@ -279,19 +290,20 @@ static int train_epoch(run_state *r, const options *o, int epoch) {
             return -1;
     }
     double seconds = example_seconds() - start;
-    if (r->rank == 0) printf("epoch %d trained in %.2f s\n", epoch + 1, seconds);
+    if (r->rank == 0) printf("epoch %lld trained in %.2f s\n", (long long)(epoch + 1), seconds);
     if (r->rank == 0 && epoch == 0) report_graph(r);
     if (r->rank == 0 && r->loss_scaling)
-        printf("epoch %d loss scale %g, %lld steps skipped so far (inf/NaN gradients)\n", epoch + 1,
+        printf("epoch %lld loss scale %g, %lld steps skipped so far (inf/NaN gradients)\n", (long long)(epoch + 1),
                umt_optimizer_loss_scale(r->opt), (long long)umt_optimizer_skipped_steps(r->opt));
     return report_wait(r, epoch, seconds, steps);
 }
 
-/* Each rank counts its part of the test set; the counts are summed. */
+/* Each rank counts its part of the test set (its first --test-limit images); the counts are summed. */
 static int evaluate(run_state *r, const options *o, double *accuracy) {
     if (r->test_loader)
-        return example_evaluate_loader(program, r->ctx, mnist_cnn_forward, &r->model, r->test_loader, accuracy);
-    int64_t n = umt_dataset_size(r->test), offset, part, correct = 0;
+        return example_evaluate_loader(program, r->ctx, mnist_cnn_forward, &r->model, r->test_loader, o->test_limit,
+                                       accuracy);
+    int64_t n = example_limit(umt_dataset_size(r->test), o->test_limit), offset, part, correct = 0;
     umt_dist_shard(n, r->rank, r->ranks, &offset, &part);
     if (example_count_correct(program, r->ctx, mnist_cnn_forward, &r->model, r->test, o->test_batch_size, offset,
                               part, &correct))
@@ -332,9 +344,7 @@ static int bench(run_state *r, const options *o) {
 }
 
 static int make_optimizer(run_state *r, const options *o) {
-    umt_optimizer_kind kind;
-    if (example_check(program, umt_optimizer_kind_parse(o->optimizer, &kind))) return -1;
-    umt_optimizer_options oo = umt_optimizer_defaults(kind);
+    umt_optimizer_options oo = umt_optimizer_defaults(o->optimizer_kind);
     oo.lr = o->lr;
     oo.max_grad_norm = o->clip_grad_norm;
     /* fp16's 5 exponent bits underflow small gradients unless the loss is scaled up first. */
@@ -349,7 +359,7 @@ typedef struct {
     double wall_start_s, gpu_ms;
 } time_to_accuracy;
 
-static int timed_epoch(run_state *r, const options *o, int epoch, time_to_accuracy *t) {
+static int timed_epoch(run_state *r, const options *o, int64_t epoch, time_to_accuracy *t) {
     if (!o->target_accuracy) return train_epoch(r, o, epoch);
     double ms = 0;
     if (example_check(program, umt_timer_start(r->ctx))) return -1;
@@ -358,9 +368,34 @@ static int timed_epoch(run_state *r, const options *o, int epoch, time_to_accura
     return 0;
 }
 
-static void report_reached(const options *o, const time_to_accuracy *t, int epoch, double accuracy) {
-    printf("target accuracy %.2f%% reached after epoch %d (%.2f%%): training took %.2f s wall, %.2f s of GPU time\n",
-           (double)o->target_accuracy, epoch + 1, accuracy, example_seconds() - t->wall_start_s, t->gpu_ms / 1e3);
+static void report_reached(const options *o, const time_to_accuracy *t, int64_t epoch, double accuracy) {
+    printf("target accuracy %.2f%% reached after epoch %lld (%.2f%%): training took %.2f s wall, %.2f s of GPU time\n",
+           (double)o->target_accuracy, (long long)(epoch + 1), accuracy, example_seconds() - t->wall_start_s,
+           t->gpu_ms / 1e3);
+}
+
+/* Whether a resumed run has epochs left: -1 (refused, said why) for an epoch that no --epochs
+ * reaches, which only a damaged or foreign file holds; 1 (said so) when --epochs is already
+ * done, rather than a silent exit; 0 to train on. */
+static int resume_from(const run_state *r, const options *o, const umt_checkpoint_info *info) {
+    long long epoch = (long long)info->epoch;
+    if (epoch < 0 || epoch > MOST_EPOCHS) {
+        if (r->rank == 0)
+            fprintf(stderr, "%s: checkpoint %s is after epoch %lld: expected 0 to %d, the epochs --epochs can reach\n",
+                    program, o->resume, epoch, MOST_EPOCHS);
+        return -1;
+    }
+    if (epoch >= o->epochs) {
+        if (r->rank == 0) {
+            printf("%s: checkpoint %s is after epoch %lld of %d: nothing left to train", program, o->resume, epoch,
+                   o->epochs);
+            printf(epoch < MOST_EPOCHS ? " (give --epochs more than %lld)\n" : "\n", epoch);
+        }
+        return 1;
+    }
+    if (r->rank == 0)
+        printf("%s: resumed from %s after epoch %lld (step %lld)\n", program, o->resume, epoch, (long long)info->step);
+    return 0;
 }
 
 static int train(run_state *r, const options *o) {
@@ -369,15 +404,16 @@ static int train(run_state *r, const options *o) {
     if (o->resume) {
         umt_checkpoint_load_options lo = {.allow_nonfinite = o->allow_nonfinite};
         if (example_check(program, umt_checkpoint_load_with(r->ctx, r->opt, &info, o->resume, &lo))) return -1;
-        if (r->rank == 0)
-            printf("%s: resumed from %s after epoch %lld (step %lld)\n", program, o->resume, (long long)info.epoch,
-                   (long long)info.step);
+        int left = resume_from(r, o, &info);
+        if (left) return left < 0 ? -1 : 0;
     }
-    for (int epoch = (int)info.epoch; epoch < o->epochs; ++epoch) {
-        umt_optimizer_set_lr(r->opt, umt_lr_step(o->lr, o->gamma, 1, epoch));
+    /* 64 bits, as the checkpoint's count; resume_from keeps it to --epochs' range, so the
+     * schedule's int takes it whole. */
+    for (int64_t epoch = info.epoch; epoch < o->epochs; ++epoch) {
+        umt_optimizer_set_lr(r->opt, umt_lr_step(o->lr, o->gamma, 1, (int)epoch));
         double accuracy = 0;
         if (timed_epoch(r, o, epoch, &timing) || evaluate(r, o, &accuracy)) return -1;
-        if (r->rank == 0) printf("epoch %d test accuracy %.2f%%\n", epoch + 1, accuracy);
+        if (r->rank == 0) printf("epoch %lld test accuracy %.2f%%\n", (long long)(epoch + 1), accuracy);
         /* Every rank has the summed accuracy, so all stop together. */
         bool done = o->target_accuracy && accuracy >= o->target_accuracy;
         if (done && r->rank == 0) report_reached(o, &timing, epoch, accuracy);
@@ -460,6 +496,24 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     return r->order ? 0 : -1;
 }
 
+/* What runs: the images used (after the limits; --bench takes the whole training set), the
+ * recipe, the device, the ranks when there are several, and where the data lives. */
+static void print_banner(const run_state *r, const options *o) {
+    char train[64], test[64], batch[64];
+    int64_t train_n = train_size(r), test_n = test_size(r);
+    example_count_text(train, sizeof train, o->bench_steps ? train_n : example_limit(train_n, o->train_limit), train_n);
+    example_count_text(test, sizeof test, example_limit(test_n, o->test_limit), test_n);
+    if (r->ranks > 1) snprintf(batch, sizeof batch, "%lld per GPU x %d GPUs", (long long)o->batch_size, r->ranks);
+    else snprintf(batch, sizeof batch, "%lld", (long long)o->batch_size);
+    bool cuda = o->device == UMT_DEVICE_CUDA;
+    const char *data = r->loader ? "batches from the host loader"
+                       : cuda    ? "data resident on the GPU"
+                                 : "data resident in host memory";
+    printf("%s: %s training and %s test images, %s lr %g, batch %s, seed %llu, %s, %s, fuse %s, %s\n", program, train,
+           test, o->optimizer, o->lr, batch, (unsigned long long)o->seed, cuda ? "cuda" : "cpu",
+           umt_precision_name(umt_context_precision(r->ctx)), o->fuse ? "on" : "off", data);
+}
+
 int main(int argc, char **argv) {
     options o;
     if (parse_options(argc, argv, &o)) return 2;
@@ -473,11 +527,7 @@ int main(int argc, char **argv) {
     run_state r = {0};
     int rc = setup(&r, &o, &process);
     if (!rc) {
-        if (r.rank == 0)
-            printf("%s: %lld training and %lld test images, %s lr %g, batch %lld x %d GPU(s), seed %llu, %s, %s, "
-                   "fuse %s, data on the %s\n", program, (long long)train_size(&r), (long long)test_size(&r), o.optimizer, o.lr,
-                   (long long)o.batch_size, r.ranks, (unsigned long long)o.seed, o.device == UMT_DEVICE_CUDA ? "cuda" : "cpu",
-                   umt_precision_name(umt_context_precision(r.ctx)), o.fuse ? "on" : "off", r.loader ? "host" : "device");
+        if (r.rank == 0) print_banner(&r, &o);
         if (r.loader)
             printf("%s: loader %s, %d staging slots, %d loader thread(s)\n", program,
                    o.input.loader == UMT_LOADER_PINNED ? "pinned" : "pageable-sync", o.input.prefetch, o.input.workers);

@@ -102,16 +102,16 @@ static int run(umt_context *ctx, const char *dir, int epochs) {
 }
 
 int main(int argc, char **argv) {
-    const char *dir = "data/mnist";
+    const char *dir = "data/mnist", *usage = "usage: mnist_cnn_minimal [--data-dir DIR] [--epochs N]\n";
     long epochs = 2;
-    bool ok = argc % 2 == 1; /* every flag has its value */
-    for (int i = 1; ok && i < argc; i += 2) {
+    bool help = argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")), ok = argc % 2 == 1 && !help;
+    for (int i = 1; ok && i < argc; i += 2) { /* ok: every flag has its value */
         char *end = NULL;
         if (!strcmp(argv[i], "--data-dir")) dir = argv[i + 1];
         else if (!strcmp(argv[i], "--epochs")) epochs = strtol(argv[i + 1], &end, 10), ok = !*end && epochs > 0;
         else ok = false;
     }
-    if (!ok || epochs > 1000) return fprintf(stderr, "usage: mnist_cnn_minimal [--data-dir DIR] [--epochs N]\n"), 2;
+    if (help || !ok || epochs > 1000) return fprintf(help ? stdout : stderr, "%s", usage), help ? 0 : 2;
     setvbuf(stdout, NULL, _IOLBF, 0); /* each line as it is printed, even into a pipe */
     umt_context *ctx = NULL;          /* the defaults: umt_default_device(), seed 1, f32 */
     int rc = umt_context_create(NULL, &ctx) != UMT_OK ? fail(__LINE__) : run(ctx, dir, (int)epochs);

@@ -27,16 +27,17 @@ static const char *const program = "mnist_mlp";
 typedef struct {
     int epochs;
     int64_t batch_size;
-    float lr; /* 0: the optimizer's default (0.05 for SGD) */
+    float lr; /* 0 until parsed: the optimizer's default (0.05 for SGD) unless --lr is given */
     float momentum;
     float weight_decay;
     uint64_t seed;
     const char *optimizer;
+    umt_optimizer_kind optimizer_kind;
     const char *schedule; /* constant, step, cosine */
     float gamma;          /* step schedule: lr factor per epoch */
     const char *data_dir;
     int64_t hidden;
-    int64_t train_limit; /* 0: the whole training set */
+    int64_t train_limit, test_limit; /* 0: the whole set; else its first N images */
     int log_every;
     umt_device device;
     umt_memory_mode memory_mode;
@@ -47,12 +48,13 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: mnist_mlp [--epochs N] [--batch-size N] [--lr F] [--optimizer sgd|adam|adamw|adadelta]\n"
             "                 [--momentum F] [--weight-decay F] [--schedule constant|step|cosine] [--gamma F]\n"
-            "                 [--seed N] [--data-dir DIR] [--hidden N] [--train-limit N] [--log-every N]\n"
-            "                 [--device cpu|cuda] [--mem managed|managed-plain|device] [--precision fp32|bf16|fp16]\n"
+            "                 [--seed N] [--data-dir DIR] [--hidden N] [--train-limit N] [--test-limit N]\n"
+            "                 [--log-every N] [--device cpu|cuda] [--mem managed|managed-plain|device]\n"
+            "                 [--precision fp32|bf16|fp16]\n"
             "defaults: 2 epochs, batch 64, sgd lr 0.05 momentum 0.9 (other optimizers: PyTorch's default lr),\n"
             "          step schedule with gamma 0.2 (lr x0.2 per epoch), seed 1, data/mnist, hidden 256,\n"
             "          cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16 tensor\n"
-            "          cores (else fp32)\n");
+            "          cores (else fp32), all training and test images (limits: the first N)\n");
 }
 
 static int parse_options(int argc, char **argv, options *o) {
@@ -78,6 +80,7 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--seed")) bad = example_whole_number(program, flag, value, 0, 1e15, &v), o->seed = (uint64_t)v;
         else if (!strcmp(flag, "--hidden")) bad = example_whole_number(program, flag, value, 1, 1 << 16, &v), o->hidden = (int64_t)v;
         else if (!strcmp(flag, "--train-limit")) bad = example_whole_number(program, flag, value, 1, 1e9, &v), o->train_limit = (int64_t)v;
+        else if (!strcmp(flag, "--test-limit")) bad = example_whole_number(program, flag, value, 1, 1e9, &v), o->test_limit = (int64_t)v;
         else if (!strcmp(flag, "--log-every")) bad = example_whole_number(program, flag, value, 1, 1e9, &v), o->log_every = (int)v;
         else if (!strcmp(flag, "--optimizer")) o->optimizer = value;
         else if (!strcmp(flag, "--schedule")) o->schedule = value;
@@ -96,6 +99,10 @@ static int parse_options(int argc, char **argv, options *o) {
         fprintf(stderr, "mnist_mlp: --schedule '%s': expected constant, step or cosine\n", o->schedule);
         return -1;
     }
+    /* Without --lr: the optimizer's own default, but 0.05 for SGD (its default 0.01 is slow for 2 epochs). */
+    bool lr_given = o->lr > 0;
+    if (example_optimizer(program, o->optimizer, o->lr, &o->optimizer_kind, &o->lr)) return -1;
+    if (!lr_given && o->optimizer_kind == UMT_OPT_SGD) o->lr = 0.05f;
     return 0;
 }
 
@@ -128,7 +135,7 @@ static float epoch_lr(const options *o, float base_lr, int epoch) {
 
 static int train_epoch(umt_context *ctx, const options *o, const mlp *m, umt_optimizer *opt, const umt_dataset *train,
                        int epoch, int64_t *order) {
-    int64_t n = o->train_limit && o->train_limit < umt_dataset_size(train) ? o->train_limit : umt_dataset_size(train);
+    int64_t n = example_limit(umt_dataset_size(train), o->train_limit);
     if (umt_permutation(ctx, n, order)) return fail("shuffle");
     int64_t steps = (n + o->batch_size - 1) / o->batch_size;
     double start = example_seconds(), window_start = start, loss_sum = 0;
@@ -165,20 +172,22 @@ static int run(umt_context *ctx, const options *o) {
     if (example_load_mnist(program, ctx, o->data_dir, "train", &train) ||
         example_load_mnist(program, ctx, o->data_dir, "t10k", &test))
         return 1;
-    printf("mnist_mlp: %lld training and %lld test images, 784-%lld-10, %s, batch %lld, seed %llu, %s",
-           (long long)umt_dataset_size(train), (long long)umt_dataset_size(test), (long long)o->hidden, o->optimizer,
-           (long long)o->batch_size, (unsigned long long)o->seed, o->device == UMT_DEVICE_CUDA ? "cuda" : "cpu");
+    /* The images used: the limits' counts, not the files'. */
+    char train_text[64], test_text[64];
+    int64_t train_n = umt_dataset_size(train), test_n = umt_dataset_size(test);
+    example_count_text(train_text, sizeof train_text, example_limit(train_n, o->train_limit), train_n);
+    example_count_text(test_text, sizeof test_text, example_limit(test_n, o->test_limit), test_n);
+    printf("mnist_mlp: %s training and %s test images, 784-%lld-10, %s lr %g, batch %lld, seed %llu, %s", train_text,
+           test_text, (long long)o->hidden, o->optimizer, o->lr, (long long)o->batch_size, (unsigned long long)o->seed,
+           o->device == UMT_DEVICE_CUDA ? "cuda" : "cpu");
     printf(o->device == UMT_DEVICE_CUDA ? " (%s memory)" : "", umt_memory_mode_name(o->memory_mode));
     printf(", %s\n", umt_precision_name(umt_context_precision(ctx)));
     mlp m = {umt_linear_layer_new(ctx, "fc1", 784, o->hidden, true), umt_linear_layer_new(ctx, "fc2", o->hidden, 10, true)};
     if (!m.fc1 || !m.fc2) return fail("model");
 
-    umt_optimizer_kind kind;
-    if (umt_optimizer_kind_parse(o->optimizer, &kind)) return fail("--optimizer");
-    umt_optimizer_options oo = umt_optimizer_defaults(kind);
-    if (kind == UMT_OPT_SGD) oo.momentum = o->momentum;
-    /* Without --lr: the optimizer's own default, but 0.05 for SGD (its default 0.01 is slow for 2 epochs). */
-    oo.lr = o->lr > 0 ? o->lr : kind == UMT_OPT_SGD ? 0.05f : oo.lr;
+    umt_optimizer_options oo = umt_optimizer_defaults(o->optimizer_kind);
+    if (o->optimizer_kind == UMT_OPT_SGD) oo.momentum = o->momentum;
+    oo.lr = o->lr;
     oo.weight_decay = o->weight_decay > 0 ? o->weight_decay : oo.weight_decay;
     oo.loss_scaling = umt_context_precision(ctx) == UMT_PRECISION_FP16; /* fp16 gradients underflow otherwise */
     umt_optimizer *opt;
@@ -191,7 +200,7 @@ static int run(umt_context *ctx, const options *o) {
         umt_optimizer_set_lr(opt, epoch_lr(o, oo.lr, epoch));
         double accuracy = -1;
         rc = train_epoch(ctx, o, &m, opt, train, epoch, order) ||
-             example_evaluate(program, ctx, mlp_forward, &m, test, 1000, &accuracy);
+             example_evaluate(program, ctx, mlp_forward, &m, test, 1000, o->test_limit, &accuracy);
         if (!rc) printf("epoch %d test accuracy %.2f%%\n", epoch + 1, accuracy);
     }
     free(order);

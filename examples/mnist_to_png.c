@@ -21,6 +21,11 @@
 
 static const char *const program = "mnist_to_png";
 
+static void usage(FILE *out) {
+    fprintf(out, "usage: mnist_to_png --out DIR [--data-dir DIR] [--train N] [--test N]\n"
+                 "defaults: data/mnist, the first 3000 training and 1000 test images\n");
+}
+
 static int make_dir(const char *path) {
     if (mkdir(path, 0755) == 0 || errno == EEXIST) return 0;
     fprintf(stderr, "%s: cannot create %s: %s\n", program, path, strerror(errno));
@@ -64,17 +69,19 @@ static int write_split(const char *dir, const char *split, const char *out, cons
 int main(int argc, char **argv) {
     const char *dir = "data/mnist", *out = NULL;
     double train = 3000, test = 1000;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--data-dir")) dir = argv[i + 1];
-        else if (!strcmp(argv[i], "--out")) out = argv[i + 1];
-        else if (!strcmp(argv[i], "--train")) { if (example_whole_number(program, argv[i], argv[i + 1], 0, 60000, &train)) return 2; }
-        else if (!strcmp(argv[i], "--test")) { if (example_whole_number(program, argv[i], argv[i + 1], 0, 10000, &test)) return 2; }
-        else out = NULL, i = argc;
+    for (int i = 1; i < argc; i += 2) {
+        const char *flag = argv[i], *value = argv[i + 1]; /* argv[argc] is NULL */
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return usage(stdout), 0;
+        if (!value) return example_missing_value(program, flag, usage), 2;
+        int bad = 0;
+        if (!strcmp(flag, "--data-dir")) dir = value;
+        else if (!strcmp(flag, "--out")) out = value;
+        else if (!strcmp(flag, "--train")) bad = example_whole_number(program, flag, value, 0, 60000, &train);
+        else if (!strcmp(flag, "--test")) bad = example_whole_number(program, flag, value, 0, 10000, &test);
+        else return fprintf(stderr, "%s: unknown flag %s\n", program, flag), usage(stderr), 2;
+        if (bad) return 2;
     }
-    if (!out || argc % 2 == 0) {
-        fprintf(stderr, "usage: mnist_to_png --out DIR [--data-dir data/mnist] [--train N] [--test N]\n");
-        return 2;
-    }
+    if (!out) return fprintf(stderr, "%s: --out is required\n", program), usage(stderr), 2;
     if (make_dir(out) || write_split(dir, "train", out, "train", (int64_t)train) ||
         write_split(dir, "t10k", out, "test", (int64_t)test))
         return 1;

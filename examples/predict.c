@@ -42,6 +42,10 @@ static int parse_options(int argc, char **argv, options *o) {
     o->images = calloc((size_t)argc, sizeof *o->images);
     for (int i = 1; o->images && i < argc; ++i) {
         const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
         if (strncmp(flag, "--", 2) != 0) {
             o->images[o->image_count++] = flag;
             continue;

@@ -2,7 +2,8 @@
  * tests/test_example_flags.c — the number flags the example programs share
  * (examples/example_common.h): a value must fill the argument and lie in the range, and a count
  * must be whole ("--epochs 2.5" is refused, not cut to 2); a flag given last without its value is
- * told apart from a mistyped one.
+ * told apart from a mistyped one; --optimizer without --lr takes that optimizer's own default
+ * rate; the limits and the banners' counts.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -74,11 +75,43 @@ static void test_a_flag_without_its_value_is_told_from_an_unknown_one(void **sta
     assert_non_null(strstr(message, "test: unknown flag --bogus\n"));
 }
 
+static void test_an_optimizer_without_lr_takes_its_own_default_rate(void **state) {
+    (void)state;
+    const char *names[] = {"sgd", "adam", "adamw", "adadelta"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; ++i) {
+        umt_optimizer_kind kind = UMT_OPT_SGD;
+        float lr = -1;
+        assert_int_equal(example_optimizer("test", names[i], 0, &kind, &lr), 0);
+        /* umt_optimizer_defaults is the one source: Adam's 1e-3 never stays Adadelta's 1.0. */
+        assert_true(lr == umt_optimizer_defaults(kind).lr);
+        assert_int_equal(example_optimizer("test", names[i], 0.25f, &kind, &lr), 0);
+        assert_true(lr == 0.25f);
+    }
+    umt_optimizer_kind kind = UMT_OPT_SGD;
+    float lr = 0;
+    assert_int_equal(example_optimizer("test", "adam", 0, &kind, &lr), 0);
+    assert_int_equal(kind, UMT_OPT_ADAM);
+    assert_true(lr == 1e-3f);
+    assert_int_equal(example_optimizer("test", "adagrad", 0, &kind, &lr), -1);
+}
+
+static void test_a_limit_keeps_the_first_n_and_the_banner_says_of_how_many(void **state) {
+    (void)state;
+    assert_int_equal(example_limit(60000, 0), 60000);
+    assert_int_equal(example_limit(60000, 64), 64);
+    assert_int_equal(example_limit(40, 1000), 40);
+    char text[64];
+    assert_string_equal(example_count_text(text, sizeof text, 64, 60000), "64 of 60000");
+    assert_string_equal(example_count_text(text, sizeof text, 40, 40), "40");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_number_must_fill_the_argument_and_lie_in_the_range),
         cmocka_unit_test(test_a_count_must_be_whole),
         cmocka_unit_test(test_a_flag_without_its_value_is_told_from_an_unknown_one),
+        cmocka_unit_test(test_an_optimizer_without_lr_takes_its_own_default_rate),
+        cmocka_unit_test(test_a_limit_keeps_the_first_n_and_the_banner_says_of_how_many),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,9 @@
 /*
  * tests/test_mnist_cnn_minimal.c — examples/mnist_cnn_minimal stays what it promises: a file read
  * in one sitting (at most 120 lines) that includes umtrain.h and the C standard library only; a
- * bad command line gets the one-line usage and exit status 2, and a failure (a data folder without
- * MNIST) the library's message naming the file and exit status 1. Nothing here trains.
+ * bad command line gets the one-line usage and exit status 2, --help the usage on stdout and exit
+ * status 0, and a failure (a data folder without MNIST) the library's message naming the file and
+ * exit status 1. Nothing here trains.
  *
  * argv[1] is the binary, argv[2] its source (tests/BUILD passes their locations).
  */
@@ -89,12 +90,26 @@ static void test_it_includes_only_umtrain_h_and_standard_headers(void **state) {
 static void test_a_bad_command_line_prints_the_usage_and_exits_2(void **state) {
     (void)state;
     const char *bad[] = {"--bogus 1", "--epochs", "--epochs 0", "--epochs 2x", "--epochs ''", "--epochs 1001",
-                         "--data-dir", "--help", "--data-dir data --gpus 2", "extra"};
+                         "--data-dir", "--data-dir data --gpus 2", "extra"};
     char out[1024];
     for (size_t i = 0; i < sizeof bad / sizeof *bad; ++i) {
         int status = run(bad[i], out, sizeof out);
         if (status != 2 || strcmp(out, usage))
             fail_msg("mnist_cnn_minimal %s: exit %d, printed \"%s\"; expected exit 2 and the usage", bad[i], status, out);
+    }
+}
+
+static void test_help_prints_the_usage_on_stdout_and_exits_0(void **state) {
+    (void)state;
+    const char *asks[] = {"--help", "-h"};
+    char out[1024], command[1024];
+    for (size_t i = 0; i < sizeof asks / sizeof *asks; ++i) {
+        /* stderr to /dev/null inside the braces: what is left came on stdout. */
+        snprintf(command, sizeof command, "{ %s %s 2>/dev/null; }", binary, asks[i]);
+        int status = run_program(command, out, sizeof out);
+        if (status != 0 || strcmp(out, usage))
+            fail_msg("mnist_cnn_minimal %s: exit %d, printed \"%s\" on stdout; expected exit 0 and the usage", asks[i],
+                     status, out);
     }
 }
 
@@ -119,6 +134,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_the_file_is_at_most_120_lines),
         cmocka_unit_test(test_it_includes_only_umtrain_h_and_standard_headers),
         cmocka_unit_test(test_a_bad_command_line_prints_the_usage_and_exits_2),
+        cmocka_unit_test(test_help_prints_the_usage_on_stdout_and_exits_0),
         cmocka_unit_test(test_a_folder_without_mnist_is_named_and_exits_1),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -23,7 +23,8 @@ run() {
 run mlp "$bin/mnist_mlp" --device cpu --data-dir "$data" --epochs 2 --train-limit 6000 --log-every 20
 run cnn "$bin/mnist_cnn" --device cpu --data-dir "$data" --epochs 1 --train-limit 1024 --log-every 4 \
     --save "$out/cnn.ckpt"
+# --lr given: builds from before --optimizer brought its own default rate (Adam's 0.001) compare too.
 run cnn_unfused_adam "$bin/mnist_cnn" --device cpu --data-dir "$data" --epochs 1 --train-limit 512 --log-every 2 \
-    --fuse off --optimizer adam --save "$out/cnn_unfused_adam.ckpt"
+    --fuse off --optimizer adam --lr 0.001 --save "$out/cnn_unfused_adam.ckpt"
 { echo "== embed"; "$bin/embed"; } >> "$out/cpu.txt"
 cat "$out/cpu.txt"
