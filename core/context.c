@@ -95,7 +95,8 @@ void umt_context_disown(umt_context *ctx, void *object) {
 }
 
 umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_stats *out) {
-    if (!ctx || !out || (unsigned)pool >= UMT_POOL_COUNT)
+    if (!ctx || !out) return umt_fail_null("umt_pool_stats_get", ctx ? "out" : "ctx");
+    if ((unsigned)pool >= UMT_POOL_COUNT)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_pool_stats_get: pool %d (expected 0..%d)", (int)pool,
                         UMT_POOL_COUNT - 1);
     umt_memory_stats(&ctx->memory, pool, out);
@@ -103,6 +104,10 @@ umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_st
 }
 
 void umt_memory_report(const umt_context *ctx) {
+    if (!ctx) {
+        umt_fail_null("umt_memory_report", "ctx");
+        return;
+    }
     fprintf(stderr, "%-12s %-8s %14s %14s %12s\n", "pool", "place", "capacity B", "peak B", "allocations");
     for (int p = 0; p < UMT_POOL_COUNT; ++p) {
         umt_pool_stats s;
@@ -123,7 +128,8 @@ void umt_memory_report(const umt_context *ctx) {
 }
 
 umt_status umt_device_budget(const umt_context *ctx, size_t *budget_bytes, size_t *used_bytes) {
-    if (!ctx || !budget_bytes || !used_bytes) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_device_budget: NULL argument");
+    if (!ctx || !budget_bytes || !used_bytes)
+        return umt_fail_null("umt_device_budget", !ctx ? "ctx" : !budget_bytes ? "budget_bytes" : "used_bytes");
     *budget_bytes = ctx->memory.budget_bytes;
     *used_bytes = ctx->memory.device_bytes;
     return UMT_OK;
@@ -136,10 +142,10 @@ const char *umt_memory_mode_name(umt_memory_mode mode) {
 }
 
 umt_status umt_memory_mode_parse(const char *name, umt_memory_mode *out) {
-    for (int m = 0; m <= UMT_MEM_DEVICE && name; ++m)
+    if (!name || !out) return umt_fail_null("umt_memory_mode_parse", name ? "out" : "name");
+    for (int m = 0; m <= UMT_MEM_DEVICE; ++m)
         if (!strcmp(name, memory_mode_names[m])) return *out = (umt_memory_mode)m, UMT_OK;
-    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "memory mode '%s': expected managed, managed-plain or device",
-                    name ? name : "(null)");
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "memory mode '%s': expected managed, managed-plain or device", name);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -163,8 +169,8 @@ static umt_status register_named(umt_tensor ***list, int *count, int *slots, umt
  * buffer's never is. */
 static umt_tensor *named_weights(umt_context *ctx, const char *what, const char *name, int ndim, const int64_t *shape,
                                  bool parameter) {
-    if (!ctx || !name) {
-        umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", what, ctx ? "name" : "ctx");
+    if (!ctx || !name || !shape) {
+        umt_fail_null(what, !ctx ? "ctx" : !name ? "name" : "shape");
         return NULL;
     }
     umt_tensor *t = parameter ? umt_tensor_alloc_kind(ctx, UMT_POOL_WEIGHTS, UMT_F32, ndim, shape)
@@ -193,10 +199,21 @@ umt_tensor *umt_parameter_new(umt_context *ctx, const char *name, int ndim, cons
     return p;
 }
 
-int umt_parameter_count(const umt_context *ctx) { return ctx ? ctx->parameter_count : 0; }
+/* The i-th of count named tensors (what: "parameters" or "buffers"), or NULL with a message. */
+static umt_tensor *named_at(const char *function, umt_tensor *const *list, int count, const char *what, int i) {
+    if (i >= 0 && i < count) return list[i];
+    umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: index %d of %d %s (expected 0..%d)", function, i, count, what, count - 1);
+    return NULL;
+}
+
+int umt_parameter_count(const umt_context *ctx) {
+    if (!ctx) return umt_fail_null("umt_parameter_count", "ctx"), 0;
+    return ctx->parameter_count;
+}
 
 umt_tensor *umt_parameter_at(const umt_context *ctx, int i) {
-    return ctx && i >= 0 && i < ctx->parameter_count ? ctx->parameters[i] : NULL;
+    if (!ctx) return umt_fail_null("umt_parameter_at", "ctx"), NULL;
+    return named_at("umt_parameter_at", ctx->parameters, ctx->parameter_count, "parameters", i);
 }
 
 umt_tensor *umt_buffer_new(umt_context *ctx, const char *name, int ndim, const int64_t *shape) {
@@ -208,13 +225,18 @@ umt_tensor *umt_buffer_new(umt_context *ctx, const char *name, int ndim, const i
     return b;
 }
 
-int umt_buffer_count(const umt_context *ctx) { return ctx ? ctx->buffer_count : 0; }
+int umt_buffer_count(const umt_context *ctx) {
+    if (!ctx) return umt_fail_null("umt_buffer_count", "ctx"), 0;
+    return ctx->buffer_count;
+}
 
 umt_tensor *umt_buffer_at(const umt_context *ctx, int i) {
-    return ctx && i >= 0 && i < ctx->buffer_count ? ctx->buffers[i] : NULL;
+    if (!ctx) return umt_fail_null("umt_buffer_at", "ctx"), NULL;
+    return named_at("umt_buffer_at", ctx->buffers, ctx->buffer_count, "buffers", i);
 }
 
 bool umt_set_training(umt_context *ctx, bool training) {
+    if (!ctx) return umt_fail_null("umt_set_training", "ctx"), false;
     bool previous = ctx->training;
     ctx->training = training;
     return previous;

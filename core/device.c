@@ -17,9 +17,10 @@
 #endif
 
 umt_status umt_device_parse(const char *name, umt_device *out) {
-    if (name && !strcmp(name, "cpu")) return *out = UMT_DEVICE_CPU, UMT_OK;
-    if (name && !strcmp(name, "cuda")) return *out = UMT_DEVICE_CUDA, UMT_OK;
-    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "device '%s': expected cpu or cuda", name ? name : "(null)");
+    if (!name || !out) return umt_fail_null("umt_device_parse", name ? "out" : "name");
+    if (!strcmp(name, "cpu")) return *out = UMT_DEVICE_CPU, UMT_OK;
+    if (!strcmp(name, "cuda")) return *out = UMT_DEVICE_CUDA, UMT_OK;
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "device '%s': expected cpu or cuda", name);
 }
 
 int umt_cuda_device_count(void) {
@@ -103,7 +104,7 @@ umt_status umt_timer_start(umt_context *ctx) {
 }
 
 umt_status umt_timer_stop(umt_context *ctx, double *elapsed_ms) {
-    if (!ctx || !elapsed_ms) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_timer_stop: NULL argument");
+    if (!ctx || !elapsed_ms) return umt_fail_null("umt_timer_stop", ctx ? "elapsed_ms" : "ctx");
 #ifdef UMT_WITH_CUDA
     if (ctx->options.device == UMT_DEVICE_CUDA) {
         if (!ctx->timer_start) return umt_fail(UMT_ERR_STATE, "umt_timer_stop: umt_timer_start was not called");

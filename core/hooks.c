@@ -190,6 +190,10 @@ static void free_caller(umt_context *ctx, void *self) {
 static const umt_hooks caller_hooks = {.name = "grad-ready hook", .gradient_ready = call_caller, .destroy = free_caller};
 
 void umt_set_grad_ready_hook(umt_context *ctx, umt_grad_ready_fn fn, void *user) {
+    if (!ctx) {
+        umt_fail_null("umt_set_grad_ready_hook", "ctx");
+        return;
+    }
     caller_hook *old = umt_hooks_self(ctx, &caller_hooks);
     umt_hooks_unregister(ctx, &caller_hooks);
     free(old);

@@ -14,9 +14,10 @@ static const char *const precision_names[] = {"fp32", "bf16", "fp16"};
 #define PRECISION_COUNT ((int)(sizeof precision_names / sizeof precision_names[0]))
 
 umt_status umt_precision_parse(const char *name, umt_precision *out) {
-    for (int p = 0; name && p < PRECISION_COUNT; ++p)
+    if (!name || !out) return umt_fail_null("umt_precision_parse", name ? "out" : "name");
+    for (int p = 0; p < PRECISION_COUNT; ++p)
         if (!strcmp(name, precision_names[p])) return *out = (umt_precision)p, UMT_OK;
-    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "precision '%s': expected fp32, bf16 or fp16", name ? name : "(null)");
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "precision '%s': expected fp32, bf16 or fp16", name);
 }
 
 const char *umt_precision_name(umt_precision precision) {
@@ -48,7 +49,10 @@ umt_status umt_precision_check(const umt_context *ctx) {
     return UMT_OK;
 }
 
-umt_precision umt_context_precision(const umt_context *ctx) { return ctx->options.precision; }
+umt_precision umt_context_precision(const umt_context *ctx) {
+    if (!ctx) return umt_fail_null("umt_context_precision", "ctx"), UMT_PRECISION_FP32;
+    return ctx->options.precision;
+}
 
 umt_dtype umt_compute_dtype(const umt_context *ctx) {
     switch (ctx->options.precision) {

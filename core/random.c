@@ -7,7 +7,7 @@
 #include "core/tensor.h"
 
 umt_status umt_tensor_uniform(umt_context *ctx, umt_tensor *t, float low, float high) {
-    UMT_TRY(umt_check_tensor("umt_tensor_uniform", "t", t, UMT_F32, 0));
+    UMT_TRY(umt_check_input(ctx, "umt_tensor_uniform", "t", t, UMT_F32, 0));
     if (!(low <= high)) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_uniform: low %g > high %g", low, high);
     /* Drawn on the host in index order, so a seed gives the same values on every backend. */
     float *host = malloc((size_t)t->numel * sizeof *host);
@@ -20,7 +20,8 @@ umt_status umt_tensor_uniform(umt_context *ctx, umt_tensor *t, float low, float 
 }
 
 umt_status umt_permutation(umt_context *ctx, int64_t n, int64_t *out) {
-    if (!ctx || !out || n < 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_permutation: n = %lld, out %s", (long long)n, out ? "set" : "NULL");
+    if (!ctx || !out) return umt_fail_null("umt_permutation", ctx ? "out" : "ctx");
+    if (n < 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_permutation: n = %lld (expected >= 0)", (long long)n);
     for (int64_t i = 0; i < n; ++i) out[i] = i;
     /* Fisher-Yates: each of the n! orders equally likely. */
     for (int64_t i = n - 1; i > 0; --i) {

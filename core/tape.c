@@ -88,6 +88,7 @@ umt_status umt_zero_grad(umt_context *ctx) {
 }
 
 bool umt_set_grad_enabled(umt_context *ctx, bool enabled) {
+    if (!ctx) return umt_fail_null("umt_set_grad_enabled", "ctx"), false;
     bool previous = ctx->grad_enabled;
     ctx->grad_enabled = enabled;
     return previous;
@@ -166,6 +167,6 @@ umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *se
 }
 
 umt_status umt_backward(umt_context *ctx, umt_tensor *loss) {
-    if (!ctx || !loss) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward: %s is NULL", ctx ? "loss" : "ctx");
+    UMT_TRY(umt_check_input(ctx, "umt_backward", "loss", loss, UMT_ANY_DTYPE, 0));
     return umt_tape_backward(ctx, loss, NULL);
 }

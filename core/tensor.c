@@ -12,7 +12,8 @@
 
 /* Validates a shape and computes its element count without overflow. */
 static umt_status shape_numel(const char *op, int ndim, const int64_t *shape, int64_t *numel) {
-    if (ndim < 1 || ndim > UMT_MAX_DIMS || !shape)
+    if (!shape) return umt_fail_null(op, "shape");
+    if (ndim < 1 || ndim > UMT_MAX_DIMS)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: rank %d (expected 1..%d)", op, ndim, UMT_MAX_DIMS);
     int64_t n = 1;
     for (int i = 0; i < ndim; ++i) {
@@ -101,21 +102,28 @@ umt_tensor *umt_tensor_view(umt_context *ctx, umt_tensor *base, int ndim, const 
     return t;
 }
 
-umt_tensor *umt_tensor_new(umt_context *ctx, umt_pool pool, umt_dtype dtype, int ndim, const int64_t *shape) {
+/* The public constructors: a NULL context is named with the function the caller called. */
+static umt_tensor *new_tensor(const char *function, umt_context *ctx, umt_pool pool, umt_dtype dtype, int ndim,
+                              const int64_t *shape) {
+    if (!ctx) return umt_fail_null(function, "ctx"), NULL;
     return umt_tensor_alloc(ctx, pool, dtype, ndim, shape);
 }
 
+umt_tensor *umt_tensor_new(umt_context *ctx, umt_pool pool, umt_dtype dtype, int ndim, const int64_t *shape) {
+    return new_tensor("umt_tensor_new", ctx, pool, dtype, ndim, shape);
+}
+
 umt_tensor *umt_tensor_new_1d(umt_context *ctx, umt_pool pool, umt_dtype dtype, int64_t n0) {
-    return umt_tensor_alloc(ctx, pool, dtype, 1, (int64_t[]){n0});
+    return new_tensor("umt_tensor_new_1d", ctx, pool, dtype, 1, (int64_t[]){n0});
 }
 
 umt_tensor *umt_tensor_new_2d(umt_context *ctx, umt_pool pool, umt_dtype dtype, int64_t n0, int64_t n1) {
-    return umt_tensor_alloc(ctx, pool, dtype, 2, (int64_t[]){n0, n1});
+    return new_tensor("umt_tensor_new_2d", ctx, pool, dtype, 2, (int64_t[]){n0, n1});
 }
 
 umt_tensor *umt_tensor_new_4d(umt_context *ctx, umt_pool pool, umt_dtype dtype, int64_t n0, int64_t n1, int64_t n2,
                               int64_t n3) {
-    return umt_tensor_alloc(ctx, pool, dtype, 4, (int64_t[]){n0, n1, n2, n3});
+    return new_tensor("umt_tensor_new_4d", ctx, pool, dtype, 4, (int64_t[]){n0, n1, n2, n3});
 }
 
 /* Removes t from a list of named tensors (parameters or buffers) if it is there. */
@@ -158,14 +166,46 @@ umt_tensor *umt_tensor_grad_unset(umt_context *ctx, umt_tensor *t) { return new_
 /* ----------------------------------------------------------------------------------------- */
 /* Accessors */
 
-int umt_tensor_ndim(const umt_tensor *t) { return t ? t->ndim : 0; }
-int64_t umt_tensor_dim(const umt_tensor *t, int axis) { return t && axis >= 0 && axis < t->ndim ? t->shape[axis] : 0; }
-int64_t umt_tensor_numel(const umt_tensor *t) { return t ? t->numel : 0; }
-umt_dtype umt_tensor_dtype(const umt_tensor *t) { return t ? t->dtype : UMT_DTYPE_COUNT; }
-umt_pool umt_tensor_pool(const umt_tensor *t) { return t ? t->pool : UMT_POOL_COUNT; }
-umt_device umt_tensor_device(const umt_tensor *t) { return t ? t->device : UMT_DEVICE_CPU; }
-const char *umt_tensor_name(const umt_tensor *t) { return t ? t->name : NULL; }
-umt_tensor *umt_tensor_grad(const umt_tensor *t) { return t ? t->grad : NULL; }
+/* A NULL tensor gets the neutral value umtrain.h names, and a message. */
+int umt_tensor_ndim(const umt_tensor *t) {
+    if (!t) return umt_fail_null("umt_tensor_ndim", "t"), 0;
+    return t->ndim;
+}
+
+int64_t umt_tensor_dim(const umt_tensor *t, int axis) {
+    if (!t) return umt_fail_null("umt_tensor_dim", "t"), 0;
+    return axis >= 0 && axis < t->ndim ? t->shape[axis] : 0;
+}
+
+int64_t umt_tensor_numel(const umt_tensor *t) {
+    if (!t) return umt_fail_null("umt_tensor_numel", "t"), 0;
+    return t->numel;
+}
+
+umt_dtype umt_tensor_dtype(const umt_tensor *t) {
+    if (!t) return umt_fail_null("umt_tensor_dtype", "t"), UMT_DTYPE_COUNT;
+    return t->dtype;
+}
+
+umt_pool umt_tensor_pool(const umt_tensor *t) {
+    if (!t) return umt_fail_null("umt_tensor_pool", "t"), UMT_POOL_COUNT;
+    return t->pool;
+}
+
+umt_device umt_tensor_device(const umt_tensor *t) {
+    if (!t) return umt_fail_null("umt_tensor_device", "t"), UMT_DEVICE_CPU;
+    return t->device;
+}
+
+const char *umt_tensor_name(const umt_tensor *t) {
+    if (!t) return umt_fail_null("umt_tensor_name", "t"), NULL;
+    return t->name;
+}
+
+umt_tensor *umt_tensor_grad(const umt_tensor *t) {
+    if (!t) return umt_fail_null("umt_tensor_grad", "t"), NULL;
+    return t->grad;
+}
 
 const char *umt_shape_string(const umt_tensor *t, char *buf, size_t size) {
     size_t used = (size_t)snprintf(buf, size, "[");
@@ -175,10 +215,26 @@ const char *umt_shape_string(const umt_tensor *t, char *buf, size_t size) {
     return buf;
 }
 
+umt_status umt_check_input(const umt_context *ctx, const char *op, const char *arg, const umt_tensor *t,
+                           umt_dtype dtype, int ndim) {
+    if (!ctx) return umt_fail_null(op, "ctx");
+    if (!t) return umt_fail_null(op, arg);
+    UMT_TRY(umt_check_owner(ctx, op, arg, t->ctx));
+    return umt_check_tensor(op, arg, t, dtype, ndim);
+}
+
+umt_status umt_check_owner(const umt_context *ctx, const char *op, const char *arg, const umt_context *owner) {
+    if (owner != ctx)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s belongs to another context than ctx", op, arg);
+    return UMT_OK;
+}
+
 umt_status umt_check_tensor(const char *op, const char *arg, const umt_tensor *t, umt_dtype dtype, int ndim) {
     char buf[64];
-    if (!t) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, arg);
-    if (dtype == UMT_ANY_FLOAT) {
+    if (!t) return umt_fail_null(op, arg);
+    if (dtype == UMT_ANY_DTYPE) {
+        /* any element type */
+    } else if (dtype == UMT_ANY_FLOAT) {
         if (t->dtype != UMT_F32 && t->dtype != UMT_BF16 && t->dtype != UMT_F16)
             return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s (expected f32, bf16 or f16)", op, arg,
                             umt_dtype_name(t->dtype));
@@ -198,21 +254,23 @@ umt_status umt_check_tensor(const char *op, const char *arg, const umt_tensor *t
 /* ----------------------------------------------------------------------------------------- */
 /* Copies and fills */
 
-static umt_status check_bytes(const char *op, const umt_tensor *t, const void *host, size_t bytes) {
-    if (!t || !host) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, t ? "host pointer" : "tensor");
+/* host is argument host_name of op (src or dst). */
+static umt_status check_bytes(const char *op, const umt_tensor *t, const void *host, const char *host_name,
+                              size_t bytes) {
+    if (!t || !host) return umt_fail_null(op, t ? host_name : "t");
     if (bytes != t->bytes)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %zu bytes given, the tensor holds %zu", op, bytes, t->bytes);
     return UMT_OK;
 }
 
 umt_status umt_tensor_copy_from_host(umt_tensor *t, const void *src, size_t bytes) {
-    UMT_TRY(check_bytes("umt_tensor_copy_from_host", t, src, bytes));
+    UMT_TRY(check_bytes("umt_tensor_copy_from_host", t, src, "src", bytes));
     t->lowp_stale = true; /* a parameter's compute copy no longer matches (core/precision.c) */
     return t->ctx->backend->f32.upload(t->data, src, bytes);
 }
 
 umt_status umt_tensor_copy_to_host(const umt_tensor *t, void *dst, size_t bytes) {
-    UMT_TRY(check_bytes("umt_tensor_copy_to_host", t, dst, bytes));
+    UMT_TRY(check_bytes("umt_tensor_copy_to_host", t, dst, "dst", bytes));
     return t->ctx->backend->f32.download(dst, t->data, bytes);
 }
 
@@ -224,6 +282,7 @@ umt_status umt_tensor_fill(umt_tensor *t, float value) {
 
 umt_status umt_tensor_get_f32(const umt_tensor *t, int64_t i, float *out) {
     UMT_TRY(umt_check_tensor("umt_tensor_get_f32", "t", t, UMT_F32, 0));
+    if (!out) return umt_fail_null("umt_tensor_get_f32", "out");
     if (i < 0 || i >= t->numel)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_get_f32: index %lld outside 0..%lld", (long long)i,
                         (long long)t->numel - 1);
@@ -231,7 +290,9 @@ umt_status umt_tensor_get_f32(const umt_tensor *t, int64_t i, float *out) {
 }
 
 umt_status umt_tensor_convert(const umt_tensor *src, umt_tensor *dst) {
-    if (!src || !dst) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_convert: %s is NULL", src ? "dst" : "src");
+    if (!src || !dst) return umt_fail_null("umt_tensor_convert", src ? "dst" : "src");
+    if (dst->ctx != src->ctx)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_convert: dst belongs to another context than src");
     if (src->numel != dst->numel) {
         char a[64], b[64];
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_convert: src %s and dst %s differ in size",

@@ -61,9 +61,20 @@ umt_tensor *umt_tensor_grad_unset(umt_context *ctx, umt_tensor *t);
 /* Writes "[2,3,4]" into buf, for error messages. */
 const char *umt_shape_string(const umt_tensor *t, char *buf, size_t size);
 
-/* Shape/dtype checks that name the op and the argument on failure; dtype UMT_ANY_FLOAT accepts
- * f32, and bf16/f16 where the backend computes on them; ndim 0 accepts any rank. */
+/* Shape/dtype checks that name the op and the argument on failure: t is not NULL, then its dtype
+ * (UMT_ANY_FLOAT accepts f32, and bf16/f16 where the backend computes on them; UMT_ANY_DTYPE any)
+ * and its rank (ndim 0 accepts any). */
 #define UMT_ANY_FLOAT UMT_DTYPE_COUNT
+#define UMT_ANY_DTYPE ((umt_dtype)(UMT_DTYPE_COUNT + 1))
 umt_status umt_check_tensor(const char *op, const char *arg, const umt_tensor *t, umt_dtype dtype, int ndim);
+
+/* An op's input, checked before anything reads it: ctx and t are not NULL, t belongs to ctx
+ * ("<op>: <arg> belongs to another context than ctx"), then umt_check_tensor. Every public
+ * function that takes a context and a tensor checks each tensor through here. */
+umt_status umt_check_input(const umt_context *ctx, const char *op, const char *arg, const umt_tensor *t,
+                           umt_dtype dtype, int ndim);
+/* The last step of umt_check_input, for objects other than tensors (layers, optimizers, datasets):
+ * owner, the context argument arg was made by, is ctx. */
+umt_status umt_check_owner(const umt_context *ctx, const char *op, const char *arg, const umt_context *owner);
 
 #endif /* UMT_CORE_TENSOR_H */

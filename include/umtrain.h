@@ -8,8 +8,18 @@
  *      them), umt_backward on the scalar loss, umt_optimizer_step.
  *
  * Errors: functions return a umt_status (UMT_OK on success); functions that return a pointer
- * return NULL on failure. Either way umt_last_error() names what was wrong. Ops accept NULL
- * inputs and return NULL, so a whole forward pass can be written first and checked once.
+ * return NULL on failure. Either way umt_last_error() names what was wrong.
+ *
+ * Misuse: every pointer argument is checked. A NULL one is refused with UMT_ERR_INVALID_ARGUMENT
+ * and the message "<function>: <argument> is NULL", except where this header says what NULL means
+ * there (no bias, the defaults, nothing to free: each destroy function and umt_tensor_free take
+ * NULL as a no-op). Ops accept NULL inputs (the tensors they compute from) and return NULL,
+ * keeping the message of the failure that made the NULL, so a whole forward pass can be written
+ * first and checked once. A function that returns a value rather than a status (a count, a
+ * setting, a name) records the same message for a NULL argument and returns the neutral value
+ * named where it is declared. Every tensor, layer, optimizer and dataset belongs to the context it
+ * was made from: given one of another context than its ctx, a function refuses it with
+ * "<function>: <argument> belongs to another context than ctx".
  */
 #ifndef UMTRAIN_H
 #define UMTRAIN_H
@@ -137,12 +147,12 @@ umt_context_options umt_context_defaults(void);
 /* On CUDA, the device budget is set here: the GPU's free memory (cudaMemGetInfo) less a
  * headroom, or UMT_DEVICE_BUDGET (e.g. "2G") if that is lower. Every managed or device
  * allocation counts against it; one that would pass it is refused with UMT_ERR_BUDGET and
- * nothing is allocated. */
+ * nothing is allocated. options NULL: umt_context_defaults(). */
 umt_status umt_context_create(const umt_context_options *options, umt_context **out);
 /* Frees every tensor, layer and optimizer made from the context, and its pools. With
  * UMT_MEM_REPORT=1 in the environment, prints the pool report first. NULL is ok. */
 void umt_context_destroy(umt_context *ctx);
-/* The precision the context computes in (its options' precision). */
+/* The precision the context computes in (its options' precision); UMT_PRECISION_FP32 for a NULL ctx. */
 umt_precision umt_context_precision(const umt_context *ctx);
 /* Waits until the device has finished all queued work (a no-op on the CPU). */
 umt_status umt_synchronize(umt_context *ctx);
@@ -169,7 +179,8 @@ typedef struct {
 } umt_pool_stats;
 
 umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_stats *out);
-/* Prints one line per pool (placement, capacity, peak, allocations) and the budget to stderr. */
+/* Prints one line per pool (placement, capacity, peak, allocations) and the budget to stderr;
+ * nothing for a NULL ctx. */
 void umt_memory_report(const umt_context *ctx);
 
 
@@ -281,6 +292,8 @@ umt_tensor *umt_tensor_new_4d(umt_context *ctx, umt_pool pool, umt_dtype dtype, 
 /* Frees a tensor of a persistent pool (not activations). NULL is ok. */
 void umt_tensor_free(umt_tensor *t);
 
+/* Shape, type and place of a tensor; for a NULL t: 0, 0, 0, UMT_DTYPE_COUNT, UMT_POOL_COUNT,
+ * UMT_DEVICE_CPU. */
 int umt_tensor_ndim(const umt_tensor *t);
 int64_t umt_tensor_dim(const umt_tensor *t, int axis);
 int64_t umt_tensor_numel(const umt_tensor *t);
@@ -288,9 +301,9 @@ umt_dtype umt_tensor_dtype(const umt_tensor *t);
 umt_pool umt_tensor_pool(const umt_tensor *t);
 /* The device whose ops read and write the tensor (its context's). */
 umt_device umt_tensor_device(const umt_tensor *t);
-/* The parameter's name, or NULL for other tensors. */
+/* The parameter's name, or NULL for other tensors (and for a NULL t). */
 const char *umt_tensor_name(const umt_tensor *t);
-/* The gradient after umt_backward (NULL when the tensor takes no gradient). */
+/* The gradient after umt_backward (NULL when the tensor takes no gradient, and for a NULL t). */
 umt_tensor *umt_tensor_grad(const umt_tensor *t);
 
 /* Copies between the tensor and host memory; bytes must equal numel * dtype size. */
@@ -308,13 +321,15 @@ umt_status umt_tensor_convert(const umt_tensor *src, umt_tensor *dst);
 umt_tensor *umt_parameter_new(umt_context *ctx, const char *name, int ndim, const int64_t *shape);
 /* Fills an f32 tensor from U(low, high) drawn from the context's RNG. */
 umt_status umt_tensor_uniform(umt_context *ctx, umt_tensor *t, float low, float high);
-/* Number of registered parameters and the i-th one, in creation order. */
+/* Number of registered parameters and the i-th one, in creation order; 0 and NULL for a NULL
+ * ctx, NULL for an index out of range (the message names the index and the count). */
 int umt_parameter_count(const umt_context *ctx);
 umt_tensor *umt_parameter_at(const umt_context *ctx, int i);
 
 /* A named f32 tensor of model state that is not trained (batch norm's running statistics), in
  * the weights pool and registered with the context so that checkpoints save it. */
 umt_tensor *umt_buffer_new(umt_context *ctx, const char *name, int ndim, const int64_t *shape);
+/* As umt_parameter_count and umt_parameter_at, for buffers. */
 int umt_buffer_count(const umt_context *ctx);
 umt_tensor *umt_buffer_at(const umt_context *ctx, int i);
 
@@ -327,14 +342,16 @@ umt_status umt_step_begin(umt_context *ctx);
 umt_status umt_zero_grad(umt_context *ctx);
 /* Runs the tape backwards from a scalar loss; parameter gradients accumulate (+=). */
 umt_status umt_backward(umt_context *ctx, umt_tensor *loss);
-/* With grad disabled, ops record nothing (evaluation). Returns the previous setting. */
+/* With grad disabled, ops record nothing (evaluation). Returns the previous setting (false for a
+ * NULL ctx, which sets nothing). */
 bool umt_set_grad_enabled(umt_context *ctx, bool enabled);
 
 /* Training mode (the default) or evaluation mode: dropout is the identity and batch norm uses
- * its running statistics in evaluation. Returns the previous setting. */
+ * its running statistics in evaluation. Returns the previous setting (false for a NULL ctx). */
 bool umt_set_training(umt_context *ctx, bool training);
 
-/* Called during umt_backward as soon as a parameter's gradient is final for this step. */
+/* Called during umt_backward as soon as a parameter's gradient is final for this step (with user);
+ * fn NULL removes the hook. */
 typedef void (*umt_grad_ready_fn)(umt_tensor *parameter, void *user);
 void umt_set_grad_ready_hook(umt_context *ctx, umt_grad_ready_fn fn, void *user);
 
@@ -390,8 +407,9 @@ umt_tensor *umt_bias_relu_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, um
 /* Whether umt_bias_relu_max_pool2d_dropout takes this window and stride: windows apart (stride >=
  * window) and window <= 16 (a pick in one byte). */
 bool umt_bias_relu_max_pool2d_dropout_supports(int64_t window, int64_t stride);
-/* Batch norm over the channels of x [N,C,H,W] (or [N,C]): gamma, beta [C] parameters,
- * running_mean, running_var [C] buffers updated by momentum in training. */
+/* Batch norm over the channels of x [N,C,H,W] (or [N,C]): gamma, beta [C] parameters (inputs, as
+ * x is), running_mean, running_var [C] buffers updated by momentum in training (state the op
+ * updates, not inputs: NULL there is refused by name). */
 umt_tensor *umt_batch_norm(umt_context *ctx, umt_tensor *x, umt_tensor *gamma, umt_tensor *beta,
                            umt_tensor *running_mean, umt_tensor *running_var, float momentum, float eps);
 
@@ -476,12 +494,13 @@ umt_status umt_optimizer_step(umt_optimizer *opt);
 umt_status umt_backward_scaled(umt_context *ctx, umt_tensor *loss, const umt_optimizer *opt);
 /* Steps skipped for an inf or NaN gradient, and the current loss scale (1 without loss
  * scaling). Both read the device: they wait for queued work, so ask once per epoch, not per
- * step. -1 and NaN when the read fails (umt_last_error says why). */
+ * step. -1 and NaN when the read fails or opt is NULL (umt_last_error says why). */
 int64_t umt_optimizer_skipped_steps(const umt_optimizer *opt);
 float umt_optimizer_loss_scale(const umt_optimizer *opt);
 void umt_optimizer_set_lr(umt_optimizer *opt, float lr);
+/* The learning rate (0 for a NULL opt). */
 float umt_optimizer_lr(const umt_optimizer *opt);
-/* Steps taken so far. */
+/* Steps taken so far (0 for a NULL opt). */
 int64_t umt_optimizer_steps(const umt_optimizer *opt);
 void umt_optimizer_destroy(umt_optimizer *opt);
 
@@ -506,18 +525,21 @@ typedef umt_tensor *(*umt_step_fn)(umt_context *ctx, void *user, const void *inp
 
 /* capture false: always eager (for comparison); the run still keeps its loss on the device. */
 umt_status umt_step_graph_create(umt_context *ctx, bool capture, umt_step_graph **out);
-/* One training step on input (input_bytes long), eagerly or by a replay. No host wait. */
+/* One training step on input (input_bytes long; NULL only when 0), eagerly or by a replay; user
+ * goes to step as it is (NULL is fine). No host wait. */
 umt_status umt_step_graph_run(umt_step_graph *graph, umt_step_fn step, void *user, const void *input,
                               size_t input_bytes);
-/* The last step's loss: a 1-element f32 tensor of the graph, rewritten by every step. */
+/* The last step's loss: a 1-element f32 tensor of the graph, rewritten by every step (NULL for a
+ * NULL graph). */
 const umt_tensor *umt_step_graph_loss(const umt_step_graph *graph);
 /* The mean loss of the steps since the previous call, and their count; waits for the GPU. */
 umt_status umt_step_graph_take_mean_loss(umt_step_graph *graph, double *mean, int64_t *steps);
 typedef struct {
     int64_t eager_steps, replayed_steps, captures;
 } umt_step_graph_stats;
+/* All 0 for a NULL graph. */
 umt_step_graph_stats umt_step_graph_stats_get(const umt_step_graph *graph);
-/* Why steps run eagerly for good (NULL while capture is on or allowed). */
+/* Why steps run eagerly for good (NULL while capture is on or allowed, and for a NULL graph). */
 const char *umt_step_graph_off_reason(const umt_step_graph *graph);
 void umt_step_graph_destroy(umt_step_graph *graph);
 
@@ -587,9 +609,11 @@ typedef struct umt_dataset umt_dataset;
 umt_status umt_dataset_load_idx(umt_context *ctx, const char *images_path,
                                 const char *labels_path, int num_classes, umt_dataset **out);
 void umt_dataset_destroy(umt_dataset *ds);
+/* Samples and classes (0 for a NULL ds). */
 int64_t umt_dataset_size(const umt_dataset *ds);
 int umt_dataset_num_classes(const umt_dataset *ds);
-/* Shape of one sample as a [C,H,W] image (C = 1 for [N,H,W] files; [D,1,1] for [N,D]). */
+/* Shape of one sample as a [C,H,W] image (C = 1 for [N,H,W] files; [D,1,1] for [N,D]); zeros for a
+ * NULL ds. */
 void umt_dataset_sample_shape(const umt_dataset *ds, int64_t chw[3]);
 
 /* Gathers samples indices[0..count) into a new batch: images f32 [count,C,H,W] normalised
@@ -624,14 +648,15 @@ typedef struct umt_samples umt_samples;
 umt_status umt_samples_load_idx(const char *images_path, const char *labels_path, int num_classes,
                                 umt_samples **out);
 void umt_samples_destroy(umt_samples *samples);
+/* Samples and classes (0 for a NULL samples). */
 int64_t umt_samples_size(const umt_samples *samples);
 int umt_samples_num_classes(const umt_samples *samples);
-/* [C,H,W] of one sample, as umt_dataset_sample_shape. */
+/* [C,H,W] of one sample, as umt_dataset_sample_shape (zeros for a NULL samples). */
 void umt_samples_shape(const umt_samples *samples, int64_t chw[3]);
-/* Image folders: the name of class i (its folder), NULL otherwise. */
+/* Image folders: the name of class i (its folder), NULL otherwise (and for a NULL samples). */
 const char *umt_samples_class_name(const umt_samples *samples, int i);
 /* Image folders opened with skip_bad: how many files were skipped, and the message of the
- * first one (NULL when none). */
+ * first one (NULL when none); 0 and NULL for a NULL samples. */
 int64_t umt_samples_skipped(const umt_samples *samples);
 const char *umt_samples_first_skip(const umt_samples *samples);
 
@@ -680,7 +705,8 @@ umt_status umt_loader_create(umt_context *ctx, const umt_samples *samples, const
                              umt_loader **out);
 void umt_loader_destroy(umt_loader *loader);
 /* Starts an epoch over the first `limit` samples (0: all): draws the permutation, wakes the
- * threads. A previous epoch need not be finished. Returns the number of batches in *batches. */
+ * threads. A previous epoch need not be finished. Returns the number of batches in *batches
+ * (batches may be NULL). */
 umt_status umt_loader_start_epoch(umt_loader *loader, int64_t limit, int64_t *batches);
 /* The next batch of the epoch into new tensors of the activations pool (call after
  * umt_step_begin): images f32 [n,C,H,W], labels i32 [n]. At the end of the epoch both are NULL.

@@ -16,9 +16,10 @@ static umt_tensor *per_channel(umt_context *ctx, umt_tensor *(*make)(umt_context
 }
 
 umt_layer *umt_batchnorm_layer_new(umt_context *ctx, const char *name, int64_t channels) {
-    if (!ctx || !name || channels <= 0) {
-        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_batchnorm_layer_new: %s: %lld channels (expected > 0)",
-                 name ? name : "(no name)", (long long)channels);
+    if (!ctx || !name) return umt_fail_null("umt_batchnorm_layer_new", ctx ? "name" : "ctx"), NULL;
+    if (channels <= 0) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_batchnorm_layer_new: %s: %lld channels (expected > 0)", name,
+                 (long long)channels);
         return NULL;
     }
     umt_layer *layer = umt_layer_alloc(ctx, "batchnorm", batchnorm_forward);

@@ -16,11 +16,12 @@ static umt_tensor *conv2d_product(umt_context *ctx, umt_layer *layer, umt_tensor
 
 umt_layer *umt_conv2d_layer_new(umt_context *ctx, const char *name, int64_t in_channels, int64_t out_channels,
                                 int64_t kernel, int64_t stride, int64_t padding, bool bias) {
-    if (!ctx || !name || in_channels <= 0 || out_channels <= 0 || kernel <= 0 || stride <= 0 || padding < 0) {
+    if (!ctx || !name) return umt_fail_null("umt_conv2d_layer_new", ctx ? "name" : "ctx"), NULL;
+    if (in_channels <= 0 || out_channels <= 0 || kernel <= 0 || stride <= 0 || padding < 0) {
         umt_fail(UMT_ERR_INVALID_ARGUMENT,
                  "umt_conv2d_layer_new: %s: in %lld, out %lld, kernel %lld, stride %lld, padding %lld "
                  "(expected > 0, padding >= 0)",
-                 name ? name : "(no name)", (long long)in_channels, (long long)out_channels, (long long)kernel,
+                 name, (long long)in_channels, (long long)out_channels, (long long)kernel,
                  (long long)stride, (long long)padding);
         return NULL;
     }

@@ -7,6 +7,7 @@
 
 #include "core/base/error.h"
 #include "core/context.h"
+#include "core/tensor.h"
 
 static void destroy_layer(void *object) {
     umt_layer *layer = object;
@@ -39,29 +40,28 @@ umt_layer *umt_layer_alloc(umt_context *ctx, const char *kind, umt_layer_forward
     return layer;
 }
 
+/* Before a layer runs: ctx and layer given, and layer, and x when given, of ctx. A NULL x is an
+ * earlier failure whose message stands: the op the layer calls returns NULL for it. */
+static bool layer_call_ok(const char *function, const umt_context *ctx, const umt_layer *layer, const umt_tensor *x) {
+    if (!ctx || !layer) return umt_fail_null(function, ctx ? "layer" : "ctx"), false;
+    if (umt_check_owner(ctx, function, "layer", layer->ctx) != UMT_OK) return false;
+    return !x || umt_check_owner(ctx, function, "x", x->ctx) == UMT_OK;
+}
+
 umt_tensor *umt_layer_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x) {
-    if (!layer) {
-        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_layer_forward: layer is NULL");
-        return NULL;
-    }
+    if (!layer_call_ok("umt_layer_forward", ctx, layer, x)) return NULL;
     return layer->forward(ctx, layer, x);
 }
 
 umt_tensor *umt_layer_forward_relu(umt_context *ctx, umt_layer *layer, umt_tensor *x) {
-    if (!layer) {
-        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_layer_forward_relu: layer is NULL");
-        return NULL;
-    }
+    if (!layer_call_ok("umt_layer_forward_relu", ctx, layer, x)) return NULL;
     if (layer->forward_relu) return layer->forward_relu(ctx, layer, x);
     return umt_relu(ctx, layer->forward(ctx, layer, x));
 }
 
 umt_tensor *umt_layer_forward_relu_max_pool2d_dropout(umt_context *ctx, umt_layer *layer, umt_tensor *x,
                                                       int64_t window, int64_t stride, float p) {
-    if (!layer) {
-        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_layer_forward_relu_max_pool2d_dropout: layer is NULL");
-        return NULL;
-    }
+    if (!layer_call_ok("umt_layer_forward_relu_max_pool2d_dropout", ctx, layer, x)) return NULL;
     /* The bias and ReLU then ride on the pool (core/ops/pool.c), which needs windows apart. */
     if (layer->product && layer->bias && umt_bias_relu_max_pool2d_dropout_supports(window, stride))
         return umt_bias_relu_max_pool2d_dropout(ctx, layer->product(ctx, layer, x), layer->bias, window, stride, p);

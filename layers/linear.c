@@ -12,9 +12,10 @@ static umt_tensor *linear_forward_relu(umt_context *ctx, umt_layer *layer, umt_t
 
 umt_layer *umt_linear_layer_new(umt_context *ctx, const char *name, int64_t in_features, int64_t out_features,
                                 bool bias) {
-    if (!ctx || !name || in_features <= 0 || out_features <= 0) {
-        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_linear_layer_new: %s: in %lld, out %lld (expected > 0)",
-                 name ? name : "(no name)", (long long)in_features, (long long)out_features);
+    if (!ctx || !name) return umt_fail_null("umt_linear_layer_new", ctx ? "name" : "ctx"), NULL;
+    if (in_features <= 0 || out_features <= 0) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_linear_layer_new: %s: in %lld, out %lld (expected > 0)", name,
+                 (long long)in_features, (long long)out_features);
         return NULL;
     }
     umt_layer *layer = umt_layer_alloc(ctx, "linear", linear_forward);

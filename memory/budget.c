@@ -14,7 +14,7 @@
 #endif
 
 umt_status umt_parse_bytes(const char *text, size_t *out) {
-    if (!text || !out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_parse_bytes: NULL argument");
+    if (!text || !out) return umt_fail_null("umt_parse_bytes", text ? "out" : "text");
     char *end = NULL;
     errno = 0;
     unsigned long long value = strtoull(text, &end, 10);

@@ -23,9 +23,10 @@ const char *umt_offload_optimizer_name(umt_offload_optimizer where) {
 }
 
 umt_status umt_offload_optimizer_parse(const char *name, umt_offload_optimizer *out) {
-    for (int i = 0; i <= UMT_OFFLOAD_OPTIM_BACKWARD && name; ++i)
+    if (!name || !out) return umt_fail_null("umt_offload_optimizer_parse", name ? "out" : "name");
+    for (int i = 0; i <= UMT_OFFLOAD_OPTIM_BACKWARD; ++i)
         if (!strcmp(name, optimizer_names[i])) return *out = (umt_offload_optimizer)i, UMT_OK;
-    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "offload optimizer '%s': expected auto, gpu, cpu or backward", name ? name : "(null)");
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "offload optimizer '%s': expected auto, gpu, cpu or backward", name);
 }
 
 static umt_status check_options(const umt_offload_options *o) {

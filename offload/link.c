@@ -75,7 +75,8 @@ static umt_status best_gbps(link_buffers *b, size_t bytes, bool in, bool out, do
 }
 
 umt_status umt_link_measure(umt_context *ctx, size_t bytes, umt_link_speed *out) {
-    if (!ctx || !out || bytes == 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_link_measure: %zu bytes", bytes);
+    if (!ctx || !out) return umt_fail_null("umt_link_measure", ctx ? "out" : "ctx");
+    if (bytes == 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_link_measure: 0 bytes (expected > 0)");
     if (ctx->options.device != UMT_DEVICE_CUDA)
         return umt_fail(UMT_ERR_UNSUPPORTED, "umt_link_measure: the context runs on the CPU: there is no link");
     link_buffers b = {0};
@@ -90,7 +91,7 @@ umt_status umt_link_measure(umt_context *ctx, size_t bytes, umt_link_speed *out)
 #else
 
 umt_status umt_link_measure(umt_context *ctx, size_t bytes, umt_link_speed *out) {
-    (void)ctx, (void)out;
+    if (!ctx || !out) return umt_fail_null("umt_link_measure", ctx ? "out" : "ctx");
     return umt_fail(UMT_ERR_UNSUPPORTED, "umt_link_measure of %zu bytes: this build has no CUDA", bytes);
 }
 

@@ -22,6 +22,10 @@ umt_status umt_fail(umt_status status, const char *fmt, ...) {
     return status;
 }
 
+umt_status umt_fail_null(const char *function, const char *argument) {
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", function, argument);
+}
+
 const char *umt_last_error(void) { return last_error; }
 
 umt_status umt_last_status(void) { return last_status; }

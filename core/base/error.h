@@ -18,6 +18,9 @@ extern "C" {
 /* Records a printf-style message for status and returns status. */
 umt_status umt_fail(umt_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The refusal of a NULL argument, "<function>: <argument> is NULL": UMT_ERR_INVALID_ARGUMENT. */
+umt_status umt_fail_null(const char *function, const char *argument);
+
 /* Propagates a failure: evaluates expr once and returns its status if it is not UMT_OK. */
 #define UMT_TRY(expr)                                                                              \
     do {                                                                                           \

@@ -83,7 +83,7 @@ umt_status umt_ckpt_check_arguments(const char *what, const umt_context *ctx, co
     if (!*path)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: path is empty (expected a checkpoint's file name)", what);
     if (opt && umt_optimizer_context(opt) != ctx)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s: the optimizer belongs to another context", what, path);
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s: opt belongs to another context than ctx", what, path);
     return UMT_OK;
 }
 
@@ -199,7 +199,7 @@ static void write_header(writer *w, const umt_context *ctx, const umt_optimizer 
     put_u64(w, (uint64_t)(info ? info->epoch : 0));
     put_u64(w, (uint64_t)(info ? info->step : 0));
     put_u32(w, opt ? 1u + (uint32_t)umt_optimizer_kind_of(opt) : UMT_CKPT_NO_OPTIMIZER);
-    put_u64(w, (uint64_t)umt_optimizer_steps(opt));
+    put_u64(w, (uint64_t)(opt ? umt_optimizer_steps(opt) : 0));
     for (int i = 0; i < 4; ++i) put_u64(w, ctx->rng.s[i]);
     for (int s = 0; s < UMT_CKPT_SECTIONS; ++s) put_u32(w, plan->count[s]);
 }
@@ -303,7 +303,7 @@ static umt_status check_counts(const umt_optimizer *opt, const umt_checkpoint_in
         UMT_TRY(umt_ckpt_check_count(UMT_ERR_INVALID_ARGUMENT, path, "info->step", info->step));
     }
     return umt_ckpt_check_count(UMT_ERR_INVALID_ARGUMENT, path, "the optimizer's step count",
-                                umt_optimizer_steps(opt));
+                                opt ? umt_optimizer_steps(opt) : 0);
 }
 
 /* Writes tmp and renames it over path, with SIGINT and SIGTERM held off while tmp exists: one

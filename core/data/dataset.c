@@ -91,7 +91,8 @@ umt_status umt_dataset_load_idx(umt_context *ctx, const char *images_path, const
                                 umt_dataset **out) {
     if (out) *out = NULL;
     if (!ctx || !images_path || !labels_path || !out)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_load_idx: ctx, paths and out must not be NULL");
+        return umt_fail_null("umt_dataset_load_idx",
+                             !ctx ? "ctx" : !images_path ? "images_path" : !labels_path ? "labels_path" : "out");
     /* Labels are stored as u8, so at most 256 classes can be told apart. */
     if (num_classes < 1 || num_classes > 256)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_load_idx: num_classes %d, expected 1..256", num_classes);
@@ -114,12 +115,23 @@ void umt_dataset_destroy(umt_dataset *ds) {
     free(ds);
 }
 
-int64_t umt_dataset_size(const umt_dataset *ds) { return ds ? ds->size : 0; }
+int64_t umt_dataset_size(const umt_dataset *ds) {
+    if (!ds) return umt_fail_null("umt_dataset_size", "ds"), 0;
+    return ds->size;
+}
 
-int umt_dataset_num_classes(const umt_dataset *ds) { return ds ? ds->num_classes : 0; }
+int umt_dataset_num_classes(const umt_dataset *ds) {
+    if (!ds) return umt_fail_null("umt_dataset_num_classes", "ds"), 0;
+    return ds->num_classes;
+}
 
 void umt_dataset_sample_shape(const umt_dataset *ds, int64_t chw[3]) {
-    for (int i = 0; i < 3; ++i) chw[i] = ds ? ds->chw[i] : 0;
+    if (!ds || !chw) {
+        umt_fail_null("umt_dataset_sample_shape", ds ? "chw" : "ds");
+        for (int i = 0; chw && i < 3; ++i) chw[i] = 0;
+        return;
+    }
+    for (int i = 0; i < 3; ++i) chw[i] = ds->chw[i];
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -144,10 +156,9 @@ umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int6
     if (images) *images = NULL;
     if (labels) *labels = NULL;
     if (!ctx || !ds || !indices || !images || !labels)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
-                        "umt_dataset_batch: ctx, ds, indices, images and labels must not be NULL");
-    if (ds->ctx != ctx)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_batch: the dataset belongs to another context");
+        return umt_fail_null("umt_dataset_batch",
+                             !ctx ? "ctx" : !ds ? "ds" : !indices ? "indices" : !images ? "images" : "labels");
+    UMT_TRY(umt_check_owner(ctx, "umt_dataset_batch", "ds", ds->ctx));
     UMT_TRY(check_batch_request(ds, indices, count, mean, std));
     umt_tensor *x =
         umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 4, (int64_t[]){count, ds->chw[0], ds->chw[1], ds->chw[2]});

@@ -37,7 +37,8 @@ static void normalise(const unsigned char *pixels, int64_t channels, int64_t hw,
 
 umt_status umt_images_load(umt_context *ctx, const char *const *paths, int64_t count, int64_t channels, int64_t height,
                            int64_t width, umt_invert invert, float mean, float std, umt_tensor **out) {
-    if (!ctx || !paths || !out || count < 1 || (channels != 1 && channels != 3) || height < 1 || width < 1 ||
+    if (!ctx || !paths || !out) return umt_fail_null("umt_images_load", !ctx ? "ctx" : !paths ? "paths" : "out");
+    if (count < 1 || (channels != 1 && channels != 3) || height < 1 || width < 1 ||
         height > UMT_IMAGE_MAX_SIDE || width > UMT_IMAGE_MAX_SIDE || !(std > 0))
         return umt_fail(UMT_ERR_INVALID_ARGUMENT,
                         "umt_images_load: %lld images of %lldx%lldx%lld, std %g (expected 1 or 3 channels, std > 0)",

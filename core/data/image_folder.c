@@ -290,7 +290,7 @@ static umt_status scan_root(scan_state *scan, file_list *train, file_list *test)
 umt_status umt_image_folder_open(const umt_image_folder_options *options, umt_samples **train, umt_samples **test) {
     if (train) *train = NULL;
     if (test) *test = NULL;
-    if (!train) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_image_folder_open: train is NULL");
+    if (!options || !train) return umt_fail_null("umt_image_folder_open", options ? "train" : "options");
     UMT_TRY(check_options(options));
     scan_state scan = {.options = options, .channels = options->channels};
     file_list train_list = {0}, test_list = {0};

@@ -63,9 +63,10 @@ umt_loader_options umt_loader_defaults(void) {
 }
 
 umt_status umt_loader_kind_parse(const char *name, umt_loader_kind *out) {
-    if (name && !strcmp(name, "pinned")) return *out = UMT_LOADER_PINNED, UMT_OK;
-    if (name && !strcmp(name, "pageable-sync")) return *out = UMT_LOADER_PAGEABLE_SYNC, UMT_OK;
-    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "loader '%s': expected pinned or pageable-sync", name ? name : "(null)");
+    if (!name || !out) return umt_fail_null("umt_loader_kind_parse", name ? "out" : "name");
+    if (!strcmp(name, "pinned")) return *out = UMT_LOADER_PINNED, UMT_OK;
+    if (!strcmp(name, "pageable-sync")) return *out = UMT_LOADER_PAGEABLE_SYNC, UMT_OK;
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "loader '%s': expected pinned or pageable-sync", name);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -159,8 +160,7 @@ static void *worker_main(void *arg) {
 /* Creating and destroying */
 
 static umt_status check_options(const umt_samples *samples, const umt_loader_options *o) {
-    if (!samples || samples->size < 1)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_create: samples NULL or empty");
+    if (samples->size < 1) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_create: samples is empty");
     if (o->batch_size < 1 || o->depth < 1 || o->depth > MAX_DEPTH || o->workers < 1 || o->workers > MAX_WORKERS ||
         (unsigned)o->kind > UMT_LOADER_PAGEABLE_SYNC || !(o->std > 0) || o->crop_padding < 0 ||
         o->crop_padding > samples->chw[1])
@@ -213,8 +213,8 @@ static void destroy_owned(void *object) { umt_loader_destroy(object); }
 umt_status umt_loader_create(umt_context *ctx, const umt_samples *samples, const umt_loader_options *options,
                              umt_loader **out) {
     if (out) *out = NULL;
-    if (!ctx || !options || !out)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_create: ctx, options and out must not be NULL");
+    if (!ctx || !samples || !options || !out)
+        return umt_fail_null("umt_loader_create", !ctx ? "ctx" : !samples ? "samples" : !options ? "options" : "out");
     UMT_TRY(check_options(samples, options));
     umt_loader *l = calloc(1, sizeof *l);
     if (!l) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_loader_create: no memory");
@@ -254,7 +254,10 @@ void umt_loader_destroy(umt_loader *l) {
 /* Epochs and batches (the caller's thread) */
 
 umt_status umt_loader_start_epoch(umt_loader *l, int64_t limit, int64_t *batches) {
-    if (!l || limit < 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_start_epoch: loader NULL or limit < 0");
+    if (!l) return umt_fail_null("umt_loader_start_epoch", "loader");
+    if (limit < 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_start_epoch: limit %lld (expected >= 0; 0: all)",
+                        (long long)limit);
     int64_t n = limit && limit < l->samples->size ? limit : l->samples->size;
     pthread_mutex_lock(&l->lock);
     /* No new claims; the batches being filled finish first (an unfinished epoch is dropped). */
@@ -306,7 +309,8 @@ static umt_status take_slot(umt_loader *l, int slot, int64_t count, umt_tensor *
 umt_status umt_loader_next(umt_loader *l, umt_tensor **images, umt_tensor **labels) {
     if (images) *images = NULL;
     if (labels) *labels = NULL;
-    if (!l || !images || !labels) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_next: NULL argument");
+    if (!l || !images || !labels)
+        return umt_fail_null("umt_loader_next", !l ? "loader" : !images ? "images" : "labels");
     /* Each batch is a different slot with its own events: a replay could not follow. */
     if (l->ctx->values.recording)
         return umt_fail(UMT_ERR_UNSUPPORTED, "umt_loader_next: a step graph cannot replay the loader's batches");
@@ -328,7 +332,7 @@ umt_status umt_loader_next(umt_loader *l, umt_tensor **images, umt_tensor **labe
 }
 
 umt_status umt_loader_take_stats(umt_loader *l, umt_loader_stats *out) {
-    if (!l || !out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_take_stats: NULL argument");
+    if (!l || !out) return umt_fail_null("umt_loader_take_stats", l ? "out" : "loader");
     out->batches = l->batches_taken;
     l->batches_taken = 0;
     return umt_staging_take_wait_ms(l->staging, &out->wait_ms);

@@ -17,19 +17,40 @@ void umt_samples_destroy(umt_samples *s) {
     s->ops->destroy(s);
 }
 
-int64_t umt_samples_size(const umt_samples *s) { return s ? s->size : 0; }
-int umt_samples_num_classes(const umt_samples *s) { return s ? s->num_classes : 0; }
+/* A NULL samples gets the neutral value umtrain.h names, and a message. */
+int64_t umt_samples_size(const umt_samples *s) {
+    if (!s) return umt_fail_null("umt_samples_size", "samples"), 0;
+    return s->size;
+}
+
+int umt_samples_num_classes(const umt_samples *s) {
+    if (!s) return umt_fail_null("umt_samples_num_classes", "samples"), 0;
+    return s->num_classes;
+}
 
 void umt_samples_shape(const umt_samples *s, int64_t chw[3]) {
-    for (int i = 0; i < 3; ++i) chw[i] = s ? s->chw[i] : 0;
+    if (!s || !chw) {
+        umt_fail_null("umt_samples_shape", s ? "chw" : "samples");
+        for (int i = 0; chw && i < 3; ++i) chw[i] = 0;
+        return;
+    }
+    for (int i = 0; i < 3; ++i) chw[i] = s->chw[i];
 }
 
 const char *umt_samples_class_name(const umt_samples *s, int i) {
-    return s && s->class_names && i >= 0 && i < s->num_classes ? s->class_names[i] : NULL;
+    if (!s) return umt_fail_null("umt_samples_class_name", "samples"), NULL;
+    return s->class_names && i >= 0 && i < s->num_classes ? s->class_names[i] : NULL;
 }
 
-int64_t umt_samples_skipped(const umt_samples *s) { return s ? s->skipped : 0; }
-const char *umt_samples_first_skip(const umt_samples *s) { return s ? s->first_skip : NULL; }
+int64_t umt_samples_skipped(const umt_samples *s) {
+    if (!s) return umt_fail_null("umt_samples_skipped", "samples"), 0;
+    return s->skipped;
+}
+
+const char *umt_samples_first_skip(const umt_samples *s) {
+    if (!s) return umt_fail_null("umt_samples_first_skip", "samples"), NULL;
+    return s->first_skip;
+}
 
 /* ----------------------------------------------------------------------------------------- */
 /* IDX pairs in host memory */
@@ -60,7 +81,8 @@ static const umt_samples_ops idx_ops = {.read = idx_read, .destroy = idx_destroy
 umt_status umt_samples_load_idx(const char *images_path, const char *labels_path, int num_classes, umt_samples **out) {
     if (out) *out = NULL;
     if (!images_path || !labels_path || !out)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_samples_load_idx: paths and out must not be NULL");
+        return umt_fail_null("umt_samples_load_idx",
+                             !images_path ? "images_path" : !labels_path ? "labels_path" : "out");
     if (num_classes < 1 || num_classes > 256)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_samples_load_idx: num_classes %d, expected 1..256", num_classes);
     idx_samples *s = calloc(1, sizeof *s);

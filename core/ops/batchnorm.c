@@ -1,17 +1,18 @@
 /* core/ops/batchnorm.c — batch normalisation over channels, training and evaluation. */
 #include "core/ops/ops.h"
 
-static umt_status check_batchnorm(const umt_tensor *x, const umt_tensor *gamma, const umt_tensor *beta,
-                                  const umt_tensor *running_mean, const umt_tensor *running_var) {
+static umt_status check_batchnorm(const umt_context *ctx, const umt_tensor *x, const umt_tensor *gamma,
+                                  const umt_tensor *beta, const umt_tensor *running_mean,
+                                  const umt_tensor *running_var) {
     char sx[64];
-    UMT_TRY(umt_check_tensor("umt_batch_norm", "x", x, UMT_F32, 0));
+    UMT_TRY(umt_check_input(ctx, "umt_batch_norm", "x", x, UMT_ANY_FLOAT, 0));
     if (x->ndim != 2 && x->ndim != 4)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_batch_norm: x %s (expected [N,C] or [N,C,H,W])",
                         umt_shape_string(x, sx, sizeof sx));
     const umt_tensor *per_channel[4] = {gamma, beta, running_mean, running_var};
     const char *names[4] = {"gamma", "beta", "running_mean", "running_var"};
     for (int i = 0; i < 4; ++i) {
-        UMT_TRY(umt_check_tensor("umt_batch_norm", names[i], per_channel[i], UMT_F32, 1));
+        UMT_TRY(umt_check_input(ctx, "umt_batch_norm", names[i], per_channel[i], UMT_F32, 1));
         if (per_channel[i]->shape[0] != x->shape[1])
             return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_batch_norm: %s has %lld elements, x %s has %lld channels",
                             names[i], (long long)per_channel[i]->shape[0], umt_shape_string(x, sx, sizeof sx),
@@ -32,10 +33,12 @@ static umt_status batchnorm_backward(umt_context *ctx, const umt_node *node) {
 
 umt_tensor *umt_batch_norm(umt_context *ctx, umt_tensor *x, umt_tensor *gamma, umt_tensor *beta,
                            umt_tensor *running_mean, umt_tensor *running_var, float momentum, float eps) {
-    if (!gamma || !beta || !running_mean || !running_var) return NULL;
+    /* x, gamma and beta are the op's inputs (on the tape): NULL is an earlier failure, whose message
+     * stands. The running statistics are state it updates: a NULL there is named. */
+    if (!x || !gamma || !beta) return NULL;
+    if (check_batchnorm(ctx, x, gamma, beta, running_mean, running_var) != UMT_OK) return NULL;
     /* Batch statistics are reductions: f32 NCHW under every precision (core/precision.h). */
     if (!(x = umt_to_f32(ctx, x))) return NULL;
-    if (check_batchnorm(x, gamma, beta, running_mean, running_var) != UMT_OK) return NULL;
     int64_t n = x->shape[0], c = x->shape[1], hw = x->numel / (n * c);
     umt_tensor *y = umt_op_output(ctx, x->ndim, x->shape);
     if (!y) return NULL;

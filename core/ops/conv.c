@@ -13,25 +13,25 @@ static umt_conv_shape conv_shape(const umt_tensor *x, const umt_tensor *w, int64
     return s;
 }
 
-static umt_status check_conv(const umt_tensor *x, const umt_tensor *w, const umt_tensor *bias, int64_t stride,
-                             int64_t padding) {
+static umt_status check_conv(const umt_context *ctx, const char *op, const umt_tensor *x, const umt_tensor *w,
+                             const umt_tensor *bias, int64_t stride, int64_t padding) {
     char sx[64], sw[64];
-    UMT_TRY(umt_check_tensor("umt_conv2d", "x", x, UMT_ANY_FLOAT, 4));
-    UMT_TRY(umt_check_tensor("umt_conv2d", "weight", w, UMT_F32, 4));
+    UMT_TRY(umt_check_input(ctx, op, "x", x, UMT_ANY_FLOAT, 4));
+    UMT_TRY(umt_check_input(ctx, op, "weight", w, UMT_F32, 4));
     if (x->shape[1] != w->shape[1])
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_conv2d: x %s has %lld channels, weight %s expects %lld",
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: x %s has %lld channels, weight %s expects %lld", op,
                         umt_shape_string(x, sx, sizeof sx), (long long)x->shape[1], umt_shape_string(w, sw, sizeof sw),
                         (long long)w->shape[1]);
     if (stride < 1 || padding < 0)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_conv2d: stride %lld, padding %lld (expected >= 1, >= 0)",
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: stride %lld, padding %lld (expected >= 1, >= 0)", op,
                         (long long)stride, (long long)padding);
     if (x->shape[2] + 2 * padding < w->shape[2] || x->shape[3] + 2 * padding < w->shape[3])
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_conv2d: kernel %s larger than the padded input %s",
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: kernel %s larger than the padded input %s", op,
                         umt_shape_string(w, sw, sizeof sw), umt_shape_string(x, sx, sizeof sx));
     if (!bias) return UMT_OK;
-    UMT_TRY(umt_check_tensor("umt_conv2d", "bias", bias, UMT_F32, 1));
+    UMT_TRY(umt_check_input(ctx, op, "bias", bias, UMT_F32, 1));
     if (bias->shape[0] != w->shape[0])
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_conv2d: bias has %lld elements for %lld filters",
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: bias has %lld elements for %lld filters", op,
                         (long long)bias->shape[0], (long long)w->shape[0]);
     return UMT_OK;
 }
@@ -118,7 +118,8 @@ static umt_status forward_into(const umt_backend *be, const umt_conv_shape *s, c
 static umt_tensor *conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, int64_t stride,
                           int64_t padding, bool relu) {
     if (!x || !weight) return NULL;
-    if (check_conv(x, weight, bias, stride, padding) != UMT_OK) return NULL;
+    const char *op = relu ? "umt_conv2d_relu" : "umt_conv2d";
+    if (check_conv(ctx, op, x, weight, bias, stride, padding) != UMT_OK) return NULL;
     /* Under bf16/fp16 the input becomes NHWC in the compute dtype: once, at the first conv. */
     if (!(x = umt_to_compute(ctx, x))) return NULL;
     const umt_tensor *w = umt_weight_for_compute(ctx, weight);
@@ -133,7 +134,6 @@ static umt_tensor *conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, u
     if (st == UMT_OK)
         st = forward_into(ctx->backend, &s, x->data, w->data, bias ? bias->data : NULL, relu, y->data, workspace,
                           bytes);
-    const char *op = relu ? "umt_conv2d_relu" : "umt_conv2d";
     /* The data gradient is written whole (cuDNN's beta 0) when it is the first (core/tape.h). */
     return umt_op_overwrites_input_grad(ctx,
                                         umt_op_finish_with(ctx, st, op, relu ? conv_relu_backward : conv_backward, y,

@@ -31,7 +31,7 @@ umt_status umt_dropout_seed(umt_context *ctx, uint64_t *seed, void **seed_on_dev
 
 umt_tensor *umt_dropout(umt_context *ctx, umt_tensor *x, float p) {
     if (!x) return NULL;
-    if (umt_check_tensor("umt_dropout", "x", x, UMT_ANY_FLOAT, 0) != UMT_OK) return NULL;
+    if (umt_check_input(ctx, "umt_dropout", "x", x, UMT_ANY_FLOAT, 0) != UMT_OK) return NULL;
     if (!(p >= 0.0f && p < 1.0f)) {
         umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dropout: p = %g (expected 0 <= p < 1)", p);
         return NULL;

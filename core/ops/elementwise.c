@@ -30,11 +30,12 @@ static umt_status add_backward(umt_context *ctx, const umt_node *node) {
  * are rare in the models here, and their f32 kernels are the reference ones. */
 umt_tensor *umt_add(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
     if (!a || !b) return NULL;
+    if (umt_check_input(ctx, "umt_add", "a", a, UMT_ANY_FLOAT, 0) != UMT_OK ||
+        umt_check_input(ctx, "umt_add", "b", b, UMT_ANY_FLOAT, 0) != UMT_OK)
+        return NULL;
     a = umt_to_f32(ctx, a);
     b = a ? umt_to_f32(ctx, b) : NULL;
     if (!b) return NULL;
-    if (umt_check_tensor("umt_add", "a", a, UMT_F32, 0) != UMT_OK || umt_check_tensor("umt_add", "b", b, UMT_F32, 0) != UMT_OK)
-        return NULL;
     bool broadcast = b->ndim == 1 && b->shape[0] == a->shape[a->ndim - 1] && !same_shape(a, b);
     if (!broadcast && !same_shape(a, b)) {
         shape_mismatch("umt_add", a, b, "equal shapes, or b 1-D of a's last dimension");
@@ -60,11 +61,12 @@ static umt_status mul_backward(umt_context *ctx, const umt_node *node) {
 
 umt_tensor *umt_mul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
     if (!a || !b) return NULL;
+    if (umt_check_input(ctx, "umt_mul", "a", a, UMT_ANY_FLOAT, 0) != UMT_OK ||
+        umt_check_input(ctx, "umt_mul", "b", b, UMT_ANY_FLOAT, 0) != UMT_OK)
+        return NULL;
     a = umt_to_f32(ctx, a);
     b = a ? umt_to_f32(ctx, b) : NULL;
     if (!b) return NULL;
-    if (umt_check_tensor("umt_mul", "a", a, UMT_F32, 0) != UMT_OK || umt_check_tensor("umt_mul", "b", b, UMT_F32, 0) != UMT_OK)
-        return NULL;
     if (!same_shape(a, b)) {
         shape_mismatch("umt_mul", a, b, "equal shapes");
         return NULL;
@@ -87,7 +89,7 @@ static umt_status relu_backward(umt_context *ctx, const umt_node *node) {
 
 umt_tensor *umt_relu(umt_context *ctx, umt_tensor *x) {
     if (!x) return NULL;
-    if (umt_check_tensor("umt_relu", "x", x, UMT_ANY_FLOAT, 0) != UMT_OK) return NULL;
+    if (umt_check_input(ctx, "umt_relu", "x", x, UMT_ANY_FLOAT, 0) != UMT_OK) return NULL;
     umt_tensor *y = umt_op_output_like(ctx, x);
     if (!y) return NULL;
     umt_status st = umt_dtype_is_lowp(x->dtype) ? ctx->backend->lowp.relu(x->dtype, x->data, y->data, x->numel)
@@ -140,6 +142,8 @@ static umt_tensor *reshape_nhwc(umt_context *ctx, umt_tensor *x, int ndim, const
 
 umt_tensor *umt_reshape(umt_context *ctx, umt_tensor *x, int ndim, const int64_t *shape) {
     if (!x) return NULL;
+    if (umt_check_input(ctx, "umt_reshape", "x", x, UMT_ANY_DTYPE, 0) != UMT_OK) return NULL;
+    if (!shape) return umt_fail_null("umt_reshape", "shape"), NULL;
     if (x->nhwc) return reshape_nhwc(ctx, x, ndim, shape);
     umt_tensor *y = umt_tensor_view(ctx, x, ndim, shape);
     if (!y) return NULL;
@@ -150,5 +154,6 @@ umt_tensor *umt_reshape(umt_context *ctx, umt_tensor *x, int ndim, const int64_t
 
 umt_tensor *umt_flatten(umt_context *ctx, umt_tensor *x) {
     if (!x) return NULL;
+    if (umt_check_input(ctx, "umt_flatten", "x", x, UMT_ANY_DTYPE, 0) != UMT_OK) return NULL;
     return umt_reshape(ctx, x, 2, (int64_t[]){x->shape[0], x->numel / x->shape[0]});
 }

@@ -11,9 +11,10 @@ static umt_status mean_backward(umt_context *ctx, const umt_node *node) {
 }
 
 umt_tensor *umt_mean(umt_context *ctx, umt_tensor *x) {
+    if (!x) return NULL;
+    if (umt_check_input(ctx, "umt_mean", "x", x, UMT_ANY_FLOAT, 0) != UMT_OK) return NULL;
     /* Reductions and losses run in f32 whatever the precision (core/precision.h). */
     if (!(x = umt_to_f32(ctx, x))) return NULL;
-    if (umt_check_tensor("umt_mean", "x", x, UMT_F32, 0) != UMT_OK) return NULL;
     umt_tensor *out = umt_op_output(ctx, 1, scalar_shape);
     if (!out) return NULL;
     umt_status st = ctx->backend->f32.mean(x->data, out->data, x->numel);
@@ -29,8 +30,9 @@ static umt_status log_softmax_backward(umt_context *ctx, const umt_node *node) {
 }
 
 umt_tensor *umt_log_softmax(umt_context *ctx, umt_tensor *x) {
+    if (!x) return NULL;
+    if (umt_check_input(ctx, "umt_log_softmax", "x", x, UMT_ANY_FLOAT, 2) != UMT_OK) return NULL;
     if (!(x = umt_to_f32(ctx, x))) return NULL;
-    if (umt_check_tensor("umt_log_softmax", "x", x, UMT_F32, 2) != UMT_OK) return NULL;
     umt_tensor *y = umt_op_output(ctx, 2, x->shape);
     if (!y) return NULL;
     umt_status st = ctx->backend->f32.log_softmax(x->data, y->data, x->shape[0], x->shape[1]);
@@ -40,13 +42,15 @@ umt_tensor *umt_log_softmax(umt_context *ctx, umt_tensor *x) {
 /* ----------------------------------------------------------------------------------------- */
 /* Losses over [N,C] scores and i32 labels [N] */
 
-static umt_status check_scores_labels(const char *op, const umt_tensor *scores, const umt_tensor *labels) {
-    UMT_TRY(umt_check_tensor(op, "scores", scores, UMT_F32, 2));
-    UMT_TRY(umt_check_tensor(op, "labels", labels, UMT_I32, 1));
+/* scores is argument scores_name of op (log_probs, logits, scores); checked before it is widened to f32. */
+static umt_status check_scores_labels(const umt_context *ctx, const char *op, const char *scores_name,
+                                      const umt_tensor *scores, const umt_tensor *labels) {
+    UMT_TRY(umt_check_input(ctx, op, scores_name, scores, UMT_ANY_FLOAT, 2));
+    UMT_TRY(umt_check_input(ctx, op, "labels", labels, UMT_I32, 1));
     if (labels->shape[0] != scores->shape[0]) {
         char s[64];
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %lld labels for scores %s (expected one per row)", op,
-                        (long long)labels->shape[0], umt_shape_string(scores, s, sizeof s));
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %lld labels for %s %s (expected one per row)", op,
+                        (long long)labels->shape[0], scores_name, umt_shape_string(scores, s, sizeof s));
     }
     return UMT_OK;
 }
@@ -58,8 +62,9 @@ static umt_status nll_backward(umt_context *ctx, const umt_node *node) {
 }
 
 umt_tensor *umt_nll_loss(umt_context *ctx, umt_tensor *log_probs, umt_tensor *labels) {
-    if (!labels || !(log_probs = umt_to_f32(ctx, log_probs))) return NULL;
-    if (check_scores_labels("umt_nll_loss", log_probs, labels) != UMT_OK) return NULL;
+    if (!log_probs || !labels) return NULL;
+    if (check_scores_labels(ctx, "umt_nll_loss", "log_probs", log_probs, labels) != UMT_OK) return NULL;
+    if (!(log_probs = umt_to_f32(ctx, log_probs))) return NULL;
     umt_tensor *loss = umt_op_output(ctx, 1, scalar_shape);
     if (!loss) return NULL;
     umt_status st = ctx->backend->f32.nll_loss(log_probs->data, labels->data, loss->data, log_probs->shape[0], log_probs->shape[1]);
@@ -73,8 +78,9 @@ static umt_status xent_backward(umt_context *ctx, const umt_node *node) {
 }
 
 umt_tensor *umt_softmax_cross_entropy(umt_context *ctx, umt_tensor *logits, umt_tensor *labels) {
-    if (!labels || !(logits = umt_to_f32(ctx, logits))) return NULL;
-    if (check_scores_labels("umt_softmax_cross_entropy", logits, labels) != UMT_OK) return NULL;
+    if (!logits || !labels) return NULL;
+    if (check_scores_labels(ctx, "umt_softmax_cross_entropy", "logits", logits, labels) != UMT_OK) return NULL;
+    if (!(logits = umt_to_f32(ctx, logits))) return NULL;
     /* The probabilities are kept for backward: (p - onehot) is the whole gradient. */
     umt_tensor *probs = umt_op_output(ctx, 2, logits->shape);
     umt_tensor *loss = probs ? umt_op_output(ctx, 1, scalar_shape) : NULL;
@@ -85,9 +91,9 @@ umt_tensor *umt_softmax_cross_entropy(umt_context *ctx, umt_tensor *logits, umt_
 }
 
 umt_status umt_count_correct(umt_context *ctx, const umt_tensor *scores, const umt_tensor *labels, int64_t *correct) {
-    if (!ctx || !correct) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_count_correct: %s is NULL", ctx ? "correct" : "ctx");
+    if (!ctx || !correct) return umt_fail_null("umt_count_correct", ctx ? "correct" : "ctx");
+    UMT_TRY(check_scores_labels(ctx, "umt_count_correct", "scores", scores, labels));
     /* Scores straight from a bf16/fp16 layer are widened first (a no-op for f32). */
-    if (scores && !(scores = umt_to_f32(ctx, (umt_tensor *)scores))) return umt_last_status();
-    UMT_TRY(check_scores_labels("umt_count_correct", scores, labels));
+    if (!(scores = umt_to_f32(ctx, (umt_tensor *)scores))) return umt_last_status();
     return ctx->backend->f32.count_correct(scores->data, labels->data, scores->shape[0], scores->shape[1], correct);
 }

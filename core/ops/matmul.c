@@ -44,8 +44,8 @@ static umt_tensor *as_operand(umt_context *ctx, umt_tensor *t) {
 
 umt_tensor *umt_matmul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
     if (!a || !b) return NULL;
-    if (umt_check_tensor("umt_matmul", "a", a, UMT_ANY_FLOAT, 2) != UMT_OK ||
-        umt_check_tensor("umt_matmul", "b", b, UMT_ANY_FLOAT, 2) != UMT_OK)
+    if (umt_check_input(ctx, "umt_matmul", "a", a, UMT_ANY_FLOAT, 2) != UMT_OK ||
+        umt_check_input(ctx, "umt_matmul", "b", b, UMT_ANY_FLOAT, 2) != UMT_OK)
         return NULL;
     if (!(a = as_operand(ctx, a)) || !(b = as_operand(ctx, b))) return NULL;
     if (a->shape[1] != b->shape[0]) {
@@ -113,18 +113,19 @@ static umt_status linear_relu_backward(umt_context *ctx, const umt_node *node) {
     return linear_backward_from(ctx, node, false);
 }
 
-static umt_status check_linear(const umt_tensor *x, const umt_tensor *w, const umt_tensor *bias) {
-    UMT_TRY(umt_check_tensor("umt_linear", "x", x, UMT_ANY_FLOAT, 2));
-    UMT_TRY(umt_check_tensor("umt_linear", "weight", w, UMT_ANY_FLOAT, 2));
+static umt_status check_linear(const umt_context *ctx, const char *op, const umt_tensor *x, const umt_tensor *w,
+                               const umt_tensor *bias) {
+    UMT_TRY(umt_check_input(ctx, op, "x", x, UMT_ANY_FLOAT, 2));
+    UMT_TRY(umt_check_input(ctx, op, "weight", w, UMT_ANY_FLOAT, 2));
     char sx[64], sw[64];
     if (x->shape[1] != w->shape[1])
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_linear: x %s has %lld features, weight %s expects %lld",
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: x %s has %lld features, weight %s expects %lld", op,
                         umt_shape_string(x, sx, sizeof sx), (long long)x->shape[1], umt_shape_string(w, sw, sizeof sw),
                         (long long)w->shape[1]);
     if (!bias) return UMT_OK;
-    UMT_TRY(umt_check_tensor("umt_linear", "bias", bias, UMT_F32, 1));
+    UMT_TRY(umt_check_input(ctx, op, "bias", bias, UMT_F32, 1));
     if (bias->shape[0] != w->shape[0])
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_linear: bias has %lld elements, weight %s has %lld outputs",
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: bias has %lld elements, weight %s has %lld outputs", op,
                         (long long)bias->shape[0], umt_shape_string(w, sw, sizeof sw), (long long)w->shape[0]);
     return UMT_OK;
 }
@@ -132,7 +133,8 @@ static umt_status check_linear(const umt_tensor *x, const umt_tensor *w, const u
 /* y = x Wᵀ + bias, then max(y, 0) when relu: the bias and the ReLU in one pass. */
 static umt_tensor *linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, bool relu) {
     if (!x || !weight) return NULL;
-    if (check_linear(x, weight, bias) != UMT_OK) return NULL;
+    const char *op = relu ? "umt_linear_relu" : "umt_linear";
+    if (check_linear(ctx, op, x, weight, bias) != UMT_OK) return NULL;
     if (!(x = as_operand(ctx, x)) || !(weight = as_operand(ctx, weight))) return NULL;
     int64_t batch = x->shape[0], in = x->shape[1], out = weight->shape[0];
     umt_dtype dtype = umt_compute_dtype(ctx);
@@ -154,9 +156,8 @@ static umt_tensor *linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, u
                   : ctx->backend->f32.add_rows(y->data, b, y->data, batch, out);
     /* x's gradient is written whole (the product's beta 0) when it is the first (core/tape.h). */
     return umt_op_overwrites_input_grad(ctx,
-                                        umt_op_finish(ctx, st, relu ? "umt_linear_relu" : "umt_linear",
-                                                      relu ? linear_relu_backward : linear_backward, y, NULL, x,
-                                                      weight, bias),
+                                        umt_op_finish(ctx, st, op, relu ? linear_relu_backward : linear_backward, y,
+                                                      NULL, x, weight, bias),
                                         0);
 }
 

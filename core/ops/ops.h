@@ -2,8 +2,9 @@
  * core/ops/ops.h — what every op (core/ops/) shares: making its output and finishing it.
  *
  * The shape of an op: return NULL at once if an input is NULL (an earlier op failed and its
- * message stands); check dtypes and shapes; umt_op_output; call the backend kernel;
- * umt_op_finish records the tape node. Its backward function sits right below it.
+ * message stands); check each input with umt_check_input (core/tensor.h: ctx given, the input made
+ * by ctx, its dtype and rank) before anything reads it, then the shapes; umt_op_output; call the
+ * backend kernel; umt_op_finish records the tape node. Its backward function sits right below it.
  */
 #ifndef UMT_CORE_OPS_OPS_H
 #define UMT_CORE_OPS_OPS_H

@@ -2,9 +2,10 @@
  * convolution's bias and ReLU before it), forward and backward. */
 #include "core/ops/ops.h"
 
-static umt_status check_pool(const char *op, const umt_tensor *x, int64_t window, int64_t stride) {
+static umt_status check_pool(const umt_context *ctx, const char *op, const umt_tensor *x, int64_t window,
+                             int64_t stride) {
     char sx[64];
-    UMT_TRY(umt_check_tensor(op, "x", x, UMT_ANY_FLOAT, 4));
+    UMT_TRY(umt_check_input(ctx, op, "x", x, UMT_ANY_FLOAT, 4));
     if (window < 1 || stride < 1 || window > x->shape[2] || window > x->shape[3])
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: window %lld, stride %lld on x %s (expected 1 <= window <= H, W)",
                         op, (long long)window, (long long)stride, umt_shape_string(x, sx, sizeof sx));
@@ -30,7 +31,7 @@ static umt_status max_pool_backward(umt_context *ctx, const umt_node *node) {
 
 umt_tensor *umt_max_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int64_t stride) {
     if (!x) return NULL;
-    if (check_pool("umt_max_pool2d", x, window, stride) != UMT_OK) return NULL;
+    if (check_pool(ctx, "umt_max_pool2d", x, window, stride) != UMT_OK) return NULL;
     umt_pool_shape s = pool_shape(x, window, stride);
     int64_t out_shape[4] = {s.n, s.c, s.p, s.q};
     umt_tensor *y = umt_op_output_typed(ctx, x->dtype, x->nhwc, 4, out_shape);
@@ -54,7 +55,7 @@ static umt_status avg_pool_backward(umt_context *ctx, const umt_node *node) {
 
 umt_tensor *umt_avg_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int64_t stride) {
     if (!x) return NULL;
-    if (check_pool("umt_avg_pool2d", x, window, stride) != UMT_OK) return NULL;
+    if (check_pool(ctx, "umt_avg_pool2d", x, window, stride) != UMT_OK) return NULL;
     umt_pool_shape s = pool_shape(x, window, stride);
     umt_tensor *y = umt_op_output_typed(ctx, x->dtype, x->nhwc, 4, (int64_t[]){s.n, s.c, s.p, s.q});
     if (!y) return NULL;
@@ -80,7 +81,7 @@ static umt_status max_pool_dropout_backward(umt_context *ctx, const umt_node *no
 
 umt_tensor *umt_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, int64_t window, int64_t stride, float p) {
     if (!x) return NULL;
-    if (check_pool("umt_max_pool2d_dropout", x, window, stride) != UMT_OK) return NULL;
+    if (check_pool(ctx, "umt_max_pool2d_dropout", x, window, stride) != UMT_OK) return NULL;
     if (!(p >= 0.0f && p < 1.0f)) {
         umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_max_pool2d_dropout: p = %g (expected 0 <= p < 1)", p);
         return NULL;
@@ -129,11 +130,11 @@ bool umt_bias_relu_max_pool2d_dropout_supports(int64_t window, int64_t stride) {
     return stride >= window && window <= 16;
 }
 
-static umt_status check_bias_relu_pool(const umt_tensor *x, const umt_tensor *bias, int64_t window, int64_t stride,
-                                       float p) {
+static umt_status check_bias_relu_pool(const umt_context *ctx, const umt_tensor *x, const umt_tensor *bias,
+                                       int64_t window, int64_t stride, float p) {
     const char *op = "umt_bias_relu_max_pool2d_dropout";
-    UMT_TRY(check_pool(op, x, window, stride));
-    UMT_TRY(umt_check_tensor(op, "bias", bias, UMT_F32, 1));
+    UMT_TRY(check_pool(ctx, op, x, window, stride));
+    UMT_TRY(umt_check_input(ctx, op, "bias", bias, UMT_F32, 1));
     if (bias->shape[0] != x->shape[1])
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: bias has %lld elements for %lld channels", op,
                         (long long)bias->shape[0], (long long)x->shape[1]);
@@ -148,7 +149,7 @@ static umt_status check_bias_relu_pool(const umt_tensor *x, const umt_tensor *bi
 umt_tensor *umt_bias_relu_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, umt_tensor *bias, int64_t window,
                                              int64_t stride, float p) {
     if (!x || !bias) return NULL;
-    if (check_bias_relu_pool(x, bias, window, stride, p) != UMT_OK) return NULL;
+    if (check_bias_relu_pool(ctx, x, bias, window, stride, p) != UMT_OK) return NULL;
     umt_pool_shape s = pool_shape(x, window, stride);
     umt_tensor *y = umt_op_output_typed(ctx, x->dtype, x->nhwc, 4, (int64_t[]){s.n, s.c, s.p, s.q});
     /* Each output's pick (its window position, a byte), then the dropout's mask. */

@@ -436,12 +436,22 @@ umt_status umt_optimizer_step(umt_optimizer *opt) {
 }
 
 void umt_optimizer_set_lr(umt_optimizer *opt, float lr) {
-    if (opt) opt->options.lr = lr;
+    if (!opt) {
+        umt_fail_null("umt_optimizer_set_lr", "opt");
+        return;
+    }
+    opt->options.lr = lr;
 }
 
-float umt_optimizer_lr(const umt_optimizer *opt) { return opt ? opt->options.lr : 0.0f; }
+float umt_optimizer_lr(const umt_optimizer *opt) {
+    if (!opt) return umt_fail_null("umt_optimizer_lr", "opt"), 0.0f;
+    return opt->options.lr;
+}
 
-int64_t umt_optimizer_steps(const umt_optimizer *opt) { return opt ? opt->steps : 0; }
+int64_t umt_optimizer_steps(const umt_optimizer *opt) {
+    if (!opt) return umt_fail_null("umt_optimizer_steps", "opt"), 0;
+    return opt->steps;
+}
 
 umt_status umt_optimizer_read_scalars(const umt_optimizer *opt, umt_step_scalars *out) {
     if (!opt || !out)
@@ -455,11 +465,13 @@ umt_status umt_optimizer_read_scalars(const umt_optimizer *opt, umt_step_scalars
 }
 
 int64_t umt_optimizer_skipped_steps(const umt_optimizer *opt) {
+    if (!opt) return umt_fail_null("umt_optimizer_skipped_steps", "opt"), -1;
     umt_step_scalars s;
     return umt_optimizer_read_scalars(opt, &s) == UMT_OK ? s.skipped_steps : -1;
 }
 
 float umt_optimizer_loss_scale(const umt_optimizer *opt) {
+    if (!opt) return umt_fail_null("umt_optimizer_loss_scale", "opt"), NAN;
     umt_step_scalars s;
     return umt_optimizer_read_scalars(opt, &s) == UMT_OK ? s.loss_scale : NAN;
 }
@@ -471,11 +483,9 @@ const float *umt_optimizer_loss_scale_on_device(const umt_optimizer *opt) {
 
 /* The loss gradient seeded with the current loss scale: a read on the device, no wait. */
 umt_status umt_backward_scaled(umt_context *ctx, umt_tensor *loss, const umt_optimizer *opt) {
-    if (!ctx || !loss || !opt)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward_scaled: %s is NULL",
-                        !ctx ? "ctx" : !loss ? "loss" : "opt");
-    if (umt_optimizer_context(opt) != ctx)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_backward_scaled: the optimizer belongs to another context");
+    UMT_TRY(umt_check_input(ctx, "umt_backward_scaled", "loss", loss, UMT_ANY_DTYPE, 0));
+    if (!opt) return umt_fail_null("umt_backward_scaled", "opt");
+    UMT_TRY(umt_check_owner(ctx, "umt_backward_scaled", "opt", opt->ctx));
     return umt_tape_backward(ctx, loss, umt_optimizer_loss_scale_on_device(opt));
 }
 

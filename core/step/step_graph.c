@@ -212,8 +212,7 @@ static bool still_fits(umt_step_graph *g, size_t input_bytes) {
 umt_status umt_step_graph_run(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
                               size_t input_bytes) {
     if (!g || !step || (!input && input_bytes))
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_run: %s is NULL",
-                        !g ? "graph" : !step ? "step" : "input");
+        return umt_fail_null("umt_step_graph_run", !g ? "graph" : !step ? "step" : "input");
 #ifdef UMT_WITH_CUDA
     if (g->capture && !g->off_reason) {
         if (g->exec && still_fits(g, input_bytes)) return replay(g, input);
@@ -242,7 +241,7 @@ static void release(void *object) {
 
 umt_status umt_step_graph_create(umt_context *ctx, bool capture, umt_step_graph **out) {
     if (!ctx || !out)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_create: %s is NULL", ctx ? "out" : "ctx");
+        return umt_fail_null("umt_step_graph_create", ctx ? "out" : "ctx");
     *out = NULL;
     umt_step_graph *g = calloc(1, sizeof *g);
     if (!g) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_step_graph_create: no memory for the graph");
@@ -264,11 +263,14 @@ umt_status umt_step_graph_create(umt_context *ctx, bool capture, umt_step_graph 
     return UMT_OK;
 }
 
-const umt_tensor *umt_step_graph_loss(const umt_step_graph *g) { return g ? g->loss : NULL; }
+const umt_tensor *umt_step_graph_loss(const umt_step_graph *g) {
+    if (!g) return umt_fail_null("umt_step_graph_loss", "graph"), NULL;
+    return g->loss;
+}
 
 umt_status umt_step_graph_take_mean_loss(umt_step_graph *g, double *mean, int64_t *steps) {
     if (!g || !mean || !steps)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_take_mean_loss: NULL argument");
+        return umt_fail_null("umt_step_graph_take_mean_loss", !g ? "graph" : !mean ? "mean" : "steps");
     float sum = 0;
     UMT_TRY(umt_tensor_get_f32(g->loss_sum, 0, &sum));
     *steps = g->loss_count;
@@ -278,10 +280,14 @@ umt_status umt_step_graph_take_mean_loss(umt_step_graph *g, double *mean, int64_
 }
 
 umt_step_graph_stats umt_step_graph_stats_get(const umt_step_graph *g) {
-    return g ? g->stats : (umt_step_graph_stats){0};
+    if (!g) return umt_fail_null("umt_step_graph_stats_get", "graph"), (umt_step_graph_stats){0};
+    return g->stats;
 }
 
-const char *umt_step_graph_off_reason(const umt_step_graph *g) { return g ? g->off_reason : NULL; }
+const char *umt_step_graph_off_reason(const umt_step_graph *g) {
+    if (!g) return umt_fail_null("umt_step_graph_off_reason", "graph"), NULL;
+    return g->off_reason;
+}
 
 void umt_step_graph_destroy(umt_step_graph *g) {
     if (!g) return;
