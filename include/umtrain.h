@@ -629,8 +629,9 @@ typedef enum { UMT_INVERT_NO = 0, UMT_INVERT_YES, UMT_INVERT_AUTO } umt_invert;
 /* Reads PNG, JPEG or BMP files (stb_image), converts each to `channels` (1: grey, 3: RGB),
  * resizes it to height x width when it differs, optionally inverts it, and normalises it as
  * (pixel/255 - mean)/std into a new f32 batch [count, channels, height, width] in the
- * activations pool. An unreadable file, or one over 16384 pixels on a side, is an error naming
- * it and saying why. */
+ * activations pool. An unreadable file, a path that is not a regular file (a FIFO, a directory,
+ * a device), a corrupt file (a PNG chunk whose CRC does not match, a JPEG Huffman table of more
+ * than 256 codes), or one over 16384 pixels on a side, is an error naming it and saying why. */
 umt_status umt_images_load(umt_context *ctx, const char *const *paths, int64_t count, int64_t channels, int64_t height,
                            int64_t width, umt_invert invert, float mean, float std, umt_tensor **out);
 
@@ -668,9 +669,10 @@ typedef struct {
     bool skip_bad;        /* skip (and count) bad files and empty class folders instead of failing */
 } umt_image_folder_options;
 
-/* Scans an image folder: class names are the sub-folders' names, sorted; each file's header is
- * read (stb_image) and checked. An unreadable or non-image file, a file whose channels do not
- * match (grey for 1, colour for 3), or an empty class folder is an error naming it, unless
+/* Scans an image folder: class names are the sub-folders' names, sorted; each entry named like
+ * an image (.png, .jpg, .jpeg, .bmp) is read and checked, and its header read (stb_image). An
+ * unreadable or non-image file, an entry that is not a regular file, a file whose channels do
+ * not match (grey for 1, colour for 3), or an empty class folder is an error naming it, unless
  * skip_bad. Pixels are decoded later, by the loader's threads. test may be NULL. */
 umt_status umt_image_folder_open(const umt_image_folder_options *options, umt_samples **train,
                                  umt_samples **test);

@@ -2,7 +2,8 @@
  * tests/test_image_folder.c — image folders: PNG, JPEG and BMP files the test writes itself into
  * class folders, read through the loader (decoded in its threads, resized), the two ways to
  * split train and test, and bad trees: a corrupt file, a truncated one, a colour file among grey
- * ones, an empty class folder — each an error naming it, or skipped and counted with skip_bad.
+ * ones, an empty class folder, entries that are not regular files — each an error naming it, or
+ * skipped and counted with skip_bad.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <stb/stb_image_write.h>
@@ -261,14 +264,29 @@ static size_t varied_png(const char *relative, char *bytes) {
     return n;
 }
 
+/* A PNG at relative whose header, chunk lengths and CRCs are intact but whose compressed pixels
+ * are garbage: only the decoder can tell. */
+static void write_png_that_does_not_decode(const char *relative) {
+    char bytes[8192];
+    size_t n = varied_png(relative, bytes);
+    memset(bytes + 45, 0xff, 32); /* the zlib stream starts at byte 41: signature, IHDR, IDAT's head */
+    /* The IDAT chunk's CRC (of its type and data, after them) made right again: CRC-32, bitwise. */
+    uint32_t length = (uint32_t)(uint8_t)bytes[33] << 24 | (uint32_t)(uint8_t)bytes[34] << 16 |
+                      (uint32_t)(uint8_t)bytes[35] << 8 | (uint8_t)bytes[36];
+    uint32_t crc = 0xffffffffu;
+    for (uint32_t i = 0; i < 4 + length; ++i) {
+        crc ^= (uint8_t)bytes[37 + i];
+        for (int bit = 0; bit < 8; ++bit) crc = crc >> 1 ^ (0xedb88320u & -(crc & 1));
+    }
+    crc ^= 0xffffffffu;
+    for (int i = 0; i < 4; ++i) bytes[41 + length + i] = (char)(crc >> (24 - 8 * i));
+    write_bytes(relative, bytes, n);
+}
+
 static void test_a_corrupt_pixel_stream_fails_the_batch_that_decodes_it(void **state) {
     (void)state;
     write_classes("", 3, 1);
-    /* A PNG whose header and chunk lengths are intact but whose compressed pixels are garbage. */
-    char bytes[8192];
-    size_t n = varied_png("a/01_bad.png", bytes);
-    memset(bytes + 45, 0xff, 32); /* the zlib stream starts at byte 41: signature, IHDR, IDAT's head */
-    write_bytes("a/01_bad.png", bytes, n);
+    write_png_that_does_not_decode("a/01_bad.png");
     umt_image_folder_options o = folder_options(1);
     o.test_fraction = 0;
     umt_samples *train;
@@ -319,6 +337,64 @@ static void test_a_missing_root_and_bad_options_are_refused(void **state) {
     assert_non_null(strstr(umt_last_error(), "channels 2"));
 }
 
+static double seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A FIFO (whose open would wait for a writer), a folder named like an image, a loop of links
+ * and a link to /dev/zero, each in a class folder: an error naming it within a second (the
+ * alarm fails the test after 5 s instead of waiting forever), or skipped and counted. */
+static void test_entries_that_are_not_regular_files_are_refused_or_skipped(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    assert_int_equal(mkfifo(path_of("a/fifo.png"), 0600), 0);
+    make_dir("a/folder.png");
+    assert_int_equal(symlink("loop-b.png", path_of("b/loop-a.png")), 0);
+    assert_int_equal(symlink("loop-a.png", path_of("b/loop-b.png")), 0);
+    assert_int_equal(symlink("/dev/zero", path_of("b/zero.png")), 0);
+    const char *entries[] = {"a/fifo.png", "a/folder.png", "b/loop-a.png", "b/zero.png"};
+    const char *words[] = {"a FIFO, not a regular file", "a directory, not a regular file",
+                           "Too many levels of symbolic links", "a character device, not a regular file"};
+    alarm(5);
+    double start = seconds();
+    for (int i = 0; i < 4; ++i) {
+        umt_samples *train = NULL;
+        umt_image_folder_options o = folder_options(1);
+        assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_IO);
+        assert_null(train);
+        assert_non_null(strstr(umt_last_error(), entries[i]));
+        assert_non_null(strstr(umt_last_error(), words[i]));
+        /* The next run meets the next entry: this one goes (a link is removed, not its target). */
+        assert_int_equal(remove(path_of(entries[i])), 0);
+        if (i == 2) assert_int_equal(unlink(path_of("b/loop-b.png")), 0);
+    }
+    alarm(0);
+    assert_true(seconds() - start < 1.0);
+}
+
+static void test_with_skip_bad_entries_that_are_not_regular_files_are_skipped(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    assert_int_equal(mkfifo(path_of("a/fifo.png"), 0600), 0);
+    make_dir("a/folder.png");
+    assert_int_equal(symlink("loop-b.png", path_of("b/loop-a.png")), 0);
+    assert_int_equal(symlink("loop-a.png", path_of("b/loop-b.png")), 0);
+    assert_int_equal(symlink("/dev/zero", path_of("b/zero.png")), 0);
+    umt_samples *train = NULL;
+    umt_image_folder_options o = folder_options(1);
+    o.skip_bad = true;
+    o.test_fraction = 0;
+    alarm(5);
+    if (umt_image_folder_open(&o, &train, NULL) != UMT_OK) fail_msg("%s", umt_last_error());
+    alarm(0);
+    assert_int_equal(umt_samples_skipped(train), 5);
+    assert_non_null(strstr(umt_samples_first_skip(train), "a/fifo.png: a FIFO"));
+    assert_int_equal(umt_samples_size(train), 6);
+    umt_samples_destroy(train);
+}
+
 #define FOLDER_TEST(name) cmocka_unit_test_setup_teardown(name, fresh_root, remove_root)
 
 int main(void) {
@@ -333,6 +409,8 @@ int main(void) {
         FOLDER_TEST(test_a_truncated_png_is_refused_at_the_scan),
         FOLDER_TEST(test_a_file_decoded_with_no_width_fails_the_batch_naming_it),
         FOLDER_TEST(test_a_missing_root_and_bad_options_are_refused),
+        FOLDER_TEST(test_entries_that_are_not_regular_files_are_refused_or_skipped),
+        FOLDER_TEST(test_with_skip_bad_entries_that_are_not_regular_files_are_skipped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

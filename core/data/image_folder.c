@@ -1,11 +1,11 @@
 /*
  * core/data/image_folder.c — image folders as samples: root/<class>/<file>.png|jpg|jpeg|bmp.
  *
- * Opening scans the folders and reads each file's header only (umt_image_check_header: size and
- * channels), so a bad file is reported before training starts, by name; the pixels are decoded
- * later, one sample at a time, by the loader's threads (never on the compute path). A file whose
- * header is fine but whose body does not decode is an error of the loader's next batch, naming
- * the file.
+ * Opening scans the folders: each file named like an image is read and checked, and its header
+ * read (umt_image_open: a regular file, its bytes, its size and channels), so a bad file is
+ * reported before training starts, by name; the pixels are decoded later, one sample at a time,
+ * by the loader's threads (never on the compute path). A file whose header is fine but whose
+ * body does not decode is then an error of the loader's next batch, naming the file.
  *
  * The split: with root/train/ and root/test/ folders, those; otherwise every class's files,
  * sorted by name, go to test at a steady rate of test_fraction (stratified, the same every run).
@@ -77,7 +77,9 @@ static void free_names(char **names, int count) {
     free(names);
 }
 
-/* The sorted names in dir of sub-folders (dirs) or of image files (!dirs); hidden names skipped. */
+/* The sorted names in dir of sub-folders (dirs) or of entries named like an image file (!dirs,
+ * whatever they are: a folder named x.png is then refused by name, not passed over); hidden names
+ * skipped. */
 static umt_status list_dir(const char *dir, bool dirs, char ***out, int *count) {
     *out = NULL;
     *count = 0;
@@ -90,7 +92,7 @@ static umt_status list_dir(const char *dir, bool dirs, char ***out, int *count) 
         if (e->d_name[0] == '.') continue;
         status = join_path(path, dir, e->d_name);
         if (status != UMT_OK) break;
-        if (is_dir(path) != dirs || (!dirs && !is_image_name(e->d_name))) continue;
+        if (dirs ? !is_dir(path) : !is_image_name(e->d_name)) continue;
         if (n == slots) {
             slots = slots ? 2 * slots : 64;
             char **grown = realloc(names, (size_t)slots * sizeof *grown);
@@ -144,11 +146,13 @@ static umt_status bad(scan_state *scan, bool *skip, umt_status status) {
     return UMT_OK;
 }
 
-/* Reads the file's header: readable, a PNG/JPEG/BMP of sane size, with the right channels. */
+/* Reads and checks the file: a regular file, a PNG/JPEG/BMP of sane size, with the right
+ * channels. */
 static umt_status check_file(scan_state *scan, const char *path) {
-    int w = 0, h = 0, file_channels = 0;
-    size_t file_bytes = 0;
-    UMT_TRY(umt_image_check_header(path, &w, &h, &file_channels, &file_bytes));
+    umt_image_file file;
+    UMT_TRY(umt_image_open(path, &file));
+    int file_channels = file.channels;
+    umt_image_close(&file);
     /* Grey with or without alpha is one channel; colour with or without alpha is three. */
     int channels = file_channels <= 2 ? 1 : 3;
     if (!scan->channels) scan->channels = channels;
