@@ -2,15 +2,15 @@
  * core/data/image_format.h — reading image files: which files umtrain hands to stb_image, and what it
  * checks first.
  *
- * stb_image (Debian's libstb, 2.27) decodes the images, and it trusts what a file says: it
- * allocates a PNG chunk's declared length before reading it (a 138-byte file made it ask for
- * 2 GiB: found by tests/fuzz/fuzz_image.c); it allocates an image's declared size whatever the
- * file holds; and it writes past its table of code sizes when a JPEG's Huffman table declares
- * more than 256 codes (stbi__build_huffman; already when reading the header). So a file is read
- * whole, only when it is a regular file (core/base/file.h: a FIFO, a directory or /dev/zero is
- * refused before a byte is read), its bytes are checked here, and stb decodes those very bytes
- * from memory: nothing can change between the check and the decode. It is refused with a message
- * naming it when:
+ * stb_image decodes the images (compiled in the build from Debian's headers, version 2.27:
+ * core/data/stb_image.c), and it trusts what a file says: it allocates a PNG chunk's declared
+ * length before reading it (a 138-byte file made it ask for 2 GiB: found by
+ * tests/fuzz/fuzz_image.c); it allocates an image's declared size whatever the file holds; and
+ * it writes past its table of code sizes when a JPEG's Huffman table declares more than 256 codes
+ * (stbi__build_huffman; already when reading the header). So a file is read whole, only when it
+ * is a regular file (core/base/file.h: a FIFO, a directory or /dev/zero is refused before a byte
+ * is read), its bytes are checked here, and stb decodes those very bytes from memory: nothing can
+ * change between the check and the decode. It is refused with a message naming it when:
  *   - it does not start as a PNG, JPEG or BMP file does (its first bytes are shown: stb would
  *     read other formats too, and TGA has no signature, so any file may pass for one);
  *   - a PNG chunk runs past the end of the file, or its CRC does not match its bytes;
