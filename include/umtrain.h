@@ -656,8 +656,10 @@ int umt_samples_num_classes(const umt_samples *samples);
 void umt_samples_shape(const umt_samples *samples, int64_t chw[3]);
 /* Image folders: the name of class i (its folder), NULL otherwise (and for a NULL samples). */
 const char *umt_samples_class_name(const umt_samples *samples, int i);
-/* Image folders opened with skip_bad: how many files were skipped, and the message of the
- * first one (NULL when none); 0 and NULL for a NULL samples. */
+/* Image folders opened with skip_bad: how many files (and empty class folders) this split
+ * skipped, and the message of the first one (NULL when none); 0 and NULL for a NULL samples. Each
+ * counts once: with train/ and test/ folders in the split of its folder, otherwise in the
+ * training split. */
 int64_t umt_samples_skipped(const umt_samples *samples);
 const char *umt_samples_first_skip(const umt_samples *samples);
 
@@ -666,7 +668,8 @@ typedef struct {
     int channels;         /* 1 (grey) or 3 (colour); 0: what the first readable file has */
     int height, width;    /* every image is resized to this */
     double test_fraction; /* without train/ and test/ folders: this share of each class is test */
-    bool skip_bad;        /* skip (and count) bad files and empty class folders instead of failing */
+    bool skip_bad;        /* skip (and count) bad files, those that do not decode too (the scan then
+                           * decodes each file), and empty class folders, instead of failing */
 } umt_image_folder_options;
 
 /* Scans an image folder: class names are the sub-folders' names, sorted; each entry named like
