@@ -156,6 +156,7 @@ static int make_loaders(run_state *r, const options *o, const umt_samples *train
     lo.crop_padding = o->crop_padding;
     lo.flip = o->flip;
     if (example_check(program, umt_loader_create(r->ctx, train, &lo, &r->train))) return -1;
+    if (!umt_samples_size(test)) return 0; /* no test loader: main said why */
     lo.shuffle = false;
     lo.crop_padding = 0;
     lo.flip = false;
@@ -180,7 +181,9 @@ static int run(run_state *r, const options *o, const umt_samples *train, const u
         if (train_epoch(r, epoch) || (tested && example_evaluate_loader(program, r->ctx, forward, &r->model, r->test,
                                                                         o->test_limit, &accuracy)))
             return -1;
-        printf("epoch %lld test accuracy %.2f%% (%lld images)\n", (long long)(epoch + 1), accuracy, (long long)tested);
+        if (tested)
+            printf("epoch %lld test accuracy %.2f%% (%lld images)\n", (long long)(epoch + 1), accuracy,
+                   (long long)tested);
         fflush(stdout);
     }
     return 0;
@@ -197,7 +200,15 @@ int main(int argc, char **argv) {
            o.folder.root, umt_samples_num_classes(train), (long long)umt_samples_size(train),
            (long long)umt_samples_size(test), (long long)chw[0], (long long)chw[1], (long long)chw[2],
            (long long)umt_samples_skipped(train) + umt_samples_skipped(test));
-    if (umt_samples_first_skip(train)) printf("%s: first skipped: %s\n", program, umt_samples_first_skip(train));
+    /* Each split counts its own skips (a file once): the first is the training split's, if any. */
+    const char *first_skip = umt_samples_first_skip(train);
+    if (!first_skip) first_skip = umt_samples_first_skip(test);
+    if (first_skip) printf("%s: first skipped: %s\n", program, first_skip);
+    if (!umt_samples_size(test))
+        printf("%s: the test split of %s has no images (expected image files in %s/test/<class>/, or without "
+               "train/ and test/ a --test-fraction that picks a file of each class, now %g): training without a "
+               "test accuracy\n",
+               program, o.folder.root, o.folder.root, o.folder.test_fraction);
     run_state r = {0};
     int rc = run(&r, &o, train, test);
     umt_context_destroy(r.ctx);

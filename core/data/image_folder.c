@@ -1,11 +1,18 @@
 /*
  * core/data/image_folder.c — image folders as samples: root/<class>/<file>.png|jpg|jpeg|bmp.
  *
- * Opening scans the folders and reads each file's header only (umt_image_check_header: size and
- * channels), so a bad file is reported before training starts, by name; the pixels are decoded
- * later, one sample at a time, by the loader's threads (never on the compute path). A file whose
- * header is fine but whose body does not decode is an error of the loader's next batch, naming
- * the file.
+ * Opening scans the folders: each file named like an image is read and checked, and its header
+ * read (umt_image_open: a regular file, its bytes, its size and channels), so a bad file is
+ * reported before training starts, by name; the pixels are decoded later, one sample at a time,
+ * by the loader's threads (never on the compute path). A file whose header is fine but whose
+ * body does not decode is then an error of the loader's next batch, naming the file.
+ *
+ * With skip_bad the scan decodes every file too (as the loader would, resize included), so that
+ * a file that does not decode is skipped there and counted with the others: a skip is decided
+ * once, before training, and an epoch never meets a file it cannot read (unless the file changes
+ * after the scan). That costs a decode of each file at the scan, which only skip_bad asks for.
+ * Each skipped file counts once, in the split it was in: with train/ and test/ folders, the
+ * folder's; otherwise the training split's (the split is made after the scan, of good files).
  *
  * The split: with root/train/ and root/test/ folders, those; otherwise every class's files,
  * sorted by name, go to test at a steady rate of test_fraction (stratified, the same every run).
@@ -37,14 +44,21 @@ typedef struct {
     file_list list;
 } folder_samples;
 
+/* The files (and empty class folders) a split skipped, and the message of the first. */
+typedef struct {
+    int64_t count;
+    char *first;
+} skips;
+
 /* What a scan is asked for, and what it has found out so far. */
 typedef struct {
     const umt_image_folder_options *options;
     int channels; /* 0 until the first readable file when options->channels is 0 */
     char **class_names;
     int class_count;
-    int64_t skipped;
-    char *first_skip;
+    skips train_skips, test_skips;
+    skips *skips; /* the split being scanned */
+    unsigned char *pixels; /* skip_bad: where the scan decodes each file, options' size in colour */
 } scan_state;
 
 /* ----------------------------------------------------------------------------------------- */
@@ -77,7 +91,9 @@ static void free_names(char **names, int count) {
     free(names);
 }
 
-/* The sorted names in dir of sub-folders (dirs) or of image files (!dirs); hidden names skipped. */
+/* The sorted names in dir of sub-folders (dirs) or of entries named like an image file (!dirs,
+ * whatever they are: a folder named x.png is then refused by name, not passed over); hidden names
+ * skipped. */
 static umt_status list_dir(const char *dir, bool dirs, char ***out, int *count) {
     *out = NULL;
     *count = 0;
@@ -90,7 +106,7 @@ static umt_status list_dir(const char *dir, bool dirs, char ***out, int *count) 
         if (e->d_name[0] == '.') continue;
         status = join_path(path, dir, e->d_name);
         if (status != UMT_OK) break;
-        if (is_dir(path) != dirs || (!dirs && !is_image_name(e->d_name))) continue;
+        if (dirs ? !is_dir(path) : !is_image_name(e->d_name)) continue;
         if (n == slots) {
             slots = slots ? 2 * slots : 64;
             char **grown = realloc(names, (size_t)slots * sizeof *grown);
@@ -134,22 +150,18 @@ static void list_free(file_list *list) {
 /* ----------------------------------------------------------------------------------------- */
 /* Checking files */
 
-/* A bad file or folder: with skip_bad it is counted (the first message kept) and UMT_OK
- * returned with *skip set; otherwise the failure is returned. */
+/* A bad file or folder: with skip_bad it is counted in the split's skips (the first message
+ * kept) and UMT_OK returned with *skip set; otherwise the failure is returned. */
 static umt_status bad(scan_state *scan, bool *skip, umt_status status) {
     if (!scan->options->skip_bad) return status;
-    if (!scan->first_skip) scan->first_skip = strdup(umt_last_error());
-    scan->skipped++;
+    if (!scan->skips->first) scan->skips->first = strdup(umt_last_error());
+    scan->skips->count++;
     *skip = true;
     return UMT_OK;
 }
 
-/* Reads the file's header: readable, a PNG/JPEG/BMP of sane size, with the right channels. */
-static umt_status check_file(scan_state *scan, const char *path) {
-    int w = 0, h = 0, file_channels = 0;
-    size_t file_bytes = 0;
-    UMT_TRY(umt_image_check_header(path, &w, &h, &file_channels, &file_bytes));
-    /* Grey with or without alpha is one channel; colour with or without alpha is three. */
+/* Grey with or without alpha is one channel; colour with or without alpha is three. */
+static umt_status check_channels(scan_state *scan, const char *path, int file_channels) {
     int channels = file_channels <= 2 ? 1 : 3;
     if (!scan->channels) scan->channels = channels;
     if (channels != scan->channels)
@@ -157,6 +169,19 @@ static umt_status check_file(scan_state *scan, const char *path) {
                         channels == 1 ? "a grey" : "a colour", file_channels, scan->channels == 1 ? "grey" : "colour",
                         scan->channels, scan->channels == 1 ? "" : "s");
     return UMT_OK;
+}
+
+/* Reads and checks the file: a regular file, a PNG/JPEG/BMP of sane size, with the right
+ * channels; with skip_bad, decoded as the loader will. */
+static umt_status check_file(scan_state *scan, const char *path) {
+    umt_image_file file;
+    UMT_TRY(umt_image_open(path, &file));
+    umt_status status = check_channels(scan, path, file.channels);
+    const umt_image_folder_options *o = scan->options;
+    if (status == UMT_OK && o->skip_bad)
+        status = umt_image_decode(path, &file, scan->channels, o->height, o->width, scan->pixels);
+    umt_image_close(&file);
+    return status;
 }
 
 /* The good files of one class folder, labelled. */
@@ -220,21 +245,28 @@ static void folder_destroy(umt_samples *base) {
 
 static const umt_samples_ops folder_ops = {.read = folder_read, .destroy = folder_destroy};
 
-/* Samples over list (taken over, emptied) with a copy of the class names. */
-static umt_status make_samples(const scan_state *scan, file_list *list, umt_samples **out) {
+/* Samples of one split (named split, for messages) over list (taken over, emptied), with a copy
+ * of the class names and the split's skips (taken over). */
+static umt_status make_samples(const scan_state *scan, const char *split, file_list *list, skips *skipped,
+                               umt_samples **out) {
+    const umt_image_folder_options *o = scan->options;
     folder_samples *s = calloc(1, sizeof *s);
     char **names = calloc((size_t)scan->class_count, sizeof *names);
-    bool ok = s && names;
+    size_t name_bytes = strlen(split) + strlen(o->root) + 32;
+    char *name = malloc(name_bytes);
+    bool ok = s && names && name;
     for (int i = 0; ok && i < scan->class_count; ++i) ok = (names[i] = strdup(scan->class_names[i])) != NULL;
     if (!ok) {
         free_names(names, scan->class_count);
+        free(name);
         free(s);
-        return umt_fail(UMT_ERR_OUT_OF_MEMORY, "image folder %s: no memory", scan->options->root);
+        return umt_fail(UMT_ERR_OUT_OF_MEMORY, "image folder %s: no memory", o->root);
     }
-    const umt_image_folder_options *o = scan->options;
+    snprintf(name, name_bytes, "the %s split of image folder %s", split, o->root);
     s->base = (umt_samples){.ops = &folder_ops, .size = list->count, .chw = {scan->channels, o->height, o->width},
-                            .num_classes = scan->class_count, .class_names = names, .skipped = scan->skipped,
-                            .first_skip = scan->first_skip ? strdup(scan->first_skip) : NULL};
+                            .num_classes = scan->class_count, .class_names = names, .name = name,
+                            .skipped = skipped->count, .first_skip = skipped->first};
+    *skipped = (skips){0};
     s->list = *list;
     *list = (file_list){0};
     *out = &s->base;
@@ -276,8 +308,10 @@ static umt_status scan_root(scan_state *scan, file_list *train, file_list *test)
     bool split_folders = is_dir(train_dir) && is_dir(test_dir);
     UMT_TRY(list_dir(split_folders ? train_dir : root, true, &scan->class_names, &scan->class_count));
     if (scan->class_count == 0) return umt_fail(UMT_ERR_FORMAT, "image folder %s: no class folders in it", root);
+    scan->skips = &scan->train_skips;
     if (split_folders) {
         UMT_TRY(scan_split(scan, train_dir, train));
+        scan->skips = &scan->test_skips;
         return scan_split(scan, test_dir, test);
     }
     file_list all = {0};
@@ -293,12 +327,16 @@ umt_status umt_image_folder_open(const umt_image_folder_options *options, umt_sa
     if (!options || !train) return umt_fail_null("umt_image_folder_open", options ? "train" : "options");
     UMT_TRY(check_options(options));
     scan_state scan = {.options = options, .channels = options->channels};
+    size_t sample_bytes = (size_t)options->height * (size_t)options->width * 3;
+    if (options->skip_bad && !(scan.pixels = malloc(sample_bytes)))
+        return umt_fail(UMT_ERR_OUT_OF_MEMORY, "image folder %s: no memory for a %dx%d image", options->root,
+                        options->width, options->height);
     file_list train_list = {0}, test_list = {0};
     umt_status status = scan_root(&scan, &train_list, &test_list);
     if (status == UMT_OK && train_list.count == 0)
         status = umt_fail(UMT_ERR_FORMAT, "image folder %s: no training images", options->root);
-    if (status == UMT_OK) status = make_samples(&scan, &train_list, train);
-    if (status == UMT_OK && test) status = make_samples(&scan, &test_list, test);
+    if (status == UMT_OK) status = make_samples(&scan, "training", &train_list, &scan.train_skips, train);
+    if (status == UMT_OK && test) status = make_samples(&scan, "test", &test_list, &scan.test_skips, test);
     if (status != UMT_OK) {
         umt_samples_destroy(*train);
         *train = NULL;
@@ -306,6 +344,8 @@ umt_status umt_image_folder_open(const umt_image_folder_options *options, umt_sa
     list_free(&train_list);
     list_free(&test_list);
     free_names(scan.class_names, scan.class_count);
-    free(scan.first_skip);
+    free(scan.train_skips.first);
+    free(scan.test_skips.first);
+    free(scan.pixels);
     return status;
 }

@@ -160,7 +160,9 @@ static void *worker_main(void *arg) {
 /* Creating and destroying */
 
 static umt_status check_options(const umt_samples *samples, const umt_loader_options *o) {
-    if (samples->size < 1) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_create: samples is empty");
+    if (samples->size < 1)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_create: %s %s empty (0 samples, expected at least 1)",
+                        samples->name ? samples->name : "the samples", samples->name ? "is" : "are");
     if (o->batch_size < 1 || o->depth < 1 || o->depth > MAX_DEPTH || o->workers < 1 || o->workers > MAX_WORKERS ||
         (unsigned)o->kind > UMT_LOADER_PAGEABLE_SYNC || !(o->std > 0) || o->crop_padding < 0 ||
         o->crop_padding > samples->chw[1])

@@ -13,6 +13,7 @@ void umt_samples_destroy(umt_samples *s) {
     if (!s) return;
     for (int i = 0; s->class_names && i < s->num_classes; ++i) free(s->class_names[i]);
     free(s->class_names);
+    free(s->name);
     free(s->first_skip);
     s->ops->destroy(s);
 }

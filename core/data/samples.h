@@ -23,6 +23,7 @@ struct umt_samples {
     int64_t chw[3];
     int num_classes;
     char **class_names; /* image folders: num_classes names; NULL for IDX */
+    char *name;         /* what they are, for messages ("the test split of image folder R"); NULL for IDX */
     int64_t skipped;
     char *first_skip;
 };

@@ -5,7 +5,8 @@
  *   - with libFuzzer (tools/fuzz.sh, clang): LLVMFuzzerTestOneInput feeds it inputs that the
  *     fuzzer mutates towards new code;
  *   - as a cmocka test (fuzz_sweep.c, every compiler, in CI and under the sanitizers): its seeds
- *     must be accepted, and every single-bit flip and every truncation of them keeps its rules.
+ *     must be accepted (its refused seeds refused), and every single-bit flip and every
+ *     truncation of them keeps its rules.
  * Either way the target writes the input to a file, reads it back through the library, and
  * aborts with a message when a rule the reader promises is broken: libFuzzer and the sanitizers
  * report an abort like a crash, with the input that caused it.
@@ -20,8 +21,10 @@
 /* Runs one input through the reader and checks its rules; true when the reader accepted it. */
 bool fuzz_one(const uint8_t *data, size_t size);
 
-/* Writes the target's seeds (inputs it must accept) into dir as seed-0, seed-1, ...; returns
- * how many, or -1 after printing why. */
+/* Writes the target's seeds into dir: inputs it must accept as seed-0, seed-1, ..., and inputs
+ * it must refuse as refused-0, refused-1, ... (hostile files that once got past a reader, kept so
+ * that the sweep checks they stay refused and flips their bits, and the fuzzer starts from them;
+ * a target may have none). Returns how many seed-N files, or -1 after printing why. */
 int fuzz_write_seeds(const char *dir);
 
 /* The name of the target, for messages ("idx", "checkpoint", "image"). */
