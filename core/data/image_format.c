@@ -11,12 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <stb/stb_image.h>
-#include <stb/stb_image_resize.h>
 #include <zlib.h>
 
 #include "core/base/error.h"
 #include "core/base/file.h"
+#include "core/data/stb_image.h"
 
 static const unsigned char png_signature[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
 static const unsigned char jpeg_signature[] = {0xff, 0xd8, 0xff}; /* start of image, the next marker's 0xff */
@@ -286,9 +285,9 @@ umt_status umt_image_open(const char *path, umt_image_file *out) {
     umt_status status = check_bytes(path, bytes, size);
     if (status == UMT_OK && starts_with(bytes, size, png_signature, sizeof png_signature))
         size = drop_empty_idat_chunks(bytes, size);
-    if (status == UMT_OK && !stbi_info_from_memory(bytes, (int)size, &width, &height, &channels))
+    if (status == UMT_OK && !umt_stb_info(bytes, (int)size, &width, &height, &channels))
         status =
-            umt_fail(UMT_ERR_FORMAT, "%s: not a readable PNG, JPEG or BMP image (%s)", path, stbi_failure_reason());
+            umt_fail(UMT_ERR_FORMAT, "%s: not a readable PNG, JPEG or BMP image (%s)", path, umt_stb_failure());
     /* A BMP stored top row first says so with a negative height, which stb's header reader hands
      * on as it is (its decoder turns the rows the right way up). */
     if (status == UMT_OK && bytes[0] == 'B' && height < 0 && height != INT_MIN) height = -height;
@@ -309,15 +308,15 @@ void umt_image_close(umt_image_file *file) {
 umt_status umt_image_decode(const char *path, const umt_image_file *file, int channels, int height, int width,
                             unsigned char *out) {
     int w = 0, h = 0, file_channels = 0;
-    unsigned char *pixels = stbi_load_from_memory(file->bytes, (int)file->size, &w, &h, &file_channels, channels);
-    if (!pixels) return umt_fail(UMT_ERR_FORMAT, "%s: cannot decode (%s)", path, stbi_failure_reason());
+    unsigned char *pixels = umt_stb_load(file->bytes, (int)file->size, &w, &h, &file_channels, channels);
+    if (!pixels) return umt_fail(UMT_ERR_FORMAT, "%s: cannot decode (%s)", path, umt_stb_failure());
     /* Again as decoded: the header said one thing to stbi_info; the decoder's word is final. */
     umt_status status = check_sides(path, w, h, file->size);
     if (status == UMT_OK && w == width && h == height)
         memcpy(out, pixels, (size_t)width * (size_t)height * (size_t)channels);
-    else if (status == UMT_OK && !stbir_resize_uint8(pixels, w, h, 0, out, width, height, 0, channels))
+    else if (status == UMT_OK && !umt_stb_resize(pixels, w, h, out, width, height, channels))
         status = umt_fail(UMT_ERR_OUT_OF_MEMORY, "%s: cannot resize %dx%d to %dx%d", path, w, h, width, height);
-    stbi_image_free(pixels);
+    umt_stb_free(pixels);
     return status;
 }
 
