@@ -325,6 +325,11 @@ static umt_status update_through_ring(umt_offload *o, const ring_update *u, void
                         p->name ? p->name : "a parameter", arrays, o->ring_arrays);
     UMT_TRY(umt_offload_record(final, o->compute));
     UMT_TRY(umt_offload_wait(o->update, final));
+    /* A parameter the CPU threads updated in an earlier step (the count of CPU updates changes
+     * while auto searches it) has its state rewritten by that host function: the state's copies
+     * in wait for it, as the weights' loads do. The state-in stream waits for nothing of the
+     * compute stream, so without this it could read the state before that update wrote it. */
+    UMT_TRY(umt_offload_host_wait(o, o->state_in, p));
     int64_t chunk = (int64_t)(o->plan.ring_chunk_bytes / sizeof(float));
     for (int64_t offset = 0; offset < p->numel; offset += chunk)
         UMT_TRY(ring_chunk(o, u, offset, p->numel - offset < chunk ? p->numel - offset : chunk, (int)(offset / chunk)));
