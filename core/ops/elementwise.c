@@ -28,14 +28,17 @@ static umt_status add_backward(umt_context *ctx, const umt_node *node) {
 
 /* add and mul compute in f32 whatever the precision (bf16/fp16 inputs are converted first): they
  * are rare in the models here, and their f32 kernels are the reference ones. */
+static bool f32_inputs(umt_context *ctx, const char *op, umt_tensor **a, umt_tensor **b) {
+    if (umt_check_input(ctx, op, "a", *a, UMT_ANY_FLOAT, 0) != UMT_OK ||
+        umt_check_input(ctx, op, "b", *b, UMT_ANY_FLOAT, 0) != UMT_OK)
+        return false;
+    *a = umt_to_f32(ctx, *a);
+    *b = *a ? umt_to_f32(ctx, *b) : NULL;
+    return *b != NULL;
+}
+
 umt_tensor *umt_add(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
-    if (!a || !b) return NULL;
-    if (umt_check_input(ctx, "umt_add", "a", a, UMT_ANY_FLOAT, 0) != UMT_OK ||
-        umt_check_input(ctx, "umt_add", "b", b, UMT_ANY_FLOAT, 0) != UMT_OK)
-        return NULL;
-    a = umt_to_f32(ctx, a);
-    b = a ? umt_to_f32(ctx, b) : NULL;
-    if (!b) return NULL;
+    if (!a || !b || !f32_inputs(ctx, "umt_add", &a, &b)) return NULL;
     bool broadcast = b->ndim == 1 && b->shape[0] == a->shape[a->ndim - 1] && !same_shape(a, b);
     if (!broadcast && !same_shape(a, b)) {
         shape_mismatch("umt_add", a, b, "equal shapes, or b 1-D of a's last dimension");
@@ -60,13 +63,7 @@ static umt_status mul_backward(umt_context *ctx, const umt_node *node) {
 }
 
 umt_tensor *umt_mul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
-    if (!a || !b) return NULL;
-    if (umt_check_input(ctx, "umt_mul", "a", a, UMT_ANY_FLOAT, 0) != UMT_OK ||
-        umt_check_input(ctx, "umt_mul", "b", b, UMT_ANY_FLOAT, 0) != UMT_OK)
-        return NULL;
-    a = umt_to_f32(ctx, a);
-    b = a ? umt_to_f32(ctx, b) : NULL;
-    if (!b) return NULL;
+    if (!a || !b || !f32_inputs(ctx, "umt_mul", &a, &b)) return NULL;
     if (!same_shape(a, b)) {
         shape_mismatch("umt_mul", a, b, "equal shapes");
         return NULL;
