@@ -13,7 +13,6 @@
  * optimizer's step count and the RNG as they were. Also run under AddressSanitizer + UBSan
  * (bazel test --config=asan //tests:test_checkpoint).
  */
-#include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,9 +29,8 @@
 #include <cmocka.h>
 
 #include "core/context.h"
+#include "tests/scratch.h"
 #include "umtrain.h"
-
-static char dir[64];
 
 /* Offsets in a checkpoint file (docs/CHECKPOINT.md). */
 enum { AT_VERSION = 8, AT_PARAMETER_COUNT = 80, FIRST_RECORD = 92, CRC_BYTES = 4 };
@@ -45,77 +43,14 @@ enum { AT_VERSION = 8, AT_PARAMETER_COUNT = 80, FIRST_RECORD = 92, CRC_BYTES = 4
 /* ----------------------------------------------------------------------------------------- */
 /* Files and directories */
 
-static const char *path_of(const char *name) {
-    /* Four slots used in turn: a test holds at most four paths at once. */
-    static char path[4][sizeof dir + 64];
-    static int next;
-    next = (next + 1) % 4;
-    snprintf(path[next], sizeof path[next], "%s/%s", dir, name);
-    return path[next];
-}
-
-/* Removes everything under path (files, and directories one level deep), then path itself. */
-static int remove_tree(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        char child[sizeof dir + 512];
-        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-        if (unlink(child) != 0) remove_tree(child);
-    }
-    closedir(d);
-    return rmdir(path);
-}
-
 static int setup(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/umt_test_checkpoint_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return scratch_make("test_checkpoint");
 }
 
 static int teardown(void **state) {
     (void)state;
-    return remove_tree(dir);
-}
-
-/* Entries of the test directory; *temporary (if not NULL): how many are a save's temporary files. */
-static int entries(int *temporary) {
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int count = 0, temporaries = 0;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        ++count;
-        if (strstr(e->d_name, ".tmp.")) ++temporaries;
-    }
-    if (temporary) *temporary = temporaries;
-    closedir(d);
-    return count;
-}
-
-static uint8_t *read_bytes(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long length = ftell(f);
-    assert_true(length > 0);
-    rewind(f);
-    uint8_t *bytes = malloc((size_t)length);
-    assert_non_null(bytes);
-    assert_int_equal(fread(bytes, 1, (size_t)length, f), (size_t)length);
-    fclose(f);
-    *size = (size_t)length;
-    return bytes;
-}
-
-static const char *write_bytes(const char *name, const uint8_t *bytes, size_t size) {
-    const char *path = path_of(name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(bytes, 1, size, f), size);
-    assert_int_equal(fclose(f), 0);
-    return path;
+    return scratch_remove();
 }
 
 static void put_u32(uint8_t *at, uint32_t v) {
@@ -220,7 +155,7 @@ static void expect_ok(umt_status status) {
 
 static void test_resumed_run_matches_uninterrupted_run_bit_for_bit(void **state) {
     (void)state;
-    const char *path = path_of("resume.ckpt");
+    const char *path = scratch_path("resume.ckpt");
     model a = adam_model(7);
     for (int i = 0; i < 3; ++i) train_step(&a);
     expect_ok(umt_checkpoint_save(a.ctx, a.opt, &(umt_checkpoint_info){.epoch = 2, .step = 3}, path));
@@ -247,7 +182,7 @@ static void test_resumed_run_matches_uninterrupted_run_bit_for_bit(void **state)
 
 static void test_load_replaces_a_different_initialisation(void **state) {
     (void)state;
-    const char *path = path_of("init.ckpt");
+    const char *path = scratch_path("init.ckpt");
     model a = adam_model(7), b = adam_model(99);
     size_t na, nb;
     float *va = snapshot(a.ctx, &na), *vb = snapshot(b.ctx, &nb);
@@ -264,7 +199,7 @@ static void test_load_replaces_a_different_initialisation(void **state) {
 
 static void test_checkpoint_with_optimizer_state_loads_into_model_alone(void **state) {
     (void)state;
-    const char *path = path_of("with-state.ckpt");
+    const char *path = scratch_path("with-state.ckpt");
     model a = adam_model(7);
     train_step(&a);
     expect_ok(umt_checkpoint_save(a.ctx, a.opt, &(umt_checkpoint_info){.epoch = 1, .step = 1}, path));
@@ -279,7 +214,7 @@ static void test_checkpoint_with_optimizer_state_loads_into_model_alone(void **s
 
 static void test_model_only_checkpoint_round_trips(void **state) {
     (void)state;
-    const char *path = path_of("model-only.ckpt");
+    const char *path = scratch_path("model-only.ckpt");
     model a = model_new(7, 8, true, NO_OPTIMIZER), b = model_new(99, 8, true, NO_OPTIMIZER);
     expect_ok(umt_checkpoint_save(a.ctx, NULL, NULL, path));
     umt_checkpoint_info info = {.epoch = -1, .step = -1};
@@ -296,13 +231,13 @@ static void test_model_only_checkpoint_round_trips(void **state) {
 
 static void test_saving_over_a_checkpoint_replaces_it_and_leaves_no_temporary_file(void **state) {
     (void)state;
-    const char *path = path_of("over.ckpt");
+    const char *path = scratch_path("over.ckpt");
     model a = adam_model(7), b = adam_model(99);
-    int after_temporary, before = entries(NULL);
+    int after_temporary, before = scratch_entries(NULL);
     expect_ok(umt_checkpoint_save(a.ctx, a.opt, NULL, path));
     train_step(&a);
     expect_ok(umt_checkpoint_save(a.ctx, a.opt, NULL, path));
-    assert_int_equal(entries(&after_temporary), before + 1);
+    assert_int_equal(scratch_entries(&after_temporary), before + 1);
     assert_int_equal(after_temporary, 0);
     expect_ok(umt_checkpoint_load(b.ctx, b.opt, NULL, path));
     assert_same_state(a.ctx, b.ctx);
@@ -313,50 +248,50 @@ static void test_saving_over_a_checkpoint_replaces_it_and_leaves_no_temporary_fi
 
 static void test_save_into_missing_directory_fails_naming_path_and_creates_nothing(void **state) {
     (void)state;
-    const char *path = path_of("no-such-directory/model.ckpt");
+    const char *path = scratch_path("no-such-directory/model.ckpt");
     model a = adam_model(7);
-    int temporary, before = entries(NULL);
+    int temporary, before = scratch_entries(NULL);
     assert_int_equal(umt_checkpoint_save(a.ctx, a.opt, NULL, path), UMT_ERR_IO);
     assert_non_null(strstr(umt_last_error(), path));
     assert_non_null(strstr(umt_last_error(), strerror(ENOENT)));
     struct stat st;
-    assert_int_not_equal(stat(path_of("no-such-directory"), &st), 0);
-    assert_int_equal(entries(&temporary), before);
+    assert_int_not_equal(stat(scratch_path("no-such-directory"), &st), 0);
+    assert_int_equal(scratch_entries(&temporary), before);
     assert_int_equal(temporary, 0);
     umt_context_destroy(a.ctx);
 }
 
 static void test_check_writable_refuses_a_missing_folder_and_a_folder_and_leaves_nothing(void **state) {
     (void)state;
-    int before = entries(NULL);
-    const char *missing = path_of("no-such-directory/model.ckpt");
+    int before = scratch_entries(NULL);
+    const char *missing = scratch_path("no-such-directory/model.ckpt");
     assert_int_equal(umt_checkpoint_check_writable(missing), UMT_ERR_IO);
     assert_non_null(strstr(umt_last_error(), missing));
     assert_non_null(strstr(umt_last_error(), strerror(ENOENT)));
-    assert_int_equal(umt_checkpoint_check_writable(dir), UMT_ERR_IO);
+    assert_int_equal(umt_checkpoint_check_writable(scratch_folder()), UMT_ERR_IO);
     assert_non_null(strstr(umt_last_error(), "is a folder"));
-    const char *fine = path_of("fine.ckpt");
+    const char *fine = scratch_path("fine.ckpt");
     expect_ok(umt_checkpoint_check_writable(fine));
     /* Nothing created: not the checkpoint, not the temporary file. */
-    assert_int_equal(entries(NULL), before);
+    assert_int_equal(scratch_entries(NULL), before);
 }
 
 /* A directory in the way makes the final rename fail, after the temporary file is written. */
 static void test_failed_rename_removes_temporary_file_and_keeps_target(void **state) {
     (void)state;
-    const char *target = path_of("occupied");
+    const char *target = scratch_path("occupied");
     assert_int_equal(mkdir(target, 0700), 0);
-    char inside[sizeof dir + 64];
+    char inside[512];
     snprintf(inside, sizeof inside, "%s/keep", target);
     FILE *keep = fopen(inside, "wb");
     assert_non_null(keep);
     fclose(keep);
     model a = adam_model(7);
-    int temporary, before = entries(NULL);
+    int temporary, before = scratch_entries(NULL);
     assert_int_equal(umt_checkpoint_save(a.ctx, a.opt, NULL, target), UMT_ERR_IO);
     assert_non_null(strstr(umt_last_error(), target));
     assert_non_null(strstr(umt_last_error(), "rename"));
-    assert_int_equal(entries(&temporary), before);
+    assert_int_equal(scratch_entries(&temporary), before);
     assert_int_equal(temporary, 0);
     struct stat st;
     assert_int_equal(stat(inside, &st), 0);
@@ -368,13 +303,13 @@ static void test_failed_rename_removes_temporary_file_and_keeps_target(void **st
 
 /* A good checkpoint of adam_model(7) after two steps, as bytes (free them), or model-only. */
 static uint8_t *good_checkpoint(bool with_optimizer, size_t *size) {
-    const char *path = path_of("good.ckpt");
+    const char *path = scratch_path("good.ckpt");
     model a = adam_model(7);
     train_step(&a);
     train_step(&a);
     expect_ok(umt_checkpoint_save(a.ctx, with_optimizer ? a.opt : NULL, NULL, path));
     umt_context_destroy(a.ctx);
-    return read_bytes(path, size);
+    return scratch_read(path, size);
 }
 
 /* Loading path into a model(99, hidden, batchnorm, optimizer) fails with status and both
@@ -413,7 +348,7 @@ static void test_truncated_checkpoint_is_refused_at_every_cut(void **state) {
     /* Empty, inside the magic, inside the header, inside the tensors, the last byte missing. */
     const size_t cuts[] = {0, 4, 50, size / 2, size - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; ++i)
-        expect_refused(write_bytes("truncated.ckpt", bytes, cuts[i]), UMT_ERR_FORMAT, "truncated", "bytes");
+        expect_refused(scratch_write("truncated.ckpt", bytes, cuts[i]), UMT_ERR_FORMAT, "truncated", "bytes");
     free(bytes);
 }
 
@@ -422,7 +357,7 @@ static void test_flipped_byte_is_a_checksum_mismatch(void **state) {
     size_t size;
     uint8_t *bytes = good_checkpoint(true, &size);
     bytes[size - CRC_BYTES - 7] ^= 0x10; /* inside the last tensor's data */
-    expect_refused(write_bytes("flipped.ckpt", bytes, size), UMT_ERR_FORMAT, "checksum mismatch", "contents give");
+    expect_refused(scratch_write("flipped.ckpt", bytes, size), UMT_ERR_FORMAT, "checksum mismatch", "contents give");
     free(bytes);
 }
 
@@ -431,7 +366,7 @@ static void test_wrong_magic_is_refused(void **state) {
     size_t size;
     uint8_t *bytes = good_checkpoint(true, &size);
     bytes[0] = 'X';
-    expect_refused(write_bytes("magic.ckpt", bytes, size), UMT_ERR_FORMAT, "not an umtrain checkpoint", "magic");
+    expect_refused(scratch_write("magic.ckpt", bytes, size), UMT_ERR_FORMAT, "not an umtrain checkpoint", "magic");
     free(bytes);
 }
 
@@ -441,7 +376,7 @@ static void test_future_version_is_refused_naming_both_versions(void **state) {
     uint8_t *bytes = good_checkpoint(true, &size);
     put_u32(bytes + AT_VERSION, 2);
     reseal(bytes, size);
-    expect_refused(write_bytes("version.ckpt", bytes, size), UMT_ERR_FORMAT, "version 2", "reads version 1");
+    expect_refused(scratch_write("version.ckpt", bytes, size), UMT_ERR_FORMAT, "version 2", "reads version 1");
     free(bytes);
 }
 
@@ -453,7 +388,7 @@ static void test_renamed_tensor_is_reported_missing_and_extra(void **state) {
     assert_memory_equal(bytes + FIRST_RECORD + 4, "fc1.weight", 10);
     bytes[FIRST_RECORD + 4 + 2] = '9';
     reseal(bytes, size);
-    const char *path = write_bytes("renamed.ckpt", bytes, size);
+    const char *path = scratch_write("renamed.ckpt", bytes, size);
     expect_refused(path, UMT_ERR_FORMAT, "fc1.weight is missing", "fc9.weight");
     free(bytes);
 }
@@ -462,7 +397,7 @@ static void test_extra_tensor_is_refused(void **state) {
     (void)state;
     size_t size;
     uint8_t *bytes = good_checkpoint(true, &size);
-    const char *path = write_bytes("extra.ckpt", bytes, size);
+    const char *path = scratch_write("extra.ckpt", bytes, size);
     /* The file has the batch norm, the model does not. */
     expect_refused_by(path, 8, false, UMT_OPT_ADAM, UMT_ERR_FORMAT, "bn.weight", "model lacks");
     free(bytes);
@@ -472,7 +407,7 @@ static void test_shape_mismatch_names_tensor_and_both_shapes(void **state) {
     (void)state;
     size_t size;
     uint8_t *bytes = good_checkpoint(true, &size);
-    const char *path = write_bytes("shape.ckpt", bytes, size);
+    const char *path = scratch_write("shape.ckpt", bytes, size);
     expect_refused_by(path, 6, true, UMT_OPT_ADAM, UMT_ERR_FORMAT, "fc1.weight is f32 [8,4] in the file",
                       "f32 [6,4] in the model");
     free(bytes);
@@ -485,7 +420,7 @@ static void test_dtype_mismatch_names_tensor_and_both_dtypes(void **state) {
     /* fc1.weight's dtype follows its 10-byte name; i32 has f32's size, so only the dtype differs. */
     put_u32(bytes + FIRST_RECORD + 4 + 10, UMT_I32);
     reseal(bytes, size);
-    expect_refused(write_bytes("dtype.ckpt", bytes, size), UMT_ERR_FORMAT, "fc1.weight is i32",
+    expect_refused(scratch_write("dtype.ckpt", bytes, size), UMT_ERR_FORMAT, "fc1.weight is i32",
                    "f32 [8,4] in the model");
     free(bytes);
 }
@@ -494,7 +429,7 @@ static void test_optimizer_given_but_absent_from_file_is_refused(void **state) {
     (void)state;
     size_t size;
     uint8_t *bytes = good_checkpoint(false, &size);
-    expect_refused(write_bytes("no-state.ckpt", bytes, size), UMT_ERR_FORMAT, "no optimizer state",
+    expect_refused(scratch_write("no-state.ckpt", bytes, size), UMT_ERR_FORMAT, "no optimizer state",
                    "optimizer (adam) was given");
     free(bytes);
 }
@@ -503,7 +438,7 @@ static void test_optimizer_of_another_kind_is_refused(void **state) {
     (void)state;
     size_t size;
     uint8_t *bytes = good_checkpoint(true, &size);
-    const char *path = write_bytes("other-kind.ckpt", bytes, size);
+    const char *path = scratch_write("other-kind.ckpt", bytes, size);
     expect_refused_by(path, 8, true, UMT_OPT_SGD, UMT_ERR_FORMAT, "holds adam optimizer state", "given is sgd");
     free(bytes);
 }
@@ -514,7 +449,7 @@ static void test_tensor_count_past_the_file_is_refused(void **state) {
     uint8_t *bytes = good_checkpoint(true, &size);
     put_u32(bytes + AT_PARAMETER_COUNT, 0xffffffffu);
     reseal(bytes, size);
-    expect_refused(write_bytes("count.ckpt", bytes, size), UMT_ERR_FORMAT, "lists", "tensors");
+    expect_refused(scratch_write("count.ckpt", bytes, size), UMT_ERR_FORMAT, "lists", "tensors");
     free(bytes);
 }
 
@@ -524,13 +459,13 @@ static void test_name_running_past_the_data_is_refused(void **state) {
     uint8_t *bytes = good_checkpoint(true, &size);
     put_u32(bytes + FIRST_RECORD, 4000);
     reseal(bytes, size);
-    expect_refused(write_bytes("long-name.ckpt", bytes, size), UMT_ERR_FORMAT, "tensor record 0", "runs past");
+    expect_refused(scratch_write("long-name.ckpt", bytes, size), UMT_ERR_FORMAT, "tensor record 0", "runs past");
     free(bytes);
 }
 
 static void test_missing_file_is_an_io_error_naming_it(void **state) {
     (void)state;
-    expect_refused(path_of("absent.ckpt"), UMT_ERR_IO, "cannot open", strerror(ENOENT));
+    expect_refused(scratch_path("absent.ckpt"), UMT_ERR_IO, "cannot open", strerror(ENOENT));
 }
 
 int main(void) {

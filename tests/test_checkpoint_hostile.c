@@ -8,7 +8,6 @@
  * tensor and the value, and leave the model, the optimizer and the RNG as they were. Also run
  * under AddressSanitizer + UBSan (bazel test --config=asan //tests:test_checkpoint_hostile).
  */
-#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,9 +23,8 @@
 #include <cmocka.h>
 
 #include "core/context.h"
+#include "tests/scratch.h"
 #include "umtrain.h"
-
-static char dir[64];
 
 /* Offsets in a checkpoint file (docs/CHECKPOINT.md). */
 enum { AT_EPOCH = 20, AT_STEP = 28, AT_OPTIMIZER_STEPS = 40, AT_COUNTS = 80, FIRST_RECORD = 92, CRC_BYTES = 4 };
@@ -36,62 +34,14 @@ enum { AT_EPOCH = 20, AT_STEP = 28, AT_OPTIMIZER_STEPS = 40, AT_COUNTS = 80, FIR
 /* ----------------------------------------------------------------------------------------- */
 /* Files */
 
-static const char *path_of(const char *name) {
-    static char path[4][sizeof dir + 320];
-    static int next;
-    next = (next + 1) % 4;
-    snprintf(path[next], sizeof path[next], "%s/%s", dir, name);
-    return path[next];
-}
-
 static int setup(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/umt_test_checkpoint_hostile_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return scratch_make("test_checkpoint_hostile");
 }
 
 static int teardown(void **state) {
     (void)state;
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d));)
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) unlink(path_of(e->d_name));
-    closedir(d);
-    return rmdir(dir);
-}
-
-/* How many entries the test directory holds. */
-static int entries(void) {
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int count = 0;
-    for (struct dirent *e; (e = readdir(d));) count += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
-    closedir(d);
-    return count;
-}
-
-static uint8_t *read_bytes(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long length = ftell(f);
-    assert_true(length > 0);
-    rewind(f);
-    uint8_t *bytes = malloc((size_t)length);
-    assert_non_null(bytes);
-    assert_int_equal(fread(bytes, 1, (size_t)length, f), (size_t)length);
-    fclose(f);
-    *size = (size_t)length;
-    return bytes;
-}
-
-static const char *write_bytes(const char *name, const uint8_t *bytes, size_t size) {
-    const char *path = path_of(name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(bytes, 1, size, f), size);
-    assert_int_equal(fclose(f), 0);
-    return path;
+    return scratch_remove();
 }
 
 static uint32_t get_u32(const uint8_t *at) {
@@ -158,12 +108,12 @@ static model model_new(uint64_t seed) {
 
 /* A good checkpoint of model_new(7) at epoch 2, step 30, as bytes (free them). */
 static uint8_t *good_checkpoint(size_t *size) {
-    const char *path = path_of("good.ckpt");
+    const char *path = scratch_path("good.ckpt");
     model m = model_new(7);
     umt_status st = umt_checkpoint_save(m.ctx, m.opt, &(umt_checkpoint_info){.epoch = 2, .step = 30}, path);
     if (st != UMT_OK) fail_msg("save: %s", umt_last_error());
     umt_context_destroy(m.ctx);
-    return read_bytes(path, size);
+    return scratch_read(path, size);
 }
 
 /* Every parameter and buffer, one after another, as host floats (free it). */
@@ -236,7 +186,7 @@ static void test_epoch_or_step_below_zero_or_above_2_to_the_53_is_refused_naming
         memcpy(bytes, good, size);
         put_u64(bytes + cases[i].at, (uint64_t)cases[i].value);
         reseal(bytes, size);
-        expect_refused(write_bytes("field.ckpt", bytes, size), UMT_ERR_FORMAT, cases[i].says, "0..2^53");
+        expect_refused(scratch_write("field.ckpt", bytes, size), UMT_ERR_FORMAT, cases[i].says, "0..2^53");
         free(bytes);
     }
     free(good);
@@ -249,7 +199,7 @@ static void test_epoch_and_step_of_exactly_2_to_the_53_load(void **state) {
     put_u64(bytes + AT_EPOCH, (uint64_t)TWO_TO_THE_53);
     put_u64(bytes + AT_STEP, (uint64_t)TWO_TO_THE_53);
     reseal(bytes, size);
-    const char *path = write_bytes("limit.ckpt", bytes, size);
+    const char *path = scratch_write("limit.ckpt", bytes, size);
     model m = model_new(99);
     umt_checkpoint_info info = {0};
     if (umt_checkpoint_load(m.ctx, m.opt, &info, path) != UMT_OK) fail_msg("%s", umt_last_error());
@@ -270,16 +220,16 @@ static void test_save_refuses_an_epoch_or_step_out_of_range_and_writes_nothing(v
         {{.step = (int64_t)1 << 62}, "step 4611686018427387904"},
     };
     model m = model_new(7);
-    int before = entries();
+    int before = scratch_entries(NULL);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
-        const char *path = path_of("out-of-range.ckpt");
+        const char *path = scratch_path("out-of-range.ckpt");
         umt_status got = umt_checkpoint_save(m.ctx, m.opt, &cases[i].info, path);
         const char *message = umt_last_error();
         if (got != UMT_ERR_INVALID_ARGUMENT || !strstr(message, path) || !strstr(message, cases[i].says) ||
             !strstr(message, "0..2^53"))
             fail_msg("got %s '%s', expected UMT_ERR_INVALID_ARGUMENT with '%s'", umt_status_name(got), message,
                      cases[i].says);
-        assert_int_equal(entries(), before);
+        assert_int_equal(scratch_entries(NULL), before);
     }
     umt_context_destroy(m.ctx);
 }
@@ -294,7 +244,7 @@ static const char *poisoned(const char *file_name, const char *name, int element
     find_record(bytes, name, &data);
     put_u32(bytes + data + 4 * (size_t)element, bits);
     reseal(bytes, size);
-    const char *path = write_bytes(file_name, bytes, size);
+    const char *path = scratch_write(file_name, bytes, size);
     free(bytes);
     return path;
 }
@@ -347,7 +297,7 @@ static void test_load_with_refuses_a_null_context_or_path_naming_it(void **state
     (void)state;
     model m = model_new(7);
     umt_checkpoint_load_options allow = {.allow_nonfinite = true};
-    assert_int_equal(umt_checkpoint_load_with(NULL, NULL, NULL, path_of("x.ckpt"), &allow), UMT_ERR_INVALID_ARGUMENT);
+    assert_int_equal(umt_checkpoint_load_with(NULL, NULL, NULL, scratch_path("x.ckpt"), &allow), UMT_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(umt_last_error(), "umt_checkpoint_load_with: ctx is NULL"));
     assert_int_equal(umt_checkpoint_load_with(m.ctx, m.opt, NULL, NULL, &allow), UMT_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(umt_last_error(), "umt_checkpoint_load_with: path is NULL"));
@@ -376,7 +326,7 @@ static void test_names_from_the_file_are_printed_escaped(void **state) {
     size_t record = find_record(bytes, "fc.weight", &data);
     memcpy(bytes + record + 4, hostile_name, sizeof hostile_name);
     reseal(bytes, size);
-    const char *path = write_bytes("escapes.ckpt", bytes, size);
+    const char *path = scratch_write("escapes.ckpt", bytes, size);
     model m = model_new(99);
     /* Missing from the file, which has another that the model lacks. */
     assert_int_equal(umt_checkpoint_load(m.ctx, m.opt, NULL, path), UMT_ERR_FORMAT);
@@ -384,7 +334,7 @@ static void test_names_from_the_file_are_printed_escaped(void **state) {
     /* A record refused while parsed: its dtype is out of range. */
     put_u32(bytes + record + 4 + sizeof hostile_name, 99);
     reseal(bytes, size);
-    path = write_bytes("escapes-dtype.ckpt", bytes, size);
+    path = scratch_write("escapes-dtype.ckpt", bytes, size);
     assert_int_equal(umt_checkpoint_load(m.ctx, m.opt, NULL, path), UMT_ERR_FORMAT);
     expect_printable(umt_last_error(), "dtype 99");
     umt_context_destroy(m.ctx);
@@ -402,7 +352,7 @@ static void test_a_name_too_long_to_save_is_reported_with_its_true_length(void *
     memset(name, 'w', 4999);
     name[4999] = '\0';
     assert_non_null(umt_parameter_new(ctx, name, 1, (int64_t[]){2}));
-    const char *path = path_of("long-name.ckpt");
+    const char *path = scratch_path("long-name.ckpt");
     assert_int_equal(umt_checkpoint_save(ctx, NULL, NULL, path), UMT_ERR_INVALID_ARGUMENT);
     if (!strstr(umt_last_error(), "is 4999 bytes (at most 4096)")) fail_msg("%s", umt_last_error());
     umt_context_destroy(ctx);
