@@ -70,6 +70,7 @@ void umt_context_destroy(umt_context *ctx) {
     umt_trace_close(ctx->memory.trace);
     ctx->memory.trace = NULL;
     umt_step_values_release(ctx);
+    umt_micro_batch_release(ctx);
     /* The device's stream may still be using pool memory: stop it first. */
     umt_device_stop(ctx);
     umt_memory_release(&ctx->memory);

@@ -8,6 +8,7 @@
 
 #include "core/base/rng.h"
 #include "core/hooks.h"
+#include "core/micro_batch.h"
 #include "core/step_values.h"
 #include "core/tape.h"
 #include "kernels/backend.h"
@@ -45,6 +46,7 @@ struct umt_context {
     umt_owned *owned;
     umt_hook_table hooks; /* the subsystems taking part in each step (core/hooks.h) */
     int64_t steps_begun;  /* umt_step_begin calls, for the trace's step marks */
+    umt_micro_batch_state micro; /* the step's micro-batches (core/micro_batch.h) */
 };
 
 /* Scratch of at least bytes from the workspace pool, valid until the next call (ops run in

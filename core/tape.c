@@ -7,6 +7,7 @@
 #include "core/base/error.h"
 #include "core/context.h"
 #include "core/hooks.h"
+#include "core/micro_batch.h"
 #include "core/tensor.h"
 #include "memory/trace.h"
 
@@ -48,8 +49,7 @@ void umt_tape_release(umt_tape *tape) {
 /* ----------------------------------------------------------------------------------------- */
 /* The public autograd entry points */
 
-umt_status umt_step_begin(umt_context *ctx) {
-    if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_begin: ctx is NULL");
+umt_status umt_step_release(umt_context *ctx) {
     umt_tape_clear(&ctx->tape);
     /* The previous step's activations, views and activation gradients all go at once. */
     while (ctx->step_tensors) {
@@ -59,7 +59,13 @@ umt_status umt_step_begin(umt_context *ctx) {
     }
     for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->pending_uses = 0;
     UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_ACTIVATIONS));
-    UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_WORKSPACE));
+    return umt_memory_reset(&ctx->memory, UMT_POOL_WORKSPACE);
+}
+
+umt_status umt_step_begin(umt_context *ctx) {
+    if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_begin: ctx is NULL");
+    UMT_TRY(umt_step_release(ctx));
+    umt_micro_batch_reset(ctx);
     /* A subsystem that works on the host in every step takes part in nothing a replay redoes. */
     const char *unreplayable = umt_hooks_unreplayable(ctx);
     if (unreplayable && ctx->values.recording) {
@@ -97,6 +103,8 @@ bool umt_set_grad_enabled(umt_context *ctx, bool enabled) {
 /* After a node's backward: a parameter whose every use has now been processed is final, and the
  * subsystems hear of it (data parallelism starts its all-reduce, the offload tier sends it home). */
 static umt_status announce_finished_parameters(umt_context *ctx, const umt_node *node) {
+    /* Before the last micro-batch a gradient has more to add (core/micro_batch.h). */
+    if (!umt_micro_batch_is_last(ctx)) return UMT_OK;
     for (int i = 0; i < node->input_count; ++i) {
         umt_tensor *p = node->inputs[i];
         if (!p->is_parameter || --p->pending_uses != 0) continue;
@@ -138,10 +146,14 @@ umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *se
         return umt_fail(UMT_ERR_STATE, "umt_backward: the tape is empty (backward already ran since the forward pass)");
     umt_tensor *seed = umt_tensor_grad_or_zeros(ctx, loss);
     if (!seed) return UMT_ERR_OUT_OF_MEMORY;
-    if (seed_on_device)
+    /* A micro-batch's mean loss counts samples / batch of the step's (core/micro_batch.h). */
+    float weight = umt_micro_batch_weight(ctx);
+    if (seed_on_device && weight != 1.0f)
+        UMT_TRY(ctx->backend->f32.accumulate(seed->data, seed_on_device, weight, 1)); /* seed is zeroed */
+    else if (seed_on_device)
         UMT_TRY(ctx->backend->f32.copy(seed->data, seed_on_device, sizeof(float)));
     else
-        UMT_TRY(ctx->backend->f32.fill(seed->data, 1, 1.0f));
+        UMT_TRY(ctx->backend->f32.fill(seed->data, 1, weight));
 
     for (int n = ctx->tape.count - 1; n >= 0; --n) {
         umt_node *node = &ctx->tape.nodes[n];
@@ -163,6 +175,7 @@ umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *se
     }
     /* The tape has been consumed: a second backward needs a new forward. */
     umt_tape_clear(&ctx->tape);
+    UMT_TRY(umt_micro_batch_after_backward(ctx, loss));
     return umt_hooks_after_backward(ctx);
 }
 

@@ -47,6 +47,9 @@ umt_status umt_tape_record(umt_context *ctx, const char *op, umt_backward_fn bac
  * seed_on_device (a copy in stream order: the host never reads it; umt_backward_scaled). */
 umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *seed_on_device);
 void umt_tape_clear(umt_tape *tape);
+/* The step's tape, activations, views and workspace released, as a step (or a micro-batch:
+ * core/micro_batch.h) starts; the parameters' pending uses restart from 0. */
+umt_status umt_step_release(umt_context *ctx);
 void umt_tape_release(umt_tape *tape);
 
 #endif /* UMT_CORE_TAPE_H */

@@ -67,6 +67,7 @@ typedef struct {
     bool device_set;
     umt_memory_mode memory_mode;
     int log_every, bench_steps, gpus;
+    int grad_accum; /* micro-batches of batch_size per step (1: the batch whole) */
     bool fuse, graph, allow_nonfinite;
     example_input_flags input;
     umt_dist_options dist;
@@ -77,7 +78,7 @@ static void usage(FILE *out) {
                  "                 [--optimizer adadelta|sgd|adam|adamw] [--seed N] [--device cpu|cuda]\n"
                  "                 [--mem managed|managed-plain|device] [--data-dir DIR] [--train-limit N]\n"
                  "                 [--test-limit N] [--log-every N] [--save PATH] [--resume PATH [--allow-nonfinite]]\n"
-                 "                 [--bench STEPS]\n"
+                 "                 [--bench STEPS] [--grad-accum N]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
                  "                 [--fuse on|off] [--graph on|off]\n"
                  EXAMPLE_INPUT_USAGE
@@ -90,7 +91,10 @@ static void usage(FILE *out) {
                  "          prefetch 4 deep with 1 loader thread); 1 GPU, buckets of 25 MiB reduced in f32,\n"
                  "          timeout 300 s, graph on (one CUDA graph launch per step, on one GPU with the data\n"
                  "          on it). With --gpus N (or under mpirun) --batch-size is per GPU. --dist on runs\n"
-                 "          the NCCL path on one GPU too (its results equal the run without it).\n");
+                 "          the NCCL path on one GPU too (its results equal the run without it).\n"
+                 "          --grad-accum N: each step runs N micro-batches of --batch-size and updates once,\n"
+                 "          with the gradients of their whole (batch norm would keep per-micro-batch statistics;\n"
+                 "          this network has none).\n");
 }
 
 static int parse_reduce(options *o, const char *value) {
@@ -130,6 +134,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--seed")) bad = example_whole_number(program, flag, value, 0, 1e15, &v), o->seed = (uint64_t)v;
     else if (!strcmp(flag, "--log-every")) bad = example_whole_number(program, flag, value, 1, 1e9, &v), o->log_every = (int)v;
     else if (!strcmp(flag, "--bench")) bad = example_whole_number(program, flag, value, 1, 1e7, &v), o->bench_steps = (int)v;
+    else if (!strcmp(flag, "--grad-accum")) bad = example_whole_number(program, flag, value, 1, 1 << 16, &v), o->grad_accum = (int)v;
     else if (!strcmp(flag, "--gpus")) bad = example_whole_number(program, flag, value, 1, 64, &v), o->gpus = (int)v;
     else if (!strcmp(flag, "--bucket-mb")) bad = example_number(program, flag, value, 0.001, 1e5, &v), o->dist.bucket_bytes = (size_t)(v * (1 << 20));
     else if (!strcmp(flag, "--dist-timeout")) bad = example_number(program, flag, value, 1, 1e6, &v), o->dist.timeout_s = v;
@@ -160,7 +165,7 @@ static int parse_options(int argc, char **argv, options *o) {
      * which a forked rank could then no longer use. */
     *o = (options){.epochs = 5, .batch_size = 64, .test_batch_size = 1000, .gamma = 0.7f,
                    .optimizer = "adadelta", .data_dir = "data/mnist", .seed = 1, .memory_mode = UMT_MEM_MANAGED,
-                   .log_every = 100, .gpus = 1, .fuse = true, .graph = true, .input = example_input_defaults(),
+                   .log_every = 100, .gpus = 1, .grad_accum = 1, .fuse = true, .graph = true, .input = example_input_defaults(),
                    .dist = umt_dist_defaults()};
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -194,22 +199,36 @@ typedef struct {
     umt_dist *dist;
     umt_step_graph *graph;
     int rank, ranks; /* only rank 0 prints and saves */
+    int micro_batches;  /* each step's batch as this many micro-batches (core/micro_batch.h) */
+    int64_t step_batch; /* samples per step on this rank: the micro-batches together */
 } run_state;
 
-/* One step on samples indices[0..count) of the resident dataset, or on the loader's next batch:
- * forward, NLL loss, backward (gradients averaged over the ranks), update. */
-static umt_tensor *train_step(run_state *r, const int64_t *indices, int64_t count) {
+/* Forward and backward of samples indices[0..count) of the resident dataset, or of the loader's
+ * next batch: NLL loss, its gradient added to the parameters'. */
+static umt_tensor *forward_backward(run_state *r, const int64_t *indices, int64_t count) {
     umt_tensor *images = NULL, *labels = NULL;
-    if (umt_step_begin(r->ctx) || umt_zero_grad(r->ctx)) return NULL;
     umt_status got = r->loader ? umt_loader_next(r->loader, &images, &labels)
                                : umt_dataset_batch(r->ctx, r->train, indices, count, MNIST_MEAN, MNIST_STD, &images, &labels);
     /* An epoch takes as many steps as the loader has batches, so images is there when got is OK. */
     if (got != UMT_OK || !images) return NULL;
     umt_tensor *loss = mnist_cnn_loss(r->ctx, &r->model, images, labels);
     /* Scaled by the optimizer's loss scale under fp16 (1, a plain backward, otherwise). */
-    if (!loss || umt_backward_scaled(r->ctx, loss, r->opt) || umt_dist_finish_gradients(r->dist) ||
-        umt_optimizer_step(r->opt))
-        return NULL;
+    return loss && !umt_backward_scaled(r->ctx, loss, r->opt) ? loss : NULL;
+}
+
+/* One step on samples indices[0..count): forward and backward, whole or as micro-batches whose
+ * gradients add up to the whole's; then the gradients averaged over the ranks, and the update. */
+static umt_tensor *train_step(run_state *r, const int64_t *indices, int64_t count) {
+    if (umt_step_begin(r->ctx) || umt_zero_grad(r->ctx)) return NULL;
+    int k = count < r->micro_batches ? (int)count : r->micro_batches;
+    umt_tensor *loss = k > 1 ? NULL : forward_backward(r, indices, count);
+    for (int i = 0; i < k && k > 1; ++i) {
+        int64_t first = count * i / k, samples = count * (i + 1) / k - first;
+        if (umt_micro_batch_begin(r->ctx, first, samples, count) || !forward_backward(r, indices + first, samples))
+            return NULL;
+        loss = umt_micro_batch_loss(r->ctx);
+    }
+    if (!loss || umt_dist_finish_gradients(r->dist) || umt_optimizer_step(r->opt)) return NULL;
     return loss;
 }
 
@@ -277,7 +296,7 @@ static void report_graph(const run_state *r) {
 
 static int train_epoch(run_state *r, const options *o, int64_t epoch) {
     int64_t n = example_limit(train_size(r), o->train_limit);
-    int64_t global = o->batch_size * r->ranks, steps = start_epoch(r, n, global), window_images = 0;
+    int64_t global = r->step_batch * r->ranks, steps = start_epoch(r, n, global), window_images = 0;
     if (steps < 0) return -1;
     double start = example_seconds(), window_start = start, loss_sum = 0;
     for (int64_t step = 0; step < steps; ++step) {
@@ -322,7 +341,7 @@ static int bench(run_state *r, const options *o) {
         fprintf(stderr, "%s: --bench times the resident dataset; with --data-on host, train an epoch instead\n", program);
         return -1;
     }
-    int64_t n = umt_dataset_size(r->train), batch = o->batch_size < n ? o->batch_size : n;
+    int64_t n = umt_dataset_size(r->train), batch = r->step_batch < n ? r->step_batch : n;
     if (example_check(program, umt_permutation(r->ctx, n, r->order))) return -1;
     for (int i = 0; i < 20 + o->bench_steps; ++i) {
         if (i == 20 && example_check(program, umt_timer_start(r->ctx))) return -1;
@@ -482,6 +501,14 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     if (load_data(r, o)) return -1;
     if (mnist_cnn_build(r->ctx, &r->model)) return example_check(program, umt_last_status());
     r->model.fuse = o->fuse;
+    r->micro_batches = o->grad_accum;
+    r->step_batch = o->batch_size * o->grad_accum;
+    /* The loader hands out whole batches; slicing one into micro-batches is not built. */
+    if (r->loader && r->micro_batches > 1) {
+        fprintf(stderr, "%s: %d micro-batches per step need the data on the GPU (--data-on gpu); the host loader "
+                "hands out whole batches\n", program, r->micro_batches);
+        return -1;
+    }
     /* After the model: rank 0's initial parameters go to every rank. */
     if (example_check(program, umt_dist_create(r->ctx, process, &o->dist, &r->dist))) return -1;
     if (make_optimizer(r, o)) return -1;
@@ -499,12 +526,14 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
 /* What runs: the images used (after the limits; --bench takes the whole training set), the
  * recipe, the device, the ranks when there are several, and where the data lives. */
 static void print_banner(const run_state *r, const options *o) {
-    char train[64], test[64], batch[64];
+    char train[64], test[64], batch[96];
     int64_t train_n = train_size(r), test_n = test_size(r);
     example_count_text(train, sizeof train, o->bench_steps ? train_n : example_limit(train_n, o->train_limit), train_n);
     example_count_text(test, sizeof test, example_limit(test_n, o->test_limit), test_n);
-    if (r->ranks > 1) snprintf(batch, sizeof batch, "%lld per GPU x %d GPUs", (long long)o->batch_size, r->ranks);
-    else snprintf(batch, sizeof batch, "%lld", (long long)o->batch_size);
+    int at = r->ranks > 1 ? snprintf(batch, sizeof batch, "%lld per GPU x %d GPUs", (long long)r->step_batch, r->ranks)
+                          : snprintf(batch, sizeof batch, "%lld", (long long)r->step_batch);
+    if (r->micro_batches > 1)
+        snprintf(batch + at, sizeof batch - (size_t)at, " (%d micro-batches)", r->micro_batches);
     bool cuda = o->device == UMT_DEVICE_CUDA;
     const char *data = r->loader ? "batches from the host loader"
                        : cuda    ? "data resident on the GPU"

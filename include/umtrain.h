@@ -355,6 +355,24 @@ bool umt_set_training(umt_context *ctx, bool training);
 typedef void (*umt_grad_ready_fn)(umt_tensor *parameter, void *user);
 void umt_set_grad_ready_hook(umt_context *ctx, umt_grad_ready_fn fn, void *user);
 
+/* Micro-batching (gradient accumulation): one step over `batch` samples run as micro-batches of
+ * consecutive samples, for a batch whose activations do not fit at once.
+ *   umt_step_begin(ctx); umt_zero_grad(ctx);
+ *   for each micro-batch [first, first + samples):
+ *       umt_micro_batch_begin(ctx, first, samples, batch);
+ *       loss = forward on those samples (the micro-batch's mean loss); umt_backward(ctx, loss);
+ *   umt_optimizer_step(opt);
+ * Each backward counts its loss by samples / batch, so the gradients are the whole batch's mean
+ * loss's; dropout draws the whole batch's masks (the first axis of a dropout's input must be the
+ * micro-batch's samples); gradient hooks (data parallelism) run in the last micro-batch only.
+ * Batch norm uses each micro-batch's own statistics, as PyTorch does under accumulation. A
+ * micro-batch after the first frees the previous one's activations: it must have run backward.
+ * The first micro-batch starts at sample 0, each next where the last ended. */
+umt_status umt_micro_batch_begin(umt_context *ctx, int64_t first, int64_t samples, int64_t batch);
+/* The step's loss so far, on the device: each finished micro-batch's loss times samples / batch
+ * (the whole batch's mean after the last); NULL when this step is not split. */
+umt_tensor *umt_micro_batch_loss(umt_context *ctx);
+
 /* ----------------------------------------------------------------------------------------- */
 /* Ops: each returns a new tensor in the activations pool and records itself on the tape. */
 

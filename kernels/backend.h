@@ -163,12 +163,14 @@ typedef struct {
     umt_status (*avg_pool_forward)(const umt_pool_shape *shape, const float *x, float *y);
     umt_status (*avg_pool_backward)(const umt_pool_shape *shape, const float *dy, float *dx);
 
-    /* --- dropout: element i is kept when umt_dropout_keep(seed, i, p) (kernels/backend.h), the
-     *     same counter-based draw on every backend; kept elements are scaled by 1/(1-p).
-     *     mask[i] = 1 if kept, else 0; dx accumulates. A non-NULL seed_on_device is read (in
-     *     stream order) instead of seed: a CUDA graph replays with a new seed there --- */
-    umt_status (*dropout_forward)(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed,
-                                  const uint64_t *seed_on_device);
+    /* --- dropout: element i is kept when umt_dropout_keep(seed, first + i, p) (kernels/backend.h),
+     *     the same counter-based draw on every backend; kept elements are scaled by 1/(1-p).
+     *     first is element 0's index in the whole batch's tensor (0 unless the batch runs as
+     *     micro-batches: core/micro_batch.c), so that a micro-batch draws the masks the whole
+     *     batch would. mask[i] = 1 if kept, else 0; dx accumulates. A non-NULL seed_on_device is
+     *     read (in stream order) instead of seed: a CUDA graph replays with a new seed there --- */
+    umt_status (*dropout_forward)(const float *x, float *y, uint8_t *mask, int64_t n, int64_t first, float p,
+                                  uint64_t seed, const uint64_t *seed_on_device);
     umt_status (*dropout_backward)(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
 
     /* --- batch norm over channels of x [n,c,hw] (spatial): training uses the batch's mean and
@@ -238,8 +240,8 @@ typedef struct {
     umt_status (*sum_rows)(umt_dtype dtype, const void *dy, float *dbias, int64_t rows, int64_t cols);
     umt_status (*relu)(umt_dtype dtype, const void *x, void *y, int64_t n);
     umt_status (*relu_backward)(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n);
-    umt_status (*dropout_forward)(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n, float p,
-                                  uint64_t seed, const uint64_t *seed_on_device);
+    umt_status (*dropout_forward)(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n, int64_t first,
+                                  float p, uint64_t seed, const uint64_t *seed_on_device);
     umt_status (*dropout_backward)(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx, int64_t n,
                                    float p);
     /* Convolution on bf16/f16 NHWC tensors; dw is an f32 gradient (accumulated); dx accumulates,

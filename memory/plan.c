@@ -67,9 +67,13 @@ umt_status umt_plan_begin_step(umt_arena_plan *plan) {
 bool umt_plan_next(umt_arena_plan *plan, size_t bytes, size_t *offset, int *slot) {
     *slot = UMT_PLAN_NO_SLOT;
     if (plan->planned) {
-        if (plan->following && plan->next < plan->count && plan->slots[plan->next].bytes == bytes) {
-            *offset = plan->slots[plan->next].offset;
-            plan->next++;
+        /* The same ops with fewer samples (a short last batch, a micro-batch) ask for no more
+         * bytes at the same point among the allocations and deaths: the slot holds them. */
+        const umt_plan_slot *s = plan->following && plan->next < plan->count ? &plan->slots[plan->next] : NULL;
+        if (s && bytes <= s->bytes && s->birth == plan->events) {
+            *offset = s->offset;
+            *slot = plan->next++;
+            plan->events++;
             return true;
         }
         plan->following = false;
@@ -90,7 +94,14 @@ bool umt_plan_next(umt_arena_plan *plan, size_t bytes, size_t *offset, int *slot
 }
 
 void umt_plan_end_of_life(umt_arena_plan *plan, int slot) {
-    if (plan->planned || slot < 0 || slot >= plan->count) return;
+    if (slot < 0 || slot >= plan->count) return;
+    if (plan->planned) {
+        /* A death the plan did not have at this point: the step's lifetimes are no longer the
+         * plan's, so its later allocations go past the planned region. */
+        if (plan->following && plan->slots[slot].death == plan->events) plan->events++;
+        else plan->following = false;
+        return;
+    }
     plan->slots[slot].death = plan->events++;
     plan->step_had_deaths = true;
 }

@@ -10,8 +10,10 @@
  *
  * From the record, each allocation gets an offset such that allocations alive at the same
  * time never overlap (largest first, lowest offset that fits). Later steps that ask for the
- * same sequence get the planned offsets; a step that departs from it (an evaluation step, a
- * smaller last batch) takes its remaining allocations past the planned region.
+ * same sequence get the planned offsets, as do the same ops on fewer samples (a short last
+ * batch, a micro-batch: core/micro_batch.h), whose sizes are no larger; a step that departs
+ * from it (an evaluation step on a larger batch) takes its remaining allocations past the
+ * planned region.
  */
 #ifndef UMT_MEMORY_PLAN_H
 #define UMT_MEMORY_PLAN_H
@@ -47,10 +49,12 @@ typedef struct {
 /* At each step start: makes the plan once a recorded step has run backward. */
 umt_status umt_plan_begin_step(umt_arena_plan *plan);
 /* The planned offset of the next allocation if this step still follows the plan (returns
- * true); otherwise false, and *slot is where the recording keeps it (UMT_PLAN_NO_SLOT when
- * nothing records it). */
+ * true; *slot its planned slot): the allocations and deaths so far came in the recorded order
+ * and this one asks for no more than the recorded size. Otherwise false, and *slot is where
+ * the recording keeps it (UMT_PLAN_NO_SLOT when nothing records it). */
 bool umt_plan_next(umt_arena_plan *plan, size_t bytes, size_t *offset, int *slot);
-/* Backward is done with the allocation in slot (recorded only while recording). */
+/* Backward is done with the allocation in slot: recorded while recording; once planned, a death
+ * the plan does not have at this point ends the step's following. */
 void umt_plan_end_of_life(umt_arena_plan *plan, int slot);
 void umt_plan_release(umt_arena_plan *plan);
 

@@ -71,7 +71,7 @@ static void test_dropout_with_p_0_is_the_identity(void **state) {
     float *x = random_floats(DROPOUT_N), *y = random_floats(DROPOUT_N);
     uint8_t *mask = malloc(DROPOUT_N);
     assert_non_null(mask);
-    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, DROPOUT_N, 0.0f, 42, NULL), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, DROPOUT_N, 0, 0.0f, 42, NULL), UMT_OK);
     assert_memory_equal(x, y, DROPOUT_N * sizeof *x);
     for (int64_t i = 0; i < DROPOUT_N; i++) assert_int_equal(mask[i], 1);
     free(x);
@@ -83,7 +83,7 @@ static void test_dropout_with_p_0_is_the_identity(void **state) {
 static int64_t check_dropout_forward(const float *x, float *y, uint8_t *mask, float p, uint64_t seed) {
     float scale = 1.0f / (1.0f - p);
     int64_t kept = 0;
-    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, DROPOUT_N, p, seed, NULL), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, DROPOUT_N, 0, p, seed, NULL), UMT_OK);
     for (int64_t i = 0; i < DROPOUT_N; i++) {
         bool keep = umt_dropout_keep(seed, (uint64_t)i, p);
         assert_int_equal(mask[i], keep ? 1 : 0);
@@ -108,15 +108,38 @@ static void test_dropout_keeps_the_elements_of_the_shared_draw_scaled_by_one_ove
     free(mask);
 }
 
+/* A micro-batch's elements [first, first + n) of the whole batch draw the whole batch's masks. */
+static void test_dropout_from_first_draws_the_whole_batchs_elements(void **state) {
+    (void)state;
+    lcg_seed(5);
+    float *x = random_floats(DROPOUT_N), *y = malloc(DROPOUT_N * sizeof *y), *part_y = malloc(DROPOUT_N * sizeof *y);
+    uint8_t *mask = malloc(DROPOUT_N), *part = malloc(DROPOUT_N);
+    assert_true(y && part_y && mask && part);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, DROPOUT_N, 0, 0.4f, 99, NULL), UMT_OK);
+    static const int64_t firsts[] = {0, 1, 777, DROPOUT_N - 3};
+    for (size_t f = 0; f < sizeof firsts / sizeof firsts[0]; f++) {
+        int64_t first = firsts[f], n = DROPOUT_N - first;
+        assert_int_equal(umt_cpu_dropout_forward(x + first, part_y, part, n, first, 0.4f, 99, NULL), UMT_OK);
+        assert_memory_equal(part, mask + first, (size_t)n);
+        assert_memory_equal(part_y, y + first, (size_t)n * sizeof *y);
+    }
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, 2, -1, 0.4f, 99, NULL), UMT_ERR_INVALID_ARGUMENT);
+    free(x);
+    free(y);
+    free(part_y);
+    free(mask);
+    free(part);
+}
+
 static void test_dropout_mask_repeats_for_a_seed_and_changes_with_it(void **state) {
     (void)state;
     lcg_seed(4);
     float *x = random_floats(DROPOUT_N), *y = malloc(DROPOUT_N * sizeof *y);
     uint8_t *first = malloc(DROPOUT_N), *again = malloc(DROPOUT_N), *other = malloc(DROPOUT_N);
     assert_true(y && first && again && other);
-    assert_int_equal(umt_cpu_dropout_forward(x, y, first, DROPOUT_N, 0.5f, 77, NULL), UMT_OK);
-    assert_int_equal(umt_cpu_dropout_forward(x, y, again, DROPOUT_N, 0.5f, 77, NULL), UMT_OK);
-    assert_int_equal(umt_cpu_dropout_forward(x, y, other, DROPOUT_N, 0.5f, 78, NULL), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, first, DROPOUT_N, 0, 0.5f, 77, NULL), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, again, DROPOUT_N, 0, 0.5f, 77, NULL), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, other, DROPOUT_N, 0, 0.5f, 78, NULL), UMT_OK);
     assert_memory_equal(first, again, DROPOUT_N);
     int64_t differ = 0;
     for (int64_t i = 0; i < DROPOUT_N; i++) differ += first[i] != other[i];
@@ -136,7 +159,7 @@ static void test_dropout_backward_accumulates_scaled_dy_where_kept(void **state)
     float *x = random_floats(N), *y = random_floats(N), *dy = random_floats(N), *dx = random_floats(N);
     float *dx_start = copy_floats(dx, N), p = 0.25f, scale = 1.0f / (1.0f - p);
     uint8_t mask[N];
-    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, N, p, 9, NULL), UMT_OK);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, N, 0, p, 9, NULL), UMT_OK);
     assert_int_equal(umt_cpu_dropout_backward(mask, dy, dx, N, p), UMT_OK);
     for (int64_t i = 0; i < N; i++) {
         assert_within(dx[i], mask[i] ? dx_start[i] + dy[i] * scale : dx_start[i], 0.0, "dropout dx", i);
@@ -152,9 +175,9 @@ static void test_dropout_refuses_p_outside_0_to_1(void **state) {
     (void)state;
     float x[2] = {1, 2}, y[2];
     uint8_t mask[2] = {1, 1};
-    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, 2, 1.0f, 0, NULL), UMT_ERR_INVALID_ARGUMENT);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, 2, 0, 1.0f, 0, NULL), UMT_ERR_INVALID_ARGUMENT);
     assert_error_mentions("p = 1");
-    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, 2, -0.1f, 0, NULL), UMT_ERR_INVALID_ARGUMENT);
+    assert_int_equal(umt_cpu_dropout_forward(x, y, mask, 2, 0, -0.1f, 0, NULL), UMT_ERR_INVALID_ARGUMENT);
     assert_int_equal(umt_cpu_dropout_backward(mask, x, y, 2, NAN), UMT_ERR_INVALID_ARGUMENT);
 }
 
@@ -362,6 +385,7 @@ int main(void) {
         cmocka_unit_test(test_dropout_with_p_0_is_the_identity),
         cmocka_unit_test(test_dropout_keeps_the_elements_of_the_shared_draw_scaled_by_one_over_keep),
         cmocka_unit_test(test_dropout_mask_repeats_for_a_seed_and_changes_with_it),
+        cmocka_unit_test(test_dropout_from_first_draws_the_whole_batchs_elements),
         cmocka_unit_test(test_dropout_backward_accumulates_scaled_dy_where_kept),
         cmocka_unit_test(test_dropout_refuses_p_outside_0_to_1),
         cmocka_unit_test(test_batchnorm_train_normalises_each_channel_and_moves_running_stats),

@@ -20,13 +20,19 @@ static void draw_seed(void *context, void *dst, size_t bytes) {
 
 /* One draw from the context's RNG per call: the run is reproducible from its seed, and the
  * kernel derives every element's draw from it on whichever device it runs. A captured step
- * reads it from the step's values instead (*seed_on_device), where each replay puts its own. */
-umt_status umt_dropout_seed(umt_context *ctx, uint64_t *seed, void **seed_on_device) {
+ * reads it from the step's values instead (*seed_on_device), where each replay puts its own.
+ * A micro-batch after the first takes the first one's draw again, and *first places x's
+ * elements in the whole batch (core/micro_batch.h): the masks are the unsplit step's. */
+umt_status umt_dropout_seed(umt_context *ctx, const umt_tensor *x, const char *op, uint64_t *seed,
+                            void **seed_on_device, int64_t *first) {
     *seed = 0;
     *seed_on_device = NULL;
-    if (ctx->values.recording) return umt_step_values_remade(ctx, sizeof *seed, draw_seed, ctx, seed_on_device);
-    *seed = umt_rng_next(&ctx->rng);
-    return UMT_OK;
+    bool repeated;
+    UMT_TRY(umt_micro_batch_dropout(ctx, x, op, first, seed, seed_on_device, &repeated));
+    if (repeated) return UMT_OK;
+    if (ctx->values.recording) UMT_TRY(umt_step_values_remade(ctx, sizeof *seed, draw_seed, ctx, seed_on_device));
+    else *seed = umt_rng_next(&ctx->rng);
+    return umt_micro_batch_keep_draw(ctx, *seed, *seed_on_device);
 }
 
 umt_tensor *umt_dropout(umt_context *ctx, umt_tensor *x, float p) {
@@ -43,12 +49,14 @@ umt_tensor *umt_dropout(umt_context *ctx, umt_tensor *x, float p) {
     if (!mask) return NULL;
     uint64_t seed;
     void *seed_on_device;
-    umt_status st = umt_dropout_seed(ctx, &seed, &seed_on_device);
+    int64_t first;
+    umt_status st = umt_dropout_seed(ctx, x, "umt_dropout", &seed, &seed_on_device, &first);
     /* The mask follows x's storage order; the draw depends only on the element's index. */
     if (st == UMT_OK)
-        st = umt_dtype_is_lowp(x->dtype) ? ctx->backend->lowp.dropout_forward(x->dtype, x->data, y->data, mask->data,
-                                                                            x->numel, p, seed, seed_on_device)
-                                         : ctx->backend->f32.dropout_forward(x->data, y->data, mask->data, x->numel, p,
-                                                                         seed, seed_on_device);
+        st = umt_dtype_is_lowp(x->dtype)
+                 ? ctx->backend->lowp.dropout_forward(x->dtype, x->data, y->data, mask->data, x->numel, first, p, seed,
+                                                      seed_on_device)
+                 : ctx->backend->f32.dropout_forward(x->data, y->data, mask->data, x->numel, first, p, seed,
+                                                     seed_on_device);
     return umt_op_finish_with(ctx, st, "umt_dropout", dropout_backward, y, mask, x, NULL, NULL, 0, 0, p);
 }

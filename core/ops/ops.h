@@ -32,9 +32,12 @@ umt_tensor *umt_op_finish_with(umt_context *ctx, umt_status kernel_status, const
                                umt_tensor *out, umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2,
                                int64_t param0, int64_t param1, float fparam);
 
-/* A dropout op's seed (core/ops/dropout.c): a draw of the context's RNG, or, while a step graph
- * is recorded, *seed_on_device: where each replay puts its own draw. */
-umt_status umt_dropout_seed(umt_context *ctx, uint64_t *seed, void **seed_on_device);
+/* A dropout op's seed (core/ops/dropout.c) for its input x: a draw of the context's RNG, or,
+ * while a step graph is recorded, *seed_on_device: where each replay puts its own draw; under
+ * micro-batching the first micro-batch's draw again, and *first: x's element 0 in the whole
+ * batch (core/micro_batch.h). op names the caller in errors. */
+umt_status umt_dropout_seed(umt_context *ctx, const umt_tensor *x, const char *op, uint64_t *seed,
+                            void **seed_on_device, int64_t *first);
 
 /* Input i's gradient if it takes one, else NULL (backward functions skip NULL gradients). */
 static inline void *umt_input_grad(const umt_node *node, int i) {

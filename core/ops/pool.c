@@ -99,14 +99,16 @@ umt_tensor *umt_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, int64_t wind
     /* One draw, after the pool, as umt_dropout would make it: the same run from the same seed. */
     uint64_t seed;
     void *seed_on_device;
-    umt_status st = umt_dropout_seed(ctx, &seed, &seed_on_device);
+    int64_t first;
+    umt_status st = umt_dropout_seed(ctx, y, "umt_max_pool2d_dropout", &seed, &seed_on_device, &first);
     const umt_backend *be = ctx->backend;
     if (st == UMT_OK && umt_dtype_is_lowp(s.dtype)) {
         st = be->lowp.max_pool_forward(&s, x->data, y->data, argmax);
-        if (st == UMT_OK) st = be->lowp.dropout_forward(s.dtype, y->data, y->data, mask, y->numel, p, seed, seed_on_device);
+        if (st == UMT_OK)
+            st = be->lowp.dropout_forward(s.dtype, y->data, y->data, mask, y->numel, first, p, seed, seed_on_device);
     } else if (st == UMT_OK) {
         st = be->f32.max_pool_forward(&s, x->data, y->data, argmax);
-        if (st == UMT_OK) st = be->f32.dropout_forward(y->data, y->data, mask, y->numel, p, seed, seed_on_device);
+        if (st == UMT_OK) st = be->f32.dropout_forward(y->data, y->data, mask, y->numel, first, p, seed, seed_on_device);
     }
     return umt_op_finish_with(ctx, st, "umt_max_pool2d_dropout", max_pool_dropout_backward, y, saved, x, NULL, NULL,
                               window, stride, p);
@@ -163,11 +165,13 @@ umt_tensor *umt_bias_relu_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, um
     float dropped = ctx->training ? p : 0.0f;
     uint64_t seed;
     void *seed_on_device;
-    if (st == UMT_OK && dropped > 0.0f) st = umt_dropout_seed(ctx, &seed, &seed_on_device);
+    int64_t first;
+    if (st == UMT_OK && dropped > 0.0f)
+        st = umt_dropout_seed(ctx, y, "umt_bias_relu_max_pool2d_dropout", &seed, &seed_on_device, &first);
     if (st == UMT_OK && dropped > 0.0f)
         st = umt_dtype_is_lowp(s.dtype)
-                 ? be->lowp.dropout_forward(s.dtype, y->data, y->data, mask, y->numel, p, seed, seed_on_device)
-                 : be->f32.dropout_forward(y->data, y->data, mask, y->numel, p, seed, seed_on_device);
+                 ? be->lowp.dropout_forward(s.dtype, y->data, y->data, mask, y->numel, first, p, seed, seed_on_device)
+                 : be->f32.dropout_forward(y->data, y->data, mask, y->numel, first, p, seed, seed_on_device);
     /* Its backward writes x's whole gradient (0 off the picks) when it is the first to. */
     return umt_op_overwrites_input_grad(ctx,
                                         umt_op_finish_with(ctx, st, "umt_bias_relu_max_pool2d_dropout",

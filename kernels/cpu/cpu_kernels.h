@@ -107,8 +107,8 @@ umt_status umt_cpu_avg_pool_forward(const umt_pool_shape *shape, const float *x,
 umt_status umt_cpu_avg_pool_backward(const umt_pool_shape *shape, const float *dy, float *dx);
 
 /* dropout.c */
-umt_status umt_cpu_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed,
-                                   const uint64_t *seed_on_device);
+umt_status umt_cpu_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, int64_t first, float p,
+                                   uint64_t seed, const uint64_t *seed_on_device);
 umt_status umt_cpu_dropout_backward(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
 
 /* batchnorm.c */

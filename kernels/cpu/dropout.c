@@ -1,7 +1,8 @@
 /*
  * kernels/cpu/dropout.c — inverted dropout, forward and backward.
  *
- * Element i is kept when umt_dropout_keep(seed, i, p) (kernels/backend.h): a hash of (seed, i),
+ * Element i is kept when umt_dropout_keep(seed, first + i, p) (kernels/backend.h): a hash of the seed
+ * and the element's index in the whole batch (first: where a micro-batch starts in it),
  * not a stream of random numbers, so the CUDA kernels keep exactly the same elements whatever
  * order their threads run in. Kept elements are scaled by 1/(1-p), so the expected output
  * equals the input and evaluation needs no rescaling. The scale is computed once as
@@ -21,14 +22,16 @@ static umt_status check_dropout(const char *op, int64_t n, float p) {
     return UMT_OK;
 }
 
-umt_status umt_cpu_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed,
-                                   const uint64_t *seed_on_device) {
+umt_status umt_cpu_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, int64_t first, float p,
+                                   uint64_t seed, const uint64_t *seed_on_device) {
     UMT_TRY(check_dropout("dropout_forward", n, p));
+    if (first < 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "dropout_forward: first = %lld, expected >= 0", (long long)first);
     if (seed_on_device) seed = *seed_on_device;
     /* p = 0 gives scale 1 and keeps every element: y = x exactly. */
     float scale = 1.0f / (1.0f - p);
     for (int64_t i = 0; i < n; i++) {
-        bool keep = umt_dropout_keep(seed, (uint64_t)i, p);
+        bool keep = umt_dropout_keep(seed, (uint64_t)(first + i), p);
         mask[i] = keep ? 1 : 0;
         y[i] = keep ? x[i] * scale : 0.0f;
     }

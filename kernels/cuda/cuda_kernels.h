@@ -120,8 +120,8 @@ umt_status umt_cuda_avg_pool_forward(const umt_pool_shape *shape, const float *x
 umt_status umt_cuda_avg_pool_backward(const umt_pool_shape *shape, const float *dy, float *dx);
 
 /* dropout.cu */
-umt_status umt_cuda_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p, uint64_t seed,
-                                    const uint64_t *seed_on_device);
+umt_status umt_cuda_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, int64_t first, float p,
+                                    uint64_t seed, const uint64_t *seed_on_device);
 umt_status umt_cuda_dropout_backward(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
 
 /* Mixed precision (core/precision.h): lowp.cu, and the _lp entry points of gemm.cu, conv.cu
@@ -137,8 +137,8 @@ umt_status umt_cuda_add_rows_lp(umt_dtype dtype, const void *x, const float *bia
 umt_status umt_cuda_sum_rows_lp(umt_dtype dtype, const void *dy, float *dbias, int64_t rows, int64_t cols);
 umt_status umt_cuda_relu_lp(umt_dtype dtype, const void *x, void *y, int64_t n);
 umt_status umt_cuda_relu_backward_lp(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n);
-umt_status umt_cuda_dropout_forward_lp(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n, float p,
-                                       uint64_t seed, const uint64_t *seed_on_device);
+umt_status umt_cuda_dropout_forward_lp(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n,
+                                       int64_t first, float p, uint64_t seed, const uint64_t *seed_on_device);
 umt_status umt_cuda_dropout_backward_lp(umt_dtype dtype, const uint8_t *mask, const void *dy, void *dx, int64_t n,
                                         float p);
 umt_status umt_cuda_conv2d_forward_lp(const umt_conv_shape *shape, const void *x, const void *w, void *y,

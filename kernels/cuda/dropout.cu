@@ -23,11 +23,11 @@ static umt_status check_dropout(const char *op, int64_t n, float p) {
 }
 
 /* A dropped element is written as 0, not x * 0, so a dropped NaN or infinity does not pass. */
-static __global__ void dropout_forward_kernel(const float *x, float *y, uint8_t *mask, int64_t n, float p,
-                                              float scale, uint64_t seed, const uint64_t *seed_on_device) {
+static __global__ void dropout_forward_kernel(const float *x, float *y, uint8_t *mask, int64_t n, int64_t first,
+                                              float p, float scale, uint64_t seed, const uint64_t *seed_on_device) {
     if (seed_on_device) seed = *seed_on_device;
     FOR_EACH_INDEX(i, n) {
-        bool keep = umt_dropout_keep(seed, (uint64_t)i, p);
+        bool keep = umt_dropout_keep(seed, (uint64_t)(first + i), p);
         mask[i] = keep ? 1 : 0;
         y[i] = keep ? __fmul_rn(x[i], scale) : 0.0f;
     }
@@ -40,13 +40,15 @@ static __global__ void dropout_backward_kernel(const uint8_t *mask, const float 
     }
 }
 
-extern "C" umt_status umt_cuda_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, float p,
-                                               uint64_t seed, const uint64_t *seed_on_device) {
+extern "C" umt_status umt_cuda_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, int64_t first,
+                                               float p, uint64_t seed, const uint64_t *seed_on_device) {
     UMT_TRY(check_dropout("dropout_forward", n, p));
+    if (first < 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "dropout_forward: first = %lld, expected >= 0", (long long)first);
     if (n == 0) return UMT_OK;
     float scale = 1.0f / (1.0f - p);
-    dropout_forward_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(x, y, mask, n, p, scale, seed,
-                                                                             seed_on_device);
+    dropout_forward_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(x, y, mask, n, first, p, scale,
+                                                                             seed, seed_on_device);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }

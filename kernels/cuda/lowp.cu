@@ -449,11 +449,11 @@ static __global__ void relu_backward_lp_kernel(umt_dtype dtype, const void *y, c
 
 /* The draw is umt_dropout_keep's (kernels/backend.h): the f32 kernel's, element for element. */
 static __global__ void dropout_forward_lp_kernel(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n,
-                                                 float p, float scale, uint64_t seed,
+                                                 int64_t first, float p, float scale, uint64_t seed,
                                                  const uint64_t *seed_on_device) {
     if (seed_on_device) seed = *seed_on_device;
     FOR_EACH_INDEX(i, n) {
-        bool keep = umt_dropout_keep(seed, (uint64_t)i, p);
+        bool keep = umt_dropout_keep(seed, (uint64_t)(first + i), p);
         mask[i] = keep ? 1 : 0;
         umt_dev_store_from_f32(y, dtype, i, keep ? umt_dev_load_as_f32(x, dtype, i) * scale : 0.0f);
     }
@@ -463,7 +463,7 @@ static __global__ void dropout_forward_lp_kernel(umt_dtype dtype, const void *x,
  * store; the same draws (element i's) and roundings as the kernel above. */
 template <umt_dtype D>
 static __global__ void dropout_forward_lp_vector_kernel(const uint4 *x, uint4 *y, uint64_t *mask, int64_t vectors,
-                                                        float p, float scale, uint64_t seed,
+                                                        int64_t first, float p, float scale, uint64_t seed,
                                                         const uint64_t *seed_on_device) {
     if (seed_on_device) seed = *seed_on_device;
     FOR_EACH_INDEX(v, vectors) {
@@ -471,7 +471,7 @@ static __global__ void dropout_forward_lp_vector_kernel(const uint4 *x, uint4 *y
         in.bits = x[v];
         uint64_t kept = 0;
         for (int e = 0; e < VECTOR; e++) {
-            bool keep = umt_dropout_keep(seed, (uint64_t)(v * VECTOR + e), p);
+            bool keep = umt_dropout_keep(seed, (uint64_t)(first + v * VECTOR + e), p);
             kept |= (uint64_t)keep << (8 * e); /* mask byte e: little-endian, element v * 8 + e */
             out.h[e] = umt_dev_narrow<D>(keep ? umt_dev_widen<D>(in.h[e]) * scale : 0.0f);
         }
@@ -517,14 +517,19 @@ static umt_status check_dropout(const char *op, umt_dtype dtype, float p) {
 }
 
 extern "C" umt_status umt_cuda_dropout_forward_lp(umt_dtype dtype, const void *x, void *y, uint8_t *mask, int64_t n,
-                                                  float p, uint64_t seed, const uint64_t *seed_on_device) {
+                                                  int64_t first, float p, uint64_t seed,
+                                                  const uint64_t *seed_on_device) {
     UMT_TRY(check_dropout("dropout_forward_lp", dtype, p));
+    if (first < 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "dropout_forward_lp: first = %lld, expected >= 0",
+                        (long long)first);
     if (vectorizable(n, x, y, y) && (uintptr_t)mask % sizeof(uint64_t) == 0) {
         LAUNCH_VECTORS_OF(dtype, n, dropout_forward_lp_vector_kernel, (const uint4 *)x, (uint4 *)y, (uint64_t *)mask,
-                          n / VECTOR, p, 1.0f / (1.0f - p), seed, seed_on_device);
+                          n / VECTOR, first, p, 1.0f / (1.0f - p), seed, seed_on_device);
         return UMT_OK;
     }
-    LAUNCH_OVER(n, dropout_forward_lp_kernel, dtype, x, y, mask, n, p, 1.0f / (1.0f - p), seed, seed_on_device);
+    LAUNCH_OVER(n, dropout_forward_lp_kernel, dtype, x, y, mask, n, first, p, 1.0f / (1.0f - p), seed,
+                seed_on_device);
     return UMT_OK;
 }
 

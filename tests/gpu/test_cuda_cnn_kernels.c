@@ -246,11 +246,14 @@ static void test_dropout_keeps_the_cpus_elements_and_matches_it_bit_for_bit(void
         for (size_t j = 0; j < sizeof ps / sizeof ps[0]; j++) {
             int64_t n = sizes[i];
             uint64_t seed = (uint64_t)random_u32() << 32 | random_u32();
-            CONTEXT("dropout n %lld, p %g, seed %llu", (long long)n, (double)ps[j], (unsigned long long)seed);
+            /* first: where a micro-batch would start in its whole batch (0: the batch itself) */
+            int64_t first = j % 2 ? (int64_t)(random_u32() % 1000000) : 0;
+            CONTEXT("dropout n %lld, first %lld, p %g, seed %llu", (long long)n, (long long)first, (double)ps[j],
+                    (unsigned long long)seed);
             float *values = host_alloc((size_t)n * sizeof *values);
             for (int64_t e = 0; e < n; e++) values[e] = e % 97 == 50 ? (e % 2 ? INFINITY : -INFINITY) : uniform(-1, 1);
             twin x = twin_of(values, (size_t)n * 4), y = twin_poisoned((size_t)n * 4), mask = twin_poisoned((size_t)n);
-            BOTH(dropout_forward(P(x), P(y), P(mask), n, ps[j], seed, NULL));
+            BOTH(dropout_forward(P(x), P(y), P(mask), n, first, ps[j], seed, NULL));
             expect_same_bytes("dropout_forward mask", mask);
             expect_same_bytes("dropout_forward y", y);
             int64_t kept = 0;
@@ -405,8 +408,8 @@ static void test_bad_arguments_fail_with_the_cpu_status_and_message(void **state
     SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, avg_pool_forward(&output, b, b));
     SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, avg_pool_backward(&stride, b, b));
     uint8_t mask[4] = {0};
-    SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, dropout_forward(b, b, mask, 4, 1.0f, 7, NULL));
-    SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, dropout_forward(b, b, mask, 4, NAN, 7, NULL));
+    SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, dropout_forward(b, b, mask, 4, 0, 1.0f, 7, NULL));
+    SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, dropout_forward(b, b, mask, 4, 0, NAN, 7, NULL));
     SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, dropout_backward(mask, b, b, -1, 0.5f));
     SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, batchnorm_forward_train(b, b, b, b, b, b, b, b, 0, 2, 2, 0.1f, 1e-5f));
     SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, batchnorm_forward_train(b, b, b, b, b, b, b, b, 2, 2, 2, 0.1f, -1.0f));

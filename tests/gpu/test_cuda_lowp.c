@@ -405,12 +405,14 @@ static void test_relu_matches_the_cpu_exactly_and_its_backward_within_tolerance(
 
 static void check_dropout(umt_dtype dtype, int64_t n, float p) {
     uint64_t seed = (uint64_t)random_u32() << 32 | random_u32();
-    CONTEXT("dropout_forward_lp / dropout_backward_lp %s, n %lld, p %g, seed %llu", umt_dtype_name(dtype),
-            (long long)n, (double)p, (unsigned long long)seed);
+    /* Where a micro-batch starts in its whole batch: 0 half the time, else anywhere. */
+    int64_t first = random_u32() % 2 ? 0 : (int64_t)(random_u32() % 100000);
+    CONTEXT("dropout_forward_lp / dropout_backward_lp %s, n %lld, first %lld, p %g, seed %llu",
+            umt_dtype_name(dtype), (long long)n, (long long)first, (double)p, (unsigned long long)seed);
     pair x = pair_random(dtype, false, flat(n), -2, 2), y = pair_poisoned(dtype, false, flat(n));
     uint8_t *mask = poison((size_t)n), *mask_dev = to_device(mask, (size_t)n);
-    EXPECT_OK(cpu->f32.dropout_forward(x.ref, y.ref, mask, n, p, seed, NULL));
-    EXPECT_OK(gpu->lowp.dropout_forward(dtype, x.dev, y.dev, mask_dev, n, p, seed, NULL));
+    EXPECT_OK(cpu->f32.dropout_forward(x.ref, y.ref, mask, n, first, p, seed, NULL));
+    EXPECT_OK(gpu->lowp.dropout_forward(dtype, x.dev, y.dev, mask_dev, n, first, p, seed, NULL));
     const uint8_t *got_mask = from_device(mask_dev, (size_t)n);
     bool *kept = host_alloc((size_t)n * sizeof *kept);
     for (int64_t i = 0; i < n; i++) {

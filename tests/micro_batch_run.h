@@ -1,0 +1,44 @@
+/*
+ * tests/micro_batch_run.h — a small CNN trained a few steps with its batch whole or as
+ * micro-batches (core/micro_batch.h), on the CPU or a GPU: what the micro-batching tests of both
+ * compare.
+ */
+#ifndef UMT_TESTS_MICRO_BATCH_RUN_H
+#define UMT_TESTS_MICRO_BATCH_RUN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "umtrain.h"
+
+#define MB_STEPS 5
+#define MB_SAMPLES 48
+
+typedef struct {
+    umt_device device;
+    umt_precision precision;
+    int micro_batches; /* 1: the batch whole, no umt_micro_batch_begin */
+    float dropout;     /* p of both dropouts (0: none) */
+    bool graph;        /* steps through a captured step graph (CUDA) */
+    bool batch_norm;   /* a batch norm after the convolution */
+    umt_optimizer_kind optimizer;
+} mb_run;
+
+typedef struct {
+    double losses[MB_STEPS];
+    float *params; /* every parameter after the steps, one after another (free it) */
+    int64_t count;
+    int64_t grad_ready_calls; /* the gradient hook's calls over the run */
+} mb_result;
+
+/* Writes the run's data (a fixed random IDX pair) into the folder (once per program). */
+void mb_write_data(const char *folder);
+/* Trains run's model MB_STEPS steps on MB_SAMPLES samples per step; asserts every call. */
+void mb_train(const mb_run *run, const char *folder, mb_result *out);
+/* Asserts that b's losses and parameters equal a's within rel, relative to each tensor's
+ * largest magnitude (losses: to themselves); what names the comparison in a failure. */
+void mb_expect_close(const mb_result *a, const mb_result *b, double rel, const char *what);
+/* Whether some parameter or loss differs by more than rel (the same measure). */
+bool mb_differ(const mb_result *a, const mb_result *b, double rel);
+
+#endif /* UMT_TESTS_MICRO_BATCH_RUN_H */
