@@ -108,7 +108,8 @@ static void build(model *m, const mb_run *run, const char *folder) {
     if (run->optimizer == UMT_OPT_SGD) oo.momentum = 0.9f;
     oo.loss_scaling = run->precision == UMT_PRECISION_FP16;
     check(umt_optimizer_create(m->ctx, &oo, &m->opt), "umt_optimizer_create");
-    umt_set_grad_ready_hook(m->ctx, count_grad_ready, m);
+    /* A host hook is not replayed: a step graph would run every step eagerly beside it. */
+    if (!run->graph) umt_set_grad_ready_hook(m->ctx, count_grad_ready, m);
 }
 
 static void collect(const model *m, mb_result *out) {
@@ -144,6 +145,7 @@ void mb_train(const mb_run *run, const char *folder, mb_result *out) {
         out->losses[s] = mean;
     }
     collect(&m, out);
+    out->replayed_steps = umt_step_graph_stats_get(graph).replayed_steps;
     umt_step_graph_destroy(graph);
     umt_context_destroy(m.ctx);
 }

@@ -28,7 +28,8 @@ typedef struct {
     double losses[MB_STEPS];
     float *params; /* every parameter after the steps, one after another (free it) */
     int64_t count;
-    int64_t grad_ready_calls; /* the gradient hook's calls over the run */
+    int64_t grad_ready_calls; /* the gradient hook's calls over the run (without a step graph) */
+    int64_t replayed_steps;   /* steps the step graph replayed */
 } mb_result;
 
 /* Writes the run's data (a fixed random IDX pair) into the folder (once per program). */
