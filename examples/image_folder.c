@@ -26,7 +26,7 @@ static const char *const program = "image_folder";
 
 typedef struct {
     umt_image_folder_options folder;
-    int epochs, crop_padding;
+    int epochs, crop_padding, grad_accum;
     bool flip;
     int64_t batch_size, test_limit; /* test_limit 0: every test image */
     float lr; /* 0: Adam's default */
@@ -39,10 +39,11 @@ static void usage(FILE *out) {
     fprintf(out, "usage: image_folder --root DIR [--size N] [--channels 0|1|3] [--test-fraction F] [--skip-bad]\n"
                  "                    [--epochs N] [--batch-size N] [--lr F] [--seed N] [--device cpu|cuda]\n"
                  "                    [--crop-padding N] [--flip] [--prefetch N] [--workers N] [--loader pinned|pageable-sync]\n"
-                 "                    [--test-limit N]\n"
+                 "                    [--test-limit N] [--grad-accum N]\n"
                  "defaults: size 28, channels from the first file, test fraction 0.2 (without train/ and test/),\n"
                  "          5 epochs, batch 64, adam lr 1e-3, seed 1, no augmentation, prefetch 4, 2 workers,\n"
-                 "          every test image (a limit N: the first N)\n");
+                 "          every test image (a limit N: the first N); --grad-accum N: each step runs N batches\n"
+                 "          of --batch-size as micro-batches and updates once, with the gradients of their whole\n");
 }
 
 static int parse_flag(options *o, const char *flag, const char *value) {
@@ -57,6 +58,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--test-fraction")) bad = example_number(program, flag, value, 0, 0.99, &v), o->folder.test_fraction = v;
     else if (!strcmp(flag, "--epochs")) bad = example_whole_number(program, flag, value, 1, 1000, &v), o->epochs = (int)v;
     else if (!strcmp(flag, "--batch-size")) bad = example_whole_number(program, flag, value, 1, 1 << 16, &v), o->batch_size = (int64_t)v;
+    else if (!strcmp(flag, "--grad-accum")) bad = example_whole_number(program, flag, value, 1, 1 << 16, &v), o->grad_accum = (int)v;
     else if (!strcmp(flag, "--lr")) bad = example_number(program, flag, value, 1e-9, 100, &v), o->lr = (float)v;
     else if (!strcmp(flag, "--seed")) bad = example_whole_number(program, flag, value, 0, 1e15, &v), o->seed = (uint64_t)v;
     else if (!strcmp(flag, "--test-limit")) bad = example_whole_number(program, flag, value, 1, 1e9, &v), o->test_limit = (int64_t)v;
@@ -71,7 +73,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
 }
 
 static int parse_options(int argc, char **argv, options *o) {
-    *o = (options){.folder = {.height = 28, .width = 28, .test_fraction = 0.2}, .epochs = 5, .batch_size = 64,
+    *o = (options){.folder = {.height = 28, .width = 28, .test_fraction = 0.2}, .epochs = 5, .batch_size = 64, .grad_accum = 1,
                    .seed = 1, .device = umt_default_device(), .input = example_input_defaults()};
     o->input.workers = 2;
     for (int i = 1; i < argc; ++i) {
@@ -117,30 +119,52 @@ typedef struct {
     small_cnn model;
     umt_optimizer *opt;
     umt_loader *train, *test;
+    int64_t batch, samples; /* the loader's batch, and the training samples */
+    int grad_accum;         /* loader batches per step, one micro-batch each (core/micro_batch.h) */
 } run_state;
 
-static int train_epoch(run_state *r, int64_t epoch) {
-    int64_t steps = 0, step = 0;
-    double loss_sum = 0, start = example_seconds();
-    if (example_check(program, umt_loader_start_epoch(r->train, 0, &steps))) return -1;
-    for (;; ++step) {
-        umt_tensor *images, *labels, *loss = NULL;
-        float value = 0;
-        umt_status st = umt_step_begin(r->ctx);
-        if (st == UMT_OK) st = umt_zero_grad(r->ctx);
-        if (st == UMT_OK) st = umt_loader_next(r->train, &images, &labels);
-        if (st != UMT_OK) return example_check(program, st);
-        if (!images) break;
-        loss = umt_softmax_cross_entropy(r->ctx, forward(r->ctx, &r->model, images), labels);
-        if (!loss || umt_backward(r->ctx, loss) || umt_optimizer_step(r->opt) || umt_tensor_get_f32(loss, 0, &value))
+/* The loader's next batch: its loss, backward. */
+static umt_tensor *forward_backward(run_state *r) {
+    umt_tensor *images, *labels;
+    if (example_check(program, umt_loader_next(r->train, &images, &labels))) return NULL;
+    umt_tensor *loss = images ? umt_softmax_cross_entropy(r->ctx, forward(r->ctx, &r->model, images), labels) : NULL;
+    if (!images) fprintf(stderr, "%s: the loader ran out of batches mid-epoch\n", program);
+    return loss && !umt_backward(r->ctx, loss) ? loss : NULL;
+}
+
+/* Step `step` of the epoch: its grad_accum batches (fewer at the epoch's end) as micro-batches of
+ * one step, or its one batch whole; the update; the step's loss. */
+static int train_step(run_state *r, int64_t step, float *value) {
+    int64_t first_sample = step * r->grad_accum * r->batch, left = r->samples - first_sample;
+    int64_t count = left < r->grad_accum * r->batch ? left : r->grad_accum * r->batch;
+    if (example_check(program, umt_step_begin(r->ctx)) || example_check(program, umt_zero_grad(r->ctx))) return -1;
+    umt_tensor *loss = r->grad_accum > 1 ? NULL : forward_backward(r);
+    for (int64_t first = 0; r->grad_accum > 1 && first < count; first += r->batch) {
+        int64_t samples = count - first < r->batch ? count - first : r->batch;
+        if (example_check(program, umt_micro_batch_begin(r->ctx, first, samples, count)) || !forward_backward(r))
             return example_check(program, umt_last_status());
+        loss = umt_micro_batch_loss(r->ctx);
+    }
+    if (!loss || umt_optimizer_step(r->opt) || umt_tensor_get_f32(loss, 0, value))
+        return example_check(program, umt_last_status());
+    return 0;
+}
+
+static int train_epoch(run_state *r, int64_t epoch) {
+    int64_t batches = 0;
+    double loss_sum = 0, start = example_seconds();
+    if (example_check(program, umt_loader_start_epoch(r->train, 0, &batches))) return -1;
+    int64_t steps = (batches + r->grad_accum - 1) / r->grad_accum;
+    for (int64_t step = 0; step < steps; ++step) {
+        float value = 0;
+        if (train_step(r, step, &value)) return -1;
         loss_sum += value;
     }
     double seconds = example_seconds() - start;
     umt_loader_stats stats;
     if (example_check(program, umt_loader_take_stats(r->train, &stats))) return -1;
     printf("epoch %lld loss %.4f in %.2f s (%lld steps), data wait %.1f ms (%.2f%%)\n", (long long)(epoch + 1),
-           loss_sum / (double)(step ? step : 1), seconds, (long long)steps, stats.wait_ms,
+           loss_sum / (double)(steps ? steps : 1), seconds, (long long)steps, stats.wait_ms,
            100.0 * stats.wait_ms / (1e3 * seconds));
     return 0;
 }
@@ -175,6 +199,9 @@ static int run(run_state *r, const options *o, const umt_samples *train, const u
         build_model(r->ctx, &r->model, chw, umt_samples_num_classes(train)) ||
         example_check(program, umt_optimizer_create(r->ctx, &oo, &r->opt)) || make_loaders(r, o, train, test))
         return -1;
+    r->batch = o->batch_size;
+    r->samples = umt_samples_size(train);
+    r->grad_accum = o->grad_accum;
     int64_t tested = example_limit(umt_samples_size(test), o->test_limit);
     for (int64_t epoch = 0; epoch < o->epochs; ++epoch) {
         double accuracy = 0;

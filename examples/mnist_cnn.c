@@ -199,8 +199,9 @@ typedef struct {
     umt_dist *dist;
     umt_step_graph *graph;
     int rank, ranks; /* only rank 0 prints and saves */
-    int micro_batches;  /* each step's batch as this many micro-batches (core/micro_batch.h) */
-    int64_t step_batch; /* samples per step on this rank: the micro-batches together */
+    int micro_batches;    /* each step's batch as this many micro-batches (core/micro_batch.h) */
+    int64_t step_batch;   /* samples per step on this rank: the micro-batches together */
+    int64_t loader_batch; /* --data-on host: the loader's batches, one micro-batch each */
 } run_state;
 
 /* Forward and backward of samples indices[0..count) of the resident dataset, or of the loader's
@@ -216,15 +217,26 @@ static umt_tensor *forward_backward(run_state *r, const int64_t *indices, int64_
     return loss && !umt_backward_scaled(r->ctx, loss, r->opt) ? loss : NULL;
 }
 
+/* Micro-batch i of a step of count samples split in k: near-equal parts of the resident dataset's
+ * indices, or the loader's batches of r->loader_batch (the last of an epoch may be short). */
+static void micro_batch_at(const run_state *r, int64_t count, int k, int i, int64_t *first, int64_t *samples) {
+    *first = r->loader ? i * r->loader_batch : count * i / k;
+    int64_t end = r->loader ? *first + r->loader_batch : count * (i + 1) / k;
+    *samples = (end < count ? end : count) - *first;
+}
+
 /* One step on samples indices[0..count): forward and backward, whole or as micro-batches whose
  * gradients add up to the whole's; then the gradients averaged over the ranks, and the update. */
 static umt_tensor *train_step(run_state *r, const int64_t *indices, int64_t count) {
     if (umt_step_begin(r->ctx) || umt_zero_grad(r->ctx)) return NULL;
-    int k = count < r->micro_batches ? (int)count : r->micro_batches;
+    int k = r->loader ? (int)((count + r->loader_batch - 1) / r->loader_batch)
+                      : (count < r->micro_batches ? (int)count : r->micro_batches);
     umt_tensor *loss = k > 1 ? NULL : forward_backward(r, indices, count);
     for (int i = 0; i < k && k > 1; ++i) {
-        int64_t first = count * i / k, samples = count * (i + 1) / k - first;
-        if (umt_micro_batch_begin(r->ctx, first, samples, count) || !forward_backward(r, indices + first, samples))
+        int64_t first, samples;
+        micro_batch_at(r, count, k, i, &first, &samples);
+        if (umt_micro_batch_begin(r->ctx, first, samples, count) ||
+            !forward_backward(r, indices + first, samples))
             return NULL;
         loss = umt_micro_batch_loss(r->ctx);
     }
@@ -239,7 +251,8 @@ static umt_tensor *graph_step(umt_context *ctx, void *user, const void *input, s
 }
 
 static umt_status run_step(run_state *r, const int64_t *indices, int64_t count) {
-    return umt_step_graph_run(r->graph, graph_step, r, indices, r->loader ? 0 : (size_t)count * sizeof *indices);
+    /* The loader's steps read no indices (their order is the loader's), but count the samples. */
+    return umt_step_graph_run(r->graph, graph_step, r, indices, (size_t)count * sizeof *indices);
 }
 
 static int64_t train_size(const run_state *r) { return r->loader ? umt_samples_size(r->train_host) : umt_dataset_size(r->train); }
@@ -249,8 +262,8 @@ static int64_t test_size(const run_state *r) { return r->loader ? umt_samples_si
  * draw from the same RNG, so both paths see the same order); returns the steps of `global`
  * samples (the batch times the ranks). */
 static int64_t start_epoch(run_state *r, int64_t n, int64_t global) {
-    int64_t steps = (n + global - 1) / global;
-    umt_status status = r->loader ? umt_loader_start_epoch(r->loader, n, &steps) : umt_permutation(r->ctx, n, r->order);
+    int64_t steps = (n + global - 1) / global, batches = 0;
+    umt_status status = r->loader ? umt_loader_start_epoch(r->loader, n, &batches) : umt_permutation(r->ctx, n, r->order);
     if (example_check(program, status)) return -1;
     /* A last global batch too short to give every rank a sample is left out, on every rank. */
     if (!umt_dist_batch_usable(n - (steps - 1) * global, r->ranks)) steps--;
@@ -453,7 +466,8 @@ static int load_host(run_state *r, const options *o) {
         example_load_mnist_samples(program, o->data_dir, "t10k", &r->test_host))
         return -1;
     umt_loader_options lo = umt_loader_defaults();
-    lo.batch_size = o->batch_size;
+    /* One micro-batch per batch of the loader (--grad-accum: of --batch-size). */
+    lo.batch_size = r->loader_batch = o->batch_size;
     lo.depth = o->input.prefetch;
     lo.workers = o->input.workers;
     lo.kind = o->input.loader;
@@ -503,12 +517,6 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     r->model.fuse = o->fuse;
     r->micro_batches = o->grad_accum;
     r->step_batch = o->batch_size * o->grad_accum;
-    /* The loader hands out whole batches; slicing one into micro-batches is not built. */
-    if (r->loader && r->micro_batches > 1) {
-        fprintf(stderr, "%s: %d micro-batches per step need the data on the GPU (--data-on gpu); the host loader "
-                "hands out whole batches\n", program, r->micro_batches);
-        return -1;
-    }
     /* After the model: rank 0's initial parameters go to every rank. */
     if (example_check(program, umt_dist_create(r->ctx, process, &o->dist, &r->dist))) return -1;
     if (make_optimizer(r, o)) return -1;
