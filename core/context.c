@@ -31,7 +31,7 @@ umt_status umt_context_create(const umt_context_options *options, umt_context **
     umt_status st = umt_device_start(ctx);
     if (st == UMT_OK) st = umt_precision_check(ctx);
     const char *trace = getenv("UMT_MEM_TRACE");
-    if (st == UMT_OK && trace && *trace) st = umt_trace_open(trace, ctx->memory.stream, &ctx->memory.trace);
+    if (st == UMT_OK && trace && *trace) st = umt_trace_open(trace, &ctx->memory, &ctx->memory.trace);
     if (st != UMT_OK) {
         umt_context_destroy(ctx);
         return st;

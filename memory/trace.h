@@ -7,9 +7,18 @@
  *   - instant events for allocations and frees ("alloc weights", with the bytes), and step marks;
  *   - complete events for the offload tier's copies and chunked updates, on one track per
  *     stream (copy-in, compute, copy-out, update, state-in), timed on the device by CUDA events: a copy's bar is
- *     when the copy engine really ran it, not when it was queued.
+ *     when the copy engine really ran it, not when it was queued;
+ *   - complete events for work on the host (the CPU threads' optimizer updates), timed on the host
+ *     clock by the threads that did it;
+ *   - in "otherData", what the picture needs to read the counters: the pools whose bytes are GPU
+ *     memory (stacked, their sum is the GPU's use) and the device budget.
  * Host times are microseconds since the trace opened; device times are placed on the same axis
- * through an event recorded on the compute stream when the trace opened (the stream is idle then).
+ * through an event recorded on the compute stream when the trace opened, the stream drained first
+ * (so that the event happens as it is queued: "clock_alignment_us" in otherData is how long the
+ * record and its wait took, a bound on the offset between the two clocks).
+ *
+ * Threads: the host intervals may be written from any thread (the CPU updates run in a CUDA host
+ * function and on worker threads); everything else from the thread that queues the GPU's work.
  */
 #ifndef UMT_MEMORY_TRACE_H
 #define UMT_MEMORY_TRACE_H
@@ -17,6 +26,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "memory/pool.h"
 #include "umtrain.h"
 
 typedef struct umt_trace umt_trace;
@@ -25,13 +35,14 @@ typedef struct umt_trace umt_trace;
 /* UMT_TRACE_UPDATE and UMT_TRACE_STATE_IN: updates during backward and the copies in of their
  * optimizer state, on streams of their own (their bars overlap the compute and copy-in tracks',
  * and a track's bars must nest). */
-/* UMT_TRACE_HOST_UPDATE: updates in backward by CPU threads (offload/host.c), the bars of
- * their host functions on the stream that runs them. */
+/* UMT_TRACE_HOST_UPDATE: updates by CPU threads (offload/host.c in backward, offload/update.c
+ * after it), timed on the host clock around the threads' work. */
 enum { UMT_TRACE_HOST = 0, UMT_TRACE_COPY_IN = 1, UMT_TRACE_COMPUTE = 2, UMT_TRACE_COPY_OUT = 3, UMT_TRACE_UPDATE = 4,
        UMT_TRACE_STATE_IN = 5, UMT_TRACE_HOST_UPDATE = 6, UMT_TRACE_TRACKS = 7 };
 
-/* Opens path for writing; stream is the compute stream (NULL on the CPU: no device events). */
-umt_status umt_trace_open(const char *path, void *stream, umt_trace **out);
+/* Opens path for writing, for the pools of mem: its stream is the compute stream (NULL on the CPU: no
+ * device events), its budget and placements go into otherData. */
+umt_status umt_trace_open(const char *path, const umt_memory *mem, umt_trace **out);
 /* Waits for the device events still pending, writes them and closes the file. NULL is ok. */
 void umt_trace_close(umt_trace *trace);
 
@@ -46,5 +57,12 @@ void umt_trace_mark(umt_trace *trace, const char *name);
 void *umt_trace_begin(umt_trace *trace, void *stream);
 void umt_trace_end(umt_trace *trace, void *stream, void *begin, const char *name, const char *category, int track,
                    size_t bytes);
+
+/* The trace's clock: microseconds since it opened (0 when trace is NULL). Thread-safe. */
+double umt_trace_now_us(const umt_trace *trace);
+/* Work done on the host from begin_us to end_us (umt_trace_now_us before and after it), on track.
+ * Thread-safe: the thread that did the work writes it, as it ends; no CUDA call. NULL is ok. */
+void umt_trace_host_interval(umt_trace *trace, double begin_us, double end_us, const char *name, const char *category,
+                             int track, size_t bytes);
 
 #endif /* UMT_MEMORY_TRACE_H */

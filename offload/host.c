@@ -159,10 +159,16 @@ static umt_status job_of(umt_offload *o, umt_tensor *p, umt_offload_host_job **o
     return *out = job, UMT_OK;
 }
 
-/* The host function: no CUDA calls here. */
+/* The host function: no CUDA calls here. UMT_MEM_TRACE: the threads' work, timed on the trace's
+ * host clock here, where it runs (CUDA events around a host function would time the stream's
+ * wait for the driver's callback thread too). */
 static void CUDART_CB run_job(void *arg) {
     umt_offload_host_job *job = arg;
+    umt_trace *trace = job->parameter->ctx->memory.trace;
+    double begin_us = umt_trace_now_us(trace);
     if (!umt_offload_cpu_threads(&job->job, 1, SPARE_CORES)) atomic_store(&job->failed, 1);
+    umt_trace_host_interval(trace, begin_us, umt_trace_now_us(trace), label(job->parameter), "cpu update",
+                            UMT_TRACE_HOST_UPDATE, 0);
 }
 
 umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
@@ -185,10 +191,7 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
                                      state[1] ? state[1]->offload.home : NULL, p->numel};
     umt_optimizer_snapshot(o->attached, &job->rule.options, &job->rule.step);
     UMT_TRY(umt_offload_wait(o->host_update, o->slots[s].drained)); /* the gradient is home */
-    umt_trace *trace = o->ctx->memory.trace;
-    void *begin = umt_trace_begin(trace, o->host_update);
     UMT_CUDA_TRY(cudaLaunchHostFunc((cudaStream_t)o->host_update, run_job, job));
-    umt_trace_end(trace, o->host_update, begin, label(p), "cpu update", UMT_TRACE_HOST_UPDATE, 0);
     UMT_TRY(umt_offload_record(job->done, o->host_update));
     p->offload.grad_zero = true; /* consumed by the update */
     p->offload.updated_early = true;

@@ -227,8 +227,14 @@ static umt_status run_cpu_jobs(umt_offload *o) {
      * the parameters being rewritten. */
     UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
     UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->copy_in));
-    if (!umt_offload_cpu_threads(o->cpu_jobs, o->cpu_job_count, 0))
-        return umt_fail(UMT_ERR_STATE, "offload: a CPU update failed: %s", umt_last_error());
+    /* UMT_MEM_TRACE: the threads' work as one bar of the CPU's track, on the trace's host clock. */
+    umt_trace *trace = o->ctx->memory.trace;
+    double begin_us = umt_trace_now_us(trace);
+    bool ok = umt_offload_cpu_threads(o->cpu_jobs, o->cpu_job_count, 0);
+    char name[32];
+    snprintf(name, sizeof name, "%d parameters", o->cpu_job_count);
+    umt_trace_host_interval(trace, begin_us, umt_trace_now_us(trace), name, "cpu update", UMT_TRACE_HOST_UPDATE, 0);
+    if (!ok) return umt_fail(UMT_ERR_STATE, "offload: a CPU update failed: %s", umt_last_error());
     return UMT_OK;
 }
 

@@ -4,7 +4,8 @@
  * losses over 10 steps as the same model in GPU memory (fp32, updates on the GPU, on the CPU,
  * auto, and during backward); a middle budget offloads optimizer state only (and updates it in
  * backward, the parameters resident); the device stays within the budget; the
- * UMT_MEM_TRACE file is valid JSON naming every pool; a refusal prints the pools largest first;
+ * UMT_MEM_TRACE file is valid JSON naming every pool, with the CPU threads' updates on the
+ * devices' time axis; a refusal prints the pools largest first;
  * at a batch whose saved activations do not fit beside the rest, a run that offloads them gives
  * the in-memory losses too, where the same budget without them is refused.
  */
@@ -25,6 +26,7 @@
 #include "core/base/error.h"
 #include "core/context.h"
 #include "core/tensor.h"
+#include "memory/trace.h"
 #include "umtrain.h"
 
 #define WIDTH 2048
@@ -357,6 +359,77 @@ static void test_trace_is_valid_json_naming_every_pool(void **state) {
     free(text);
 }
 
+/* A complete event of the trace (memory/trace.c writes one event a line): its track and times, us. */
+typedef struct {
+    int track;
+    double begin, end;
+} traced_interval;
+
+static int complete_events(const char *text, traced_interval *out, int most) {
+    int count = 0;
+    for (const char *line = text; *line && count < most;) {
+        const char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line) : strlen(line);
+        char event[1024]; /* one line at a time: searching the rest of a large file per line is slow */
+        if (n < sizeof event) {
+            memcpy(event, line, n);
+            event[n] = '\0';
+            const char *tid = strstr(event, "\"tid\": "), *ts = strstr(event, "\"ts\": "),
+                       *dur = strstr(event, "\"dur\": ");
+            if (strstr(event, "\"ph\": \"X\"") && tid && ts && dur) {
+                double begin = strtod(ts + 6, NULL);
+                out[count++] = (traced_interval){atoi(tid + 7), begin, begin + strtod(dur + 7, NULL)};
+            }
+        }
+        line += n + (end != NULL);
+    }
+    return count;
+}
+
+/* The CPU threads' update after backward is on the trace's "cpu update" track, once a step, and on
+ * the devices' time axis: the compute and copy-in streams are drained before it starts and get no
+ * work until it ends (the host thread waits for the threads), so none of their intervals may
+ * reach into it by more than the clocks' alignment (a generous 0.5 ms; a step's bars last
+ * milliseconds, and backward's last kernel ends and the next step's first copy starts within
+ * about that of the update). */
+static void test_trace_times_the_cpu_threads_updates_on_the_devices_axis(void **state) {
+    (void)state;
+    const char *path = "/tmp/umt_test_offload_cpu_trace.json";
+    setenv("UMT_MEM_TRACE", path, 1);
+    model m;
+    build(&m, "200M", UMT_OFFLOAD_OPTIM_CPU);
+    unsetenv("UMT_MEM_TRACE");
+    float losses[STEPS];
+    train(&m, losses);
+    destroy(&m);
+    char *text = read_file(path);
+    assert_non_null(json_value(text));
+    assert_non_null(strstr(text, "\"budget_bytes\": "));
+    assert_non_null(strstr(text, "\"stacked_pools\": [\"weights\""));
+    enum { MOST = 1 << 18 };
+    traced_interval *events = calloc(MOST, sizeof *events);
+    assert_non_null(events);
+    int count = complete_events(text, events, MOST), cpu = 0;
+    free(text);
+    const double tolerance_us = 500;
+    for (int i = 0; i < count; ++i) {
+        const traced_interval *u = &events[i];
+        if (u->track != UMT_TRACE_HOST_UPDATE) continue;
+        cpu++;
+        for (int j = 0; j < count; ++j) {
+            const traced_interval *d = &events[j];
+            bool drained = d->track == UMT_TRACE_COMPUTE || d->track == UMT_TRACE_COPY_IN;
+            if (!drained || d->end <= u->begin + tolerance_us || d->begin >= u->end - tolerance_us) continue;
+            traced_interval seen = *d, update = *u;
+            free(events);
+            fail_msg("an interval on track %d (%.1f to %.1f us) reaches into the CPU update (%.1f to %.1f us)",
+                     seen.track, seen.begin, seen.end, update.begin, update.end);
+        }
+    }
+    free(events);
+    assert_int_equal(cpu, STEPS);
+}
+
 static void test_a_refused_allocation_prints_the_pools_largest_first(void **state) {
     (void)state;
     model m;
@@ -441,6 +514,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_a_middle_budget_offloads_optimizer_state_only, destroy_leftover),
         cmocka_unit_test_teardown(test_resident_parameters_update_their_offloaded_state_in_backward, destroy_leftover),
         cmocka_unit_test_teardown(test_trace_is_valid_json_naming_every_pool, destroy_leftover),
+        cmocka_unit_test_teardown(test_trace_times_the_cpu_threads_updates_on_the_devices_axis, destroy_leftover),
         cmocka_unit_test_teardown(test_a_refused_allocation_prints_the_pools_largest_first, destroy_leftover),
         cmocka_unit_test_teardown(test_saved_activations_offloaded_match_in_memory_losses, destroy_leftover),
     };
