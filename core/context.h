@@ -47,6 +47,7 @@ struct umt_context {
     umt_hook_table hooks; /* the subsystems taking part in each step (core/hooks.h) */
     int64_t steps_begun;  /* umt_step_begin calls, for the trace's step marks */
     umt_micro_batch_state micro; /* the step's micro-batches (core/micro_batch.h) */
+    void *forward_trace;         /* UMT_MEM_TRACE: where this step's forward began (memory/trace.h) */
 };
 
 /* Scratch of at least bytes from the workspace pool, valid until the next call (ops run in

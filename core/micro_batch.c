@@ -7,6 +7,7 @@
 
 #include "core/base/error.h"
 #include "core/context.h"
+#include "core/tape.h"
 #include "core/tensor.h"
 
 void umt_micro_batch_reset(umt_context *ctx) {
@@ -54,6 +55,7 @@ umt_status umt_micro_batch_begin(umt_context *ctx, int64_t first, int64_t sample
      * last one's activations, as a step's start does, and takes its dropout draws again. */
     if (m->index) UMT_TRY(umt_step_release(ctx));
     else UMT_TRY(step_loss(ctx));
+    if (m->index) umt_forward_trace_begin(ctx);
     m->first = first;
     m->samples = samples;
     m->batch = batch;

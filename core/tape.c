@@ -49,6 +49,19 @@ void umt_tape_release(umt_tape *tape) {
 /* ----------------------------------------------------------------------------------------- */
 /* The public autograd entry points */
 
+/* UMT_MEM_TRACE: a forward's kernels, as one bar on the compute stream from its start to
+ * backward's first kernel (or to the next forward, for an evaluation). */
+static void forward_trace_end(umt_context *ctx) {
+    umt_trace_end(ctx->memory.trace, ctx->memory.stream, ctx->forward_trace, "forward", "forward",
+                  UMT_TRACE_COMPUTE, 0);
+    ctx->forward_trace = NULL;
+}
+
+void umt_forward_trace_begin(umt_context *ctx) {
+    forward_trace_end(ctx);
+    ctx->forward_trace = umt_trace_begin(ctx->memory.trace, ctx->memory.stream);
+}
+
 umt_status umt_step_release(umt_context *ctx) {
     umt_tape_clear(&ctx->tape);
     /* The previous step's activations, views and activation gradients all go at once. */
@@ -80,7 +93,9 @@ umt_status umt_step_begin(umt_context *ctx) {
     ctx->steps_begun++;
     /* Subsystems start their step (the offload tier plans at the first). */
     UMT_TRY(umt_hooks_step_begin(ctx));
-    return umt_step_values_begin(ctx);
+    UMT_TRY(umt_step_values_begin(ctx));
+    umt_forward_trace_begin(ctx);
+    return UMT_OK;
 }
 
 umt_status umt_zero_grad(umt_context *ctx) {
@@ -144,6 +159,7 @@ umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *se
         return umt_fail(UMT_ERR_STATE, "umt_backward: the loss was computed with grad disabled or from no parameter");
     if (ctx->tape.count == 0)
         return umt_fail(UMT_ERR_STATE, "umt_backward: the tape is empty (backward already ran since the forward pass)");
+    forward_trace_end(ctx);
     umt_tensor *seed = umt_tensor_grad_or_zeros(ctx, loss);
     if (!seed) return UMT_ERR_OUT_OF_MEMORY;
     /* A micro-batch's mean loss counts samples / batch of the step's (core/micro_batch.h). */

@@ -50,6 +50,8 @@ void umt_tape_clear(umt_tape *tape);
 /* The step's tape, activations, views and workspace released, as a step (or a micro-batch:
  * core/micro_batch.h) starts; the parameters' pending uses restart from 0. */
 umt_status umt_step_release(umt_context *ctx);
+/* UMT_MEM_TRACE: a forward starts here (a step's, or a micro-batch's); backward ends its bar. */
+void umt_forward_trace_begin(umt_context *ctx);
 void umt_tape_release(umt_tape *tape);
 
 #endif /* UMT_CORE_TAPE_H */

@@ -224,6 +224,8 @@ CALL(umt_backward) { STATUS(umt_backward(CTX(0), OWN(1, loss))); }
 CALL(umt_set_grad_enabled) { VALUE(umt_set_grad_enabled(CTX(0), true)); }
 CALL(umt_set_training) { VALUE(umt_set_training(CTX(0), true)); }
 CALL(umt_set_grad_ready_hook) { VALUE(umt_set_grad_ready_hook(CTX(0), ARG(1, on_grad_ready), ARG(2, (void *)s))); }
+CALL(umt_micro_batch_begin) { STATUS(umt_micro_batch_begin(CTX(0), 0, 2, 4)); }
+CALL(umt_micro_batch_loss) { POINTER(umt_micro_batch_loss(CTX(0))); }
 CALL(umt_matmul) { POINTER(umt_matmul(CTX(0), OWN(1, x), OWN(2, w))); }
 CALL(umt_linear) { POINTER(umt_linear(CTX(0), OWN(1, x), OWN(2, fc_weight), OWN(3, fc_bias))); }
 CALL(umt_linear_relu) { POINTER(umt_linear_relu(CTX(0), OWN(1, x), OWN(2, fc_weight), OWN(3, fc_bias))); }
@@ -419,6 +421,8 @@ static const row table[] = {
     ROW(umt_set_grad_enabled, N("ctx")),
     ROW(umt_set_training, N("ctx")),
     ROW(umt_set_grad_ready_hook, N("ctx"), A("fn"), A("user")),
+    ROW(umt_micro_batch_begin, N("ctx")),
+    ROW(umt_micro_batch_loss, N("ctx")),
     ROW(umt_matmul, N("ctx"), K("a"), K("b")),
     ROW(umt_linear, N("ctx"), K("x"), K("weight"), AO("bias")),
     ROW(umt_linear_relu, N("ctx"), K("x"), K("weight"), AO("bias")),

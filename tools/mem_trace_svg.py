@@ -19,7 +19,7 @@ import sys
 COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
 # (category of the trace's complete events, lane label), top to bottom.
-LANES = [("backward", "backward"), ("prefetch", "copy in"), ("optimizer", "update"), ("cpu update", "cpu update"),
+LANES = [("forward", "forward"), ("backward", "backward"), ("prefetch", "copy in"), ("optimizer", "update"), ("cpu update", "cpu update"),
          ("offload", "copy out")]
 # Traces written before otherData named the stacked pools: the pinned host pools are not GPU memory.
 HOST_POOLS = {"staging", "offload"}
