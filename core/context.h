@@ -45,6 +45,10 @@ struct umt_context {
     umt_owned *owned;
     umt_hook_table hooks; /* the subsystems taking part in each step (core/hooks.h) */
     int64_t steps_begun;  /* umt_step_begin calls, for the trace's step marks */
+    /* Set only while a dry step runs (core/step/dry_step.c): kernels are no-ops, the pools record
+     * without backing (memory/dry.h), and the largest tensor made is measured, in elements. */
+    bool dry;
+    int64_t dry_largest_numel;
 };
 
 /* Scratch of at least bytes from the workspace pool, valid until the next call (ops run in

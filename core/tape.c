@@ -50,6 +50,11 @@ void umt_tape_release(umt_tape *tape) {
 
 umt_status umt_step_begin(umt_context *ctx) {
     if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_begin: ctx is NULL");
+    /* A dry step (core/step/dry_step.c) begins its own steps: one begun inside it would reset
+     * the real arena's step counts and queue the step's values. */
+    if (ctx->dry)
+        return umt_fail(UMT_ERR_STATE, "umt_step_begin: called during a dry step (a plan's forward makes its inputs "
+                                       "and loss only; the dry step begins and ends the step)");
     umt_tape_clear(&ctx->tape);
     /* The previous step's activations, views and activation gradients all go at once. */
     while (ctx->step_tensors) {
