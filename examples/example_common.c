@@ -195,3 +195,32 @@ int example_evaluate(const char *program, umt_context *ctx, example_forward_fn f
     *accuracy = 100.0 * (double)correct / (double)n;
     return rc;
 }
+
+/* ----------------------------------------------------------------------------------------- */
+/* The memory plan */
+
+typedef struct {
+    example_loss_fn loss;
+    const void *model;
+    int64_t chw[3];
+} plan_model;
+
+/* The plan's forward: a batch of images and labels (never filled: a dry step backs no byte). */
+static umt_tensor *plan_forward(umt_context *ctx, void *user, int64_t batch) {
+    const plan_model *p = user;
+    umt_tensor *images = umt_tensor_new_4d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, batch, p->chw[0], p->chw[1], p->chw[2]);
+    umt_tensor *labels = images ? umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, batch) : NULL;
+    return labels ? p->loss(ctx, p->model, images, labels) : NULL;
+}
+
+int example_plan(const char *program, umt_context *ctx, example_loss_fn loss, const void *model, const int64_t chw[3],
+                 int64_t batch, int64_t samples, int64_t eval_batch) {
+    plan_model p = {loss, model, {chw[0], chw[1], chw[2]}};
+    if (batch > samples && samples > 0) batch = samples;
+    umt_memory_plan_request rq = {.batch = batch, .last_batch = samples % batch, .eval_batch = eval_batch};
+    umt_memory_plan plan;
+    if (example_check(program, umt_memory_plan_make(ctx, &rq, plan_forward, &p, &plan))) return -1;
+    umt_memory_plan_print(&plan, stdout);
+    fflush(stdout);
+    return 0;
+}

@@ -74,4 +74,14 @@ int example_input_flag(const char *program, example_input_flags *flags, const ch
 int example_count_correct(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
                           const umt_dataset *test, int64_t batch_size, int64_t first, int64_t count, int64_t *correct);
 
+/* A classifier's training loss on images f32 [N,C,H,W] and labels i32 [N]. */
+typedef umt_tensor *(*example_loss_fn)(umt_context *ctx, const void *model, umt_tensor *images, umt_tensor *labels);
+/* The memory plan before step 1 (include/umtrain.h, umt_memory_plan_make), printed on stdout as one
+ * table: steps of `batch` images of chw through loss, an epoch of `samples` training images (its
+ * last step shorter), evaluation in batches of eval_batch (0: none). The dry steps' images and
+ * labels are new tensors of the activations pool, in that order, as the loaders make them.
+ * Returns 0, or -1 with the message printed. */
+int example_plan(const char *program, umt_context *ctx, example_loss_fn loss, const void *model, const int64_t chw[3],
+                 int64_t batch, int64_t samples, int64_t eval_batch);
+
 #endif /* UMT_EXAMPLE_COMMON_H */

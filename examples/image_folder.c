@@ -4,6 +4,7 @@
  *
  *   bazel-bin/examples/mnist_to_png --out /tmp/digits --train 3000 --test 1000   # a tree to try
  *   bazel-bin/examples/image_folder --root /tmp/digits --size 28 --epochs 5
+ *   bazel-bin/examples/image_folder --root /tmp/digits --dry-run   # the memory plan alone, nothing trained
  *
  * Files are decoded, resized and augmented by the loader's threads (--workers) into the pinned
  * staging ring (--prefetch deep); the compute stream only ever sees ready batches. Each epoch
@@ -27,7 +28,7 @@ static const char *const program = "image_folder";
 typedef struct {
     umt_image_folder_options folder;
     int epochs, crop_padding;
-    bool flip;
+    bool flip, dry_run;
     int64_t batch_size, test_limit; /* test_limit 0: every test image */
     float lr; /* 0: Adam's default */
     uint64_t seed;
@@ -39,10 +40,11 @@ static void usage(FILE *out) {
     fprintf(out, "usage: image_folder --root DIR [--size N] [--channels 0|1|3] [--test-fraction F] [--skip-bad]\n"
                  "                    [--epochs N] [--batch-size N] [--lr F] [--seed N] [--device cpu|cuda]\n"
                  "                    [--crop-padding N] [--flip] [--prefetch N] [--workers N] [--loader pinned|pageable-sync]\n"
-                 "                    [--test-limit N]\n"
+                 "                    [--test-limit N] [--dry-run]\n"
                  "defaults: size 28, channels from the first file, test fraction 0.2 (without train/ and test/),\n"
                  "          5 epochs, batch 64, adam lr 1e-3, seed 1, no augmentation, prefetch 4, 2 workers,\n"
-                 "          every test image (a limit N: the first N)\n");
+                 "          every test image (a limit N: the first N); the memory plan printed before step 1\n"
+                 "          (--dry-run: printed, and nothing trained)\n");
 }
 
 static int parse_flag(options *o, const char *flag, const char *value) {
@@ -76,9 +78,10 @@ static int parse_options(int argc, char **argv, options *o) {
     o->input.workers = 2;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), exit(0), 0;
-        /* The two switches without a value. */
+        /* The switches without a value. */
         if (!strcmp(argv[i], "--skip-bad")) o->folder.skip_bad = true;
         else if (!strcmp(argv[i], "--flip")) o->flip = true;
+        else if (!strcmp(argv[i], "--dry-run")) o->dry_run = true;
         else if (i + 1 >= argc) return example_missing_value(program, argv[i], usage);
         else if (parse_flag(o, argv[i], argv[i + 1])) return -1;
         else i++;
@@ -107,6 +110,11 @@ static umt_tensor *forward(umt_context *ctx, const void *model, umt_tensor *x) {
     x = umt_max_pool2d(ctx, umt_relu(ctx, umt_layer_forward(ctx, m->conv1, x)), 2, 2);
     x = umt_max_pool2d(ctx, umt_relu(ctx, umt_layer_forward(ctx, m->conv2, x)), 2, 2);
     return umt_layer_forward(ctx, m->fc, umt_flatten(ctx, x));
+}
+
+/* The training loss, as train_epoch computes it: what the memory plan's dry steps run. */
+static umt_tensor *plan_loss(umt_context *ctx, const void *model, umt_tensor *images, umt_tensor *labels) {
+    return umt_softmax_cross_entropy(ctx, forward(ctx, model, images), labels);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -176,6 +184,11 @@ static int run(run_state *r, const options *o, const umt_samples *train, const u
         example_check(program, umt_optimizer_create(r->ctx, &oo, &r->opt)) || make_loaders(r, o, train, test))
         return -1;
     int64_t tested = example_limit(umt_samples_size(test), o->test_limit);
+    /* The memory plan before step 1; --dry-run stops after it. */
+    int64_t eval = tested < o->batch_size ? tested : o->batch_size;
+    if (example_plan(program, r->ctx, plan_loss, &r->model, chw, o->batch_size, umt_samples_size(train), eval))
+        return -1;
+    if (o->dry_run) return 0;
     for (int64_t epoch = 0; epoch < o->epochs; ++epoch) {
         double accuracy = 0;
         if (train_epoch(r, epoch) || (tested && example_evaluate_loader(program, r->ctx, forward, &r->model, r->test,

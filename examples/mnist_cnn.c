@@ -9,6 +9,7 @@
  *   bazel-bin/examples/mnist_cnn --device cpu --train-limit 640 --test-limit 1000   # a quick look on a CPU
  *   bazel-bin/examples/mnist_cnn --data-on host --batch-size 512  # pinned prefetch from the host
  *   bazel-bin/examples/mnist_cnn --gpus 2                         # one process per GPU (NCCL)
+ *   bazel-bin/examples/mnist_cnn --dry-run --batch-size 32768      # the memory plan alone, nothing trained
  *   mpirun -np 2 bazel-bin/examples/mnist_cnn                     # the same, ranks from mpirun
  *
  * The network (examples/mnist_cnn_model.c) and the recipe are the example's: Adadelta lr 1.0,
@@ -67,7 +68,7 @@ typedef struct {
     bool device_set;
     umt_memory_mode memory_mode;
     int log_every, bench_steps, gpus;
-    bool fuse, graph, allow_nonfinite;
+    bool fuse, graph, allow_nonfinite, dry_run;
     example_input_flags input;
     umt_dist_options dist;
 } options;
@@ -79,7 +80,7 @@ static void usage(FILE *out) {
                  "                 [--test-limit N] [--log-every N] [--save PATH] [--resume PATH [--allow-nonfinite]]\n"
                  "                 [--bench STEPS]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
-                 "                 [--fuse on|off] [--graph on|off]\n"
+                 "                 [--fuse on|off] [--graph on|off] [--dry-run]\n"
                  EXAMPLE_INPUT_USAGE
                  "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
                  "                 [--dist auto|on]\n"
@@ -90,7 +91,8 @@ static void usage(FILE *out) {
                  "          prefetch 4 deep with 1 loader thread); 1 GPU, buckets of 25 MiB reduced in f32,\n"
                  "          timeout 300 s, graph on (one CUDA graph launch per step, on one GPU with the data\n"
                  "          on it). With --gpus N (or under mpirun) --batch-size is per GPU. --dist on runs\n"
-                 "          the NCCL path on one GPU too (its results equal the run without it).\n");
+                 "          the NCCL path on one GPU too (its results equal the run without it). Every run prints\n"
+                 "          its memory plan before step 1; --dry-run prints it and exits, training nothing.\n");
 }
 
 static int parse_reduce(options *o, const char *value) {
@@ -169,6 +171,10 @@ static int parse_options(int argc, char **argv, options *o) {
         }
         if (!strcmp(argv[i], "--allow-nonfinite")) {
             o->allow_nonfinite = true;
+            continue;
+        }
+        if (!strcmp(argv[i], "--dry-run")) {
+            o->dry_run = true;
             continue;
         }
         if (i + 1 >= argc) return example_missing_value(program, argv[i], usage);
@@ -496,6 +502,22 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     return r->order ? 0 : -1;
 }
 
+/* The memory plan before step 1 (include/umtrain.h): dry steps of the training loss on batches of
+ * --batch-size, the epoch's last shorter batch, evaluation in batches of --test-batch-size. Every
+ * run prints it; --dry-run stops after it. */
+static umt_tensor *plan_loss(umt_context *ctx, const void *model, umt_tensor *images, umt_tensor *labels) {
+    return mnist_cnn_loss(ctx, model, images, labels);
+}
+
+static int plan_memory(const run_state *r, const options *o) {
+    if (r->rank != 0) return 0;
+    const int64_t chw[3] = {1, 28, 28};
+    int64_t n = o->bench_steps ? 0 : example_limit(train_size(r), o->train_limit) / r->ranks;
+    int64_t tested = example_limit(test_size(r), o->test_limit) / r->ranks;
+    int64_t eval = o->bench_steps ? 0 : tested < o->test_batch_size ? tested : o->test_batch_size;
+    return example_plan(program, r->ctx, plan_loss, &r->model, chw, o->batch_size, n, eval);
+}
+
 /* What runs: the images used (after the limits; --bench takes the whole training set), the
  * recipe, the device, the ranks when there are several, and where the data lives. */
 static void print_banner(const run_state *r, const options *o) {
@@ -531,7 +553,8 @@ int main(int argc, char **argv) {
         if (r.loader)
             printf("%s: loader %s, %d staging slots, %d loader thread(s)\n", program,
                    o.input.loader == UMT_LOADER_PINNED ? "pinned" : "pageable-sync", o.input.prefetch, o.input.workers);
-        rc = o.bench_steps ? bench(&r, &o) : train(&r, &o);
+        rc = plan_memory(&r, &o);
+        if (!rc && !o.dry_run) rc = o.bench_steps ? bench(&r, &o) : train(&r, &o);
     }
     if (rc && r.ranks > 1) fprintf(stderr, "%s: rank %d of %d failed\n", program, r.rank, r.ranks);
     free(r.order);
