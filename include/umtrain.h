@@ -224,7 +224,8 @@ const char *umt_plan_verdict_name(umt_plan_verdict verdict);
 
 typedef struct {
     umt_plan_verdict verdict;
-    bool fits;              /* the step fits the budget and the element limit as planned */
+    bool fits;              /* the step fits the budget (less 1% and 1 MiB kept free for what no dry
+                             * step sees) and the element limit, as planned */
     int64_t batch;          /* B */
     int64_t micro_batches;  /* k */
     int64_t micro_batch;    /* ceil(B / k): the samples of one micro-batch */

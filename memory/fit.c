@@ -8,7 +8,7 @@
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 bool umt_fit_ok(const umt_fit_inputs *in, const umt_fit_measure *m) {
-    bool budget = in->budget_bytes == 0 || m->device_peak_bytes <= in->budget_bytes;
+    bool budget = in->budget_bytes == 0 || m->device_peak_bytes + in->margin_bytes <= in->budget_bytes;
     return budget && m->largest_elements <= in->element_limit && !m->refused;
 }
 

@@ -12,7 +12,8 @@
  *   4. otherwise the smallest k whose micro-batch ceil(B/k) fits. A step's need grows with its
  *      micro-batch, so k is found by bisection over 1..B (about log2 B measures; each is a dry
  *      step, cheap: no kernel runs), then lowered to the fewest micro-batches of that size.
- * A step fits when its device peak is within the budget (no budget, 0, on the CPU: always) and
+ * A step fits when its device peak and the margin are within the budget (no budget, 0, on the
+ * CPU: always) and
  * its largest tensor within the element limit, and no library refused a shape.
  * (memory/plan.c is another plan: the activation arena's offsets within one step.)
  */
@@ -39,6 +40,7 @@ typedef struct {
     int64_t forced_k;      /* 0: choose */
     int64_t element_limit; /* >= 1 */
     size_t budget_bytes;   /* 0: no budget */
+    size_t margin_bytes;   /* kept free under the budget: what a measure cannot see */
     size_t state_bytes[3]; /* weights, grads, optim held on the device now */
 } umt_fit_inputs;
 

@@ -111,6 +111,21 @@ static umt_status refuse_above_100(void *user, int64_t b, umt_fit_measure *out) 
     return UMT_OK;
 }
 
+static void test_the_margin_is_kept_free_under_the_budget(void **state) {
+    (void)state;
+    /* 100 samples of 1 MiB fit a 100 MiB budget exactly; with 10 MiB kept free, 90 do. */
+    linear_step step = {0, MIB, 1, 0};
+    umt_fit_inputs in = inputs(100, 100 * MIB);
+    in.state_bytes[0] = in.state_bytes[1] = in.state_bytes[2] = 0;
+    umt_fit_choice c;
+    assert_int_equal(umt_fit_choose(&in, measure, &step, &c), UMT_OK);
+    assert_int_equal(c.k, 1);
+    in.margin_bytes = 10 * MIB;
+    assert_int_equal(umt_fit_choose(&in, measure, &step, &c), UMT_OK);
+    assert_int_equal(c.k, 2);
+    assert_int_equal(c.micro_batch, 50);
+}
+
 static void test_a_refused_shape_does_not_fit(void **state) {
     (void)state;
     umt_fit_inputs in = inputs(1000, 0);
@@ -186,6 +201,7 @@ int main(void) {
         cmocka_unit_test(test_the_smallest_k_that_fits_the_budget),
         cmocka_unit_test(test_the_fewest_micro_batches_of_the_chosen_size),
         cmocka_unit_test(test_the_element_limit_alone_sets_k_without_a_budget),
+        cmocka_unit_test(test_the_margin_is_kept_free_under_the_budget),
         cmocka_unit_test(test_a_refused_shape_does_not_fit),
         cmocka_unit_test(test_a_forced_k_is_kept_fitting_or_not),
         cmocka_unit_test(test_state_past_the_budget_needs_the_offload_tier_named_with_sizes),

@@ -17,6 +17,11 @@
 #include "memory/fit.h"
 #include "memory/pool.h"
 
+/* Kept free under the budget, besides 1% of it: what no dry step allocates (the step's values, a
+ * slot of at least 64 KiB in the inputs pool, made at the first step) and a trainer's own small
+ * tensors around its step. */
+#define UMT_PLAN_MARGIN_BYTES ((size_t)1 << 20)
+
 typedef struct {
     umt_context *ctx;
     const umt_memory_plan_request *request;
@@ -75,7 +80,8 @@ static umt_fit_inputs fit_inputs(const umt_context *ctx, const umt_memory_plan_r
     int64_t limit = ctx->options.device == UMT_DEVICE_CUDA ? INT_MAX : INT64_MAX;
     umt_fit_inputs in = {.batch = rq->batch, .forced_k = rq->micro_batches,
                          .element_limit = rq->element_limit ? rq->element_limit : limit,
-                         .budget_bytes = ctx->memory.budget_bytes};
+                         .budget_bytes = ctx->memory.budget_bytes,
+                         .margin_bytes = ctx->memory.budget_bytes / 100 + UMT_PLAN_MARGIN_BYTES};
     const umt_pool state[3] = {UMT_POOL_WEIGHTS, UMT_POOL_GRADS, UMT_POOL_OPTIM};
     for (int i = 0; i < 3; ++i) {
         const umt_pool_state *s = &ctx->memory.pools[state[i]];
