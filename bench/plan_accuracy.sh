@@ -91,5 +91,9 @@ if [[ ${BIG_MLP:-1} == 1 ]]; then
     # shellcheck disable=SC2086
     check big_mlp "$bin/big_mlp" ${BIG_MLP_ARGS:---no-offload --steps 3}
 fi
-if [[ $failed == 0 ]]; then echo "plan_accuracy: every pool within 10% (or $slack bytes)"; else echo "plan_accuracy: FAILED"; fi
+if [[ $failed == 0 ]]; then
+    echo "plan_accuracy: every pool within 10% (or $slack bytes)"
+else
+    echo "plan_accuracy: FAILED"
+fi
 exit $failed

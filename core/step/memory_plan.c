@@ -107,7 +107,8 @@ static void fill_plan(const umt_context *ctx, const umt_fit_inputs *in, const um
 umt_status umt_memory_plan_make(umt_context *ctx, const umt_memory_plan_request *request, umt_plan_forward_fn forward,
                                 void *user, umt_memory_plan *out) {
     if (!ctx || !request || !forward || !out)
-        return umt_fail_null("umt_memory_plan_make", !ctx ? "ctx" : !request ? "request" : !forward ? "forward" : "out");
+        return umt_fail_null("umt_memory_plan_make",
+                             !ctx ? "ctx" : !request ? "request" : !forward ? "forward" : "out");
     UMT_TRY(check_request(request));
     umt_fit_inputs in = fit_inputs(ctx, request);
     umt_memory_plan_request rq = *request;

@@ -114,7 +114,8 @@ static void test_the_plan_predicts_two_real_steps_and_changes_nothing(void **sta
             check_pools_against(&r, &plan);
         }
         bytes = 0;
-        for (int i = 0; i < umt_parameter_count(r.ctx); ++i) bytes += (size_t)umt_tensor_numel(umt_parameter_at(r.ctx, i));
+        for (int i = 0; i < umt_parameter_count(r.ctx); ++i)
+            bytes += (size_t)umt_tensor_numel(umt_parameter_at(r.ctx, i));
         parameters[with_plan] = malloc(bytes * sizeof(float));
         assert_non_null(parameters[with_plan]);
         size_t at = 0;
