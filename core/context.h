@@ -48,6 +48,10 @@ struct umt_context {
     int64_t steps_begun;  /* umt_step_begin calls, for the trace's step marks */
     umt_micro_batch_state micro; /* the step's micro-batches (core/micro_batch.h) */
     void *forward_trace;         /* UMT_MEM_TRACE: where this step's forward began (memory/trace.h) */
+    /* Set only while a dry step runs (core/step/dry_step.c): kernels are no-ops, the pools record
+     * without backing (memory/dry.h), and the largest tensor made is measured, in elements. */
+    bool dry;
+    int64_t dry_largest_numel;
 };
 
 /* Scratch of at least bytes from the workspace pool, valid until the next call (ops run in

@@ -77,6 +77,11 @@ umt_status umt_step_release(umt_context *ctx) {
 
 umt_status umt_step_begin(umt_context *ctx) {
     if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_begin: ctx is NULL");
+    /* A dry step (core/step/dry_step.c) begins its own steps: one begun inside it would reset
+     * the real arena's step counts and queue the step's values. */
+    if (ctx->dry)
+        return umt_fail(UMT_ERR_STATE, "umt_step_begin: called during a dry step (a plan's forward makes its inputs "
+                                       "and loss only; the dry step begins and ends the step)");
     UMT_TRY(umt_step_release(ctx));
     umt_micro_batch_reset(ctx);
     /* A subsystem that works on the host in every step takes part in nothing a replay redoes. */

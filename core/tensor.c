@@ -68,6 +68,8 @@ umt_tensor *umt_tensor_alloc(umt_context *ctx, umt_pool pool, umt_dtype dtype, i
         return NULL;
     }
     if (shape_numel("umt_tensor_new", ndim, shape, &numel) != UMT_OK) return NULL;
+    /* A dry step measures what libraries will be handed: cuDNN takes at most INT_MAX elements. */
+    if (ctx->dry && numel > ctx->dry_largest_numel) ctx->dry_largest_numel = numel;
     umt_tensor *t = new_header(ctx, pool, dtype, ndim, shape, numel);
     if (!t) return NULL;
     if (umt_memory_alloc_slot(&ctx->memory, pool, t->bytes, &t->data, &t->arena_slot) != UMT_OK) {

@@ -18,6 +18,8 @@
  *        --offload-activations (saved activations may go to the offload tier too: the first step
  *        sends all, the plan then keeps what fits; the reserve shrinks to what that step needs)
  *        --no-offload (plain pools: fails past the budget) --bench N (N timed steps after warm-up)
+ *        --dry-run (the memory plan alone: each pool's predicted peak, printed before step 1 in
+ *        every run; nothing trained)
  *
  *   UMT_DEVICE_BUDGET=2G bazel-bin/examples/big_mlp --batch 2048 --offload-activations
  *                                             # activations (2.1 GiB) alone past what 2G leaves
@@ -42,7 +44,7 @@ typedef struct {
     int steps, bench, host_updates;
     uint64_t seed;
     float lr;
-    bool offload, offload_activations;
+    bool offload, offload_activations, dry_run;
     size_t reserve;
     umt_offload_optimizer update_on;
 } options;
@@ -50,7 +52,7 @@ typedef struct {
 static void print_usage(FILE *out) {
     fprintf(out, "usage: big_mlp [--width N] [--depth N] [--batch N] [--steps N] [--seed N] [--lr X]\n"
             "               [--update-on auto|gpu|cpu|backward] [--reserve SIZE] [--offload-activations] [--no-offload]\n"
-            "               [--host-updates N|auto] [--bench N]\n");
+            "               [--host-updates N|auto] [--bench N] [--dry-run]\n");
 }
 
 static int usage(const char *why, const char *what) {
@@ -70,6 +72,7 @@ static int parse(int argc, char **argv, options *o) {
         }
         if (!strcmp(a, "--no-offload")) { o->offload = false; continue; }
         if (!strcmp(a, "--offload-activations")) { o->offload_activations = true; continue; }
+        if (!strcmp(a, "--dry-run")) { o->dry_run = true; continue; }
         if (!v) return example_missing_value("big_mlp", a, print_usage), 2;
         i++;
         if (!strcmp(a, "--width")) o->width = atoll(v);
@@ -175,6 +178,36 @@ static int step(const options *o, model *m, float *loss_out) {
 }
 
 /* ----------------------------------------------------------------------------------------- */
+/* The memory plan before step 1 (include/umtrain.h) */
+
+typedef struct {
+    const options *o;
+    const model *m;
+} plan_user;
+
+/* The step's loss on the resident batch, or on fresh inputs of a micro-batch when the plan
+ * splits the batch. */
+static umt_tensor *plan_forward(umt_context *ctx, void *user, int64_t batch) {
+    const plan_user *p = user;
+    model micro = *p->m;
+    if (batch != p->o->batch) {
+        micro.x = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, batch, p->o->width);
+        micro.labels = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, batch);
+        if (!micro.x || !micro.labels) return NULL;
+    }
+    return forward(p->o, &micro);
+}
+
+static int plan_memory(const options *o, const model *m) {
+    plan_user user = {o, m};
+    umt_memory_plan_request rq = {.batch = o->batch};
+    umt_memory_plan plan;
+    if (umt_memory_plan_make(m->ctx, &rq, plan_forward, &user, &plan)) return fail("memory plan");
+    umt_memory_plan_print(&plan, stdout);
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------------------- */
 /* --bench: step time against the link */
 
 /* The most warm-up steps: the search for the count of CPU updates takes two a count. */
@@ -239,8 +272,9 @@ int main(int argc, char **argv) {
     printf("big_mlp: %lld layers of %lld x %lld, batch %lld: weights + grads + Adam %.2f GiB, device budget %.2f GiB "
            "(%.1fx)\n", (long long)o.depth, (long long)o.width, (long long)o.width, (long long)o.batch, state_gib,
            (double)budget / (1 << 30), state_gib * (1 << 30) / (double)budget);
-    if (o.bench) rc = bench(&o, &m);
-    for (int s = 0; !o.bench && s < o.steps && !rc; ++s) {
+    rc = plan_memory(&o, &m);
+    if (!rc && o.bench && !o.dry_run) rc = bench(&o, &m);
+    for (int s = 0; !o.bench && !o.dry_run && s < o.steps && !rc; ++s) {
         float loss = 0;
         double t0 = seconds();
         rc = step(&o, &m, &loss);
@@ -248,7 +282,7 @@ int main(int argc, char **argv) {
     }
     umt_offload_stats st;
     umt_offload_stats_get(m.ctx, &st);
-    if (!rc)
+    if (!rc && !o.dry_run)
         printf("big_mlp: %d tensors (%.2f GiB) in the offload tier; %.2f GB copied to the device, %.2f GB to the host; "
                "saved activations: %llu sent out (%.2f GB out, %.2f GB back)\n",
                st.offloaded_tensors, (double)st.offloaded_bytes / (1 << 30), (double)st.bytes_to_device / 1e9,

@@ -195,3 +195,41 @@ int example_evaluate(const char *program, umt_context *ctx, example_forward_fn f
     *accuracy = 100.0 * (double)correct / (double)n;
     return rc;
 }
+
+/* ----------------------------------------------------------------------------------------- */
+/* The memory plan */
+
+typedef struct {
+    example_loss_fn loss;
+    const void *model;
+    int64_t chw[3];
+} plan_model;
+
+/* The plan's forward: a batch of images and labels (never filled: a dry step backs no byte). */
+static umt_tensor *plan_forward(umt_context *ctx, void *user, int64_t batch) {
+    const plan_model *p = user;
+    umt_tensor *images = umt_tensor_new_4d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, batch, p->chw[0], p->chw[1], p->chw[2]);
+    umt_tensor *labels = images ? umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, batch) : NULL;
+    return labels ? p->loss(ctx, p->model, images, labels) : NULL;
+}
+
+int example_plan(const char *program, umt_context *ctx, example_loss_fn loss, const void *model, const int64_t chw[3],
+                 const example_plan_steps *steps, FILE *print, umt_memory_plan *plan) {
+    plan_model p = {loss, model, {chw[0], chw[1], chw[2]}};
+    int64_t batch = steps->batch > steps->samples && steps->samples > 0 ? steps->samples : steps->batch;
+    umt_memory_plan_request rq = {.batch = batch, .micro_batches = steps->micro_batches,
+                                  .last_batch = steps->samples % batch, .eval_batch = steps->eval_batch};
+    if (rq.micro_batches > batch) rq.micro_batches = batch;
+    if (example_check(program, umt_memory_plan_make(ctx, &rq, plan_forward, &p, plan))) return -1;
+    if (print) umt_memory_plan_print(plan, print);
+    if (print) fflush(print);
+    /* Past the budget even in micro-batches of one sample, or the state alone: no split helps. */
+    if (plan->verdict == UMT_PLAN_OFFLOAD_STATE || plan->verdict == UMT_PLAN_OFFLOAD_ACTIVATIONS) {
+        fprintf(stderr, "%s: the memory plan does not fit the device budget: %s\n", program, plan->why);
+        return -1;
+    }
+    if (!plan->fits && print)
+        fprintf(stderr, "%s: %lld micro-batches of %lld do not fit the plan's budget (%s); training anyway\n",
+                program, (long long)plan->micro_batches, (long long)plan->micro_batch, plan->why);
+    return 0;
+}

@@ -74,4 +74,21 @@ int example_input_flag(const char *program, example_input_flags *flags, const ch
 int example_count_correct(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
                           const umt_dataset *test, int64_t batch_size, int64_t first, int64_t count, int64_t *correct);
 
+/* A classifier's training loss on images f32 [N,C,H,W] and labels i32 [N]. */
+typedef umt_tensor *(*example_loss_fn)(umt_context *ctx, const void *model, umt_tensor *images, umt_tensor *labels);
+/* What a trainer's epoch asks of memory: steps of `batch` images (as micro_batches micro-batches,
+ * or 0: as the plan chooses), an epoch of `samples` training images (its last step shorter; 0:
+ * none), evaluation in batches of eval_batch (0: none). */
+typedef struct {
+    int64_t batch, micro_batches, samples, eval_batch;
+} example_plan_steps;
+
+/* The memory plan before step 1 (include/umtrain.h, umt_memory_plan_make) for steps through loss
+ * on images of chw, printed as one table on print (NULL: not printed). The dry steps' images and
+ * labels are new tensors of the activations pool, in that order, as the loaders make them.
+ * Returns 0 (a forced split that does not fit is said, and kept), or -1 with the message printed:
+ * a failed dry step, or a plan that needs the offload tier. */
+int example_plan(const char *program, umt_context *ctx, example_loss_fn loss, const void *model, const int64_t chw[3],
+                 const example_plan_steps *steps, FILE *print, umt_memory_plan *plan);
+
 #endif /* UMT_EXAMPLE_COMMON_H */

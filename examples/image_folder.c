@@ -4,6 +4,7 @@
  *
  *   bazel-bin/examples/mnist_to_png --out /tmp/digits --train 3000 --test 1000   # a tree to try
  *   bazel-bin/examples/image_folder --root /tmp/digits --size 28 --epochs 5
+ *   bazel-bin/examples/image_folder --root /tmp/digits --dry-run   # the memory plan alone, nothing trained
  *
  * Files are decoded, resized and augmented by the loader's threads (--workers) into the pinned
  * staging ring (--prefetch deep); the compute stream only ever sees ready batches. Each epoch
@@ -27,7 +28,7 @@ static const char *const program = "image_folder";
 typedef struct {
     umt_image_folder_options folder;
     int epochs, crop_padding, grad_accum;
-    bool flip;
+    bool flip, dry_run;
     int64_t batch_size, test_limit; /* test_limit 0: every test image */
     float lr; /* 0: Adam's default */
     uint64_t seed;
@@ -39,11 +40,12 @@ static void usage(FILE *out) {
     fprintf(out, "usage: image_folder --root DIR [--size N] [--channels 0|1|3] [--test-fraction F] [--skip-bad]\n"
                  "                    [--epochs N] [--batch-size N] [--lr F] [--seed N] [--device cpu|cuda]\n"
                  "                    [--crop-padding N] [--flip] [--prefetch N] [--workers N] [--loader pinned|pageable-sync]\n"
-                 "                    [--test-limit N] [--grad-accum N]\n"
+                 "                    [--test-limit N] [--grad-accum N] [--dry-run]\n"
                  "defaults: size 28, channels from the first file, test fraction 0.2 (without train/ and test/),\n"
                  "          5 epochs, batch 64, adam lr 1e-3, seed 1, no augmentation, prefetch 4, 2 workers,\n"
                  "          every test image (a limit N: the first N); --grad-accum N: each step runs N batches\n"
-                 "          of --batch-size as micro-batches and updates once, with the gradients of their whole\n");
+                 "          of --batch-size as micro-batches and updates once, with the gradients of their whole;\n"
+                 "          the memory plan printed before step 1 (--dry-run: printed, and nothing trained)\n");
 }
 
 static int parse_flag(options *o, const char *flag, const char *value) {
@@ -78,9 +80,10 @@ static int parse_options(int argc, char **argv, options *o) {
     o->input.workers = 2;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), exit(0), 0;
-        /* The two switches without a value. */
+        /* The switches without a value. */
         if (!strcmp(argv[i], "--skip-bad")) o->folder.skip_bad = true;
         else if (!strcmp(argv[i], "--flip")) o->flip = true;
+        else if (!strcmp(argv[i], "--dry-run")) o->dry_run = true;
         else if (i + 1 >= argc) return example_missing_value(program, argv[i], usage);
         else if (parse_flag(o, argv[i], argv[i + 1])) return -1;
         else i++;
@@ -109,6 +112,11 @@ static umt_tensor *forward(umt_context *ctx, const void *model, umt_tensor *x) {
     x = umt_max_pool2d(ctx, umt_relu(ctx, umt_layer_forward(ctx, m->conv1, x)), 2, 2);
     x = umt_max_pool2d(ctx, umt_relu(ctx, umt_layer_forward(ctx, m->conv2, x)), 2, 2);
     return umt_layer_forward(ctx, m->fc, umt_flatten(ctx, x));
+}
+
+/* The training loss, as train_epoch computes it: what the memory plan's dry steps run. */
+static umt_tensor *plan_loss(umt_context *ctx, const void *model, umt_tensor *images, umt_tensor *labels) {
+    return umt_softmax_cross_entropy(ctx, forward(ctx, model, images), labels);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -169,9 +177,10 @@ static int train_epoch(run_state *r, int64_t epoch) {
     return 0;
 }
 
+/* Loaders of r->batch images (each a micro-batch when a step takes several). */
 static int make_loaders(run_state *r, const options *o, const umt_samples *train, const umt_samples *test) {
     umt_loader_options lo = umt_loader_defaults();
-    lo.batch_size = o->batch_size;
+    lo.batch_size = r->batch;
     lo.depth = o->input.prefetch;
     lo.workers = o->input.workers;
     lo.kind = o->input.loader;
@@ -187,6 +196,25 @@ static int make_loaders(run_state *r, const options *o, const umt_samples *train
     return example_check(program, umt_loader_create(r->ctx, test, &lo, &r->test));
 }
 
+/* The memory plan before step 1 for steps of --batch-size x --grad-accum images. Where the plan
+ * splits a step the loader's batches become its micro-batches: equal ones, the fewest no larger
+ * than the plan's (evaluation in batches of one too). */
+static int plan_steps(run_state *r, const int64_t chw[3], int64_t tested) {
+    int64_t step = r->batch * r->grad_accum;
+    example_plan_steps steps = {.batch = step, .micro_batches = r->grad_accum > 1 ? r->grad_accum : 0,
+                                .samples = r->samples, .eval_batch = tested < r->batch ? tested : r->batch};
+    umt_memory_plan plan;
+    if (example_plan(program, r->ctx, plan_loss, &r->model, chw, &steps, stdout, &plan)) return -1;
+    if (plan.micro_batches == 1 || r->grad_accum > 1) return 0;
+    int k = (int)plan.micro_batches;
+    while (step % k) k++;
+    r->grad_accum = k;
+    r->batch = step / k;
+    printf("%s: each step of %lld images as %d micro-batches of %lld, the loader's batches (the memory plan)\n",
+           program, (long long)step, k, (long long)r->batch);
+    return 0;
+}
+
 static int run(run_state *r, const options *o, const umt_samples *train, const umt_samples *test) {
     int64_t chw[3];
     umt_samples_shape(train, chw);
@@ -197,12 +225,15 @@ static int run(run_state *r, const options *o, const umt_samples *train, const u
     if (o->lr > 0) oo.lr = o->lr;
     if (example_check(program, umt_context_create(&co, &r->ctx)) ||
         build_model(r->ctx, &r->model, chw, umt_samples_num_classes(train)) ||
-        example_check(program, umt_optimizer_create(r->ctx, &oo, &r->opt)) || make_loaders(r, o, train, test))
+        example_check(program, umt_optimizer_create(r->ctx, &oo, &r->opt)))
         return -1;
     r->batch = o->batch_size;
     r->samples = umt_samples_size(train);
     r->grad_accum = o->grad_accum;
     int64_t tested = example_limit(umt_samples_size(test), o->test_limit);
+    /* The memory plan before step 1; --dry-run stops after it. */
+    if (plan_steps(r, chw, tested) || make_loaders(r, o, train, test)) return -1;
+    if (o->dry_run) return 0;
     for (int64_t epoch = 0; epoch < o->epochs; ++epoch) {
         double accuracy = 0;
         if (train_epoch(r, epoch) || (tested && example_evaluate_loader(program, r->ctx, forward, &r->model, r->test,

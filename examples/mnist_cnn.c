@@ -9,6 +9,7 @@
  *   bazel-bin/examples/mnist_cnn --device cpu --train-limit 640 --test-limit 1000   # a quick look on a CPU
  *   bazel-bin/examples/mnist_cnn --data-on host --batch-size 512  # pinned prefetch from the host
  *   bazel-bin/examples/mnist_cnn --gpus 2                         # one process per GPU (NCCL)
+ *   bazel-bin/examples/mnist_cnn --dry-run --batch-size 32768      # the memory plan alone, nothing trained
  *   mpirun -np 2 bazel-bin/examples/mnist_cnn                     # the same, ranks from mpirun
  *
  * The network (examples/mnist_cnn_model.c) and the recipe are the example's: Adadelta lr 1.0,
@@ -68,7 +69,7 @@ typedef struct {
     umt_memory_mode memory_mode;
     int log_every, bench_steps, gpus;
     int grad_accum; /* micro-batches of batch_size per step (1: the batch whole) */
-    bool fuse, graph, allow_nonfinite;
+    bool fuse, graph, allow_nonfinite, dry_run;
     example_input_flags input;
     umt_dist_options dist;
 } options;
@@ -80,7 +81,7 @@ static void usage(FILE *out) {
                  "                 [--test-limit N] [--log-every N] [--save PATH] [--resume PATH [--allow-nonfinite]]\n"
                  "                 [--bench STEPS] [--grad-accum N]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
-                 "                 [--fuse on|off] [--graph on|off]\n"
+                 "                 [--fuse on|off] [--graph on|off] [--dry-run]\n"
                  EXAMPLE_INPUT_USAGE
                  "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
                  "                 [--dist auto|on]\n"
@@ -92,9 +93,11 @@ static void usage(FILE *out) {
                  "          timeout 300 s, graph on (one CUDA graph launch per step, on one GPU with the data\n"
                  "          on it). With --gpus N (or under mpirun) --batch-size is per GPU. --dist on runs\n"
                  "          the NCCL path on one GPU too (its results equal the run without it).\n"
-                 "          --grad-accum N: each step runs N micro-batches of --batch-size and updates once,\n"
-                 "          with the gradients of their whole (batch norm would keep per-micro-batch statistics;\n"
-                 "          this network has none).\n");
+                 "          Every run prints its memory plan before step 1 and, when the batch's activations do not\n"
+                 "          fit the device budget (or a tensor would pass cuDNN's INT_MAX elements), runs each step\n"
+                 "          as micro-batches with the whole batch's gradients; --dry-run prints the plan and exits.\n"
+                 "          --grad-accum N: each step runs N micro-batches of --batch-size and updates once\n"
+                 "          (batch norm would keep per-micro-batch statistics; this network has none).\n");
 }
 
 static int parse_reduce(options *o, const char *value) {
@@ -176,6 +179,10 @@ static int parse_options(int argc, char **argv, options *o) {
             o->allow_nonfinite = true;
             continue;
         }
+        if (!strcmp(argv[i], "--dry-run")) {
+            o->dry_run = true;
+            continue;
+        }
         if (i + 1 >= argc) return example_missing_value(program, argv[i], usage);
         if (parse_flag(o, argv[i], argv[i + 1])) return -1;
         i++;
@@ -202,6 +209,7 @@ typedef struct {
     int micro_batches;    /* each step's batch as this many micro-batches (core/micro_batch.h) */
     int64_t step_batch;   /* samples per step on this rank: the micro-batches together */
     int64_t loader_batch; /* --data-on host: the loader's batches, one micro-batch each */
+    int64_t test_batch;   /* the evaluation's batch: --test-batch-size, or a micro-batch's */
 } run_state;
 
 /* Forward and backward of samples indices[0..count) of the resident dataset, or of the loader's
@@ -337,7 +345,7 @@ static int evaluate(run_state *r, const options *o, double *accuracy) {
                                        accuracy);
     int64_t n = example_limit(umt_dataset_size(r->test), o->test_limit), offset, part, correct = 0;
     umt_dist_shard(n, r->rank, r->ranks, &offset, &part);
-    if (example_count_correct(program, r->ctx, mnist_cnn_forward, &r->model, r->test, o->test_batch_size, offset,
+    if (example_count_correct(program, r->ctx, mnist_cnn_forward, &r->model, r->test, r->test_batch, offset,
                               part, &correct))
         return -1;
     double total = (double)correct;
@@ -460,23 +468,29 @@ static int train(run_state *r, const options *o) {
     return 0;
 }
 
-/* Data with --data-on host: host samples and two loaders (the test one in order). */
-static int load_host(run_state *r, const options *o) {
-    if (example_load_mnist_samples(program, o->data_dir, "train", &r->train_host) ||
-        example_load_mnist_samples(program, o->data_dir, "t10k", &r->test_host))
-        return -1;
+/* The two loaders (the test one in order) of batches of r->loader_batch and r->test_batch. */
+static int make_loaders(run_state *r, const options *o) {
     umt_loader_options lo = umt_loader_defaults();
     /* One micro-batch per batch of the loader (--grad-accum: of --batch-size). */
-    lo.batch_size = r->loader_batch = o->batch_size;
+    lo.batch_size = r->loader_batch;
     lo.depth = o->input.prefetch;
     lo.workers = o->input.workers;
     lo.kind = o->input.loader;
     lo.mean = MNIST_MEAN;
     lo.std = MNIST_STD;
     if (example_check(program, umt_loader_create(r->ctx, r->train_host, &lo, &r->loader))) return -1;
-    lo.batch_size = o->test_batch_size;
+    lo.batch_size = r->test_batch;
     lo.shuffle = false;
     return example_check(program, umt_loader_create(r->ctx, r->test_host, &lo, &r->test_loader));
+}
+
+/* Data with --data-on host: host samples and their loaders. */
+static int load_host(run_state *r, const options *o) {
+    if (example_load_mnist_samples(program, o->data_dir, "train", &r->train_host) ||
+        example_load_mnist_samples(program, o->data_dir, "t10k", &r->test_host))
+        return -1;
+    r->loader_batch = o->batch_size;
+    return make_loaders(r, o);
 }
 
 /* The data where --data-on says; "auto" tries the GPU and falls back to the host only when
@@ -501,6 +515,7 @@ static int load_data(run_state *r, const options *o) {
 }
 
 static int setup(run_state *r, const options *o, const umt_dist_process *process) {
+    r->test_batch = o->test_batch_size;
     umt_context_options co = umt_context_defaults();
     co.seed = o->seed;
     co.device = o->device;
@@ -529,6 +544,51 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     r->order = malloc((size_t)train_size(r) * sizeof *r->order);
     if (!r->order) fprintf(stderr, "%s: no memory for the shuffle order\n", program);
     return r->order ? 0 : -1;
+}
+
+/* The memory plan before step 1 (include/umtrain.h): dry steps of the training loss on batches of
+ * --batch-size, the epoch's last shorter batch, evaluation in batches of --test-batch-size. Every
+ * run prints it; --dry-run stops after it. */
+static umt_tensor *plan_loss(umt_context *ctx, const void *model, umt_tensor *images, umt_tensor *labels) {
+    return mnist_cnn_loss(ctx, model, images, labels);
+}
+
+/* The plan's micro-batches; evaluation then in batches no larger than one (as the plan measured
+ * it). The loader's batches are the micro-batches: the step splits into equal ones, the fewest
+ * no larger than the plan's. */
+static int adopt_plan(run_state *r, const options *o, const umt_memory_plan *plan) {
+    if (plan->micro_batches == 1 || o->grad_accum > 1) return 0;
+    int k = (int)plan->micro_batches;
+    while (r->loader && r->step_batch % k) k++;
+    r->micro_batches = k;
+    if (r->test_batch > plan->micro_batch) r->test_batch = plan->micro_batch;
+    if (r->rank == 0)
+        printf("%s: each step of %lld images as %d micro-batches of %lld%s (the memory plan)\n", program,
+               (long long)r->step_batch, k, (long long)((r->step_batch + k - 1) / k),
+               r->loader ? ", the loader's batches" : "");
+    if (!r->loader) return 0;
+    umt_loader_destroy(r->loader);
+    umt_loader_destroy(r->test_loader);
+    r->loader = r->test_loader = NULL;
+    r->loader_batch = r->step_batch / k;
+    return make_loaders(r, o);
+}
+
+/* Every rank plans for its own GPU's budget (a rank's split is its own: gradients are reduced
+ * once per step whatever it is); rank 0 prints. */
+static int plan_memory(run_state *r, const options *o) {
+    const int64_t chw[3] = {1, 28, 28};
+    int64_t tested = example_limit(test_size(r), o->test_limit) / r->ranks;
+    example_plan_steps steps = {
+        .batch = r->step_batch,
+        .micro_batches = o->grad_accum > 1 ? o->grad_accum : 0,
+        .samples = o->bench_steps ? 0 : example_limit(train_size(r), o->train_limit) / r->ranks,
+        .eval_batch = o->bench_steps ? 0 : tested < o->test_batch_size ? tested : o->test_batch_size,
+    };
+    umt_memory_plan plan;
+    if (example_plan(program, r->ctx, plan_loss, &r->model, chw, &steps, r->rank == 0 ? stdout : NULL, &plan))
+        return -1;
+    return adopt_plan(r, o, &plan);
 }
 
 /* What runs: the images used (after the limits; --bench takes the whole training set), the
@@ -568,7 +628,8 @@ int main(int argc, char **argv) {
         if (r.loader)
             printf("%s: loader %s, %d staging slots, %d loader thread(s)\n", program,
                    o.input.loader == UMT_LOADER_PINNED ? "pinned" : "pageable-sync", o.input.prefetch, o.input.workers);
-        rc = o.bench_steps ? bench(&r, &o) : train(&r, &o);
+        rc = plan_memory(&r, &o);
+        if (!rc && !o.dry_run) rc = o.bench_steps ? bench(&r, &o) : train(&r, &o);
     }
     if (rc && r.ranks > 1) fprintf(stderr, "%s: rank %d of %d failed\n", program, r.rank, r.ranks);
     free(r.order);

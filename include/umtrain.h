@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -182,6 +183,71 @@ umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_st
 /* Prints one line per pool (placement, capacity, peak, allocations) and the budget to stderr;
  * nothing for a NULL ctx. */
 void umt_memory_report(const umt_context *ctx);
+
+/* ----------------------------------------------------------------------------------------- */
+/* The memory plan: every pool's peak before the first step, and how many micro-batches
+ *
+ * Once the model and the optimizer exist (and the dataset, where it lives in a pool), a plan
+ * predicts each pool's peak without moving any data: dry steps run the caller's forward and
+ * umt_backward with kernels that do nothing and tensors whose storage is only recorded, so that
+ * the activation arena's first step (every size added up) and its later steps (planned) are
+ * measured by the arena's own code, convolution workspaces by the backend's own answer. Then it
+ * chooses, in this order: everything on the GPU (one micro-batch); micro-batches, the fewest
+ * that fit the device budget and keep every tensor within the element limit; and where neither
+ * helps, it says that the offload tier is needed, naming the pools and their sizes. Nothing of
+ * the context changes: the RNG, the tape, the pools and the hooks are as they were. */
+
+/* The caller's forward on `batch` samples of inputs it makes with umt_tensor_new (in the
+ * activations pool: their storage is recorded, not backed, and never read), returning the
+ * scalar loss, or NULL on failure. It must not call umt_step_begin or read any tensor's values. */
+typedef umt_tensor *(*umt_plan_forward_fn)(umt_context *ctx, void *user, int64_t batch);
+
+typedef struct {
+    int64_t batch;         /* samples per optimizer step (>= 1) */
+    int64_t micro_batches; /* k forced (1..batch), or 0: the plan chooses */
+    int64_t last_batch;    /* an epoch's last, shorter step (0: none) */
+    int64_t eval_batch;    /* the evaluation's batch, forward only with grad off (0: none) */
+    int64_t element_limit; /* the most elements a tensor may have (0: INT_MAX on CUDA, what cuDNN
+                            * takes; no limit on the CPU) */
+} umt_memory_plan_request;
+
+typedef enum {
+    UMT_PLAN_FITS = 0,            /* one micro-batch: everything fits as asked */
+    UMT_PLAN_MICRO_BATCHES,       /* k > 1 micro-batches fit where the whole batch does not */
+    UMT_PLAN_FORCED,              /* the caller's k (umt_memory_plan_request.micro_batches) */
+    UMT_PLAN_OFFLOAD_STATE,       /* weights, gradients and optimizer state alone pass the budget */
+    UMT_PLAN_OFFLOAD_ACTIVATIONS  /* even one sample per micro-batch does not fit */
+} umt_plan_verdict;
+
+/* "fits", "micro-batches", "forced", "offload-state", "offload-activations". */
+const char *umt_plan_verdict_name(umt_plan_verdict verdict);
+
+typedef struct {
+    umt_plan_verdict verdict;
+    bool fits;              /* the step fits the budget (less 1% and 1 MiB kept free for what no dry
+                             * step sees) and the element limit, as planned */
+    int64_t batch;          /* B */
+    int64_t micro_batches;  /* k */
+    int64_t micro_batch;    /* ceil(B / k): the samples of one micro-batch */
+    size_t peak_bytes[UMT_POOL_COUNT];   /* each pool's predicted peak (as umt_pool_stats.peak_bytes) */
+    const char *place[UMT_POOL_COUNT];   /* where it lives: "managed", "device", "pinned", "host" */
+    size_t activations_planned_bytes;    /* the activation arena from the second step on */
+    size_t device_peak_bytes; /* the most GPU memory held at once (0 on the CPU) */
+    size_t budget_bytes;      /* the device budget (0 on the CPU: no budget) */
+    int64_t largest_elements; /* the largest tensor of the step, in elements */
+    int64_t element_limit;
+    char why[384];            /* one or two sentences: what decided, with the sizes */
+} umt_memory_plan;
+
+/* Makes the plan for request on ctx (forward and user as above; user may be NULL). A verdict
+ * that does not fit is a plan, not a failure: the status is UMT_OK and plan->fits false, with
+ * the reason in plan->why. Fails only when a dry step fails for another reason than size. */
+umt_status umt_memory_plan_make(umt_context *ctx, const umt_memory_plan_request *request, umt_plan_forward_fn forward,
+                                void *user, umt_memory_plan *out);
+/* The plan as one short table: each pool that holds bytes, its place and predicted peak, then
+ * the micro-batches, the device peak against the budget, and why. Nothing for a NULL plan (a NULL
+ * out is refused by name). */
+void umt_memory_plan_print(const umt_memory_plan *plan, FILE *out);
 
 
 /* ----------------------------------------------------------------------------------------- */

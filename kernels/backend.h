@@ -308,6 +308,11 @@ static inline bool umt_dropout_keep(uint64_t seed, uint64_t i, float p) {
 /* The CPU backend (kernels/cpu/cpu_backend.c). */
 const umt_backend *umt_cpu_backend(void);
 
+/* The dry table of real (kernels/dry.c): every kernel a no-op returning UMT_OK, the slots that
+ * only answer a question about a shape (conv2d_workspace_bytes, conv2d_relu_supports) the real
+ * ones, and a slot real leaves empty empty: what a dry step computes with. */
+void umt_backend_dry(const umt_backend *real, umt_backend *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -31,7 +31,8 @@ bool umt_placement_uses_device(umt_placement placement) {
 }
 
 static void release_blocks(umt_memory *mem, umt_pool_state *s) {
-    for (int i = 0; i < s->block_count; ++i) umt_placement_free(s->placement, s->blocks[i].ptr);
+    /* In a dry step an arena's blocks are addresses only (memory/dry.h). */
+    for (int i = 0; i < s->block_count && !mem->dry; ++i) umt_placement_free(s->placement, s->blocks[i].ptr);
     if (umt_placement_uses_device(s->placement)) mem->device_bytes -= s->capacity_bytes;
     s->block_count = 0;
     s->capacity_bytes = 0;
@@ -87,14 +88,58 @@ void umt_memory_print_contents(const umt_memory *mem, FILE *out) {
     }
 }
 
+/* Device bytes the budget has left (0 once a dry step has passed it). */
+static size_t budget_left(const umt_memory *mem) {
+    return mem->budget_bytes > mem->device_bytes ? mem->budget_bytes - mem->device_bytes : 0;
+}
+
+/* A dry step asks nothing of the GPU: a request past the budget is noted (the first one), not refused. */
+static umt_status note_over_budget(umt_memory_dry *dry, const umt_pool_state *s, size_t bytes) {
+    if (!dry->over_budget) {
+        dry->over_budget = true;
+        dry->over_budget_pool = s->pool;
+        dry->over_budget_request_bytes = bytes;
+    }
+    return UMT_OK;
+}
+
 /* The hard rule: GPU memory past the budget is never asked for (it can hang a shared card). */
 static umt_status check_budget(const umt_memory *mem, const umt_pool_state *s, size_t bytes) {
-    if (!umt_placement_uses_device(s->placement) || bytes <= mem->budget_bytes - mem->device_bytes) return UMT_OK;
+    if (!umt_placement_uses_device(s->placement) || bytes <= budget_left(mem)) return UMT_OK;
+    if (mem->dry) return note_over_budget(mem->dry, s, bytes);
     umt_memory_print_contents(mem, stderr);
     return umt_fail(UMT_ERR_BUDGET,
                     "pool %s: request of %zu bytes refused: device budget %zu bytes, %zu in use, %zu left "
                     "(UMT_DEVICE_BUDGET lowers the budget, never raises it past the GPU's free memory)",
                     s->policy->name, bytes, mem->budget_bytes, mem->device_bytes, mem->budget_bytes - mem->device_bytes);
+}
+
+/* Device bytes held grow by bytes (a dry step also keeps their high-water mark). */
+static void hold_device(umt_memory *mem, const umt_pool_state *s, size_t bytes) {
+    if (!umt_placement_uses_device(s->placement)) return;
+    mem->device_bytes += bytes;
+    if (mem->dry && mem->device_bytes > mem->dry->device_peak_bytes) mem->dry->device_peak_bytes = mem->device_bytes;
+}
+
+/* A block from the pool's placement, advised; in a dry step an address no byte lies behind. */
+static umt_status place_block(umt_memory *mem, umt_pool_state *s, size_t bytes, void **out) {
+    *out = NULL;
+    if (mem->dry) {
+        *out = umt_memory_dry_address(mem->dry, bytes);
+        return UMT_OK;
+    }
+    void *ptr = NULL;
+    umt_status st = umt_placement_alloc(s->placement, bytes, UMT_POOL_ALIGN, &ptr);
+    if (st == UMT_OK && s->advised)
+        st = umt_placement_advise(ptr, bytes, s->policy->advice, s->policy->prefetch, mem->cuda_device, mem->stream);
+    if (st != UMT_OK) {
+        umt_placement_free(s->placement, ptr);
+        return umt_fail(st, "pool %s (%s): request of %zu bytes refused (%zu bytes in use): %s", s->policy->name,
+                        umt_placement_name(s->placement), bytes, s->in_use_bytes, umt_last_error());
+    }
+    umt_trace_alloc(mem->trace, s->pool, bytes, false);
+    *out = ptr;
+    return UMT_OK;
 }
 
 /* Allocates a block from the pool's placement, advises it, and appends it to the pool's list. */
@@ -108,18 +153,21 @@ static umt_status push_block(umt_memory *mem, umt_pool_state *s, size_t bytes) {
     }
     UMT_TRY(check_budget(mem, s, bytes));
     void *ptr = NULL;
-    umt_status st = umt_placement_alloc(s->placement, bytes, UMT_POOL_ALIGN, &ptr);
-    if (st == UMT_OK && s->advised)
-        st = umt_placement_advise(ptr, bytes, s->policy->advice, s->policy->prefetch, mem->cuda_device, mem->stream);
-    if (st != UMT_OK) {
-        umt_placement_free(s->placement, ptr);
-        return umt_fail(st, "pool %s (%s): request of %zu bytes refused (%zu bytes in use): %s", s->policy->name,
-                        umt_placement_name(s->placement), bytes, s->in_use_bytes, umt_last_error());
-    }
+    UMT_TRY(place_block(mem, s, bytes, &ptr));
     s->blocks[s->block_count++] = (umt_block){ptr, bytes};
     s->capacity_bytes += bytes;
-    if (umt_placement_uses_device(s->placement)) mem->device_bytes += bytes;
-    umt_trace_alloc(mem->trace, s->pool, bytes, false);
+    hold_device(mem, s, bytes);
+    return UMT_OK;
+}
+
+/* A RUN-pool block in a dry step: counted as a real one, kept off the pool's list, so that the
+ * pool's real blocks are untouched when the dry step ends. */
+static umt_status dry_run_block(umt_memory *mem, umt_pool_state *s, size_t bytes, void **out) {
+    UMT_TRY(check_budget(mem, s, bytes));
+    UMT_TRY(place_block(mem, s, bytes, out));
+    UMT_TRY(umt_memory_dry_keep(mem->dry, s->pool, *out, bytes));
+    s->capacity_bytes += bytes;
+    hold_device(mem, s, bytes);
     return UMT_OK;
 }
 
@@ -168,7 +216,7 @@ static umt_status arena_alloc(umt_memory *mem, umt_pool_state *s, size_t bytes, 
          * of a model tight in its budget needs every byte). */
         size_t want = bytes > s->capacity_bytes ? bytes : s->capacity_bytes;
         bool device = umt_placement_uses_device(s->placement);
-        if (device && want > bytes && want > mem->budget_bytes - mem->device_bytes) want = bytes;
+        if (device && want > bytes && want > budget_left(mem)) want = bytes;
         UMT_TRY(push_block(mem, s, want > UMT_ARENA_MIN_BYTES ? want : UMT_ARENA_MIN_BYTES));
         top = &s->blocks[s->block_count - 1];
         s->arena_offset = 0;
@@ -194,8 +242,12 @@ umt_status umt_memory_alloc_slot(umt_memory *mem, umt_pool pool, size_t bytes, v
     if (bytes == 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "pool %s: request of 0 bytes", s->policy->name);
     bytes = round_up(bytes);
     if (s->policy->lifetime == UMT_LIFETIME_STEP) return arena_alloc(mem, s, bytes, out, slot);
-    UMT_TRY(push_block(mem, s, bytes));
-    *out = s->blocks[s->block_count - 1].ptr;
+    if (mem->dry) {
+        UMT_TRY(dry_run_block(mem, s, bytes, out));
+    } else {
+        UMT_TRY(push_block(mem, s, bytes));
+        *out = s->blocks[s->block_count - 1].ptr;
+    }
     count(s, bytes, 0);
     trace_pools(mem);
     return UMT_OK;
@@ -230,10 +282,25 @@ void umt_memory_rerecord(umt_memory *mem, umt_pool pool) {
     s->dead_count = 0;
 }
 
+/* A free in a dry step: its bytes leave the counts, but a real block stays where it is (the
+ * dry step ends by putting every pool back). */
+static void dry_free(umt_memory *mem, umt_pool_state *s, void *ptr) {
+    size_t bytes = umt_memory_dry_forget(mem->dry, ptr);
+    for (int i = 0; i < s->block_count && !bytes; ++i)
+        if (s->blocks[i].ptr == ptr) bytes = s->blocks[i].bytes;
+    s->in_use_bytes -= bytes;
+    s->capacity_bytes -= bytes;
+    if (umt_placement_uses_device(s->placement)) mem->device_bytes -= bytes;
+}
+
 void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr) {
     if (!ptr || (unsigned)pool >= UMT_POOL_COUNT) return;
     umt_pool_state *s = &mem->pools[pool];
     if (s->policy->lifetime == UMT_LIFETIME_STEP) return;
+    if (mem->dry) {
+        dry_free(mem, s, ptr);
+        return;
+    }
     for (int i = 0; i < s->block_count; ++i) {
         if (s->blocks[i].ptr != ptr) continue;
         umt_placement_free(s->placement, ptr);

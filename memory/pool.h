@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "memory/dry.h"
 #include "memory/plan.h"
 #include "memory/policy.h"
 
@@ -51,7 +52,7 @@ typedef struct {
     uint64_t allocations;
 } umt_pool_state;
 
-typedef struct {
+typedef struct umt_memory {
     umt_pool_state pools[UMT_POOL_COUNT];
     umt_device device;
     int cuda_device;
@@ -59,6 +60,7 @@ typedef struct {
     size_t budget_bytes; /* CUDA: the most managed + device memory this context may hold */
     size_t device_bytes; /* CUDA: managed + device memory held now, all pools together */
     struct umt_trace *trace; /* UMT_MEM_TRACE: where allocations and pool bytes are written, or NULL */
+    umt_memory_dry *dry;     /* set only during a dry step (memory/dry.h): allocations recorded, not backed */
 } umt_memory;
 
 /* Resolves each pool's placement from the policy table for the device and memory mode. */

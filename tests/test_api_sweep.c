@@ -122,6 +122,12 @@ static umt_tensor *sweep_step(umt_context *ctx, void *user, const void *input, s
 
 static void on_grad_ready(umt_tensor *parameter, void *user) { (void)parameter, (void)user; }
 
+/* A memory plan's forward: a loss from the first parameter; user may be NULL. */
+static umt_tensor *sweep_plan_forward(umt_context *ctx, void *user, int64_t batch) {
+    (void)user, (void)batch;
+    return umt_mean(ctx, umt_parameter_at(ctx, 0));
+}
+
 /* ----------------------------------------------------------------------------------------- */
 /* One call: its arguments, where it writes, what it returned */
 
@@ -140,6 +146,8 @@ typedef struct {
     int64_t count, chw[3], permutation[4];
     float value, host[6];
     umt_pool_stats pool_stats;
+    umt_memory_plan_request plan_request;
+    umt_memory_plan plan;
     umt_offload_stats offload_stats;
     umt_link_speed link;
     umt_loader_stats loader_stats;
@@ -187,6 +195,12 @@ CALL(umt_timer_stop) { STATUS(umt_timer_stop(CTX(0), ARG(1, &s->ms))); }
 CALL(umt_device_budget) { STATUS(umt_device_budget(CTX(0), ARG(1, &s->size), ARG(2, &s->size2))); }
 CALL(umt_pool_stats_get) { STATUS(umt_pool_stats_get(CTX(0), UMT_POOL_WEIGHTS, ARG(1, &s->pool_stats))); }
 CALL(umt_memory_report) { VALUE(umt_memory_report(CTX(0))); }
+CALL(umt_memory_plan_make) {
+    s->plan_request = (umt_memory_plan_request){.batch = 2};
+    STATUS(umt_memory_plan_make(CTX(0), ARG(1, &s->plan_request), ARG(2, sweep_plan_forward), ARG(3, s->w->x),
+                                ARG(4, &s->plan)));
+}
+CALL(umt_memory_plan_print) { VALUE(umt_memory_plan_print(ARG(0, &s->plan), ARG(1, stderr))); }
 CALL(umt_offload_optimizer_parse) {
     STATUS(umt_offload_optimizer_parse(ARG(0, "auto"), ARG(1, &s->offload_optimizer)));
 }
@@ -384,6 +398,9 @@ static const row table[] = {
     ROW(umt_device_budget, N("ctx"), N("budget_bytes"), N("used_bytes")),
     ROW(umt_pool_stats_get, N("ctx"), N("out")),
     ROW(umt_memory_report, N("ctx")),
+    NO_POINTERS(umt_plan_verdict_name),
+    ROW(umt_memory_plan_make, N("ctx"), N("request"), N("forward"), A("user"), N("out")),
+    ROW(umt_memory_plan_print, A("plan"), N("out")),
     ROW(umt_offload_optimizer_parse, N("name"), N("out")),
     NO_POINTERS(umt_offload_optimizer_name),
     NO_POINTERS(umt_offload_defaults),

@@ -2,8 +2,9 @@
  * tests/test_trainer_runs.c — the trainers (examples/mnist_cnn, mnist_mlp, image_folder) run on
  * the CPU on a tiny synthetic MNIST, read as a user reads them: --optimizer brings that
  * optimizer's own learning rate, --test-limit evaluates on the first N test images, the banner
- * says what runs (the device, the images used, where the data is), and --resume says when
- * nothing is left to train and refuses an epoch that no --epochs reaches.
+ * says what runs (the device, the images used, where the data is), the memory plan is printed
+ * before the first step and --dry-run prints it alone, and --resume says when nothing is left to
+ * train and refuses an epoch that no --epochs reaches.
  *
  * argv[1..4] are mnist_cnn, mnist_mlp, image_folder and mnist_to_png (tests/BUILD passes their
  * locations); mnist_to_png makes image_folder's tree from the same files.
@@ -181,6 +182,32 @@ static void test_the_banner_says_what_runs_on_the_cpu(void **state) {
     expect_text(out, ", cpu, fp32");
 }
 
+static void test_the_plan_comes_before_step_one_and_dry_run_trains_nothing(void **state) {
+    (void)state;
+    char out[8192], command[1024];
+    assert_int_equal(run(cnn_binary, ONE_STEP, out, sizeof out), 0);
+    const char *plan = strstr(out, "memory plan: batch 16 as 1 micro-batch of 16 (fits)");
+    const char *step = strstr(out, "epoch 1 step 1/1");
+    assert_non_null(plan);
+    assert_non_null(step);
+    assert_true(plan < step);
+    expect_text(out, "  activations  host");
+    assert_int_equal(run(cnn_binary, "--dry-run --batch-size 32", out, sizeof out), 0);
+    expect_text(out, "memory plan: batch 32 as 1 micro-batch of 32 (fits)");
+    expect_text(out, "  dataset      host");
+    expect_no_text(out, "epoch 1");
+    snprintf(command, sizeof command, "%s --data-dir %s --out %s/plan_digits --train 16 --test 20", to_png_binary, dir,
+             dir);
+    assert_int_equal(run_program(command, out, sizeof out), 0);
+    snprintf(command, sizeof command, "%s --device cpu --root %s/plan_digits --batch-size 8 --dry-run", folder_binary,
+             dir);
+    int status = run_program(command, out, sizeof out);
+    print_message("$ %s\n%s", command, out);
+    assert_int_equal(status, 0);
+    expect_text(out, "memory plan: batch 8 as 1 micro-batch of 8 (fits)");
+    expect_no_text(out, "epoch 1");
+}
+
 static void test_resume_with_nothing_left_to_train_says_so(void **state) {
     (void)state;
     char args[512], out[8192], expected[512];
@@ -245,6 +272,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_test_limit_evaluates_the_first_n_test_images),
         cmocka_unit_test(test_image_folder_test_limit_evaluates_the_first_n_test_images),
         cmocka_unit_test(test_the_banner_says_what_runs_on_the_cpu),
+        cmocka_unit_test(test_the_plan_comes_before_step_one_and_dry_run_trains_nothing),
         cmocka_unit_test(test_resume_with_nothing_left_to_train_says_so),
         cmocka_unit_test(test_resume_refuses_an_epoch_that_no_epochs_flag_reaches),
     };

@@ -52,6 +52,7 @@ cp bench/offload.sh bench/offload_trace.sh tools/mem_trace_svg.py tools/trace_ph
 cp tools/gpu_run_dist.sh "$bundle"/run_dist.sh
 cp bench/torch_ddp.py "$bundle"/
 mkdir -p "$bundle/bench"
-cp bench/dist_bench.sh bench/speed.sh bench/speed_table.py bench/graph_speed.sh bench/common.sh "$bundle"/bench/
+cp bench/dist_bench.sh bench/speed.sh bench/speed_table.py bench/graph_speed.sh bench/common.sh bench/plan_accuracy.sh \
+    "$bundle"/bench/
 if [[ -n $mpi_binary ]]; then mv "$mpi_binary" "$bundle"/bin/mnist_cnn_mpi; chmod +x "$bundle"/bin/mnist_cnn_mpi; fi
 du -sh "$bundle"
