@@ -6,7 +6,9 @@
  * backward starts from m / B instead of 1 (times the fp16 loss scale), so the gradients summed
  * over the micro-batches are those of the whole batch's mean loss. Between micro-batches the
  * tape, the activations and the workspace go, as at a step's start, so a step needs the memory
- * of one micro-batch; the gradients and the parameters stay.
+ * of one micro-batch; the gradients and the parameters stay. The arena is planned from the first
+ * micro-batch (memory/plan.h), which later ones follow when they are no larger: the first should
+ * be the largest.
  *
  * What a caller reads must not depend on the split:
  * - Dropout: the first micro-batch draws each dropout's seed, the later ones take the same

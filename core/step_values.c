@@ -19,12 +19,20 @@
 
 static bool on_gpu(const umt_context *ctx) { return ctx->options.device == UMT_DEVICE_CUDA; }
 
+/* What a ring of capacity per slot grows to for bytes. */
+static size_t grown_capacity(size_t capacity, size_t bytes) {
+    capacity = capacity ? 2 * capacity : MIN_CAPACITY;
+    while (capacity < bytes) capacity *= 2;
+    return capacity;
+}
+
+size_t umt_step_values_capacity_for(size_t bytes) { return bytes ? grown_capacity(0, bytes) : 0; }
+
 /* A ring of at least bytes per slot. The old buffers are not freed: queued copies and kernels
  * may still read them; their pools free them with the context (growth is rare and doubles). */
 static umt_status grow(umt_context *ctx, size_t bytes) {
     umt_step_values *v = &ctx->values;
-    size_t capacity = v->capacity ? 2 * v->capacity : MIN_CAPACITY;
-    while (capacity < bytes) capacity *= 2;
+    size_t capacity = grown_capacity(v->capacity, bytes);
     void *host = NULL, *device = NULL;
     UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_STAGING, capacity * UMT_STEP_VALUE_SLOTS, &host));
     if (on_gpu(ctx)) UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_INPUTS, capacity, &device));

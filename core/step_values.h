@@ -52,6 +52,9 @@ typedef struct {
     size_t recorded_bytes;    /* the recorded step's bytes */
 } umt_step_values;
 
+/* The bytes per slot the ring takes for a step of bytes values (the most it grows to); the
+ * memory plan predicts the staging and inputs pools from it. */
+size_t umt_step_values_capacity_for(size_t bytes);
 /* At each step start: the next slot, once the GPU is done copying out of it. */
 umt_status umt_step_values_begin(umt_context *ctx);
 /* This step's copy of bytes from src; *device is where the step's kernels read it. While

@@ -218,7 +218,8 @@ int example_plan(const char *program, umt_context *ctx, example_loss_fn loss, co
     plan_model p = {loss, model, {chw[0], chw[1], chw[2]}};
     int64_t batch = steps->batch > steps->samples && steps->samples > 0 ? steps->samples : steps->batch;
     umt_memory_plan_request rq = {.batch = batch, .micro_batches = steps->micro_batches,
-                                  .last_batch = steps->samples % batch, .eval_batch = steps->eval_batch};
+                                  .last_batch = steps->samples % batch, .eval_batch = steps->eval_batch,
+                                  .step_value_bytes = steps->step_value_bytes};
     if (rq.micro_batches > batch) rq.micro_batches = batch;
     if (example_check(program, umt_memory_plan_make(ctx, &rq, plan_forward, &p, plan))) return -1;
     if (print) umt_memory_plan_print(plan, print);

@@ -78,9 +78,11 @@ int example_count_correct(const char *program, umt_context *ctx, example_forward
 typedef umt_tensor *(*example_loss_fn)(umt_context *ctx, const void *model, umt_tensor *images, umt_tensor *labels);
 /* What a trainer's epoch asks of memory: steps of `batch` images (as micro_batches micro-batches,
  * or 0: as the plan chooses), an epoch of `samples` training images (its last step shorter; 0:
- * none), evaluation in batches of eval_batch (0: none). */
+ * none), evaluation in batches of eval_batch (0: none); step_value_bytes: the host values a step
+ * hands its kernels (umt_dataset_batch's indices: 8 bytes a sample; a loader's batches: none). */
 typedef struct {
     int64_t batch, micro_batches, samples, eval_batch;
+    size_t step_value_bytes;
 } example_plan_steps;
 
 /* The memory plan before step 1 (include/umtrain.h, umt_memory_plan_make) for steps through loss

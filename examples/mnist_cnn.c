@@ -226,10 +226,12 @@ static umt_tensor *forward_backward(run_state *r, const int64_t *indices, int64_
 }
 
 /* Micro-batch i of a step of count samples split in k: near-equal parts of the resident dataset's
- * indices, or the loader's batches of r->loader_batch (the last of an epoch may be short). */
+ * indices, the larger first (the activation arena is planned from the first: core/micro_batch.h),
+ * or the loader's batches of r->loader_batch (the last of an epoch may be short). */
 static void micro_batch_at(const run_state *r, int64_t count, int k, int i, int64_t *first, int64_t *samples) {
-    *first = r->loader ? i * r->loader_batch : count * i / k;
-    int64_t end = r->loader ? *first + r->loader_batch : count * (i + 1) / k;
+    int64_t part = count / k, larger = count % k;
+    *first = r->loader ? i * r->loader_batch : i * part + (i < larger ? i : larger);
+    int64_t end = r->loader ? *first + r->loader_batch : *first + part + (i < larger);
     *samples = (end < count ? end : count) - *first;
 }
 
@@ -584,6 +586,7 @@ static int plan_memory(run_state *r, const options *o) {
         .micro_batches = o->grad_accum > 1 ? o->grad_accum : 0,
         .samples = o->bench_steps ? 0 : example_limit(train_size(r), o->train_limit) / r->ranks,
         .eval_batch = o->bench_steps ? 0 : tested < o->test_batch_size ? tested : o->test_batch_size,
+        .step_value_bytes = r->loader ? 0 : (size_t)r->step_batch * sizeof(int64_t),
     };
     umt_memory_plan plan;
     if (example_plan(program, r->ctx, plan_loss, &r->model, chw, &steps, r->rank == 0 ? stdout : NULL, &plan))

@@ -207,6 +207,9 @@ typedef struct {
     int64_t micro_batches; /* k forced (1..batch), or 0: the plan chooses */
     int64_t last_batch;    /* an epoch's last, shorter step (0: none) */
     int64_t eval_batch;    /* the evaluation's batch, forward only with grad off (0: none) */
+    size_t step_value_bytes; /* the host values a step hands its kernels, all micro-batches together
+                              * (umt_dataset_batch: 8 bytes of index per sample; 0: none): the
+                              * staging and inputs pools' ring (core/step_values.h) */
     int64_t element_limit; /* the most elements a tensor may have (0: INT_MAX on CUDA, what cuDNN
                             * takes; no limit on the CPU) */
 } umt_memory_plan_request;
@@ -433,7 +436,8 @@ void umt_set_grad_ready_hook(umt_context *ctx, umt_grad_ready_fn fn, void *user)
  * micro-batch's samples); gradient hooks (data parallelism) run in the last micro-batch only.
  * Batch norm uses each micro-batch's own statistics, as PyTorch does under accumulation. A
  * micro-batch after the first frees the previous one's activations: it must have run backward.
- * The first micro-batch starts at sample 0, each next where the last ended. */
+ * The first micro-batch starts at sample 0, each next where the last ended. Make the first the
+ * largest: the activation arena is planned from it, and a larger one later takes more memory. */
 umt_status umt_micro_batch_begin(umt_context *ctx, int64_t first, int64_t samples, int64_t batch);
 /* The step's loss so far, on the device: each finished micro-batch's loss times samples / batch
  * (the whole batch's mean after the last); NULL when this step is not split. */

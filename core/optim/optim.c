@@ -24,6 +24,7 @@
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "kernels/optim_step.h"
+#include "memory/trace.h"
 
 /* State tensors per parameter: SGD velocity | Adam m, v | Adadelta square_avg, delta_avg. */
 #define UMT_OPTIM_MAX_STATE 2
@@ -423,11 +424,19 @@ umt_status umt_optimizer_step(umt_optimizer *opt) {
     if (opt->ctx->backend->f32.multi_update && opt->options.multi_tensor && !umt_hooks_update_parameters(opt->ctx)) {
         UMT_TRY(update_all(opt, step, lr_on_device));
     } else {
+        /* UMT_MEM_TRACE: the updates queued here (the host's, and the device's on the compute
+         * stream), before the subsystems finish theirs. */
+        umt_trace *trace = opt->ctx->memory.trace;
+        double host_begin = umt_trace_now_us(trace);
+        void *begin = umt_trace_begin(trace, opt->ctx->memory.stream);
         for (int i = 0; i < opt->slot_count; ++i) {
             const umt_optim_slot *slot = &opt->slots[i];
             if (!umt_hooks_updates_parameter(opt->ctx, slot->param, slot->state[0], slot->state[1]))
                 UMT_TRY(update_slot(opt, slot, step, lr_on_device));
         }
+        umt_trace_end(trace, opt->ctx->memory.stream, begin, "resident parameters", "optimizer", UMT_TRACE_COMPUTE, 0);
+        umt_trace_host_interval(trace, host_begin, umt_trace_now_us(trace), "optimizer step", "optimizer (host)",
+                                UMT_TRACE_HOST, 0);
         UMT_TRY(umt_hooks_after_update(opt->ctx, opt, step));
     }
     opt->steps = step;

@@ -104,6 +104,18 @@ static void fill_plan(const umt_context *ctx, const umt_fit_inputs *in, const um
     snprintf(out->why, sizeof out->why, "%s", choice->why);
 }
 
+/* The step values' ring (core/step_values.c): no dry step queues values, so the ring a step of
+ * rq's values grows into is added to the staging pool (pinned, a slot per step in flight) and,
+ * on a GPU, the inputs pool; a ring already large enough adds nothing. */
+static void add_step_values(const umt_context *ctx, const umt_memory_plan_request *rq, umt_memory_plan *out) {
+    size_t capacity = umt_step_values_capacity_for(rq->step_value_bytes);
+    if (capacity <= ctx->values.capacity) return;
+    out->peak_bytes[UMT_POOL_STAGING] += capacity * UMT_STEP_VALUE_SLOTS;
+    if (ctx->options.device != UMT_DEVICE_CUDA) return;
+    out->peak_bytes[UMT_POOL_INPUTS] += capacity;
+    out->device_peak_bytes += capacity;
+}
+
 umt_status umt_memory_plan_make(umt_context *ctx, const umt_memory_plan_request *request, umt_plan_forward_fn forward,
                                 void *user, umt_memory_plan *out) {
     if (!ctx || !request || !forward || !out)
@@ -120,6 +132,7 @@ umt_status umt_memory_plan_make(umt_context *ctx, const umt_memory_plan_request 
     umt_fit_measure at;
     UMT_TRY(measure(&m, choice.micro_batch, &at));
     fill_plan(ctx, &in, &choice, &m.last, out);
+    add_step_values(ctx, &rq, out);
     return UMT_OK;
 }
 
