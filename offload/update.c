@@ -224,11 +224,15 @@ bool umt_offload_cpu_threads(const umt_offload_cpu_job *jobs, int count, int spa
 static umt_status run_cpu_jobs(umt_offload *o) {
     if (!o->cpu_job_count) return UMT_OK;
     /* The gradients must be home (backward made compute wait for them) and no copy may still read
-     * the parameters being rewritten. */
-    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
-    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->copy_in));
-    /* UMT_MEM_TRACE: the threads' work as one bar of the CPU's track, on the trace's host clock. */
+     * the parameters being rewritten. UMT_MEM_TRACE: the host's waits, on the host's track. */
     umt_trace *trace = o->ctx->memory.trace;
+    double wait_us = umt_trace_now_us(trace);
+    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
+    umt_trace_host_interval(trace, wait_us, umt_trace_now_us(trace), "compute", "host waits", UMT_TRACE_HOST, 0);
+    wait_us = umt_trace_now_us(trace);
+    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->copy_in));
+    umt_trace_host_interval(trace, wait_us, umt_trace_now_us(trace), "copy in", "host waits", UMT_TRACE_HOST, 0);
+    /* UMT_MEM_TRACE: the threads' work as one bar of the CPU's track, on the trace's host clock. */
     double begin_us = umt_trace_now_us(trace);
     bool ok = umt_offload_cpu_threads(o->cpu_jobs, o->cpu_job_count, 0);
     char name[32];
