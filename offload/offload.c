@@ -160,14 +160,25 @@ static umt_status move_to_gpu(umt_context *ctx, umt_tensor *t) {
     return UMT_OK;
 }
 
-/* Both halves of the double buffer: weights first, the gradient after the largest weights. */
+/* Both halves of the double buffer: weights (or their compute copy) first, the gradient after the
+ * largest. */
 static umt_status make_slots(umt_offload *o, umt_tensor **tensors, const umt_plan_item *items, int count) {
-    size_t largest_weights = 0;
-    for (int i = 0; i < count; ++i)
-        if (items[i].offloaded && items[i].pool == UMT_POOL_WEIGHTS && tensors[i]->bytes > largest_weights)
-            largest_weights = tensors[i]->bytes;
+    size_t largest_weights = 0, largest_grads = 0;
+    bool copies = false;
+    for (int i = 0; i < count; ++i) {
+        if (!items[i].offloaded || items[i].pool != UMT_POOL_WEIGHTS) continue;
+        const umt_tensor *streamed = umt_offload_streamed(tensors[i]);
+        copies |= streamed != tensors[i];
+        if (streamed->bytes > largest_weights) largest_weights = streamed->bytes;
+        if (tensors[i]->grad && tensors[i]->grad->bytes > largest_grads) largest_grads = tensors[i]->grad->bytes;
+    }
     largest_weights = (largest_weights + 255) / 256 * 256;
     o->slot_bytes = o->plan.weight_slot_bytes;
+    /* Under bf16/fp16 the plan counted each weight's master and copy (a resident weight holds both),
+     * but a slot holds only the copy: the budget left over is the activations'. */
+    size_t needed = largest_weights + (largest_grads + 255) / 256 * 256;
+    if (needed < UMT_OFFLOAD_MIN_SLOT_BYTES) needed = UMT_OFFLOAD_MIN_SLOT_BYTES;
+    if (copies && needed < o->slot_bytes) o->slot_bytes = needed;
     for (int s = 0; s < 2; ++s) {
         UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_STREAM, o->slot_bytes, &o->slots[s].base));
         o->slots[s].grads = (char *)o->slots[s].base + largest_weights;
