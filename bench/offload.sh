@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/offload.sh — on the GPU machine, from the bundle (tools/gpu_bundle.sh copies it there):
 #     bash gpu_bundle/offload.sh
+#     bash gpu_bundle/offload.sh lowp      # only the bf16/fp16, micro-batch and --dist section
 # The offload tier's GPU tests, examples/big_mlp trained for 10 steps with UMT_DEVICE_BUDGET=2G
 # (state 4x the budget) and in GPU memory, their losses compared, the benchmark of both at two
 # batch sizes, the same at batch 2048 with saved activations offloaded too (--offload-activations;
@@ -15,6 +16,79 @@ mkdir -p "$logs"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader | tee "$logs/gpu.txt"
 rows=()
 row() { rows+=("$(printf '%-52s %s' "$1" "$2")"); }
+compare() {
+    paste <(grep '^step' "$1" | awk '{print $4}') <(grep '^step' "$2" | awk '{print $4}') |
+        awk '{d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > w) w = r; n++} END {printf "%d steps, max relative %.2e", n, w}'
+}
+
+# bf16 and fp16 through the tier (issue 24, "big_mlp in bf16 at a 2 GiB budget"): the tier's GPU
+# tests beyond fp32; 10 steps offloaded against in GPU memory in the same precision (bf16
+# tolerance), micro-batches against the whole batch, one-rank data parallelism against none (the
+# same losses); then the benchmark at batch 512 and 2048 with each term of the floor: the
+# in-memory step, the link's bytes at the bandwidth measured in the run, and the offloaded update
+# at its measured speed (auto times both ways); floor / step last.
+lowp_section() {
+    local log="$logs/lowp" rc r1 r2 r3
+    mkdir -p "$log"
+    timeout 200 bin/test_cuda_offload_precision > "$log/test_cuda_offload_precision.log" 2>&1
+    rc=$?
+    [[ $rc -ne 0 ]] && tail -n 40 "$log/test_cuda_offload_precision.log"
+    row "test_cuda_offload_precision" \
+        "$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log/test_cuda_offload_precision.log" | tail -n 1) passed (exit $rc)"
+    for precision in bf16 fp16; do
+        UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --precision $precision --steps 10 > "$log/${precision}_offload.log" 2>&1
+        r1=$?
+        UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --precision $precision --steps 10 --update-on backward \
+            > "$log/${precision}_backward.log" 2>&1
+        r2=$?
+        timeout 100 bin/big_mlp --precision $precision --no-offload --steps 10 > "$log/${precision}_memory.log" 2>&1
+        r3=$?
+        row "big_mlp $precision 2G offloaded (auto) vs memory" \
+            "$(compare "$log/${precision}_offload.log" "$log/${precision}_memory.log") (exit $r1, $r3)"
+        row "big_mlp $precision 2G offloaded (backward) vs memory" \
+            "$(compare "$log/${precision}_backward.log" "$log/${precision}_memory.log") (exit $r2)"
+    done
+    grep -h '^offload:' "$log/fp16_backward.log" | head -n 2
+    UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --precision bf16 --steps 10 --batch 256 --grad-accum 2 \
+        > "$log/bf16_accum.log" 2>&1
+    rc=$?
+    row "big_mlp bf16 2G: 2 x 256 micro-batches vs 512" "$(compare "$log/bf16_accum.log" "$log/bf16_offload.log") (exit $rc)"
+    UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --steps 10 > "$log/fp32_offload.log" 2>&1
+    for precision in fp32 bf16; do
+        UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --precision $precision --steps 10 --dist on \
+            > "$log/${precision}_dist.log" 2>&1
+        rc=$?
+        row "big_mlp $precision 2G --dist on vs off (1 rank)" \
+            "$(compare "$log/${precision}_dist.log" "$log/${precision}_offload.log") (exit $rc)"
+    done
+    for batch in 512 2048; do
+        local mem="$log/bench_memory_bf16_$batch.log" off="$log/bench_offload_bf16_$batch.log" extra=""
+        local step_ms memory_ms link_ms update_ms
+        timeout 100 bin/big_mlp --precision bf16 --no-offload --bench 4 --batch $batch > "$mem" 2>&1
+        UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --precision bf16 --bench 4 --batch $batch > "$off" 2>&1
+        if ! grep -q '^bench: step' "$off"; then # saved activations past what 2G leaves: they go out too
+            extra=" --offload-activations"
+            UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --precision bf16 --bench 4 --batch $batch $extra > "$off" 2>&1
+        fi
+        grep -E '^bench' "$off"
+        step_ms=$(grep '^bench: step' "$off" | awk '{print $3}')
+        memory_ms=$(grep '^bench: step' "$mem" | awk '{print $3}')
+        link_ms=$(grep -o 'link-bound floor [0-9.]*' "$off" | awk '{print $3}')
+        update_ms=$(grep -o 'gpu streamed [0-9.]* ms, cpu threads [0-9.]*' "$off" | awk '{print ($3 < $7 ? $3 : $7)}')
+        row "big_mlp bf16 -b $batch 2G$extra: step" "${step_ms:-?} ms offloaded, ${memory_ms:-?} ms in memory ($(
+            awk -v a="${step_ms:-0}" -v b="${memory_ms:-0}" 'BEGIN {printf "%.2fx", b > 0 ? a / b : 0}'))"
+        row "  floor terms" "in-memory step ${memory_ms:-?} ms, link bytes ${link_ms:-?} ms, update ${update_ms:-?} ms"
+        row "  floor / step" "$(awk -v s="${step_ms:-0}" -v m="${memory_ms:-0}" -v l="${link_ms:-0}" -v u="${update_ms:-0}" \
+            'BEGIN {f = m; if (l > f) f = l; if (u > f) f = u; printf "%.2f (floor %.1f ms)", s > 0 ? f / s : 0, f}')"
+    done
+}
+if [[ ${1:-} == lowp ]]; then
+    lowp_section
+    echo
+    echo "== summary ($(head -n 1 "$logs/gpu.txt")) =="
+    printf '%s\n' "${rows[@]}"
+    exit 0
+fi
 
 # run_all.sh has run every GPU test already: it sets OFFLOAD_TESTS=0.
 for t in $([[ ${OFFLOAD_TESTS:-1} == 0 ]] || echo test_cuda_offload test_cuda_memory); do
@@ -38,10 +112,6 @@ rc2=$?
 cat "$logs/big_mlp_offload.log"
 grep '^step' "$logs/big_mlp_offload_backward.log"
 tail -n 14 "$logs/big_mlp_memory.log"
-compare() {
-    paste <(grep '^step' "$1" | awk '{print $4}') <(grep '^step' "$2" | awk '{print $4}') |
-        awk '{d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > w) w = r; n++} END {printf "%d steps, max relative %.2e", n, w}'
-}
 row "big_mlp 10 steps: 2G offloaded (auto) vs in memory" "$(compare "$logs/big_mlp_offload.log" "$logs/big_mlp_memory.log") (exit $rc1, $rc2)"
 row "big_mlp 10 steps: 2G offloaded (backward) vs memory" "$(compare "$logs/big_mlp_offload_backward.log" "$logs/big_mlp_memory.log") (exit $rc3)"
 row "big_mlp losses offloaded (first, last)" "$(grep '^step' "$logs/big_mlp_offload.log" | sed -n '1p;$p' | awk '{print $4}' | tr '\n' ' ')"
@@ -112,6 +182,8 @@ for batch in 512 2048 8192; do
     timeout 80 bin/big_mlp --no-offload --bench 4 --batch "$batch" > "$log" 2>&1
     row "big_mlp --bench 4 -b $batch in GPU memory" "$(grep '^bench: step' "$log" | awk '{print $3, $4}')"
 done
+
+lowp_section
 
 echo
 echo "== summary ($(head -n 1 "$logs/gpu.txt")) =="

@@ -55,8 +55,14 @@ static umt_status on_gradient_ready(umt_context *ctx, void *self, umt_tensor *pa
     if (dist->hook_status != UMT_OK) return UMT_OK;
     int first = 0;
     umt_status status = UMT_OK;
-    int count = umt_bucket_plan_announce(&dist->plan, parameter_index(dist->ctx, parameter), &first, &status);
-    if (status == UMT_OK && count > 0) status = umt_engine_start_buckets(dist->engine, &dist->plan, first, count);
+    /* A gradient the offload tier holds is reduced where it is now, before the tier moves it
+     * (dist/engine.h; offload/README.md says how the two meet). */
+    if (umt_engine_in_place(dist->engine)) {
+        status = umt_engine_reduce_in_place(dist->engine, parameter->grad->data, parameter->grad->numel);
+    } else {
+        int count = umt_bucket_plan_announce(&dist->plan, parameter_index(dist->ctx, parameter), &first, &status);
+        if (status == UMT_OK && count > 0) status = umt_engine_start_buckets(dist->engine, &dist->plan, first, count);
+    }
     if (status != UMT_OK) {
         dist->hook_status = status;
         snprintf(dist->hook_error, sizeof dist->hook_error, "%s", umt_last_error());
@@ -121,8 +127,9 @@ umt_status umt_dist_finish_gradients(umt_dist *dist) {
         return umt_fail(status, "%s", dist->hook_error);
     }
     /* Buckets whose parameters got no gradient this step still take part: every rank must run
-     * the same collectives. */
-    int first = 0, count = umt_bucket_plan_rest(&dist->plan, &first);
+     * the same collectives. (In place there are none: each rank runs the same model, so the same
+     * parameters get gradients.) */
+    int first = 0, count = umt_engine_in_place(dist->engine) ? 0 : umt_bucket_plan_rest(&dist->plan, &first);
     if (count > 0) UMT_TRY(umt_engine_start_buckets(dist->engine, &dist->plan, first, count));
     umt_bucket_plan_reset(&dist->plan);
     return umt_engine_finish(dist->engine, &dist->plan);

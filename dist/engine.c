@@ -44,6 +44,8 @@ struct umt_engine {
     int bucket_count;
     umt_tensor *host_values; /* staging for umt_engine_reduce_host */
     cudaEvent_t host_done;
+    bool in_place;              /* gradients reduced one by one where they are (engine.h) */
+    cudaEvent_t gradient_final, gradient_reduced; /* in place: compute -> communication -> compute */
     umt_watchdog *watchdog;
 };
 
@@ -85,6 +87,9 @@ static umt_status broadcast_model(umt_engine *e) {
     NCCL_TRY(e, ncclGroupStart());
     for (int i = 0; i < ctx->parameter_count + ctx->buffer_count; ++i) {
         umt_tensor *t = i < ctx->parameter_count ? ctx->parameters[i] : ctx->buffers[i - ctx->parameter_count];
+        /* One rank has nothing to take from rank 0, and a tensor a subsystem holds (the offload
+         * tier, before its plan: pinned host memory) is left where it is. */
+        if (e->size == 1 && t->pool != t->kind_pool) continue;
         ncclResult_t r = ncclBroadcast(t->data, t->data, (size_t)t->numel, nccl_type(t->dtype), 0, e->comm, e->compute);
         if (r != ncclSuccess) {
             ncclGroupEnd();
@@ -100,8 +105,11 @@ static umt_status broadcast_model(umt_engine *e) {
 static umt_status make_buckets(umt_engine *e, const umt_bucket_plan *plan) {
     e->buckets = calloc((size_t)plan->bucket_count, sizeof *e->buckets);
     if (!e->buckets) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "rank %d: no memory for %d buckets", e->rank, plan->bucket_count);
-    e->bucket_count = plan->bucket_count;
-    for (int b = 0; b < plan->bucket_count; ++b) {
+    /* In place: no bucket buffers (engine.h), the bucket count 0 (nothing to start or finish). */
+    e->bucket_count = e->in_place ? 0 : plan->bucket_count;
+    UMT_CUDA_TRY(cudaEventCreateWithFlags(&e->gradient_final, cudaEventDisableTiming));
+    UMT_CUDA_TRY(cudaEventCreateWithFlags(&e->gradient_reduced, cudaEventDisableTiming));
+    for (int b = 0; b < e->bucket_count; ++b) {
         bucket_state *s = &e->buckets[b];
         s->buffer = umt_tensor_new_1d(e->ctx, UMT_POOL_GRADS, e->reduce_dtype, plan->elements[b]);
         if (!s->buffer) return umt_last_status();
@@ -126,6 +134,13 @@ static umt_status create(umt_engine *e, const umt_dist_process *process, const u
                               plan->bucket_count + 1, &e->watchdog);
 }
 
+/* A tensor a subsystem holds elsewhere than its kind's pool (core/tensor.h: kind_pool). */
+static bool any_gradient_held(const umt_context *ctx) {
+    for (int i = 0; i < ctx->parameter_count; ++i)
+        if (ctx->parameters[i]->grad->pool != ctx->parameters[i]->grad->kind_pool) return true;
+    return false;
+}
+
 umt_status umt_engine_create(umt_context *ctx, const umt_dist_process *process, const umt_dist_options *options,
                              const umt_bucket_plan *plan, umt_engine **out) {
     if (ctx->options.device != UMT_DEVICE_CUDA)
@@ -134,7 +149,7 @@ umt_status umt_engine_create(umt_context *ctx, const umt_dist_process *process, 
     umt_engine *e = calloc(1, sizeof *e);
     if (!e) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "rank %d: no memory for the NCCL engine", process->rank);
     *e = (umt_engine){.ctx = ctx, .rank = process->rank, .size = process->size, .compute = umt_cuda_stream(),
-                      .reduce_dtype = options->reduce_bf16 ? UMT_BF16 : UMT_F32};
+                      .reduce_dtype = options->reduce_bf16 ? UMT_BF16 : UMT_F32, .in_place = any_gradient_held(ctx)};
     umt_status status = create(e, process, options, plan);
     if (status != UMT_OK) {
         umt_engine_destroy(e);
@@ -180,6 +195,19 @@ umt_status umt_engine_start_buckets(umt_engine *e, const umt_bucket_plan *plan, 
     return UMT_OK;
 }
 
+bool umt_engine_in_place(const umt_engine *e) { return e->in_place; }
+
+umt_status umt_engine_reduce_in_place(umt_engine *e, void *data, int64_t numel) {
+    UMT_TRY(umt_watchdog_check(e->watchdog));
+    UMT_CUDA_TRY(cudaEventRecord(e->gradient_final, e->compute));
+    UMT_CUDA_TRY(cudaStreamWaitEvent(e->communication, e->gradient_final, 0));
+    NCCL_TRY(e, ncclAllReduce(data, data, (size_t)numel, ncclFloat32, ncclAvg, e->comm, e->communication));
+    UMT_CUDA_TRY(cudaEventRecord(e->gradient_reduced, e->communication));
+    umt_watchdog_mark(e->watchdog, 0, e->gradient_reduced);
+    UMT_CUDA_TRY(cudaStreamWaitEvent(e->compute, e->gradient_reduced, 0));
+    return UMT_OK;
+}
+
 umt_status umt_engine_finish(umt_engine *e, const umt_bucket_plan *plan) {
     for (int b = 0; b < e->bucket_count; ++b) {
         UMT_CUDA_TRY(cudaStreamWaitEvent(e->compute, e->buckets[b].done, 0));
@@ -198,7 +226,8 @@ umt_status umt_engine_reduce_host(umt_engine *e, double *values, int count, bool
     NCCL_TRY(e, ncclAllReduce(e->host_values->data, e->host_values->data, (size_t)count, ncclFloat64,
                               maximum ? ncclMax : ncclSum, e->comm, e->compute));
     UMT_CUDA_TRY(cudaEventRecord(e->host_done, e->compute));
-    umt_watchdog_mark(e->watchdog, e->bucket_count, e->host_done);
+    /* In place, slot 0 is the gradients' (there are no buckets). */
+    umt_watchdog_mark(e->watchdog, e->in_place ? 1 : e->bucket_count, e->host_done);
     umt_status status = e->ctx->backend->f32.download(values, e->host_values->data, bytes);
     /* After an abort the wait ends with whatever the buffer held: the watchdog's word wins. */
     UMT_TRY(umt_watchdog_check(e->watchdog));
@@ -219,6 +248,8 @@ void umt_engine_destroy(umt_engine *e) {
         umt_tensor_free(e->buckets[b].buffer);
     }
     if (e->host_done) cudaEventDestroy(e->host_done);
+    if (e->gradient_final) cudaEventDestroy(e->gradient_final);
+    if (e->gradient_reduced) cudaEventDestroy(e->gradient_reduced);
     umt_tensor_free(e->host_values);
     if (e->communication) cudaStreamDestroy(e->communication);
     free(e->buckets);

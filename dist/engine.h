@@ -17,6 +17,15 @@ typedef struct umt_engine umt_engine;
  * broadcast, bucket buffers and events, the watchdog. */
 umt_status umt_engine_create(umt_context *ctx, const umt_dist_process *process, const umt_dist_options *options,
                              const umt_bucket_plan *plan, umt_engine **out);
+/* Gradients that a subsystem holds outside the grads pool (the offload tier: pinned host memory
+ * and device slots they pass through) are reduced one by one where they are, not in buckets:
+ * the engine is in place when, at its creation, some gradient is held so (core/tensor.h:
+ * kind_pool); it then makes no bucket buffers (they would hold every gradient on the GPU at
+ * once). Each call all-reduces (ncclAvg, f32) the numel floats at data on the
+ * communication stream, after the compute stream's work so far, and makes the compute stream wait
+ * for it: the subsystem's next work on the gradient (its copy home) reads the average. */
+bool umt_engine_in_place(const umt_engine *engine);
+umt_status umt_engine_reduce_in_place(umt_engine *engine, void *data, int64_t numel);
 /* Buckets [first, first + count): packed on the compute stream, all-reduced on the
  * communication stream once the compute stream reaches them. */
 umt_status umt_engine_start_buckets(umt_engine *engine, const umt_bucket_plan *plan, int first, int count);

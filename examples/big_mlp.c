@@ -20,6 +20,11 @@
  *        --no-offload (plain pools: fails past the budget) --bench N (N timed steps after warm-up)
  *        --dry-run (the memory plan alone: each pool's predicted peak, printed before step 1 in
  *        every run; nothing trained)
+ *        --precision fp32|bf16|fp16 (fp32; bf16/fp16: only the weights' half-precision compute copies
+ *        cross to the GPU, the fp32 masters and Adam state stay home; fp16 scales the loss)
+ *        --clip-grad-norm X (0: off) --grad-accum N (1: each step runs N micro-batches of --batch,
+ *        core/micro_batch.h) --dist auto|on (on: the data-parallel path on this one GPU too, its
+ *        all-reduce of each gradient before it goes home: dist/umt_dist.h)
  *
  *   UMT_DEVICE_BUDGET=2G bazel-bin/examples/big_mlp --batch 2048 --offload-activations
  *                                             # activations (2.1 GiB) alone past what 2G leaves
@@ -36,15 +41,17 @@
 #include <string.h>
 #include <time.h>
 
+#include "dist/umt_dist.h"
 #include "examples/example_common.h"
 #include "umtrain.h"
 
 typedef struct {
     int64_t width, depth, batch;
-    int steps, bench, host_updates;
+    int steps, bench, host_updates, grad_accum;
     uint64_t seed;
-    float lr;
-    bool offload, offload_activations, dry_run;
+    float lr, clip;
+    umt_precision precision;
+    bool offload, offload_activations, dry_run, dist;
     size_t reserve;
     umt_offload_optimizer update_on;
 } options;
@@ -52,7 +59,8 @@ typedef struct {
 static void print_usage(FILE *out) {
     fprintf(out, "usage: big_mlp [--width N] [--depth N] [--batch N] [--steps N] [--seed N] [--lr X]\n"
             "               [--update-on auto|gpu|cpu|backward] [--reserve SIZE] [--offload-activations] [--no-offload]\n"
-            "               [--host-updates N|auto] [--bench N] [--dry-run]\n");
+            "               [--host-updates N|auto] [--bench N] [--dry-run] [--precision fp32|bf16|fp16]\n"
+            "               [--clip-grad-norm X] [--grad-accum N] [--dist auto|on]\n");
 }
 
 static int usage(const char *why, const char *what) {
@@ -63,7 +71,7 @@ static int usage(const char *why, const char *what) {
 
 static int parse(int argc, char **argv, options *o) {
     *o = (options){.width = 8192, .depth = 8, .batch = 512, .steps = 10, .seed = 1, .lr = 1e-4f, .offload = true,
-                   .host_updates = UMT_OFFLOAD_HOST_AUTO};
+                   .host_updates = UMT_OFFLOAD_HOST_AUTO, .grad_accum = 1, .precision = UMT_PRECISION_FP32};
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -83,6 +91,14 @@ static int parse(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--host-updates")) o->host_updates = strcmp(v, "auto") ? atoi(v) : UMT_OFFLOAD_HOST_AUTO;
         else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--lr")) o->lr = strtof(v, NULL);
+        else if (!strcmp(a, "--clip-grad-norm")) o->clip = strtof(v, NULL);
+        else if (!strcmp(a, "--grad-accum")) o->grad_accum = atoi(v);
+        else if (!strcmp(a, "--dist")) {
+            if (strcmp(v, "on") && strcmp(v, "auto")) return usage("--dist: expected auto or on, not", v);
+            o->dist = !strcmp(v, "on");
+        } else if (!strcmp(a, "--precision")) {
+            if (umt_precision_parse(v, &o->precision)) return usage(umt_last_error(), NULL);
+        }
         else if (!strcmp(a, "--update-on")) {
             if (umt_offload_optimizer_parse(v, &o->update_on)) return usage(umt_last_error(), NULL);
         } else if (!strcmp(a, "--reserve")) {
@@ -90,7 +106,7 @@ static int parse(int argc, char **argv, options *o) {
         } else return usage("unknown flag", a);
     }
     if (o->width < 2 || o->depth < 1 || o->batch < 1 || o->steps < 1 || o->bench < 0 ||
-        o->host_updates < UMT_OFFLOAD_HOST_AUTO)
+        o->host_updates < UMT_OFFLOAD_HOST_AUTO || o->grad_accum < 1 || !(o->clip >= 0))
         return usage("sizes must be positive", NULL);
     /* Activations: the first step, which the arena records before it can plan reuse, holds every
      * saved output (linear and ReLU per layer, the loss's probabilities) and, the tier recycling
@@ -122,13 +138,44 @@ typedef struct {
     umt_context *ctx;
     umt_layer **layers;
     umt_optimizer *opt;
-    umt_tensor *x, *labels;
+    umt_tensor **x, **labels; /* one batch per micro-batch (--grad-accum) */
+    umt_dist *dist;           /* --dist on, else NULL */
 } model;
+
+/* The step's grad_accum x batch inputs, drawn as one tensor (so that --grad-accum 2 --batch 256
+ * steps on the inputs of --batch 512); with micro-batches, then split into their own tensors. */
+static int make_batches(const options *o, model *m) {
+    int64_t rows = o->grad_accum * o->batch, per = o->batch * o->width;
+    bool split = o->grad_accum > 1;
+    umt_tensor *all = umt_tensor_new_2d(m->ctx, UMT_POOL_DATASET, UMT_F32, rows, o->width);
+    float *values = split ? malloc((size_t)(rows * o->width) * sizeof *values) : NULL;
+    int32_t *labels = malloc((size_t)rows * sizeof *labels);
+    m->x = calloc((size_t)o->grad_accum, sizeof *m->x);
+    m->labels = calloc((size_t)o->grad_accum, sizeof *m->labels);
+    bool made = all && (values || !split) && labels && m->x && m->labels;
+    umt_status st = made ? umt_tensor_uniform(m->ctx, all, -1.0f, 1.0f) : UMT_ERR_OUT_OF_MEMORY;
+    if (st == UMT_OK && split) st = umt_tensor_copy_to_host(all, values, (size_t)(rows * o->width) * sizeof *values);
+    for (int64_t i = 0; i < rows && labels; ++i) labels[i] = (int32_t)((i * 7919 + 13) % o->width);
+    for (int k = 0; k < o->grad_accum && st == UMT_OK; ++k) {
+        m->x[k] = split ? umt_tensor_new_2d(m->ctx, UMT_POOL_DATASET, UMT_F32, o->batch, o->width) : all;
+        m->labels[k] = umt_tensor_new_1d(m->ctx, UMT_POOL_DATASET, UMT_I32, o->batch);
+        st = m->x[k] && m->labels[k] ? UMT_OK : umt_last_status();
+        if (st == UMT_OK && split)
+            st = umt_tensor_copy_from_host(m->x[k], values + k * per, (size_t)per * sizeof *values);
+        if (st == UMT_OK)
+            st = umt_tensor_copy_from_host(m->labels[k], labels + k * o->batch, (size_t)o->batch * sizeof *labels);
+    }
+    if (split) umt_tensor_free(all);
+    free(values);
+    free(labels);
+    return st ? fail("batch") : 0;
+}
 
 static int build(const options *o, model *m) {
     umt_context_options co = umt_context_defaults();
     co.device = UMT_DEVICE_CUDA;
     co.seed = o->seed;
+    co.precision = o->precision;
     if (umt_context_create(&co, &m->ctx)) return fail("context");
     /* The tier first: the layers below are then made in host memory, and planned at step 1. */
     umt_offload_options tier = umt_offload_defaults();
@@ -145,33 +192,43 @@ static int build(const options *o, model *m) {
     }
     umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_ADAM);
     oo.lr = o->lr;
+    oo.max_grad_norm = o->clip;
+    oo.loss_scaling = o->precision == UMT_PRECISION_FP16; /* fp16's gradients underflow without it */
     if (umt_optimizer_create(m->ctx, &oo, &m->opt)) return fail("optimizer");
+    /* The data-parallel path after the model (its hook follows the tier's on the hook table). */
+    if (o->dist) {
+        umt_dist_process one = {.bootstrap = UMT_DIST_SINGLE, .rank = 0, .size = 1, .local_rank = 0};
+        umt_dist_options d = umt_dist_defaults();
+        d.always = true;
+        if (umt_dist_create(m->ctx, &one, &d, &m->dist)) return fail("dist");
+    }
     /* The batch is made in the dataset pool once; its values come from the same seeded RNG. */
-    m->x = umt_tensor_new_2d(m->ctx, UMT_POOL_DATASET, UMT_F32, o->batch, o->width);
-    m->labels = umt_tensor_new_1d(m->ctx, UMT_POOL_DATASET, UMT_I32, o->batch);
-    if (!m->x || !m->labels || umt_tensor_uniform(m->ctx, m->x, -1.0f, 1.0f)) return fail("batch");
-    int32_t *labels = malloc((size_t)o->batch * sizeof *labels);
-    for (int64_t i = 0; i < o->batch; ++i) labels[i] = (int32_t)((i * 7919 + 13) % o->width);
-    umt_status st = umt_tensor_copy_from_host(m->labels, labels, (size_t)o->batch * sizeof *labels);
-    free(labels);
-    return st ? fail("labels") : 0;
+    return make_batches(o, m);
 }
 
-static umt_tensor *forward(const options *o, model *m) {
-    umt_tensor *h = m->x;
+static umt_tensor *forward(const options *o, model *m, int k) {
+    umt_tensor *h = m->x[k];
     for (int64_t l = 0; l < o->depth; ++l) {
         h = umt_layer_forward(m->ctx, m->layers[l], h);
         if (l + 1 < o->depth) h = umt_relu(m->ctx, h);
     }
-    return umt_softmax_cross_entropy(m->ctx, h, m->labels);
+    return umt_softmax_cross_entropy(m->ctx, h, m->labels[k]);
 }
 
 /* One training step; the loss is read back only when asked (reading it waits for the step). */
 static int step(const options *o, model *m, float *loss_out) {
     if (umt_step_begin(m->ctx) || umt_zero_grad(m->ctx)) return fail("step begin");
-    umt_tensor *loss = forward(o, m);
-    if (!loss) return fail("forward");
-    if (umt_backward(m->ctx, loss)) return fail("backward");
+    umt_tensor *loss = NULL;
+    int64_t whole = o->grad_accum * o->batch;
+    for (int k = 0; k < o->grad_accum; ++k) {
+        if (o->grad_accum > 1 && umt_micro_batch_begin(m->ctx, k * o->batch, o->batch, whole))
+            return fail("micro-batch");
+        if (!(loss = forward(o, m, k))) return fail("forward");
+        /* Scaled by the optimizer's loss scale under fp16 (1, a plain backward, otherwise). */
+        if (umt_backward_scaled(m->ctx, loss, m->opt)) return fail("backward");
+        if (o->grad_accum > 1) loss = umt_micro_batch_loss(m->ctx);
+    }
+    if (m->dist && umt_dist_finish_gradients(m->dist)) return fail("all-reduce");
     if (umt_optimizer_step(m->opt)) return fail("optimizer");
     if (loss_out && umt_tensor_get_f32(loss, 0, loss_out)) return fail("loss");
     return 0;
@@ -190,12 +247,15 @@ typedef struct {
 static umt_tensor *plan_forward(umt_context *ctx, void *user, int64_t batch) {
     const plan_user *p = user;
     model micro = *p->m;
+    umt_tensor *x = NULL, *labels = NULL;
     if (batch != p->o->batch) {
-        micro.x = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, batch, p->o->width);
-        micro.labels = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, batch);
-        if (!micro.x || !micro.labels) return NULL;
+        x = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, batch, p->o->width);
+        labels = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, batch);
+        if (!x || !labels) return NULL;
+        micro.x = &x;
+        micro.labels = &labels;
     }
-    return forward(p->o, &micro);
+    return forward(p->o, &micro, 0);
 }
 
 static int plan_memory(const options *o, const model *m) {
@@ -269,8 +329,9 @@ int main(int argc, char **argv) {
     size_t budget = 0, used = 0;
     umt_device_budget(m.ctx, &budget, &used);
     double state_gib = (double)(4 * o.depth * o.width * (o.width + 1)) * 4 / (double)(1 << 30);
-    printf("big_mlp: %lld layers of %lld x %lld, batch %lld: weights + grads + Adam %.2f GiB, device budget %.2f GiB "
-           "(%.1fx)\n", (long long)o.depth, (long long)o.width, (long long)o.width, (long long)o.batch, state_gib,
+    printf("big_mlp: %lld layers of %lld x %lld, batch %lld%s, %s: weights + grads + Adam %.2f GiB, device budget "
+           "%.2f GiB (%.1fx)\n", (long long)o.depth, (long long)o.width, (long long)o.width, (long long)o.batch,
+           o.grad_accum > 1 ? " per micro-batch" : "", umt_precision_name(o.precision), state_gib,
            (double)budget / (1 << 30), state_gib * (1 << 30) / (double)budget);
     rc = plan_memory(&o, &m);
     if (!rc && o.bench && !o.dry_run) rc = bench(&o, &m);
@@ -289,6 +350,9 @@ int main(int argc, char **argv) {
                (double)st.bytes_to_host / 1e9, (unsigned long long)st.activations_offloaded,
                (double)st.activation_bytes_to_host / 1e9, (double)st.activation_bytes_to_device / 1e9);
     free(m.layers);
+    free(m.x);
+    free(m.labels);
+    umt_dist_destroy(m.dist);
     umt_context_destroy(m.ctx);
     return rc;
 }

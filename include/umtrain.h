@@ -310,8 +310,10 @@ umt_offload_options umt_offload_defaults(void);
 /* Turns the tier on for ctx (options NULL: the defaults): call it right after umt_context_create,
  * before any parameter exists. UMT_ERR_UNSUPPORTED on the CPU or in a build without CUDA;
  * UMT_ERR_STATE once the context has parameters. Create the model and the optimizer before the
- * first step; a precision other than fp32, clipping, loss scaling and a step graph are refused
- * where they would meet offloaded tensors. */
+ * first step. Every precision (bf16/fp16: only the weights' compute copies cross to the GPU),
+ * clipping and loss scaling (updates in backward then run after backward instead, said once),
+ * micro-batches and data parallelism (dist/umt_dist.h: each gradient all-reduced on the GPU
+ * before it goes home) work with it; a step graph runs its steps eagerly (offload/README.md). */
 umt_status umt_offload_enable(umt_context *ctx, const umt_offload_options *options);
 
 /* What the offload tier has done since the context was made (all 0 without offload). */

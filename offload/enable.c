@@ -76,7 +76,7 @@ static umt_status before_op_backward(umt_context *ctx, void *self, const umt_nod
 
 static umt_status after_op_backward(umt_context *ctx, void *self, int node) {
     (void)ctx;
-    return umt_offload_activations_after_backward(self, node);
+    return umt_offload_after_op_backward(self, node);
 }
 
 static umt_status gradient_ready(umt_context *ctx, void *self, umt_tensor *parameter) {
@@ -121,8 +121,10 @@ static void destroy(umt_context *ctx, void *self) {
 
 static const umt_hooks offload_hooks = {
     .name = "offload",
-    /* The tier waits on events and plans on the host each step: nothing a replay redoes. */
-    .unreplayable = "the context offloads to host memory (offload/)",
+    /* A replay would redo none of the tier's host work: which weights go to which slot, the
+     * prefetch order it follows, the CPU threads' updates, the events between its streams. */
+    .unreplayable = "the context offloads to host memory (offload/: the tier decides on the host, every step, "
+                    "what crosses the link and when)",
     .place = place,
     .step_begin = step_begin,
     .op_recorded = op_recorded,

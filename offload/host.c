@@ -35,9 +35,9 @@
 
 /* The optimizer's rule with the options and step of the enqueue (the job's own copy). */
 static umt_status host_rule(const void *user, const umt_backend *be, float *param, const float *grad, float *s0,
-                            float *s1, int64_t n) {
+                            float *s1, const umt_update_fusion *fusion, int64_t n) {
     const umt_offload_host_rule *rule = user;
-    return umt_optimizer_update_with(&rule->options, rule->step, be, param, grad, s0, s1, n);
+    return umt_optimizer_update_with(&rule->options, rule->step, be, param, grad, s0, s1, n, fusion);
 }
 
 /* Elements per second that the CPU threads update with Adam (the optimizer is attached only in
@@ -51,7 +51,8 @@ static umt_status cpu_rate(double *rate) {
     if (!a) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory to time the CPU's update (%lld elements)",
                             (long long)n);
     umt_offload_host_rule rule = {umt_optimizer_defaults(UMT_OPT_ADAM), 1};
-    umt_offload_cpu_job job = {host_rule, &rule, a, a + n, a + 2 * n, a + 3 * n, n};
+    umt_offload_cpu_job job = {host_rule, &rule, a, a + n, a + 2 * n, a + 3 * n, n, {.lowp_dtype = UMT_F32},
+                               UMT_OFFLOAD_CPU_CHUNK};
     *rate = 0;
     for (int r = 0; r < 3; ++r) {
         double start = umt_offload_seconds();
@@ -65,14 +66,14 @@ static umt_status cpu_rate(double *rate) {
 }
 
 /* The CPU's share (umt_plan_host_share) from the rates measured now. */
-umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int count) {
+umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt_tensor *const *tensors, int count) {
     int wanted = o->options.host_updates;
     o->stats.host_updates = wanted == UMT_OFFLOAD_HOST_AUTO ? 0 : wanted;
     if (wanted != UMT_OFFLOAD_HOST_AUTO || !o->plan.ring_bytes) return UMT_OK;
     int64_t streamed = 0;
     for (int i = 0; i < count; ++i)
         if (items[i].pool == UMT_POOL_WEIGHTS && items[i].offloaded) {
-            streamed += (int64_t)(items[i].bytes / sizeof(float));
+            streamed += tensors[i]->numel;
             o->host_streamed++;
         }
     if (!streamed) return UMT_OK;
@@ -129,8 +130,9 @@ static bool takes(const umt_offload *o, const umt_tensor *p, umt_tensor *const s
     if (wanted == UMT_OFFLOAD_HOST_AUTO ? o->host_elements_this_step + p->numel / 2 > o->host_target_elements
                                         : o->host_updates_this_step >= wanted)
         return false;
-    /* Every array in pinned memory: the CPU reaches nothing on the GPU. */
-    return p->offload.home && p->grad->offload.home && (!state[0] || state[0]->offload.home) && (!state[1] || state[1]->offload.home);
+    /* Every array in pinned memory (the compute copy too): the CPU reaches nothing on the GPU. */
+    return p->offload.home && p->grad->offload.home && (!state[0] || state[0]->offload.home) &&
+           (!state[1] || state[1]->offload.home) && (!p->lowp || p->lowp->offload.home);
 }
 
 static const char *label(const umt_tensor *p) { return p->name ? p->name : "a parameter"; }
@@ -188,7 +190,9 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
     UMT_TRY(umt_offload_gradient_out(o, s));
     UMT_TRY(umt_offload_evict(o, s)); /* its weights there are the old ones now */
     job->job = (umt_offload_cpu_job){host_rule, &job->rule, p->offload.home, p->grad->offload.home, state[0] ? state[0]->offload.home : NULL,
-                                     state[1] ? state[1]->offload.home : NULL, p->numel};
+                                     state[1] ? state[1]->offload.home : NULL, p->numel,
+                                     umt_offload_fusion(p, p->lowp ? p->lowp->offload.home : NULL, 0, NULL), 0};
+    UMT_TRY(umt_offload_cpu_chunk(p, &job->job.chunk));
     umt_optimizer_snapshot(o->attached, &job->rule.options, &job->rule.step);
     UMT_TRY(umt_offload_wait(o->host_update, o->slots[s].drained)); /* the gradient is home */
     UMT_CUDA_TRY(cudaLaunchHostFunc((cudaStream_t)o->host_update, run_job, job));

@@ -13,6 +13,8 @@
 
 #include "core/base/error.h"
 #include "core/context.h"
+#include "core/optim/optim.h"
+#include "core/precision.h"
 #include "core/tensor.h"
 #include "memory/trace.h"
 #include "offload/state.h"
@@ -113,6 +115,7 @@ void umt_offload_destroy(umt_offload *o) {
     umt_offload_activations_destroy(o);
     umt_offload_host_destroy(o);
     free(o->uses);
+    free(o->finals);
     free(o->cpu_jobs);
     free(o);
 }
@@ -138,7 +141,8 @@ static umt_status collect_items(umt_context *ctx, umt_plan_item **items, umt_ten
     for (umt_tensor *t = ctx->run_tensors; t; t = t->next) {
         if (t->pool != UMT_POOL_OFFLOAD || !is_streamed_kind(t->kind_pool)) continue;
         const umt_tensor *p = t->kind_pool == UMT_POOL_WEIGHTS ? t : t->owner;
-        (*items)[i] = (umt_plan_item){p && p->name ? p->name : "?", t->kind_pool, group_of(ctx, t), t->bytes, false};
+        (*items)[i] = (umt_plan_item){p && p->name ? p->name : "?", t->kind_pool, group_of(ctx, t),
+                                      umt_offload_plan_bytes(umt_compute_dtype(ctx), t), false};
         (*tensors)[i++] = t;
     }
     *count = n;
@@ -156,27 +160,30 @@ static umt_status move_to_gpu(umt_context *ctx, umt_tensor *t) {
     return UMT_OK;
 }
 
-/* Both halves of the double buffer: weights first, the gradient after the largest weights. */
+/* Both halves of the double buffer: weights (or their compute copy) first, the gradient after the
+ * largest. */
 static umt_status make_slots(umt_offload *o, umt_tensor **tensors, const umt_plan_item *items, int count) {
-    size_t largest_weights = 0;
-    for (int i = 0; i < count; ++i)
-        if (items[i].offloaded && items[i].pool == UMT_POOL_WEIGHTS && tensors[i]->bytes > largest_weights)
-            largest_weights = tensors[i]->bytes;
+    size_t largest_weights = 0, largest_grads = 0;
+    bool copies = false;
+    for (int i = 0; i < count; ++i) {
+        if (!items[i].offloaded || items[i].pool != UMT_POOL_WEIGHTS) continue;
+        const umt_tensor *streamed = umt_offload_streamed(tensors[i]);
+        copies |= streamed != tensors[i];
+        if (streamed->bytes > largest_weights) largest_weights = streamed->bytes;
+        if (tensors[i]->grad && tensors[i]->grad->bytes > largest_grads) largest_grads = tensors[i]->grad->bytes;
+    }
     largest_weights = (largest_weights + 255) / 256 * 256;
     o->slot_bytes = o->plan.weight_slot_bytes;
+    /* Under bf16/fp16 the plan counted each weight's master and copy (a resident weight holds both),
+     * but a slot holds only the copy: the budget left over is the activations'. */
+    size_t needed = largest_weights + (largest_grads + 255) / 256 * 256;
+    if (needed < UMT_OFFLOAD_MIN_SLOT_BYTES) needed = UMT_OFFLOAD_MIN_SLOT_BYTES;
+    if (copies && needed < o->slot_bytes) o->slot_bytes = needed;
     for (int s = 0; s < 2; ++s) {
         UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_STREAM, o->slot_bytes, &o->slots[s].base));
         o->slots[s].grads = (char *)o->slots[s].base + largest_weights;
     }
     return o->plan.ring_bytes ? umt_offload_make_ring(o) : UMT_OK;
-}
-
-static umt_status check_offloadable(const umt_context *ctx, const umt_tensor *t) {
-    if (ctx->options.precision != UMT_PRECISION_FP32)
-        return umt_fail(UMT_ERR_UNSUPPORTED, "offload: %s would be offloaded, but the offload tier streams fp32 only "
-                        "(precision %s)", t->owner && t->owner->name ? t->owner->name : t->name ? t->name : "a tensor",
-                        umt_precision_name(ctx->options.precision));
-    return UMT_OK;
 }
 
 static umt_status apply_plan(umt_offload *o, umt_plan_item *items, umt_tensor **tensors, int count) {
@@ -187,7 +194,6 @@ static umt_status apply_plan(umt_offload *o, umt_plan_item *items, umt_tensor **
     UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
     for (int i = 0; i < count; ++i) {
         if (items[i].offloaded) {
-            UMT_TRY(check_offloadable(ctx, tensors[i]));
             tensors[i]->offload.home = tensors[i]->data;
             o->stats.offloaded_tensors++;
             o->stats.offloaded_bytes += tensors[i]->bytes;
@@ -196,6 +202,11 @@ static umt_status apply_plan(umt_offload *o, umt_plan_item *items, umt_tensor **
             UMT_TRY(move_to_gpu(ctx, tensors[i]));
         }
     }
+    /* Under bf16/fp16 an offloaded weight streams its compute copy, made home now (before the
+     * first forward, which would otherwise make it in the weights pool). */
+    for (int i = 0; i < count; ++i)
+        if (items[i].offloaded && items[i].pool == UMT_POOL_WEIGHTS)
+            UMT_TRY(umt_offload_make_compute_copy(o, tensors[i]));
     return any ? make_slots(o, tensors, items, count) : UMT_OK;
 }
 
@@ -212,7 +223,7 @@ static umt_status plan_once(umt_offload *o) {
      * (the planner's stage 3, after the first step): they use it then. */
     if (st == UMT_OK && !o->options.activations) umt_plan_deepen_ring(&o->plan);
     if (st == UMT_OK || st == UMT_ERR_BUDGET) umt_plan_print(stderr, items, count, &o->plan);
-    if (st == UMT_OK) st = umt_offload_host_plan(o, items, count);
+    if (st == UMT_OK) st = umt_offload_host_plan(o, items, tensors, count);
     /* A plan that does not fit is a refused allocation too: show where the budget went. */
     if (st == UMT_ERR_BUDGET) umt_memory_print_contents(&ctx->memory, stderr);
     /* Planned even on failure: new tensors now go to their own pools, and the refusal stands. */
@@ -260,7 +271,8 @@ umt_status umt_offload_evict(umt_offload *o, int s) {
     UMT_TRY(umt_offload_deferred_piece(o, SIZE_MAX));
     if (!slot->holder) return UMT_OK;
     if (slot->grads_live) UMT_TRY(umt_offload_gradient_out(o, s));
-    slot->holder->data = slot->holder->offload.home;
+    umt_tensor *weights = umt_offload_streamed(slot->holder);
+    weights->data = weights->offload.home;
     slot->holder = NULL;
     return UMT_OK;
 }
@@ -302,7 +314,9 @@ static umt_status load(umt_offload *o, int s, umt_tensor *p, bool for_backward, 
     UMT_TRY(umt_offload_wait(o->copy_in, slot->released));
     UMT_TRY(umt_offload_wait(o->copy_in, slot->drained));
     UMT_TRY(umt_offload_host_wait(o, o->copy_in, p));
-    UMT_TRY(umt_offload_copy(o, slot->base, p->offload.home, p->bytes, true, p->name ? p->name : "weights"));
+    const umt_tensor *weights = umt_offload_streamed(p);
+    UMT_TRY(umt_offload_copy(o, slot->base, weights->offload.home, weights->bytes, true,
+                             p->name ? p->name : "weights"));
     UMT_TRY(umt_offload_record(slot->loaded, o->copy_in));
     slot->holder = p;
     return for_backward ? bring_gradient_in(o, s) : UMT_OK;
@@ -352,11 +366,12 @@ umt_status umt_offload_deferred_piece(umt_offload *o, size_t bytes) {
         UMT_TRY(umt_offload_wait(o->state_in, slot->loaded));
         UMT_TRY(umt_offload_host_wait(o, o->state_in, p));
     }
-    size_t n = p->bytes - d->done < bytes ? p->bytes - d->done : bytes;
+    const umt_tensor *weights = umt_offload_streamed(p);
+    size_t n = weights->bytes - d->done < bytes ? weights->bytes - d->done : bytes;
     UMT_TRY(umt_offload_copy_on(o, o->state_in, UMT_TRACE_STATE_IN, (char *)slot->base + d->done,
-                                (const char *)p->offload.home + d->done, n, true, p->name ? p->name : "weights"));
+                                (const char *)weights->offload.home + d->done, n, true, p->name ? p->name : "weights"));
     d->done += n;
-    if (d->done < p->bytes) return UMT_OK;
+    if (d->done < weights->bytes) return UMT_OK;
     d->parameter = NULL;
     return umt_offload_record(slot->loaded, o->state_in);
 }
@@ -364,12 +379,13 @@ umt_status umt_offload_deferred_piece(umt_offload *o, size_t bytes) {
 umt_status umt_offload_acquire(umt_offload *o, umt_tensor *p, bool for_backward) {
     if (!p || !p->offload.home || !p->is_parameter) return UMT_OK;
     UMT_TRY(umt_offload_deferred_piece(o, SIZE_MAX));
+    UMT_TRY(umt_offload_refresh_compute_copy(o, p));
     UMT_TRY(note_use(o, p, for_backward));
     int s;
     UMT_TRY(make_resident(o, p, for_backward, -1, &s));
     o->last_slot = s;
     UMT_TRY(umt_offload_wait(o->compute, o->slots[s].loaded));
-    p->data = o->slots[s].base;
+    umt_offload_streamed(p)->data = o->slots[s].base;
     if (for_backward) p->grad->data = o->slots[s].grads;
     /* One use ahead: its copy runs while the work just queued computes. */
     if (o->following && o->next_use < o->use_count) {
@@ -395,13 +411,22 @@ umt_status umt_offload_before_backward(umt_offload *o, const umt_node *node) {
 }
 
 umt_status umt_offload_gradient_ready(umt_offload *o, umt_tensor *p) {
+    if (o->final_count == o->final_slots) {
+        int slots = o->final_slots ? 2 * o->final_slots : 16;
+        umt_tensor **grown = realloc(o->finals, (size_t)slots * sizeof *grown);
+        if (!grown) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory to note %d final gradients", slots);
+        o->finals = grown;
+        o->final_slots = slots;
+    }
+    o->finals[o->final_count++] = p;
+    return UMT_OK;
+}
+
+/* p's gradient is final and every hook table has queued its work on it (a gradient hook, data
+ * parallelism's all-reduce, runs where the gradient is: in the slot, before it leaves). */
+static umt_status gradient_final(umt_offload *o, umt_tensor *p) {
     bool in_backward = o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD && o->attached && o->ring_arrays;
     if (!p->offload.home) return in_backward ? umt_offload_update_resident(o, p) : UMT_OK;
-    /* A gradient hook (data parallelism's all-reduce) works on the gradient where it is, on the GPU:
-     * another table than the tier's own hears of gradients (core/hooks.h). */
-    if (umt_hooks_gradient_subscribers(o->ctx) > 1)
-        return umt_fail(UMT_ERR_UNSUPPORTED, "offload: %s streams through the offload tier, and a gradient hook (data "
-                        "parallelism) is set: the tier sends gradients home unreduced", p->name ? p->name : "a parameter");
     int s = slot_holding(o, p);
     if (s < 0 || !o->slots[s].grads_live) return UMT_OK;
     if (in_backward) {
@@ -412,13 +437,55 @@ umt_status umt_offload_gradient_ready(umt_offload *o, umt_tensor *p) {
     return umt_offload_gradient_out(o, s);
 }
 
+/* The gradients noted final in this node's backward, in the order they were announced. */
+static umt_status flush_finals(umt_offload *o) {
+    int count = o->final_count;
+    o->final_count = 0;
+    for (int i = 0; i < count; ++i) UMT_TRY(gradient_final(o, o->finals[i]));
+    return UMT_OK;
+}
+
+umt_status umt_offload_after_op_backward(umt_offload *o, int node) {
+    UMT_TRY(umt_offload_activations_after_backward(o, node));
+    return flush_finals(o);
+}
+
 void umt_offload_attach_optimizer(umt_offload *o, const umt_optimizer *opt, bool attach) {
-    if (attach) o->attached = opt;
-    else if (o->attached == opt) o->attached = NULL;
+    if (!attach) {
+        if (o->attached == opt) o->attached = NULL;
+        return;
+    }
+    o->attached = opt;
+    /* The global norm and the inf check read every gradient of the step; an update in backward
+     * runs before the last is known. Said once: the mode changes for good. */
+    if (o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD && umt_optimizer_has_step_scalars(opt)) {
+        fprintf(stderr, "offload: the optimizer clips by the global gradient norm or scales the loss (fp16), which "
+                "needs every gradient of a step before any update: offloaded parameters are updated after backward, "
+                "on the gpu (update mode gpu), not during backward\n");
+        o->optimizer = o->stats.optimizer = UMT_OFFLOAD_OPTIM_GPU;
+    }
+}
+
+/* With step scalars the optimizer reads every gradient where it is before deciding the step: an
+ * offloaded gradient that no backward wrote since umt_zero_grad is made zero at home first. */
+static umt_status settle_zero_gradients(umt_offload *o) {
+    if (!o->attached || !umt_optimizer_has_step_scalars(o->attached)) return UMT_OK;
+    bool synced = false;
+    for (int i = 0; i < o->ctx->parameter_count; ++i) {
+        umt_tensor *p = o->ctx->parameters[i];
+        if (!p->offload.grad_zero || !p->grad->offload.home || p->grad->data != p->grad->offload.home) continue;
+        if (!synced) UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->copy_out));
+        synced = true;
+        memset(p->grad->offload.home, 0, p->grad->bytes);
+        p->offload.grad_zero = false;
+    }
+    return UMT_OK;
 }
 
 umt_status umt_offload_backward_done(umt_offload *o) {
     if (!o->copy_out) return UMT_OK;
+    UMT_TRY(flush_finals(o));
+    UMT_TRY(settle_zero_gradients(o));
     UMT_TRY(umt_offload_deferred_piece(o, SIZE_MAX));
     for (int s = 0; s < 2; ++s) UMT_TRY(umt_offload_wait(o->compute, o->slots[s].drained));
     return UMT_OK;

@@ -28,11 +28,31 @@
  *
  * A tensor in the offload tier keeps its host bytes in its `offload.home` (core/tensor.h); `data`
  * points there, or at the slot while the slot holds it, so ops and kernels need not know. Scope: parameters read through
- * umt_weight_for_compute (linear, matmul, conv2d weights) are streamed, one per op, fp32 only;
+ * umt_weight_for_compute (linear, matmul, conv2d weights) are streamed, one per op;
  * parameters smaller than UMT_OFFLOAD_MIN_STREAM_BYTES (memory/offload_plan.h) stay on the GPU;
  * saved activations stay in the arena (reserve_bytes holds them) unless the option activations
- * sends them out too (offload/activations.c); clipping and loss scaling refuse offloaded
- * parameters.
+ * sends them out too (offload/activations.c).
+ *
+ * bf16 and fp16 (offload/compute_copy.c): the fp32 master and the optimizer state stay home; an
+ * offloaded weight's compute copy (tensor->lowp, half its bytes) is made home too, at the plan,
+ * and only it crosses into the slot for forward and backward. Gradients stay fp32 (umtrain keeps
+ * parameter gradients in f32 under every precision), so they cross at 4 bytes an element. Every
+ * update of a master rewrites the copy where it lives, with the same rounding (to nearest even)
+ * and layout (NHWC for conv weights) as the in-memory fused update: the GPU's chunks write it
+ * beside the master, the ring writes it in the slot and sends it home, the CPU threads write it
+ * in pinned memory.
+ *
+ * Loss scaling and clipping by global norm: umt_optimizer_step decides the step on the device
+ * (kernels/optim_step.h) from every gradient, the offloaded ones read where they are (home),
+ * before it raises after_update; every offloaded update then reads that decision (the GPU's from
+ * device memory, the CPU threads' from a copy taken once the decision is made). Updates in
+ * backward cannot wait for the whole gradient set: with such an optimizer the tier says so once
+ * and updates after backward on the GPU instead.
+ *
+ * Data parallelism (dist/): the tier moves a final gradient home (or updates with it) only in
+ * after_op_backward, once every table has heard gradient_ready; dist all-reduces a gradient the
+ * tier holds in place, on the GPU, and makes the compute stream wait for it, so the tier's copy
+ * home and its updates read the average (offload/README.md).
  */
 #ifndef UMT_OFFLOAD_OFFLOAD_H
 #define UMT_OFFLOAD_OFFLOAD_H
@@ -41,6 +61,7 @@
 
 #include "core/tape.h"
 #include "kernels/backend.h"
+#include "kernels/optim_step.h"
 #include "umtrain.h"
 
 typedef struct umt_offload umt_offload;
@@ -62,8 +83,11 @@ umt_status umt_offload_step_begin(umt_offload *o);
 umt_status umt_offload_acquire(umt_offload *o, umt_tensor *p, bool for_backward);
 /* Before a tape node's backward: acquires its offloaded parameter inputs with their gradients. */
 umt_status umt_offload_before_backward(umt_offload *o, const umt_node *node);
-/* The tape says p's gradient is final for this step: it is copied out to the offload tier. */
+/* The tape says p's gradient is final for this step: noted; after the node's backward (when every
+ * hook table has heard of it: data parallelism's all-reduce is queued), it is copied out to the
+ * offload tier, or p is updated with it (updates in backward). */
 umt_status umt_offload_gradient_ready(umt_offload *o, umt_tensor *p);
+umt_status umt_offload_after_op_backward(umt_offload *o, int node);
 /* Saved activations (the option activations, offload/activations.c): the tape has recorded node
  * n (its kernels are queued): what it read goes out; before node n's backward: its activations
  * come back, the next node's start to; after it: buffers no longer read go. */
@@ -80,9 +104,11 @@ bool umt_offload_zero_grad(umt_offload *o, umt_tensor *parameter);
 void umt_offload_attach_optimizer(umt_offload *o, const umt_optimizer *opt, bool attach);
 
 /* One update of n elements of a parameter: the optimizer's rule on the given pointers, with the
- * given backend's kernel (the CUDA one on device chunks, the CPU one on host memory). */
+ * given backend's kernel (the CUDA one on device chunks, the CPU one on host memory); fusion: the
+ * step scalars and where the range's compute copy is rewritten (kernels/optim_step.h). */
 typedef umt_status (*umt_offload_update_fn)(const void *user, const umt_backend *backend, float *param,
-                                            const float *grad, float *state0, float *state1, int64_t n);
+                                            const float *grad, float *state0, float *state1,
+                                            const umt_update_fusion *fusion, int64_t n);
 
 /* The optimizer's step for parameters of which some array is in the offload tier: begin, then
  * one call per such parameter (state may be NULL), then end (which runs CPU updates and decides

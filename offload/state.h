@@ -10,7 +10,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/tensor.h"
 #include "memory/offload_plan.h"
+#include "offload/copy_ranges.h"
 #include "offload/host_share.h"
 #include "offload/offload.h"
 
@@ -55,12 +57,19 @@ typedef struct {
     size_t done;           /* bytes queued so far */
 } umt_offload_deferred;
 
-/* One array update for CPU threads: fn on [0, n) of each array, in pinned memory. */
+/* Elements of one CPU work item: large enough to amortise the atomic, small enough to balance. */
+#define UMT_OFFLOAD_CPU_CHUNK ((int64_t)1 << 20)
+
+/* One array update for CPU threads: fn on [0, n) of each array, in pinned memory, in work items of
+ * chunk elements (a whole number of the compute copy's rows: umt_offload_cpu_chunk); fusion's
+ * lowp is where element 0's compute copy goes (each item's is found from it). */
 typedef struct umt_offload_cpu_job {
     umt_offload_update_fn fn;
     const void *user;
     float *param, *grad, *state0, *state1;
     int64_t n;
+    umt_update_fusion fusion;
+    int64_t chunk;
 } umt_offload_cpu_job;
 
 /* UMT_OFFLOAD_OPTIM_BACKWARD with options.host_updates (offload/host.c): a streamed
@@ -153,8 +162,29 @@ struct umt_offload {
     bool activations_planned;  /* stage 3 has run on the first step's activations */
     int activation_pending;    /* the LEAVING one whose arena bytes are freed at the next send, or -1 */
     bool in_backward;
+    /* Gradients final since the last node's backward began: they go home (or update) in
+     * after_op_backward, once every hook table has heard of them (offload/offload.h). */
+    umt_tensor **finals;
+    int final_count, final_slots;
+    /* This step's optimizer decision (loss scaling, clipping), or NULL; the CPU threads' copy. */
+    const umt_step_scalars *scalars;
+    umt_step_scalars scalars_host;
     umt_offload_stats stats;
 };
+
+/* ----------------------------------------------------------------------------------------- */
+/* Compute copies under bf16/fp16 (offload/compute_copy.c; their ranges: offload/copy_ranges.h) */
+
+/* What crosses into a slot for p's forward and backward: its compute copy when that lives in the
+ * offload tier (the master then stays home), else p itself. */
+static inline umt_tensor *umt_offload_streamed(umt_tensor *p) {
+    return p->lowp && p->lowp->offload.home ? p->lowp : p;
+}
+/* At the plan: p, offloaded, gets its compute copy home, converted from its master now. */
+umt_status umt_offload_make_compute_copy(umt_offload *o, umt_tensor *p);
+/* Before p's weights stream: a copy whose master was written from the host since
+ * (tensor->lowp_stale) is converted again, and any slot holding the old one gives it up. */
+umt_status umt_offload_refresh_compute_copy(umt_offload *o, umt_tensor *p);
 
 /* Slot bookkeeping used by both files. */
 umt_status umt_offload_evict(umt_offload *o, int s);
@@ -166,8 +196,7 @@ umt_status umt_offload_copy(umt_offload *o, void *dst, const void *src, size_t b
 umt_status umt_offload_copy_on(umt_offload *o, void *stream, int track, void *dst, const void *src, size_t bytes,
                                bool to_device, const char *what);
 
-/* p's optimizer state (the attached optimizer's), refused when the optimizer keeps step scalars
- * (clipping, loss scaling) and p or its state is offloaded. */
+/* p's optimizer state (the attached optimizer's). */
 umt_status umt_offload_state_of(const umt_offload *o, const umt_tensor *p, umt_tensor *state[2]);
 
 /* UMT_OFFLOAD_OPTIM_BACKWARD (offload/update.c): slot s's parameter, its gradient final, is
@@ -183,6 +212,8 @@ double umt_offload_seconds(void);
 /* CPU threads (one per core, less spare) run the jobs; false when one failed. No CUDA calls: a
  * host function may run it. */
 bool umt_offload_cpu_threads(const umt_offload_cpu_job *jobs, int count, int spare);
+/* The CPU threads' work item for p's update (umt_offload_cpu_job.chunk). */
+umt_status umt_offload_cpu_chunk(const umt_tensor *p, int64_t *chunk);
 /* Slot s's gradient, final, goes home on the copy-out stream (its drained event after). */
 umt_status umt_offload_gradient_out(umt_offload *o, int s);
 
@@ -192,7 +223,7 @@ umt_status umt_offload_gradient_out(umt_offload *o, int s);
  * each backward, as many as options.host_updates or the share says: *taken); a stream's
  * wait for p's last one (before a copy reads its weights); the step's end (a failed update is
  * reported); freeing. */
-umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, int count);
+umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt_tensor *const *tensors, int count);
 umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken);
 umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p);
 umt_status umt_offload_host_step_end(umt_offload *o);

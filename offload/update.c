@@ -42,8 +42,6 @@
 #include "core/base/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 
-/* Elements of one CPU work item: large enough to amortise the atomic, small enough to balance. */
-#define CPU_CHUNK ((int64_t)1 << 20)
 #define MAX_THREADS 64
 /* Weights put off for backward's next layer go in WEIGHT_PIECES_PER_CHUNK chunks' worth after each
  * update chunk's state: two state arrays in, then two pieces of weights, against a chunk's weights
@@ -55,16 +53,8 @@ bool umt_offload_involves(const umt_tensor *p, const umt_tensor *state0, const u
            (state1 && state1->offload.home);
 }
 
-static umt_status refuse_step_scalars(const umt_optimizer *opt, const umt_tensor *p) {
-    /* Step scalars live on the device and are read by every kernel; the tier does not carry them. */
-    if (!umt_optimizer_has_step_scalars(opt)) return UMT_OK;
-    return umt_fail(UMT_ERR_UNSUPPORTED, "umt_optimizer_step: %s is offloaded, and the offload tier does not support "
-                    "gradient clipping or loss scaling", p->name ? p->name : "a parameter");
-}
-
 umt_status umt_offload_state_of(const umt_offload *o, const umt_tensor *p, umt_tensor *state[2]) {
-    UMT_TRY(umt_optimizer_state_of(o->attached, p, state));
-    return umt_offload_involves(p, state[0], state[1]) ? refuse_step_scalars(o->attached, p) : UMT_OK;
+    return umt_optimizer_state_of(o->attached, p, state);
 }
 
 static umt_offload_optimizer mode_this_step(const umt_offload *o) {
@@ -118,10 +108,16 @@ typedef struct {
     bool write_back;    /* the update changes it (everything but the gradient) */
 } array_ref;
 
-/* One chunk [offset, offset + n) of every array through slot s. */
+/* One chunk [offset, offset + n) of every array through slot s; a compute copy home is written in
+ * the slot's fifth region (after the four arrays' chunks) and sent home beside the master. */
 static umt_status gpu_chunk(umt_offload *o, int s, const array_ref arrays[4], int64_t offset, int64_t n,
                             int64_t chunk, umt_offload_update_fn fn, const void *user) {
     umt_offload_slot *slot = &o->slots[s];
+    const umt_tensor *p = arrays[0].tensor;
+    bool copy_home = p->lowp && p->lowp->offload.home;
+    void *lowp_chunk = (float *)slot->base + 4 * chunk;
+    umt_update_fusion fusion = copy_home ? umt_offload_fusion(p, lowp_chunk, 0, o->scalars)
+                                         : umt_offload_fusion(p, p->lowp ? p->lowp->data : NULL, offset, o->scalars);
     float *device[4] = {0};
     UMT_TRY(umt_offload_wait(o->copy_in, slot->drained));
     for (int a = 0; a < 4; ++a) {
@@ -137,7 +133,7 @@ static umt_status gpu_chunk(umt_offload *o, int s, const array_ref arrays[4], in
     UMT_TRY(umt_offload_record(slot->loaded, o->copy_in));
     UMT_TRY(umt_offload_wait(o->compute, slot->loaded));
     void *begin = umt_trace_begin(o->ctx->memory.trace, o->compute);
-    UMT_TRY(fn(user, o->ctx->backend, device[0], device[1], device[2], device[3], n));
+    UMT_TRY(fn(user, o->ctx->backend, device[0], device[1], device[2], device[3], &fusion, n));
     umt_trace_end(o->ctx->memory.trace, o->compute, begin, "update", "optimizer", UMT_TRACE_COMPUTE, 0);
     UMT_TRY(umt_offload_record(slot->released, o->compute));
     UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
@@ -146,14 +142,20 @@ static umt_status gpu_chunk(umt_offload *o, int s, const array_ref arrays[4], in
         if (t && t->offload.home && arrays[a].write_back)
             UMT_TRY(umt_offload_copy(o, (float *)t->offload.home + offset, device[a], (size_t)n * sizeof(float), false, "update out"));
     }
+    if (copy_home)
+        UMT_TRY(umt_offload_copy(o, (char *)p->lowp->offload.home + umt_offload_lowp_bytes(p, offset), lowp_chunk,
+                                 umt_offload_lowp_bytes(p, n), false, "update out"));
     return umt_offload_record(slot->drained, o->copy_out);
 }
 
 static umt_status update_on_gpu(umt_offload *o, const array_ref arrays[4], int64_t n, umt_offload_update_fn fn,
                                 const void *user) {
     UMT_TRY(claim_slots(o));
-    /* A quarter of a slot per array, in whole 256-byte lines. */
-    int64_t chunk = (int64_t)(o->slot_bytes / 4 / 256 * 256 / sizeof(float));
+    /* A quarter of a slot per array, in whole 256-byte lines; a fifth with a compute copy, which
+     * takes (half) a fifth region too. */
+    const umt_tensor *p = arrays[0].tensor;
+    int64_t chunk = (int64_t)(o->slot_bytes / (p->lowp ? 5 : 4) / 256 * 256 / sizeof(float));
+    UMT_TRY(umt_offload_align_chunk(p, &chunk));
     for (int64_t offset = 0; offset < n; offset += chunk) {
         int s = o->last_slot = 1 - o->last_slot;
         UMT_TRY(gpu_chunk(o, s, arrays, offset, n - offset < chunk ? n - offset : chunk, chunk, fn, user));
@@ -182,7 +184,7 @@ static umt_status queue_cpu_job(umt_offload *o, const umt_offload_cpu_job *job) 
 typedef struct {
     const umt_offload_cpu_job *jobs;
     int job_count;
-    int64_t chunks; /* CPU_CHUNK-sized items over all jobs, numbered job after job */
+    int64_t chunks; /* UMT_OFFLOAD_CPU_CHUNK-sized items over all jobs, numbered job after job */
     atomic_llong next;
     atomic_int failed;
 } cpu_work;
@@ -196,18 +198,20 @@ static void *cpu_worker(void *arg) {
         if (k >= w->chunks) return NULL;
         int j = 0;
         int64_t first = 0, per;
-        while (first + (per = (w->jobs[j].n + CPU_CHUNK - 1) / CPU_CHUNK) <= k) first += per, j++;
+        while (first + (per = (w->jobs[j].n + w->jobs[j].chunk - 1) / w->jobs[j].chunk) <= k) first += per, j++;
         const umt_offload_cpu_job *job = &w->jobs[j];
-        int64_t offset = (k - first) * CPU_CHUNK, n = job->n - offset < CPU_CHUNK ? job->n - offset : CPU_CHUNK;
+        int64_t offset = (k - first) * job->chunk, n = job->n - offset < job->chunk ? job->n - offset : job->chunk;
         float *s0 = job->state0 ? job->state0 + offset : NULL, *s1 = job->state1 ? job->state1 + offset : NULL;
-        if (job->fn(job->user, cpu, job->param + offset, job->grad + offset, s0, s1, n) != UMT_OK)
+        umt_update_fusion fusion = job->fusion;
+        if (fusion.lowp) fusion.lowp = (char *)fusion.lowp + (size_t)offset * umt_dtype_size(fusion.lowp_dtype);
+        if (job->fn(job->user, cpu, job->param + offset, job->grad + offset, s0, s1, &fusion, n) != UMT_OK)
             atomic_store(&w->failed, 1);
     }
 }
 
 bool umt_offload_cpu_threads(const umt_offload_cpu_job *jobs, int count, int spare) {
     cpu_work w = {.jobs = jobs, .job_count = count};
-    for (int j = 0; j < count; ++j) w.chunks += (jobs[j].n + CPU_CHUNK - 1) / CPU_CHUNK;
+    for (int j = 0; j < count; ++j) w.chunks += (jobs[j].n + jobs[j].chunk - 1) / jobs[j].chunk;
     atomic_init(&w.next, 0);
     atomic_init(&w.failed, 0);
     long cores = sysconf(_SC_NPROCESSORS_ONLN) - spare;
@@ -221,6 +225,11 @@ bool umt_offload_cpu_threads(const umt_offload_cpu_job *jobs, int count, int spa
     return !atomic_load(&w.failed);
 }
 
+umt_status umt_offload_cpu_chunk(const umt_tensor *p, int64_t *chunk) {
+    *chunk = UMT_OFFLOAD_CPU_CHUNK;
+    return umt_offload_align_chunk(p, chunk);
+}
+
 static umt_status run_cpu_jobs(umt_offload *o) {
     if (!o->cpu_job_count) return UMT_OK;
     /* The gradients must be home (backward made compute wait for them) and no copy may still read
@@ -232,6 +241,9 @@ static umt_status run_cpu_jobs(umt_offload *o) {
     wait_us = umt_trace_now_us(trace);
     UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->copy_in));
     umt_trace_host_interval(trace, wait_us, umt_trace_now_us(trace), "copy in", "host waits", UMT_TRACE_HOST, 0);
+    /* The step's decision, made on the compute stream, for the jobs' fusion (scalars_host). */
+    if (o->scalars)
+        UMT_CUDA_TRY(cudaMemcpy(&o->scalars_host, o->scalars, sizeof o->scalars_host, cudaMemcpyDefault));
     /* UMT_MEM_TRACE: the threads' work as one bar of the CPU's track, on the trace's host clock. */
     double begin_us = umt_trace_now_us(trace);
     bool ok = umt_offload_cpu_threads(o->cpu_jobs, o->cpu_job_count, 0);
@@ -257,26 +269,31 @@ umt_status umt_offload_make_ring(umt_offload *o) {
 }
 
 /* One parameter's update through the ring: its weights and gradient on the device (a slot, or
- * where a resident parameter lives), its state tensors (NULL where the rule keeps fewer than two),
- * and whether the new weights go home too (streamed parameters) or stay where they are. */
+ * where a resident parameter lives; weights NULL: the master stays home, and each chunk of it comes
+ * through the entry's weights array with the state), its state tensors (NULL where the rule keeps
+ * fewer than two), whether the new weights go home too (streamed parameters) or stay where they
+ * are, and its compute copy on the device (NULL: none), sent home too when send_lowp. */
 typedef struct {
     umt_tensor *parameter;
     float *weights;
     const float *grad;
     umt_tensor *state[2];
     bool send_weights;
+    void *lowp;
+    bool send_lowp;
 } ring_update;
 
-/* The update kernel on the update stream, and the copy of the chunk's new weights into the entry
- * when they go home. */
-static umt_status update_and_keep(umt_offload *o, const ring_update *u, int64_t offset, float *const state[2],
-                                  float *kept, int64_t n) {
+/* The update kernel on the update stream (the master at weights: the slot's, or the entry's), and
+ * the copy of the chunk's new weights into the entry when they go home from the slot. */
+static umt_status update_and_keep(umt_offload *o, const ring_update *u, int64_t offset, float *weights,
+                                  float *const state[2], float *kept, int64_t n) {
+    umt_update_fusion fusion = umt_offload_fusion(u->parameter, u->lowp, offset, NULL);
     cudaStream_t previous = umt_cuda_launch_on((cudaStream_t)o->update);
-    umt_status st = umt_optimizer_update_range(o->attached, u->weights + offset, u->grad + offset, state[0], state[1], n);
+    umt_status st = umt_optimizer_update_range(o->attached, weights, u->grad + offset, state[0], state[1], n, &fusion);
     umt_cuda_launch_on(previous);
     UMT_TRY(st);
-    if (u->send_weights)
-        UMT_CUDA_TRY(cudaMemcpyAsync(kept, u->weights + offset, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice,
+    if (u->send_weights && weights != kept)
+        UMT_CUDA_TRY(cudaMemcpyAsync(kept, weights, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice,
                                      (cudaStream_t)o->update));
     return UMT_OK;
 }
@@ -289,6 +306,10 @@ static umt_status ring_chunk(umt_offload *o, const ring_update *u, int64_t offse
     size_t bytes = (size_t)n * sizeof(float);
     float *device[2] = {0};
     UMT_TRY(umt_offload_wait(o->state_in, e->drained));
+    float *weights = u->weights ? u->weights + offset : e->arrays[0];
+    if (!u->weights)
+        UMT_TRY(umt_offload_copy_on(o, o->state_in, UMT_TRACE_STATE_IN, weights, (float *)p->offload.home + offset,
+                                    bytes, true, "master in"));
     for (int a = 0; a < 2; ++a) {
         umt_tensor *state = u->state[a];
         if (!state) continue;
@@ -308,12 +329,16 @@ static umt_status ring_chunk(umt_offload *o, const ring_update *u, int64_t offse
     UMT_TRY(umt_offload_wait(o->update, e->loaded));
     umt_trace *trace = o->ctx->memory.trace;
     void *begin = umt_trace_begin(trace, o->update);
-    UMT_TRY(update_and_keep(o, u, offset, device, e->arrays[0], n));
+    UMT_TRY(update_and_keep(o, u, offset, weights, device, e->arrays[0], n));
     umt_trace_end(trace, o->update, begin, p->name ? p->name : "update", "optimizer", UMT_TRACE_UPDATE, 0);
     UMT_TRY(umt_offload_record(e->released, o->update));
     UMT_TRY(umt_offload_wait(o->copy_out, e->released));
     if (u->send_weights)
         UMT_TRY(umt_offload_copy(o, (float *)p->offload.home + offset, e->arrays[0], bytes, false, p->name ? p->name : "weights"));
+    if (u->send_lowp)
+        UMT_TRY(umt_offload_copy(o, (char *)p->lowp->offload.home + umt_offload_lowp_bytes(p, offset),
+                                 (char *)u->lowp + umt_offload_lowp_bytes(p, offset), umt_offload_lowp_bytes(p, n),
+                                 false, p->name ? p->name : "compute copy"));
     for (int a = 0; a < 2; ++a)
         if (u->state[a] && u->state[a]->offload.home)
             UMT_TRY(umt_offload_copy(o, (float *)u->state[a]->offload.home + offset, device[a], bytes, false, "state out"));
@@ -321,13 +346,14 @@ static umt_status ring_chunk(umt_offload *o, const ring_update *u, int64_t offse
 }
 
 /* Every chunk of u, once the gradient the compute stream has just queued is final (final: an event
- * to record that on). A gradient hook (data parallelism's all-reduce) would change the gradient
- * after this update had read it. */
+ * to record that on; a gradient hook's work on it, data parallelism's all-reduce, is queued before:
+ * offload/offload.h). */
 static umt_status update_through_ring(umt_offload *o, const ring_update *u, void *final) {
     umt_tensor *p = u->parameter;
-    if (umt_hooks_gradient_subscribers(o->ctx) > 1)
-        return umt_fail(UMT_ERR_UNSUPPORTED, "offload: %s would be updated during backward, before a gradient hook "
-                        "(data parallelism) has reduced its gradient; update after backward instead (auto, gpu or cpu)",
+    /* The tier turned updates in backward off when the optimizer was made (offload.c): a safety net. */
+    if (umt_optimizer_has_step_scalars(o->attached))
+        return umt_fail(UMT_ERR_UNSUPPORTED, "offload: %s would be updated during backward, before the global gradient "
+                        "norm and the inf check are known; update after backward instead (gpu or cpu)",
                         p->name ? p->name : "a parameter");
     int arrays = 1 + (u->state[0] && u->state[0]->offload.home) + (u->state[1] && u->state[1]->offload.home);
     if (arrays > o->ring_arrays)
@@ -341,6 +367,7 @@ static umt_status update_through_ring(umt_offload *o, const ring_update *u, void
      * compute stream, so without this it could read the state before that update wrote it. */
     UMT_TRY(umt_offload_host_wait(o, o->state_in, p));
     int64_t chunk = (int64_t)(o->plan.ring_chunk_bytes / sizeof(float));
+    UMT_TRY(umt_offload_align_chunk(p, &chunk));
     for (int64_t offset = 0; offset < p->numel; offset += chunk)
         UMT_TRY(ring_chunk(o, u, offset, p->numel - offset < chunk ? p->numel - offset : chunk, (int)(offset / chunk)));
     UMT_TRY(umt_offload_record(o->homed, o->copy_out));
@@ -352,10 +379,13 @@ static umt_status update_through_ring(umt_offload *o, const ring_update *u, void
 umt_status umt_offload_update_in_slot(umt_offload *o, int s) {
     umt_offload_slot *slot = &o->slots[s];
     umt_tensor *p = slot->holder;
-    ring_update u = {p, slot->base, slot->grads, {0}, true};
+    /* Under bf16/fp16 the slot holds the compute copy: the master comes through the ring, and the
+     * copy, rewritten in the slot, goes home from there (the slot is free once it has left). */
+    bool copy = umt_offload_streamed(p) != p;
+    ring_update u = {p, copy ? NULL : slot->base, slot->grads, {0}, true, copy ? slot->base : NULL, copy};
     UMT_TRY(umt_offload_state_of(o, p, u.state));
     UMT_TRY(update_through_ring(o, &u, slot->released));
-    UMT_TRY(umt_offload_record(slot->drained, o->update));
+    UMT_TRY(umt_offload_record(slot->drained, copy ? o->copy_out : o->update));
     slot->grads_live = false;
     p->grad->data = p->grad->offload.home;
     p->offload.grad_zero = true; /* consumed by the update */
@@ -363,7 +393,7 @@ umt_status umt_offload_update_in_slot(umt_offload *o, int s) {
 }
 
 umt_status umt_offload_update_resident(umt_offload *o, umt_tensor *p) {
-    ring_update u = {p, p->data, p->grad->data, {0}, false};
+    ring_update u = {p, p->data, p->grad->data, {0}, false, p->lowp ? p->lowp->data : NULL, false};
     UMT_TRY(umt_offload_state_of(o, p, u.state));
     bool offloaded = (u.state[0] && u.state[0]->offload.home) || (u.state[1] && u.state[1]->offload.home);
     /* State on the GPU too: the optimizer's step updates it with the rest. */
@@ -387,12 +417,18 @@ umt_status umt_offload_update(umt_offload *o, umt_tensor *p, umt_tensor *state0,
         o->stats.bytes_to_device += bytes;
         o->stats.bytes_to_host += bytes;
         o->update_used_gpu = true;
-        return fn(user, o->ctx->backend, p->data, p->grad->data, s0, s1, p->numel);
+        umt_update_fusion fusion = umt_offload_fusion(p, p->lowp ? p->lowp->data : NULL, 0, o->scalars);
+        return fn(user, o->ctx->backend, p->data, p->grad->data, s0, s1, &fusion, p->numel);
     }
-    bool all_home = p->offload.home && p->grad->offload.home && (!state0 || state0->offload.home) && (!state1 || state1->offload.home);
+    bool all_home = p->offload.home && p->grad->offload.home && (!state0 || state0->offload.home) &&
+                    (!state1 || state1->offload.home) && (!p->lowp || p->lowp->offload.home);
     if (mode_this_step(o) == UMT_OFFLOAD_OPTIM_CPU && all_home) {
+        /* The CPU reads the step's decision from its copy, taken before the jobs run. */
         umt_offload_cpu_job job = {fn, user, p->offload.home, p->grad->offload.home, state0 ? state0->offload.home : NULL,
-                                   state1 ? state1->offload.home : NULL, p->numel};
+                                   state1 ? state1->offload.home : NULL, p->numel,
+                                   umt_offload_fusion(p, p->lowp ? p->lowp->offload.home : NULL, 0,
+                                                      o->scalars ? &o->scalars_host : NULL), 0};
+        UMT_TRY(umt_offload_cpu_chunk(p, &job.chunk));
         return queue_cpu_job(o, &job);
     }
     array_ref arrays[4] = {{p, true}, {p->grad, false}, {state0, true}, {state1, true}};
@@ -406,15 +442,18 @@ typedef struct {
 } rule_call;
 
 static umt_status run_rule(const void *user, const umt_backend *be, float *param, const float *grad, float *s0,
-                           float *s1, int64_t n) {
+                           float *s1, const umt_update_fusion *fusion, int64_t n) {
     const rule_call *call = user;
-    return umt_optimizer_update_with(&call->options, call->step, be, param, grad, s0, s1, n);
+    return umt_optimizer_update_with(&call->options, call->step, be, param, grad, s0, s1, n, fusion);
 }
 
 umt_status umt_offload_optimizer_step(umt_offload *o, const umt_optimizer *opt, int64_t step) {
     rule_call call = {.step = step};
     int64_t next;
     umt_optimizer_snapshot(opt, &call.options, &next);
+    /* With loss scaling or clipping, umt_optimizer_step has queued the step's decision before this
+     * event: every update below reads it (offload/offload.h). */
+    o->scalars = umt_optimizer_scalars_on_device(opt);
     bool begun = false;
     for (int i = 0; i < umt_optimizer_parameter_count(opt); ++i) {
         umt_tensor *state[2];
@@ -424,7 +463,6 @@ umt_status umt_offload_optimizer_step(umt_offload *o, const umt_optimizer *opt, 
             continue;
         }
         if (!umt_offload_involves(p, state[0], state[1])) continue;
-        UMT_TRY(refuse_step_scalars(opt, p));
         if (!begun) UMT_TRY(umt_offload_update_begin(o));
         begun = true;
         UMT_TRY(umt_offload_update(o, p, state[0], state[1], run_rule, &call));

@@ -3,7 +3,9 @@
  * nothing moves when everything fits, optimizer state goes first and largest first, then
  * whole parameters (weights with their gradients), then saved activations, the double buffers
  * are counted (and the update ring, when updates run in backward), and a model that cannot fit
- * even fully offloaded is refused with the numbers.
+ * even fully offloaded is refused with the numbers. Under bf16/fp16 a matrix weight counts its
+ * compute copy too, and an update in chunks (offload/copy_ranges.h) writes a conv weight's NHWC
+ * copy exactly as one update of the whole does.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,7 +16,10 @@
 
 #include <cmocka.h>
 
+#include "core/tensor.h"
+#include "kernels/backend.h"
 #include "memory/offload_plan.h"
+#include "offload/copy_ranges.h"
 #include "offload/host_share.h"
 #include "umtrain.h"
 
@@ -358,6 +363,73 @@ static void test_items_of_other_pools_are_refused(void **state) {
     assert_non_null(strstr(umt_last_error(), "staging"));
 }
 
+/* ----------------------------------------------------------------------------------------- */
+/* Compute copies (offload/copy_ranges.h) */
+
+static umt_tensor weight_of(int ndim, const int64_t *shape, umt_pool kind) {
+    umt_tensor t = {.dtype = UMT_F32, .ndim = ndim, .numel = 1, .kind_pool = kind, .pool = UMT_POOL_OFFLOAD};
+    for (int d = 0; d < ndim; ++d) t.shape[d] = shape[d], t.numel *= shape[d];
+    t.bytes = (size_t)t.numel * 4;
+    return t;
+}
+
+static void test_half_precision_plans_count_a_matrix_weights_compute_copy(void **state) {
+    (void)state;
+    umt_tensor matrix = weight_of(2, (int64_t[]){8, 16}, UMT_POOL_WEIGHTS);
+    umt_tensor conv = weight_of(4, (int64_t[]){4, 3, 3, 3}, UMT_POOL_WEIGHTS);
+    umt_tensor bias = weight_of(1, (int64_t[]){16}, UMT_POOL_WEIGHTS);
+    umt_tensor grad = weight_of(2, (int64_t[]){8, 16}, UMT_POOL_GRADS);
+    assert_int_equal(umt_offload_plan_bytes(UMT_F32, &matrix), 512);
+    assert_int_equal(umt_offload_plan_bytes(UMT_BF16, &matrix), 512 + 256);
+    assert_int_equal(umt_offload_plan_bytes(UMT_F16, &conv), 432 + 216);
+    assert_int_equal(umt_offload_plan_bytes(UMT_BF16, &bias), 64);  /* read in f32: no copy */
+    assert_int_equal(umt_offload_plan_bytes(UMT_BF16, &grad), 512); /* gradients stay f32 */
+}
+
+/* A conv weight K=5, C=3, 3x3 updated by SGD in chunks as the tier's paths cut them (a chunk of 40
+ * elements rounded down to whole output channels, 27), each chunk's copy addressed by
+ * umt_offload_fusion: master and K,R,S,C copy equal one update of the whole, bit for bit. */
+static void test_an_update_in_chunks_writes_a_conv_weights_copy_as_one_update_does(void **state) {
+    (void)state;
+    enum { K = 5, C = 3, R = 3, N = K * C * R * R };
+    umt_tensor copy = weight_of(4, (int64_t[]){K, C, R, R}, UMT_POOL_WEIGHTS);
+    copy.dtype = UMT_BF16;
+    copy.nhwc = true;
+    umt_tensor p = weight_of(4, (int64_t[]){K, C, R, R}, UMT_POOL_WEIGHTS);
+    p.lowp = &copy;
+    float whole[N], chunked[N], grad[N];
+    uint16_t copy_whole[N], copy_chunked[N];
+    for (int i = 0; i < N; ++i) {
+        whole[i] = chunked[i] = 0.01f * (float)((i * 37) % 101) - 0.5f;
+        grad[i] = 0.3f - 0.007f * (float)i;
+    }
+    const umt_backend *cpu = umt_cpu_backend();
+    assert_int_equal(cpu->f32.sgd_update_fused(whole, grad, NULL, N, 0.1f, 0.0f, 0.0f,
+                                               umt_offload_fusion(&p, copy_whole, 0, NULL)), UMT_OK);
+    int64_t chunk = 40;
+    assert_int_equal(umt_offload_align_chunk(&p, &chunk), UMT_OK);
+    assert_int_equal(chunk, C * R * R);
+    for (int64_t offset = 0; offset < N; offset += chunk) {
+        int64_t n = N - offset < chunk ? N - offset : chunk;
+        umt_update_fusion f = umt_offload_fusion(&p, copy_chunked, offset, NULL);
+        assert_ptr_equal(f.lowp, copy_chunked + offset);
+        assert_int_equal(f.lowp_channels, C);
+        assert_int_equal(f.lowp_pixels, R * R);
+        assert_int_equal(cpu->f32.sgd_update_fused(chunked + offset, grad + offset, NULL, n, 0.1f, 0.0f, 0.0f, f),
+                         UMT_OK);
+    }
+    assert_memory_equal(chunked, whole, sizeof whole);
+    assert_memory_equal(copy_chunked, copy_whole, sizeof copy_whole);
+    /* A chunk smaller than one output channel cannot be written a channel at a time. */
+    chunk = C * R * R - 1;
+    assert_int_equal(umt_offload_align_chunk(&p, &chunk), UMT_ERR_STATE);
+    /* A matrix weight's copy is in the master's order: any chunk will do. */
+    copy.nhwc = false;
+    chunk = 40;
+    assert_int_equal(umt_offload_align_chunk(&p, &chunk), UMT_OK);
+    assert_int_equal(chunk, 40);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_everything_stays_on_the_gpu_when_it_fits),
@@ -375,6 +447,8 @@ int main(void) {
         cmocka_unit_test(test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numbers),
         cmocka_unit_test(test_the_plan_prints_one_line_per_pool_with_its_counts),
         cmocka_unit_test(test_items_of_other_pools_are_refused),
+        cmocka_unit_test(test_half_precision_plans_count_a_matrix_weights_compute_copy),
+        cmocka_unit_test(test_an_update_in_chunks_writes_a_conv_weights_copy_as_one_update_does),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -290,9 +290,9 @@ umt_status umt_optimizer_state_of(const umt_optimizer *opt, const umt_tensor *p,
 }
 
 umt_status umt_optimizer_update_range(const umt_optimizer *opt, float *param, const float *grad, float *s0, float *s1,
-                                      int64_t n) {
+                                      int64_t n, const umt_update_fusion *fusion) {
     return update_arrays(&opt->options, opt->ctx->backend, param, grad, s0, s1, n, opt->steps + 1,
-                         (umt_update_fusion){0});
+                         fusion ? *fusion : (umt_update_fusion){0});
 }
 
 int umt_optimizer_parameter_count(const umt_optimizer *opt) { return opt->slot_count; }
@@ -305,14 +305,19 @@ umt_tensor *umt_optimizer_parameter_at(const umt_optimizer *opt, int i, umt_tens
 
 bool umt_optimizer_has_step_scalars(const umt_optimizer *opt) { return opt->scalars != NULL; }
 
+const umt_step_scalars *umt_optimizer_scalars_on_device(const umt_optimizer *opt) {
+    return opt->scalars ? opt->scalars->data : NULL;
+}
+
 void umt_optimizer_snapshot(const umt_optimizer *opt, umt_optimizer_options *options, int64_t *step) {
     *options = opt->options;
     *step = opt->steps + 1;
 }
 
 umt_status umt_optimizer_update_with(const umt_optimizer_options *options, int64_t step, const umt_backend *be,
-                                     float *param, const float *grad, float *s0, float *s1, int64_t n) {
-    return update_arrays(options, be, param, grad, s0, s1, n, step, (umt_update_fusion){0});
+                                     float *param, const float *grad, float *s0, float *s1, int64_t n,
+                                     const umt_update_fusion *fusion) {
+    return update_arrays(options, be, param, grad, s0, s1, n, step, fusion ? *fusion : (umt_update_fusion){0});
 }
 
 /* Every parameter's update in one backend call (one launch per 32 parameters on CUDA), the

@@ -38,19 +38,24 @@ umt_status umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps);
  * state tensors (NULL where the rule keeps fewer than two). */
 int umt_optimizer_parameter_count(const umt_optimizer *opt);
 umt_tensor *umt_optimizer_parameter_at(const umt_optimizer *opt, int i, umt_tensor *state[2]);
-/* Whether the optimizer keeps step scalars on the device (clipping or loss scaling is on). */
+/* Whether the optimizer keeps step scalars on the device (clipping or loss scaling is on), and
+ * where (NULL without): umt_optimizer_step has queued this step's decision there before any
+ * subsystem's update (the after_update event), so an update that reads it honours it. */
 bool umt_optimizer_has_step_scalars(const umt_optimizer *opt);
+const umt_step_scalars *umt_optimizer_scalars_on_device(const umt_optimizer *opt);
 /* p's state tensors, as umt_optimizer_parameter_at; then one update of n elements at device
- * pointers, with the step umt_optimizer_step will count next. */
+ * pointers, with the step umt_optimizer_step will count next. fusion (NULL: none) adds the step
+ * scalars and the compute copy's range to rewrite (kernels/optim_step.h). */
 umt_status umt_optimizer_state_of(const umt_optimizer *opt, const umt_tensor *p, umt_tensor *state[2]);
 umt_status umt_optimizer_update_range(const umt_optimizer *opt, float *param, const float *grad, float *s0, float *s1,
-                                      int64_t n);
+                                      int64_t n, const umt_update_fusion *fusion);
 /* The same rule run later, elsewhere (offload/host.c: CPU threads, after the step has moved
  * on): the options and the step umt_optimizer_step will count next, as they are now; then one
- * update of n elements with them, on backend be. */
+ * update of n elements with them, on backend be (fusion as above; its scalars where be reads). */
 void umt_optimizer_snapshot(const umt_optimizer *opt, umt_optimizer_options *options, int64_t *step);
 umt_status umt_optimizer_update_with(const umt_optimizer_options *options, int64_t step, const umt_backend *be,
-                                     float *param, const float *grad, float *s0, float *s1, int64_t n);
+                                     float *param, const float *grad, float *s0, float *s1, int64_t n,
+                                     const umt_update_fusion *fusion);
 
 /* --- The step scalars (kernels/optim_step.h), for umt_backward_scaled and for tests --- */
 
