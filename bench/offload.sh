@@ -76,10 +76,10 @@ lowp_section() {
         link_ms=$(grep -o 'link-bound floor [0-9.]*' "$off" | awk '{print $3}')
         update_ms=$(grep -o 'gpu streamed [0-9.]* ms, cpu threads [0-9.]*' "$off" | awk '{print ($3 < $7 ? $3 : $7)}')
         row "big_mlp bf16 -b $batch 2G$extra: step" "${step_ms:-?} ms offloaded, ${memory_ms:-?} ms in memory ($(
-            awk -v a="${step_ms:-0}" -v b="${memory_ms:-0}" 'BEGIN {printf "%.2fx", b > 0 ? a / b : 0}'))"
+            awk -v a="${step_ms:-0}" -v b="${memory_ms:-0}" 'BEGIN {printf "%.2fx", (b > 0 ? a / b : 0)}'))"
         row "  floor terms" "in-memory step ${memory_ms:-?} ms, link bytes ${link_ms:-?} ms, update ${update_ms:-?} ms"
         row "  floor / step" "$(awk -v s="${step_ms:-0}" -v m="${memory_ms:-0}" -v l="${link_ms:-0}" -v u="${update_ms:-0}" \
-            'BEGIN {f = m; if (l > f) f = l; if (u > f) f = u; printf "%.2f (floor %.1f ms)", s > 0 ? f / s : 0, f}')"
+            'BEGIN {f = m; if (l > f) f = l; if (u > f) f = u; printf "%.2f (floor %.1f ms)", (s > 0 ? f / s : 0), f}')"
     done
 }
 if [[ ${1:-} == lowp ]]; then

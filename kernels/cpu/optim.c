@@ -26,6 +26,19 @@ static float gradient_at(const float *grad, int64_t i, const umt_step_scalars *s
     return scalars ? grad[i] * scalars->multiplier : grad[i];
 }
 
+/* The new masters param[0..n), rounded to nearest even into the low-precision copy: a loop of its
+ * own after the update's, so that the update's loop stays free of calls (and vectorized). */
+static void store_lowp_all(umt_update_fusion fusion, const float *param, int64_t n) {
+    uint16_t *lowp = fusion.lowp;
+    if (fusion.lowp_channels == 0 && fusion.lowp_dtype == UMT_BF16)
+        for (int64_t i = 0; i < n; ++i) lowp[i] = umt_f32_to_bf16(param[i]);
+    else
+        for (int64_t i = 0; i < n; ++i) {
+            int64_t at = umt_lowp_index(i, fusion.lowp_channels, fusion.lowp_pixels);
+            lowp[at] = fusion.lowp_dtype == UMT_BF16 ? umt_f32_to_bf16(param[i]) : umt_f32_to_f16(param[i]);
+        }
+}
+
 /* The new master, rounded to nearest even into the low-precision copy, when there is one. */
 static void store_lowp(umt_update_fusion fusion, int64_t i, float value) {
     if (!fusion.lowp) return;
@@ -111,9 +124,11 @@ umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, 
     };
     /* The plain update (the offload tier's CPU threads run it on whole layers) gets a loop with
      * no call in it, which the compiler vectorizes (.bazelrc): sqrt and division are exact in
-     * every lane, so each element gets the same bits as in the general loop. */
-    if (!s && !fusion.lowp) {
+     * every lane, so each element gets the same bits as in the general loop; a compute copy (bf16
+     * or fp16 offloaded) is written after it, from the same new masters. */
+    if (!s) {
         for (int64_t i = 0; i < n; ++i) adam_element(param, grad[i], m, v, i, &k);
+        if (fusion.lowp) store_lowp_all(fusion, param, n);
         return UMT_OK;
     }
     for (int64_t i = 0; i < n; ++i) {
