@@ -24,10 +24,6 @@ void umt_memory_init(umt_memory *mem, umt_device device, umt_memory_mode mode, i
         s->placement = umt_pool_placement((umt_pool)p, device, mode);
         s->advised = umt_pool_advised((umt_pool)p, device, mode);
     }
-    /* The recorded first step hands the bytes of ended activation gradients out again, so that
-     * it needs about what the planned steps do, not every size added up: a step that fits its
-     * plan fits from the first (the memory plan sizes micro-batches by the first step's peak). */
-    mem->pools[UMT_POOL_ACTIVATIONS].recycle = true;
 }
 
 bool umt_placement_uses_device(umt_placement placement) {
