@@ -222,8 +222,10 @@ int example_plan(const char *program, umt_context *ctx, example_loss_fn loss, co
                                   .step_value_bytes = steps->step_value_bytes};
     if (rq.micro_batches > batch) rq.micro_batches = batch;
     if (example_check(program, umt_memory_plan_make(ctx, &rq, plan_forward, &p, plan))) return -1;
-    if (print) umt_memory_plan_print(plan, print);
-    if (print) fflush(print);
+    if (print) {
+        umt_memory_plan_print(plan, print);
+        fflush(print);
+    }
     /* Past the budget even in micro-batches of one sample, or the state alone: no split helps. */
     if (plan->verdict == UMT_PLAN_OFFLOAD_STATE || plan->verdict == UMT_PLAN_OFFLOAD_ACTIVATIONS) {
         fprintf(stderr, "%s: the memory plan does not fit the device budget: %s\n", program, plan->why);
@@ -233,4 +235,10 @@ int example_plan(const char *program, umt_context *ctx, example_loss_fn loss, co
         fprintf(stderr, "%s: %lld micro-batches of %lld do not fit the plan's budget (%s); training anyway\n",
                 program, (long long)plan->micro_batches, (long long)plan->micro_batch, plan->why);
     return 0;
+}
+
+int example_equal_parts(int64_t total, int64_t at_least) {
+    int64_t parts = at_least;
+    while (total % parts) parts++;
+    return (int)parts;
 }

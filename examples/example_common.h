@@ -92,5 +92,9 @@ typedef struct {
  * a failed dry step, or a plan that needs the offload tier. */
 int example_plan(const char *program, umt_context *ctx, example_loss_fn loss, const void *model, const int64_t chw[3],
                  const example_plan_steps *steps, FILE *print, umt_memory_plan *plan);
+/* The fewest equal parts of total, at least at_least of them (total's smallest divisor from
+ * at_least on): a step split into a loader's batches, each a micro-batch no larger than the
+ * plan's. */
+int example_equal_parts(int64_t total, int64_t at_least);
 
 #endif /* UMT_EXAMPLE_COMMON_H */

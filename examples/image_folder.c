@@ -146,13 +146,14 @@ static int train_step(run_state *r, int64_t step, float *value) {
     int64_t first_sample = step * r->grad_accum * r->batch, left = r->samples - first_sample;
     int64_t count = left < r->grad_accum * r->batch ? left : r->grad_accum * r->batch;
     if (example_check(program, umt_step_begin(r->ctx)) || example_check(program, umt_zero_grad(r->ctx))) return -1;
-    umt_tensor *loss = r->grad_accum > 1 ? NULL : forward_backward(r);
-    for (int64_t first = 0; r->grad_accum > 1 && first < count; first += r->batch) {
+    bool split = r->grad_accum > 1;
+    umt_tensor *loss = NULL;
+    for (int64_t first = 0; first < count; first += r->batch) {
         int64_t samples = count - first < r->batch ? count - first : r->batch;
-        if (example_check(program, umt_micro_batch_begin(r->ctx, first, samples, count)) || !forward_backward(r))
-            return example_check(program, umt_last_status());
-        loss = umt_micro_batch_loss(r->ctx);
+        if (split && example_check(program, umt_micro_batch_begin(r->ctx, first, samples, count))) return -1;
+        if (!(loss = forward_backward(r))) return example_check(program, umt_last_status());
     }
+    if (split) loss = umt_micro_batch_loss(r->ctx);
     if (!loss || umt_optimizer_step(r->opt) || umt_tensor_get_f32(loss, 0, value))
         return example_check(program, umt_last_status());
     return 0;
@@ -206,8 +207,7 @@ static int plan_steps(run_state *r, const int64_t chw[3], int64_t tested) {
     umt_memory_plan plan;
     if (example_plan(program, r->ctx, plan_loss, &r->model, chw, &steps, stdout, &plan)) return -1;
     if (plan.micro_batches == 1 || r->grad_accum > 1) return 0;
-    int k = (int)plan.micro_batches;
-    while (step % k) k++;
+    int k = example_equal_parts(step, plan.micro_batches);
     r->grad_accum = k;
     r->batch = step / k;
     printf("%s: each step of %lld images as %d micro-batches of %lld, the loader's batches (the memory plan)\n",

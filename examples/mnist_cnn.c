@@ -241,15 +241,15 @@ static umt_tensor *train_step(run_state *r, const int64_t *indices, int64_t coun
     if (umt_step_begin(r->ctx) || umt_zero_grad(r->ctx)) return NULL;
     int k = r->loader ? (int)((count + r->loader_batch - 1) / r->loader_batch)
                       : (count < r->micro_batches ? (int)count : r->micro_batches);
-    umt_tensor *loss = k > 1 ? NULL : forward_backward(r, indices, count);
-    for (int i = 0; i < k && k > 1; ++i) {
+    umt_tensor *loss = NULL;
+    for (int i = 0; i < k; ++i) {
         int64_t first, samples;
         micro_batch_at(r, count, k, i, &first, &samples);
-        if (umt_micro_batch_begin(r->ctx, first, samples, count) ||
-            !forward_backward(r, indices + first, samples))
-            return NULL;
-        loss = umt_micro_batch_loss(r->ctx);
+        /* One micro-batch is the step itself: nothing to split. */
+        if (k > 1 && umt_micro_batch_begin(r->ctx, first, samples, count)) return NULL;
+        if (!(loss = forward_backward(r, indices + first, samples))) return NULL;
     }
+    if (k > 1) loss = umt_micro_batch_loss(r->ctx);
     if (!loss || umt_dist_finish_gradients(r->dist) || umt_optimizer_step(r->opt)) return NULL;
     return loss;
 }
@@ -560,8 +560,7 @@ static umt_tensor *plan_loss(umt_context *ctx, const void *model, umt_tensor *im
  * no larger than the plan's. */
 static int adopt_plan(run_state *r, const options *o, const umt_memory_plan *plan) {
     if (plan->micro_batches == 1 || o->grad_accum > 1) return 0;
-    int k = (int)plan->micro_batches;
-    while (r->loader && r->step_batch % k) k++;
+    int k = r->loader ? example_equal_parts(r->step_batch, plan->micro_batches) : (int)plan->micro_batches;
     r->micro_batches = k;
     if (r->test_batch > plan->micro_batch) r->test_batch = plan->micro_batch;
     if (r->rank == 0)

@@ -8,8 +8,8 @@
  * reset (memory/plan.c). So the statistics after a dry step are those of the steps it stood
  * for, both the first (recorded, without reuse) and the later ones (planned). RUN pools keep
  * their real blocks; what a dry step adds to them (a compute copy of a weight, a larger
- * convolution workspace) is counted and listed apart. The device budget refuses nothing: a
- * request that would pass it is noted instead, with the most device bytes held at once.
+ * convolution workspace) is counted and listed apart. The device budget refuses nothing: the
+ * most device bytes held at once is kept instead, and says how far past it the step went.
  *
  * umt_memory_dry_end puts every pool back exactly as umt_memory_dry_begin found it.
  */
@@ -36,9 +36,6 @@ typedef struct umt_memory_dry {
     umt_dry_block *blocks;  /* RUN-pool blocks made dry */
     int block_count, block_slots;
     size_t device_peak_bytes; /* the most managed + device bytes held at once */
-    bool over_budget;         /* a request would have passed the budget */
-    umt_pool over_budget_pool; /* the first such request's pool and size */
-    size_t over_budget_request_bytes;
     /* what umt_memory_dry_begin found, put back by umt_memory_dry_end */
     void *saved_pools;
     size_t saved_device_bytes;

@@ -93,20 +93,11 @@ static size_t budget_left(const umt_memory *mem) {
     return mem->budget_bytes > mem->device_bytes ? mem->budget_bytes - mem->device_bytes : 0;
 }
 
-/* A dry step asks nothing of the GPU: a request past the budget is noted (the first one), not refused. */
-static umt_status note_over_budget(umt_memory_dry *dry, const umt_pool_state *s, size_t bytes) {
-    if (!dry->over_budget) {
-        dry->over_budget = true;
-        dry->over_budget_pool = s->pool;
-        dry->over_budget_request_bytes = bytes;
-    }
-    return UMT_OK;
-}
-
 /* The hard rule: GPU memory past the budget is never asked for (it can hang a shared card). */
 static umt_status check_budget(const umt_memory *mem, const umt_pool_state *s, size_t bytes) {
     if (!umt_placement_uses_device(s->placement) || bytes <= budget_left(mem)) return UMT_OK;
-    if (mem->dry) return note_over_budget(mem->dry, s, bytes);
+    /* A dry step asks nothing of the GPU: its device peak (memory/dry.h) shows how far past it went. */
+    if (mem->dry) return UMT_OK;
     umt_memory_print_contents(mem, stderr);
     return umt_fail(UMT_ERR_BUDGET,
                     "pool %s: request of %zu bytes refused: device budget %zu bytes, %zu in use, %zu left "

@@ -11,24 +11,19 @@
 
 #include <cmocka.h>
 
+#include "tests/scratch.h"
+
 #define SIDE 12
 
 static void check(umt_status st, const char *what) {
     if (st != UMT_OK) fail_msg("%s: %s", what, umt_last_error());
 }
 
-static void write_file(const char *path, const uint8_t *bytes, size_t size) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(bytes, 1, size, f), size);
-    assert_int_equal(fclose(f), 0);
-}
-
 static void put_be32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
 }
 
-void mb_write_data(const char *folder) {
+void mb_write_data(void) {
     enum { IMAGE_HEADER = 16, LABEL_HEADER = 8, PIXELS = MB_SAMPLES * SIDE * SIDE };
     static uint8_t images[IMAGE_HEADER + PIXELS], labels[LABEL_HEADER + MB_SAMPLES];
     put_be32(images, 0x803), put_be32(images + 4, MB_SAMPLES), put_be32(images + 8, SIDE), put_be32(images + 12, SIDE);
@@ -37,11 +32,8 @@ void mb_write_data(const char *folder) {
     for (int i = 0; i < PIXELS; ++i) images[IMAGE_HEADER + i] = (uint8_t)((x = x * 1664525u + 1013904223u) >> 24);
     for (int i = 0; i < MB_SAMPLES; ++i)
         labels[LABEL_HEADER + i] = (uint8_t)(((x = x * 1664525u + 1013904223u) >> 24) % 10);
-    char path[512];
-    snprintf(path, sizeof path, "%s/mb-images.idx", folder);
-    write_file(path, images, sizeof images);
-    snprintf(path, sizeof path, "%s/mb-labels.idx", folder);
-    write_file(path, labels, sizeof labels);
+    scratch_write("mb-images.idx", images, sizeof images);
+    scratch_write("mb-labels.idx", labels, sizeof labels);
 }
 
 typedef struct {

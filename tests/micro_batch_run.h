@@ -32,8 +32,9 @@ typedef struct {
     int64_t replayed_steps;   /* steps the step graph replayed */
 } mb_result;
 
-/* Writes the run's data (a fixed random IDX pair) into the folder (once per program). */
-void mb_write_data(const char *folder);
+/* Writes the run's data (a fixed random IDX pair) into the scratch folder (tests/scratch.h; once
+ * per program, after scratch_make). */
+void mb_write_data(void);
 /* Trains run's model MB_STEPS steps on MB_SAMPLES samples per step; asserts every call. */
 void mb_train(const mb_run *run, const char *folder, mb_result *out);
 /* Asserts that b's losses and parameters equal a's within rel, relative to each tensor's

@@ -71,9 +71,6 @@ static void free_headers_until(umt_tensor *list, const umt_tensor *stop) {
 static void leave(umt_context *ctx, saved_context *saved, umt_dry_result *out) {
     umt_memory_dry_end(&ctx->memory, &saved->memory, out->pools);
     out->device_peak_bytes = saved->memory.device_peak_bytes;
-    out->over_budget = saved->memory.over_budget;
-    out->over_budget_pool = saved->memory.over_budget_pool;
-    out->over_budget_request_bytes = saved->memory.over_budget_request_bytes;
     out->largest_elements = ctx->dry_largest_numel;
     umt_tape_release(&ctx->tape);
     free_headers_until(ctx->step_tensors, NULL);

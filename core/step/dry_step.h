@@ -30,10 +30,7 @@ typedef struct {
 
 typedef struct {
     umt_pool_stats pools[UMT_POOL_COUNT]; /* every pool after the passes and a last step start */
-    size_t device_peak_bytes;  /* the most managed + device bytes held at once (0 on the CPU) */
-    bool over_budget;          /* a request would have passed the device budget: the first one's */
-    umt_pool over_budget_pool; /* pool and size */
-    size_t over_budget_request_bytes;
+    size_t device_peak_bytes; /* the most managed + device bytes held at once (0 on the CPU) */
     int64_t largest_elements; /* the largest tensor made, in elements */
 } umt_dry_result;
 

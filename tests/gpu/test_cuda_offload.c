@@ -27,6 +27,7 @@
 #include "core/context.h"
 #include "core/tensor.h"
 #include "memory/trace.h"
+#include "tests/gpu/offload_count.h"
 #include "umtrain.h"
 
 #define WIDTH 2048
@@ -134,25 +135,12 @@ static void expect_same_losses(const float *a, const float *b) {
 
 static float reference[STEPS];
 
-/* Parameters with anything in the offload tier: their weights, or some of their state. */
-static int parameters_offloaded(const model *m) {
-    int count = 0;
-    for (int i = 0; i < umt_parameter_count(m->ctx); ++i) {
-        const umt_tensor *p = umt_parameter_at(m->ctx, i);
-        bool any = p->offload.home != NULL;
-        for (const umt_tensor *t = m->ctx->run_tensors; t && !any; t = t->next)
-            any = t->kind_pool == UMT_POOL_OPTIM && t->owner == p && t->offload.home;
-        count += any;
-    }
-    return count;
-}
-
 /* Updates in backward: every step updated every parameter the tier holds anything of then; the
  * other ways: none. */
 static void expect_updates_in_backward(const model *m, umt_offload_optimizer where) {
     umt_offload_stats st;
     assert_int_equal(umt_offload_stats_get(m->ctx, &st), UMT_OK);
-    uint64_t expected = where == UMT_OFFLOAD_OPTIM_BACKWARD ? (uint64_t)STEPS * parameters_offloaded(m) : 0;
+    uint64_t expected = where == UMT_OFFLOAD_OPTIM_BACKWARD ? (uint64_t)STEPS * offload_count_parameters(m->ctx) : 0;
     print_message("%llu updates in backward, %llu expected\n", (unsigned long long)st.updates_in_backward,
                   (unsigned long long)expected);
     assert_int_equal(st.updates_in_backward, expected);

@@ -25,6 +25,7 @@
 #include "core/context.h"
 #include "core/tensor.h"
 #include "dist/umt_dist.h"
+#include "tests/gpu/offload_count.h"
 #include "umtrain.h"
 
 #define WIDTH 2048
@@ -199,19 +200,6 @@ static void expect_copies_home(const model *m) {
     assert_true(used <= budget);
 }
 
-/* Parameters with anything in the offload tier: their weights, or some of their state. */
-static int parameters_offloaded(const model *m) {
-    int count = 0;
-    for (int i = 0; i < umt_parameter_count(m->ctx); ++i) {
-        const umt_tensor *p = umt_parameter_at(m->ctx, i);
-        bool any = p->offload.home != NULL;
-        for (const umt_tensor *t = m->ctx->run_tensors; t && !any; t = t->next)
-            any = t->kind_pool == UMT_POOL_OPTIM && t->owner == p && t->offload.home;
-        count += any;
-    }
-    return count;
-}
-
 /* ----------------------------------------------------------------------------------------- */
 /* bf16 and fp16 MLPs, offloaded against in memory */
 
@@ -233,7 +221,7 @@ static void mlp_against_memory(run_options r, double tolerance) {
     /* Updates in backward: every step updated every parameter the tier holds anything of then
      * (loss scaling and clipping: none, they run after backward). */
     bool in_backward = r.where == UMT_OFFLOAD_OPTIM_BACKWARD && r.precision != UMT_PRECISION_FP16 && r.clip == 0;
-    assert_int_equal(st.updates_in_backward, in_backward ? (uint64_t)STEPS * parameters_offloaded(&m) : 0);
+    assert_int_equal(st.updates_in_backward, in_backward ? (uint64_t)STEPS * offload_count_parameters(m.ctx) : 0);
     /* Clipped at 0.5, this model does not fall in STEPS steps at Adam's lr, in memory as offloaded:
      * the clipping test asserts instead that clipping changed the run. */
     expect_close(losses, reference, STEPS, tolerance, umt_precision_name(r.precision), r.clip == 0);

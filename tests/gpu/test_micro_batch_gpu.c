@@ -24,7 +24,7 @@
 static int make_data(void **state) {
     (void)state;
     if (scratch_make("micro_batch_gpu")) return -1;
-    mb_write_data(scratch_folder());
+    mb_write_data();
     return 0;
 }
 
