@@ -7,10 +7,13 @@
  *   UMT_DEVICE_BUDGET=2G bazel-bin/examples/big_mlp --bench 5        # step time against the link
  *
  * Flags: --width N (8192) --depth N (8) --batch N (512) --steps N (10) --seed N (1)
- *        --lr X (1e-4) --update-on auto|gpu|cpu|backward (where and when offloaded parameters are
- *        updated: after backward on the GPU in chunks or by CPU threads, auto the faster, or during
- *        backward on the GPU as each gradient is final)
- *        --host-updates N|auto (auto; with --update-on backward: the first N streamed layers of
+ *        --lr X (1e-4) --update-on backward|auto|gpu|cpu (where and when offloaded parameters are
+ *        updated. backward, the default: during backward as each gradient is final, through the
+ *        GPU's update ring and CPU threads beside it, the fewest bytes over the link; after backward
+ *        instead where the budget cannot hold the ring (auto) or the step needs every gradient
+ *        first (--clip-grad-norm, fp16's loss scale: gpu). After backward: gpu in chunks, cpu
+ *        threads in pinned memory, auto the faster of the two, timed on the first steps)
+ *        --host-updates N|auto (auto; with updates in backward: the first N streamed layers of
  *        each backward are updated by CPU threads beside the GPU's, only their gradients crossing;
  *        auto: as many as balance the CPU's measured rate against the link's, then the count
  *        searched step by step for the fastest)
@@ -58,7 +61,7 @@ typedef struct {
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: big_mlp [--width N] [--depth N] [--batch N] [--steps N] [--seed N] [--lr X]\n"
-            "               [--update-on auto|gpu|cpu|backward] [--reserve SIZE] [--offload-activations] [--no-offload]\n"
+            "               [--update-on backward|auto|gpu|cpu] [--reserve SIZE] [--offload-activations] [--no-offload]\n"
             "               [--host-updates N|auto] [--bench N] [--dry-run] [--precision fp32|bf16|fp16]\n"
             "               [--clip-grad-norm X] [--grad-accum N] [--dist auto|on]\n");
 }
@@ -70,8 +73,11 @@ static int usage(const char *why, const char *what) {
 }
 
 static int parse(int argc, char **argv, options *o) {
+    /* Updates in backward: big_mlp sets its learning rate before each backward and accumulates
+     * only through micro-batches, the two things they need (include/umtrain.h). */
     *o = (options){.width = 8192, .depth = 8, .batch = 512, .steps = 10, .seed = 1, .lr = 1e-4f, .offload = true,
-                   .host_updates = UMT_OFFLOAD_HOST_AUTO, .grad_accum = 1, .precision = UMT_PRECISION_FP32};
+                   .update_on = UMT_OFFLOAD_OPTIM_BACKWARD, .host_updates = UMT_OFFLOAD_HOST_AUTO, .grad_accum = 1,
+                   .precision = UMT_PRECISION_FP32};
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {

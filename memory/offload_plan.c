@@ -11,12 +11,13 @@ static size_t align_up(size_t bytes) { return (bytes + UMT_POOL_ALIGN - 1) / UMT
 
 static bool is_parameter_pool(umt_pool pool) { return pool == UMT_POOL_WEIGHTS || pool == UMT_POOL_GRADS; }
 
-/* The bytes of the items of one group and pool class (parameter pools, or activations). */
+/* The bytes a streaming buffer holds of the items of one group and pool class (parameter pools, or
+ * activations). */
 static size_t group_bytes(const umt_plan_item *items, int count, int group, bool activations) {
     size_t sum = 0;
     for (int i = 0; i < count; ++i)
         if (items[i].group == group && (activations ? items[i].pool == UMT_POOL_ACTIVATIONS : is_parameter_pool(items[i].pool)))
-            sum += align_up(items[i].bytes);
+            sum += align_up(items[i].stream_bytes ? items[i].stream_bytes : items[i].bytes);
     return sum;
 }
 

@@ -79,6 +79,9 @@ typedef struct {
     int group;        /* the parameter (weights, grads, optim) or layer (activations) it belongs to */
     size_t bytes;
     bool offloaded;   /* the planner's decision */
+    size_t stream_bytes; /* what a streaming buffer holds of it when offloaded, where that is less
+                          * than bytes (0: bytes): under bf16/fp16 a weight counts its master and
+                          * its compute copy (a resident one holds both), but only the copy streams */
 } umt_plan_item;
 
 typedef struct {

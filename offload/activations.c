@@ -241,7 +241,7 @@ static umt_status plan_activations(umt_offload *o) {
     if (!items) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory to plan %d activations", n);
     for (int i = 0; i < n; ++i) {
         const umt_offload_activation *r = &o->activations[i];
-        items[i] = (umt_plan_item){r->op, UMT_POOL_ACTIVATIONS, r->group, r->bytes, false};
+        items[i] = (umt_plan_item){r->op, UMT_POOL_ACTIVATIONS, r->group, r->bytes, false, 0};
     }
     /* Fixed: what the GPU holds now, the arena counted at the first step's peak rather than its
      * plan's, because keeping any activation means recording the second step afresh, and a

@@ -17,6 +17,10 @@ size_t umt_offload_plan_bytes(umt_dtype compute, const umt_tensor *t) {
     return t->bytes + (size_t)t->numel * umt_dtype_size(compute);
 }
 
+size_t umt_offload_stream_bytes(umt_dtype compute, const umt_tensor *t) {
+    return umt_offload_gets_compute_copy(compute, t) ? (size_t)t->numel * umt_dtype_size(compute) : 0;
+}
+
 umt_status umt_offload_align_chunk(const umt_tensor *p, int64_t *chunk) {
     const umt_tensor *copy = p->lowp;
     if (!copy || !copy->nhwc) return UMT_OK;

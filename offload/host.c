@@ -23,6 +23,7 @@
 #include "core/base/error.h"
 #include "core/context.h"
 #include "core/optim/optim.h"
+#include "core/precision.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "memory/trace.h"
@@ -42,17 +43,19 @@ static umt_status host_rule(const void *user, const umt_backend *be, float *para
 
 /* Elements per second that the CPU threads update with Adam (the optimizer is attached only in
  * backward; Adam is the common rule, and a costlier one than SGD's), on scratch arrays of a
- * million elements per thread (the threads' work item): best of three, the first touching the
- * pages. */
-static umt_status cpu_rate(double *rate) {
+ * million elements per thread (the threads' work item), writing a compute copy of dtype `copy`
+ * too under bf16/fp16 (a pass of its own over the masters, as the tier's jobs do): best of three,
+ * the first touching the pages. */
+static umt_status cpu_rate(umt_dtype copy, double *rate) {
     long threads = sysconf(_SC_NPROCESSORS_ONLN) - SPARE_CORES;
     int64_t n = (int64_t)(threads < 1 ? 1 : threads) << 20;
-    float *a = calloc((size_t)n * 4, sizeof *a);
+    bool lowp = copy == UMT_BF16 || copy == UMT_F16;
+    float *a = calloc((size_t)n * (lowp ? 5 : 4), sizeof *a); /* a fifth array holds two copies' bytes */
     if (!a) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory to time the CPU's update (%lld elements)",
                             (long long)n);
     umt_offload_host_rule rule = {umt_optimizer_defaults(UMT_OPT_ADAM), 1};
-    umt_offload_cpu_job job = {host_rule, &rule, a, a + n, a + 2 * n, a + 3 * n, n, {.lowp_dtype = UMT_F32},
-                               UMT_OFFLOAD_CPU_CHUNK};
+    umt_update_fusion fusion = {.lowp = lowp ? a + 4 * n : NULL, .lowp_dtype = lowp ? copy : UMT_F32};
+    umt_offload_cpu_job job = {host_rule, &rule, a, a + n, a + 2 * n, a + 3 * n, n, fusion, UMT_OFFLOAD_CPU_CHUNK};
     *rate = 0;
     for (int r = 0; r < 3; ++r) {
         double start = umt_offload_seconds();
@@ -79,7 +82,7 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt
     if (!streamed) return UMT_OK;
     double rate = 0;
     umt_link_speed link;
-    umt_status st = cpu_rate(&rate);
+    umt_status st = cpu_rate(umt_compute_dtype(o->ctx), &rate);
     if (st == UMT_OK) st = umt_link_measure(o->ctx, (size_t)16 << 20, &link);
     if (st != UMT_OK) {
         fprintf(stderr, "offload: updates in backward stay on the GPU: %s\n", umt_last_error());
@@ -89,9 +92,10 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt
     double share = umt_plan_host_share(rate, per_way, o->plan.ring_arrays - 1);
     o->host_target_elements = (int64_t)(share * (double)streamed);
     o->stats.host_updates = -1; /* searched from the second step */
-    fprintf(stderr, "offload: CPU threads update %.2f G elements/s (Adam), the link moves %.1f GB/s each way at once: "
-            "the CPU takes %.0f%% of the %.3f G streamed elements in backward at first, then the count is searched "
-            "step by step\n", rate / 1e9, per_way / 1e9, 100 * share, (double)streamed / 1e9);
+    const char *copy = umt_compute_dtype(o->ctx) == UMT_F32 ? "" : " and the compute copy";
+    fprintf(stderr, "offload: CPU threads update %.2f G elements/s (Adam%s), the link moves %.1f GB/s each way at "
+            "once: the CPU takes %.0f%% of the %.3f G streamed elements in backward at first, then the count is "
+            "searched step by step\n", rate / 1e9, copy, per_way / 1e9, 100 * share, (double)streamed / 1e9);
     return UMT_OK;
 }
 

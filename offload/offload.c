@@ -85,7 +85,7 @@ static umt_status create_streams(umt_offload *o) {
     int least, greatest;
     UMT_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     UMT_CUDA_TRY(cudaStreamCreateWithPriority((cudaStream_t *)&o->update, cudaStreamNonBlocking, greatest));
-    UMT_TRY(create_events((void **[]){&o->updated, &o->homed, &o->gradient_final}, 3));
+    UMT_TRY(create_events((void **[]){&o->updated, &o->homed, &o->gradient_final, &o->update_ready}, 4));
     for (int s = 0; s < 2; ++s) {
         umt_offload_slot *slot = &o->slots[s];
         UMT_TRY(create_events((void **[]){&slot->loaded, &slot->released, &slot->drained}, 3));
@@ -111,7 +111,7 @@ void umt_offload_destroy(umt_offload *o) {
     for (int s = 0; s < 2; ++s) destroy_events((void *[]){o->slots[s].loaded, o->slots[s].released, o->slots[s].drained}, 3);
     for (int e = 0; e < UMT_OFFLOAD_RING_MAX_ENTRIES; ++e)
         destroy_events((void *[]){o->ring[e].loaded, o->ring[e].released, o->ring[e].drained}, 3);
-    destroy_events((void *[]){o->updated, o->homed, o->gradient_final}, 3);
+    destroy_events((void *[]){o->updated, o->homed, o->gradient_final, o->update_ready}, 4);
     umt_offload_activations_destroy(o);
     umt_offload_host_destroy(o);
     free(o->uses);
@@ -141,8 +141,9 @@ static umt_status collect_items(umt_context *ctx, umt_plan_item **items, umt_ten
     for (umt_tensor *t = ctx->run_tensors; t; t = t->next) {
         if (t->pool != UMT_POOL_OFFLOAD || !is_streamed_kind(t->kind_pool)) continue;
         const umt_tensor *p = t->kind_pool == UMT_POOL_WEIGHTS ? t : t->owner;
+        umt_dtype compute = umt_compute_dtype(ctx);
         (*items)[i] = (umt_plan_item){p && p->name ? p->name : "?", t->kind_pool, group_of(ctx, t),
-                                      umt_offload_plan_bytes(umt_compute_dtype(ctx), t), false};
+                                      umt_offload_plan_bytes(compute, t), false, umt_offload_stream_bytes(compute, t)};
         (*tensors)[i++] = t;
     }
     *count = n;
@@ -174,8 +175,8 @@ static umt_status make_slots(umt_offload *o, umt_tensor **tensors, const umt_pla
     }
     largest_weights = (largest_weights + 255) / 256 * 256;
     o->slot_bytes = o->plan.weight_slot_bytes;
-    /* Under bf16/fp16 the plan counted each weight's master and copy (a resident weight holds both),
-     * but a slot holds only the copy: the budget left over is the activations'. */
+    /* The plan counted a streamed weight's compute copy alone (umt_plan_item.stream_bytes), in its
+     * pool's alignment: a slot needs no more than the copy and the gradient. */
     size_t needed = largest_weights + (largest_grads + 255) / 256 * 256;
     if (needed < UMT_OFFLOAD_MIN_SLOT_BYTES) needed = UMT_OFFLOAD_MIN_SLOT_BYTES;
     if (copies && needed < o->slot_bytes) o->slot_bytes = needed;
@@ -210,6 +211,24 @@ static umt_status apply_plan(umt_offload *o, umt_plan_item *items, umt_tensor **
     return any ? make_slots(o, tensors, items, count) : UMT_OK;
 }
 
+/* The placement, with the update ring when updates run in backward. Where the budget cannot hold
+ * the ring beside the streamed parameters, updates run after backward instead (auto: the GPU and
+ * the CPU timed, the faster kept), as they do when the optimizer needs every gradient first: the
+ * run trains, and says why once. */
+static umt_status plan_updates(umt_offload *o, umt_plan_item *items, int count, size_t fixed) {
+    size_t budget = o->ctx->memory.budget_bytes;
+    bool in_backward = o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD;
+    umt_status st = umt_plan_placement(items, count, budget, fixed, in_backward, &o->plan);
+    if (st != UMT_ERR_BUDGET || !in_backward) return st;
+    st = umt_plan_placement(items, count, budget, fixed, false, &o->plan);
+    if (st != UMT_OK) return st;
+    fprintf(stderr, "offload: the device budget (%zu bytes) cannot hold the update ring beside the streamed "
+            "parameters: offloaded parameters are updated after backward instead (update mode auto: the gpu and the "
+            "cpu timed, the faster kept)\n", budget);
+    o->optimizer = o->stats.optimizer = UMT_OFFLOAD_OPTIM_AUTO;
+    return UMT_OK;
+}
+
 static umt_status plan_once(umt_offload *o) {
     umt_context *ctx = o->ctx;
     umt_plan_item *items = NULL;
@@ -217,8 +236,7 @@ static umt_status plan_once(umt_offload *o) {
     int count = 0;
     umt_status st = collect_items(ctx, &items, &tensors, &count);
     size_t fixed = ctx->memory.device_bytes + o->options.reserve_bytes;
-    bool in_backward = o->optimizer == UMT_OFFLOAD_OPTIM_BACKWARD;
-    if (st == UMT_OK) st = umt_plan_placement(items, count, ctx->memory.budget_bytes, fixed, in_backward, &o->plan);
+    if (st == UMT_OK) st = plan_updates(o, items, count, fixed);
     /* What the plan leaves deepens the update ring, unless saved activations may stay on the GPU
      * (the planner's stage 3, after the first step): they use it then. */
     if (st == UMT_OK && !o->options.activations) umt_plan_deepen_ring(&o->plan);

@@ -123,6 +123,8 @@ struct umt_offload {
     void *state_in;                     /* UMT_OFFLOAD_OPTIM_BACKWARD: the state's copies in */
     void *homed;                        /* copy-out event: weights updated so far are home */
     void *gradient_final;               /* compute event: a resident parameter's gradient is final */
+    void *update_ready;                 /* compute event at the update's start: backward done, its gradients
+                                         * home, the step's decision made (what the CPU threads wait for) */
     umt_offload_ring_entry ring[UMT_OFFLOAD_RING_MAX_ENTRIES]; /* the plan's ring_entries in use */
     int ring_arrays;                    /* the plan's ring_arrays once the ring is made (0: no ring) */
     int ring_next;                      /* the entry the next chunk takes */

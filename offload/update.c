@@ -72,6 +72,9 @@ umt_status umt_offload_update_begin(umt_offload *o) {
      * timed on its own work. */
     if (o->optimizer == UMT_OFFLOAD_OPTIM_AUTO) UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
     o->update_start_s = umt_offload_seconds();
+    /* What the CPU threads wait for: not the compute stream, whose GPU updates queued after this
+     * (a resident parameter's state in pinned memory) run beside them. */
+    UMT_TRY(umt_offload_record(o->update_ready, o->compute));
     o->update_used_gpu = o->update_used_cpu = false;
     o->cpu_job_count = 0;
     return UMT_OK;
@@ -232,11 +235,13 @@ umt_status umt_offload_cpu_chunk(const umt_tensor *p, int64_t *chunk) {
 
 static umt_status run_cpu_jobs(umt_offload *o) {
     if (!o->cpu_job_count) return UMT_OK;
-    /* The gradients must be home (backward made compute wait for them) and no copy may still read
-     * the parameters being rewritten. UMT_MEM_TRACE: the host's waits, on the host's track. */
+    /* The gradients must be home (backward made compute wait for them, before update_ready) and no
+     * copy may still read the parameters being rewritten. The GPU's own updates queued since
+     * (parameters whose state alone is offloaded) touch none of the CPU's arrays: they run beside
+     * the threads. UMT_MEM_TRACE: the host's waits, on the host's track. */
     umt_trace *trace = o->ctx->memory.trace;
     double wait_us = umt_trace_now_us(trace);
-    UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->compute));
+    UMT_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)o->update_ready));
     umt_trace_host_interval(trace, wait_us, umt_trace_now_us(trace), "compute", "host waits", UMT_TRACE_HOST, 0);
     wait_us = umt_trace_now_us(trace);
     UMT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)o->copy_in));
@@ -418,7 +423,12 @@ umt_status umt_offload_update(umt_offload *o, umt_tensor *p, umt_tensor *state0,
         o->stats.bytes_to_host += bytes;
         o->update_used_gpu = true;
         umt_update_fusion fusion = umt_offload_fusion(p, p->lowp ? p->lowp->data : NULL, 0, o->scalars);
-        return fn(user, o->ctx->backend, p->data, p->grad->data, s0, s1, &fusion, p->numel);
+        /* UMT_MEM_TRACE: the kernel reads the state across the link, a bar of the compute lane. */
+        void *begin = umt_trace_begin(o->ctx->memory.trace, o->compute);
+        UMT_TRY(fn(user, o->ctx->backend, p->data, p->grad->data, s0, s1, &fusion, p->numel));
+        umt_trace_end(o->ctx->memory.trace, o->compute, begin, p->name ? p->name : "update", "optimizer",
+                      UMT_TRACE_COMPUTE, 0);
+        return UMT_OK;
     }
     bool all_home = p->offload.home && p->grad->offload.home && (!state0 || state0->offload.home) &&
                     (!state1 || state1->offload.home) && (!p->lowp || p->lowp->offload.home);

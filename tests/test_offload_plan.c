@@ -32,11 +32,11 @@ static int mlp_items(umt_plan_item *items, int layers, size_t width, size_t batc
     int n = 0;
     for (int l = 0; l < layers; ++l) {
         size_t w = width * width * 4;
-        items[n++] = (umt_plan_item){"w", UMT_POOL_WEIGHTS, l, w, false};
-        items[n++] = (umt_plan_item){"g", UMT_POOL_GRADS, l, w, false};
-        items[n++] = (umt_plan_item){"m", UMT_POOL_OPTIM, l, w, false};
-        items[n++] = (umt_plan_item){"v", UMT_POOL_OPTIM, l, w, false};
-        items[n++] = (umt_plan_item){"a", UMT_POOL_ACTIVATIONS, l, batch * width * 4, false};
+        items[n++] = (umt_plan_item){"w", UMT_POOL_WEIGHTS, l, w, false, 0};
+        items[n++] = (umt_plan_item){"g", UMT_POOL_GRADS, l, w, false, 0};
+        items[n++] = (umt_plan_item){"m", UMT_POOL_OPTIM, l, w, false, 0};
+        items[n++] = (umt_plan_item){"v", UMT_POOL_OPTIM, l, w, false, 0};
+        items[n++] = (umt_plan_item){"a", UMT_POOL_ACTIVATIONS, l, batch * width * 4, false, 0};
     }
     return n;
 }
@@ -82,9 +82,9 @@ static void test_optimizer_state_goes_first_and_only_as_much_as_needed(void **st
 static void test_largest_optimizer_state_moves_before_smaller_ones(void **state) {
     (void)state;
     umt_plan_item items[] = {
-        {"small.m", UMT_POOL_OPTIM, 0, 8 * MIB, false},
-        {"big.m", UMT_POOL_OPTIM, 1, 512 * MIB, false},
-        {"big.w", UMT_POOL_WEIGHTS, 1, 128 * MIB, false},
+        {"small.m", UMT_POOL_OPTIM, 0, 8 * MIB, false, 0},
+        {"big.m", UMT_POOL_OPTIM, 1, 512 * MIB, false, 0},
+        {"big.w", UMT_POOL_WEIGHTS, 1, 128 * MIB, false, 0},
     };
     umt_placement_plan plan;
     assert_int_equal(umt_plan_placement(items, 3, 400 * MIB, 0, false, &plan), UMT_OK);
@@ -293,11 +293,11 @@ static void test_small_parameters_are_never_streamed(void **state) {
     umt_plan_item items[8];
     int n = 0;
     for (int l = 0; l < 3; ++l) { /* three layers of 128 MiB weights and gradients */
-        items[n++] = (umt_plan_item){"fc.weight", UMT_POOL_WEIGHTS, l, 128 * MIB, false};
-        items[n++] = (umt_plan_item){"fc.weight", UMT_POOL_GRADS, l, 128 * MIB, false};
+        items[n++] = (umt_plan_item){"fc.weight", UMT_POOL_WEIGHTS, l, 128 * MIB, false, 0};
+        items[n++] = (umt_plan_item){"fc.weight", UMT_POOL_GRADS, l, 128 * MIB, false, 0};
     }
-    items[n++] = (umt_plan_item){"fc.bias", UMT_POOL_WEIGHTS, 3, 256 * 1024, false};
-    items[n++] = (umt_plan_item){"fc.bias", UMT_POOL_GRADS, 3, 256 * 1024, false};
+    items[n++] = (umt_plan_item){"fc.bias", UMT_POOL_WEIGHTS, 3, 256 * 1024, false, 0};
+    items[n++] = (umt_plan_item){"fc.bias", UMT_POOL_GRADS, 3, 256 * 1024, false, 0};
     umt_placement_plan plan;
     /* 768.5 MiB wanted in 700: every layer goes (2 x 256 MiB of buffers), the bias stays. */
     assert_int_equal(umt_plan_placement(items, n, 700 * MIB, 0, false, &plan), UMT_OK);
@@ -357,7 +357,7 @@ static void test_the_plan_prints_one_line_per_pool_with_its_counts(void **state)
 
 static void test_items_of_other_pools_are_refused(void **state) {
     (void)state;
-    umt_plan_item items[] = {{"staging", UMT_POOL_STAGING, 0, MIB, false}};
+    umt_plan_item items[] = {{"staging", UMT_POOL_STAGING, 0, MIB, false, 0}};
     umt_placement_plan plan;
     assert_int_equal(umt_plan_placement(items, 1, GIB, 0, false, &plan), UMT_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(umt_last_error(), "staging"));
@@ -384,6 +384,32 @@ static void test_half_precision_plans_count_a_matrix_weights_compute_copy(void *
     assert_int_equal(umt_offload_plan_bytes(UMT_F16, &conv), 432 + 216);
     assert_int_equal(umt_offload_plan_bytes(UMT_BF16, &bias), 64);  /* read in f32: no copy */
     assert_int_equal(umt_offload_plan_bytes(UMT_BF16, &grad), 512); /* gradients stay f32 */
+    /* Only the copy streams: a slot holds it, not the master. */
+    assert_int_equal(umt_offload_stream_bytes(UMT_BF16, &matrix), 256);
+    assert_int_equal(umt_offload_stream_bytes(UMT_F32, &matrix), 0);
+    assert_int_equal(umt_offload_stream_bytes(UMT_BF16, &bias), 0);
+    assert_int_equal(umt_offload_stream_bytes(UMT_BF16, &grad), 0);
+}
+
+/* big_mlp in bf16 with updates in backward at 2 GiB, and 1.5 GiB held besides (the saved
+ * activations' reserve of batch 2048): a slot holds a streamed weight's bf16 copy (128 MiB) and
+ * its f32 gradient (256 MiB), not the master too. Counting the master made two slots of 640 MiB,
+ * past the budget with the ring, and the plan refused a step that fits. */
+static void test_half_precision_slots_hold_the_compute_copy_not_the_master(void **state) {
+    (void)state;
+    umt_plan_item items[60];
+    int n = mlp_items(items, 8, 8192, 0);
+    for (int i = 0; i < n; ++i)
+        if (items[i].pool == UMT_POOL_WEIGHTS) {
+            items[i].stream_bytes = items[i].bytes / 2;
+            items[i].bytes += items[i].stream_bytes;
+        }
+    umt_placement_plan plan;
+    assert_int_equal(umt_plan_placement(items, n, 2 * GIB, 640 * MIB, true, &plan), UMT_OK);
+    assert_int_equal(plan.weight_slot_bytes, 384 * MIB);
+    assert_true(plan.device_bytes <= 2 * GIB);
+    for (int i = 0; i < n; ++i) items[i].stream_bytes = 0;
+    assert_int_equal(umt_plan_placement(items, n, 2 * GIB, 640 * MIB, true, &plan), UMT_ERR_BUDGET);
 }
 
 /* A conv weight K=5, C=3, 3x3 updated by SGD in chunks as the tier's paths cut them (a chunk of 40
@@ -448,6 +474,7 @@ int main(void) {
         cmocka_unit_test(test_the_plan_prints_one_line_per_pool_with_its_counts),
         cmocka_unit_test(test_items_of_other_pools_are_refused),
         cmocka_unit_test(test_half_precision_plans_count_a_matrix_weights_compute_copy),
+        cmocka_unit_test(test_half_precision_slots_hold_the_compute_copy_not_the_master),
         cmocka_unit_test(test_an_update_in_chunks_writes_a_conv_weights_copy_as_one_update_does),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

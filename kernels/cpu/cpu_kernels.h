@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/backend.h"
 #include "umtrain.h"
@@ -25,10 +26,23 @@ umt_status umt_cpu_fill(float *x, int64_t n, float value);
 umt_status umt_cpu_copy(void *dst, const void *src, size_t bytes);
 umt_status umt_cpu_zero(void *x, size_t bytes);
 umt_status umt_cpu_convert(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype, int64_t n);
-uint16_t umt_f32_to_bf16(float x);
 float umt_bf16_to_f32(uint16_t x);
 uint16_t umt_f32_to_f16(float x);
 float umt_f16_to_f32(uint16_t x);
+
+/* x rounded to bf16, to nearest with ties to even. bf16 is f32's top 16 bits: adding 0x7fff, plus
+ * one when the kept part is odd, carries exactly when the dropped half is above one half or a tie
+ * on an odd value (a carry out of the mantissa lands in the exponent: the next binade, or infinity
+ * above the largest bf16). A NaN keeps its sign and top payload with the quiet bit set, so that the
+ * truncated payload can never become zero (which would read as infinity). Inline and without
+ * branches, so that the loops writing a compute copy (kernels/cpu/optim.c) vectorize. */
+static inline uint16_t umt_f32_to_bf16(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (bits >> 16) | 0x0040u;
+    return (uint16_t)((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
 
 /* Argument checks shared with the CUDA backend, so that both refuse alike, in the same words. */
 umt_status umt_gemm_check_arguments(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda,

@@ -37,18 +37,6 @@ static uint32_t shift_right_round_even(uint32_t value, int shift) {
     return kept;
 }
 
-uint16_t umt_f32_to_bf16(float x) {
-    uint32_t bits = f32_bits(x);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        /* NaN: keep sign and top payload, and set the quiet bit so the truncated payload can
-         * never become zero (which would read as infinity). */
-        return (uint16_t)((bits >> 16) | 0x0040u);
-    }
-    /* bf16 is the top 16 bits: rounding the low 16 away may carry up to infinity, which is
-     * the correct result for values above the largest bf16. */
-    return (uint16_t)shift_right_round_even(bits, 16);
-}
-
 float umt_bf16_to_f32(uint16_t x) { return f32_from_bits((uint32_t)x << 16); }
 
 /* |x| (the f32 bits without sign) that is finite and at least 2^-14, as f16 magnitude bits. */
