@@ -274,7 +274,10 @@ void umt_memory_plan_print(const umt_memory_plan *plan, FILE *out);
  *              back. Fewest bytes over the link, but the update uses the learning rate set before
  *              backward, the gradient is consumed (not kept, not accumulated over several
  *              backward calls), and clipping is impossible; umt_optimizer_step then only counts
- *              the step for those parameters. Opt-in for that reason. */
+ *              the step for those parameters. Opt-in for that reason (examples/big_mlp.c takes
+ *              it by default: its loop needs neither). It needs an update ring on the device
+ *              beside the streamed parameters: where the budget cannot hold it, the tier updates
+ *              after backward instead, as auto does, and says so once. */
 typedef enum {
     UMT_OFFLOAD_OPTIM_AUTO = 0,
     UMT_OFFLOAD_OPTIM_GPU,
