@@ -89,11 +89,12 @@ def nice_ticks(low, high, count=5):
 
 
 def label(v):
+    """A tick's number: 20,000 rather than 2e+04; 0.001 as it is."""
     if v == 0:
         return "0"
-    if abs(v) >= 1e4 or abs(v) < 1e-2:
-        return f"{v:.3g}"
-    return f"{v:.4g}"
+    if abs(v) >= 1e4:
+        return f"{v:,.0f}"
+    return f"{v:.3g}" if abs(v) < 1e-2 else f"{v:.4g}"
 
 
 class Panel:
