@@ -46,6 +46,7 @@
 
 #include "dist/umt_dist.h"
 #include "examples/example_common.h"
+#include "examples/example_progress.h"
 #include "umtrain.h"
 
 typedef struct {
@@ -341,12 +342,18 @@ int main(int argc, char **argv) {
            (double)budget / (1 << 30), state_gib * (1 << 30) / (double)budget);
     rc = plan_memory(&o, &m);
     if (!rc && o.bench && !o.dry_run) rc = bench(&o, &m);
+    example_progress progress; /* a run of steps: each line with the run's time and ETA */
+    example_progress_start(&progress, stdout, 0, 0);
+    example_progress_epoch(&progress, 0, o.steps);
     for (int s = 0; !o.bench && !o.dry_run && s < o.steps && !rc; ++s) {
         float loss = 0;
         double t0 = seconds();
+        char line[128];
         rc = step(&o, &m, &loss);
-        if (!rc) printf("step %d loss %.9g (%.1f ms)\n", s + 1, loss, 1e3 * (seconds() - t0));
+        snprintf(line, sizeof line, "step %d loss %.9g (%.1f ms)", s + 1, loss, 1e3 * (seconds() - t0));
+        if (!rc) example_progress_line(&progress, s + 1, line);
     }
+    example_progress_break(&progress);
     umt_offload_stats st;
     umt_offload_stats_get(m.ctx, &st);
     if (!rc && !o.dry_run)

@@ -18,6 +18,8 @@
 #include <string.h>
 
 #include "examples/example_common.h"
+#include "examples/example_metrics.h"
+#include "examples/example_progress.h"
 #include "umtrain.h"
 
 static const char *const program = "image_folder";
@@ -34,18 +36,21 @@ typedef struct {
     uint64_t seed;
     umt_device device;
     example_input_flags input;
+    const char *metrics; /* --metrics PATH: JSON Lines (examples/example_metrics.h) */
 } options;
 
 static void usage(FILE *out) {
     fprintf(out, "usage: image_folder --root DIR [--size N] [--channels 0|1|3] [--test-fraction F] [--skip-bad]\n"
                  "                    [--epochs N] [--batch-size N] [--lr F] [--seed N] [--device cpu|cuda]\n"
                  "                    [--crop-padding N] [--flip] [--prefetch N] [--workers N] [--loader pinned|pageable-sync]\n"
-                 "                    [--test-limit N] [--grad-accum N] [--dry-run]\n"
+                 "                    [--test-limit N] [--grad-accum N] [--dry-run] [--metrics PATH]\n"
                  "defaults: size 28, channels from the first file, test fraction 0.2 (without train/ and test/),\n"
                  "          5 epochs, batch 64, adam lr 1e-3, seed 1, no augmentation, prefetch 4, 2 workers,\n"
                  "          every test image (a limit N: the first N); --grad-accum N: each step runs N batches\n"
                  "          of --batch-size as micro-batches and updates once, with the gradients of their whole;\n"
-                 "          the memory plan printed before step 1 (--dry-run: printed, and nothing trained)\n");
+                 "          the memory plan printed before step 1 (--dry-run: printed, and nothing trained);\n"
+                 "          --metrics PATH: a line per epoch and per evaluation, as JSON Lines\n"
+                 "          (tools/plot_metrics.py draws the curves)\n");
 }
 
 static int parse_flag(options *o, const char *flag, const char *value) {
@@ -66,6 +71,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--test-limit")) bad = example_whole_number(program, flag, value, 1, 1e9, &v), o->test_limit = (int64_t)v;
     else if (!strcmp(flag, "--crop-padding")) bad = example_whole_number(program, flag, value, 0, 64, &v), o->crop_padding = (int)v;
     else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device));
+    else if (!strcmp(flag, "--metrics")) o->metrics = value;
     else {
         fprintf(stderr, "%s: unknown flag %s\n", program, flag);
         usage(stderr);
@@ -129,6 +135,8 @@ typedef struct {
     umt_loader *train, *test;
     int64_t batch, samples; /* the loader's batch, and the training samples */
     int grad_accum;         /* loader batches per step, one micro-batch each (core/micro_batch.h) */
+    example_progress progress; /* the epoch lines' times */
+    example_metrics *metrics;  /* --metrics (NULL: none) */
 } run_state;
 
 /* The loader's next batch: its loss, backward. */
@@ -164,6 +172,7 @@ static int train_epoch(run_state *r, int64_t epoch) {
     double loss_sum = 0, start = example_seconds();
     if (example_check(program, umt_loader_start_epoch(r->train, 0, &batches))) return -1;
     int64_t steps = (batches + r->grad_accum - 1) / r->grad_accum;
+    example_progress_epoch(&r->progress, epoch, steps);
     for (int64_t step = 0; step < steps; ++step) {
         float value = 0;
         if (train_step(r, step, &value)) return -1;
@@ -172,10 +181,18 @@ static int train_epoch(run_state *r, int64_t epoch) {
     double seconds = example_seconds() - start;
     umt_loader_stats stats;
     if (example_check(program, umt_loader_take_stats(r->train, &stats))) return -1;
-    printf("epoch %lld loss %.4f in %.2f s (%lld steps), data wait %.1f ms (%.2f%%)\n", (long long)(epoch + 1),
-           loss_sum / (double)(steps ? steps : 1), seconds, (long long)steps, stats.wait_ms,
-           100.0 * stats.wait_ms / (1e3 * seconds));
-    return 0;
+    /* The epoch's line is its progress line, with the run's time and ETA, and its --metrics line. */
+    char line[256];
+    double loss = loss_sum / (double)(steps ? steps : 1);
+    snprintf(line, sizeof line, "epoch %lld loss %.4f in %.2f s (%lld steps), data wait %.1f ms (%.2f%%)",
+             (long long)(epoch + 1), loss, seconds, (long long)steps, stats.wait_ms,
+             100.0 * stats.wait_ms / (1e3 * seconds));
+    example_progress_line(&r->progress, steps, line);
+    example_metrics_train row = {.epoch = epoch + 1, .epoch_step = steps, .epoch_steps = steps,
+                                 .step = umt_optimizer_steps(r->opt), .loss = loss, .epoch_loss = loss,
+                                 .lr = umt_optimizer_lr(r->opt), .images_per_s = (double)r->samples / seconds,
+                                 .data_wait_ms = stats.wait_ms};
+    return example_metrics_train_line(r->metrics, r->ctx, &row);
 }
 
 /* Loaders of r->batch images (each a micro-batch when a step takes several). */
@@ -234,10 +251,14 @@ static int run(run_state *r, const options *o, const umt_samples *train, const u
     /* The memory plan before step 1; --dry-run stops after it. */
     if (plan_steps(r, chw, tested) || make_loaders(r, o, train, test)) return -1;
     if (o->dry_run) return 0;
+    if (example_metrics_open(program, o->metrics, false, 0, &r->metrics)) return -1;
+    example_progress_start(&r->progress, stdout, 0, o->epochs);
     for (int64_t epoch = 0; epoch < o->epochs; ++epoch) {
         double accuracy = 0;
         if (train_epoch(r, epoch) || (tested && example_evaluate_loader(program, r->ctx, forward, &r->model, r->test,
                                                                         o->test_limit, &accuracy)))
+            return -1;
+        if (tested && example_metrics_eval_line(r->metrics, r->ctx, epoch + 1, umt_optimizer_steps(r->opt), accuracy))
             return -1;
         if (tested)
             printf("epoch %lld test accuracy %.2f%% (%lld images)\n", (long long)(epoch + 1), accuracy,
@@ -269,6 +290,7 @@ int main(int argc, char **argv) {
                program, o.folder.root, o.folder.root, o.folder.test_fraction);
     run_state r = {0};
     int rc = run(&r, &o, train, test);
+    example_metrics_close(r.metrics);
     umt_context_destroy(r.ctx);
     umt_samples_destroy(train);
     umt_samples_destroy(test);

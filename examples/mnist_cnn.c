@@ -15,9 +15,12 @@
  * The network (examples/mnist_cnn_model.c) and the recipe are the example's: Adadelta lr 1.0,
  * lr x0.7 after every epoch, batch 64, test batch 1000, inputs normalised with mean 0.1307 and
  * std 0.3081, log-softmax + NLL (--optimizer picks another, with PyTorch's default lr for it
- * unless --lr is given). Each epoch prints progress lines and the test accuracy; with --save, a
- * checkpoint is written (atomically) after each epoch, and --resume continues from one exactly as
- * if the run had not stopped (and says so when the checkpoint has no epoch left to train). A
+ * unless --lr is given). Each epoch prints progress lines (with the epoch's and the run's elapsed
+ * time and ETA, one line rewritten in place on a terminal) and the test accuracy; --metrics PATH
+ * records them as JSON Lines (examples/example_metrics.h, drawn by tools/plot_metrics.py). With
+ * --save, a checkpoint is written (atomically) after each epoch, and --resume continues from one
+ * exactly as if the run had not stopped (and says so when the checkpoint has no epoch left to
+ * train), appending to --metrics. A
  * checkpoint of NaN or infinite values is refused unless --allow-nonfinite: to look into a
  * diverged run.
  *
@@ -46,6 +49,8 @@
 
 #include "dist/umt_dist.h"
 #include "examples/example_common.h"
+#include "examples/example_metrics.h"
+#include "examples/example_progress.h"
 #include "examples/mnist_cnn_model.h"
 #include "umtrain.h"
 
@@ -63,6 +68,7 @@ typedef struct {
     float gamma, clip_grad_norm, target_accuracy;
     umt_optimizer_kind optimizer_kind;
     const char *optimizer, *data_dir, *save, *resume, *precision;
+    const char *metrics; /* --metrics PATH: JSON Lines (examples/example_metrics.h) */
     uint64_t seed;
     umt_device device;
     bool device_set;
@@ -79,7 +85,7 @@ static void usage(FILE *out) {
                  "                 [--optimizer adadelta|sgd|adam|adamw] [--seed N] [--device cpu|cuda]\n"
                  "                 [--mem managed|managed-plain|device] [--data-dir DIR] [--train-limit N]\n"
                  "                 [--test-limit N] [--log-every N] [--save PATH] [--resume PATH [--allow-nonfinite]]\n"
-                 "                 [--bench STEPS] [--grad-accum N]\n"
+                 "                 [--bench STEPS] [--grad-accum N] [--metrics PATH]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
                  "                 [--fuse on|off] [--graph on|off] [--dry-run]\n"
                  EXAMPLE_INPUT_USAGE
@@ -97,7 +103,9 @@ static void usage(FILE *out) {
                  "          fit the device budget (or a tensor would pass cuDNN's INT_MAX elements), runs each step\n"
                  "          as micro-batches with the whole batch's gradients; --dry-run prints the plan and exits.\n"
                  "          --grad-accum N: each step runs N micro-batches of --batch-size and updates once\n"
-                 "          (batch norm would keep per-micro-batch statistics; this network has none).\n");
+                 "          (batch norm would keep per-micro-batch statistics; this network has none).\n"
+                 "          --metrics PATH: a line per progress line and per evaluation, as JSON Lines, appended to\n"
+                 "          with --resume (tools/plot_metrics.py draws the curves).\n");
 }
 
 static int parse_reduce(options *o, const char *value) {
@@ -155,6 +163,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--data-dir")) o->data_dir = value;
     else if (!strcmp(flag, "--save")) o->save = value;
     else if (!strcmp(flag, "--resume")) o->resume = value;
+    else if (!strcmp(flag, "--metrics")) o->metrics = value;
     else {
         fprintf(stderr, "%s: unknown flag %s\n", program, flag);
         usage(stderr);
@@ -210,6 +219,9 @@ typedef struct {
     int64_t step_batch;   /* samples per step on this rank: the micro-batches together */
     int64_t loader_batch; /* --data-on host: the loader's batches, one micro-batch each */
     int64_t test_batch;   /* the evaluation's batch: --test-batch-size, or a micro-batch's */
+    example_progress progress; /* the progress lines' times */
+    example_metrics *metrics;  /* --metrics (rank 0; NULL: none) */
+    double wait_ms;            /* the epoch's wait for data so far, taken at each progress line */
 } run_state;
 
 /* Forward and backward of samples indices[0..count) of the resident dataset, or of the loader's
@@ -280,34 +292,53 @@ static int64_t start_epoch(run_state *r, int64_t n, int64_t global) {
     return steps;
 }
 
+/* The compute stream's wait for data since the last progress line into *wait_ms (data on the
+ * host; -1 otherwise), added to the epoch's for report_wait. */
+static int take_wait(run_state *r, double *wait_ms) {
+    umt_loader_stats stats;
+    *wait_ms = -1;
+    if (!r->loader) return 0;
+    if (example_check(program, umt_loader_take_stats(r->loader, &stats))) return -1;
+    r->wait_ms += stats.wait_ms;
+    *wait_ms = stats.wait_ms;
+    return 0;
+}
+
 /* The mean loss so far over every rank (a collective: every rank logs at the same steps); the
- * steps' losses were summed on the device since the last line. */
+ * steps' losses were summed on the device since the last line. The line, with the times, and
+ * its --metrics line. */
 static int log_progress(run_state *r, int64_t epoch, int64_t step, int64_t steps, double *loss_sum,
                         double *window_start, int64_t *window_images) {
     double window_mean = 0;
     int64_t window_steps = 0;
     if (example_check(program, umt_step_graph_take_mean_loss(r->graph, &window_mean, &window_steps))) return -1;
     *loss_sum += window_mean * (double)window_steps;
-    double mean = *loss_sum / (double)(step + 1);
-    if (example_check(program, umt_dist_sum(r->dist, &mean, 1))) return -1;
-    double now = example_seconds();
-    if (r->rank == 0)
-        printf("epoch %lld step %lld/%lld loss %.4f lr %.4g images/s %.0f\n", (long long)(epoch + 1),
-               (long long)(step + 1), (long long)steps, mean / r->ranks, umt_optimizer_lr(r->opt),
-               (double)*window_images / (now - *window_start));
-    fflush(stdout);
+    double means[2] = {*loss_sum / (double)(step + 1), window_mean}, wait_ms;
+    if (take_wait(r, &wait_ms) || example_check(program, umt_dist_sum(r->dist, means, 2))) return -1;
+    double now = example_seconds(), images_per_s = (double)*window_images / (now - *window_start);
+    if (r->rank == 0) {
+        char line[256];
+        snprintf(line, sizeof line, "epoch %lld step %lld/%lld loss %.4f lr %.4g images/s %.0f", (long long)(epoch + 1),
+                 (long long)(step + 1), (long long)steps, means[0] / r->ranks, umt_optimizer_lr(r->opt), images_per_s);
+        example_progress_line(&r->progress, step + 1, line);
+    }
+    example_metrics_train row = {.epoch = epoch + 1, .epoch_step = step + 1, .epoch_steps = steps,
+                                 .step = umt_optimizer_steps(r->opt), .loss = means[1] / r->ranks,
+                                 .epoch_loss = means[0] / r->ranks, .lr = umt_optimizer_lr(r->opt),
+                                 .images_per_s = images_per_s, .data_wait_ms = wait_ms};
     *window_start = now;
     *window_images = 0;
-    return 0;
+    return example_metrics_train_line(r->metrics, r->ctx, &row);
 }
 
 /* The compute stream's wait for data over the epoch just trained (data on the host). */
 static int report_wait(run_state *r, int64_t epoch, double epoch_s, int64_t steps) {
-    umt_loader_stats stats;
     if (!r->loader) return 0;
-    if (example_check(program, umt_loader_take_stats(r->loader, &stats))) return -1;
+    /* The progress lines took it as they went; the epoch's last line took the rest. */
+    double wait_ms = r->wait_ms;
+    r->wait_ms = 0;
     printf("epoch %lld data wait %.1f ms of %.1f ms (%.2f%% of step time), step %.3f ms\n", (long long)(epoch + 1),
-           stats.wait_ms, 1e3 * epoch_s, 100.0 * stats.wait_ms / (1e3 * epoch_s), 1e3 * epoch_s / (double)steps);
+           wait_ms, 1e3 * epoch_s, 100.0 * wait_ms / (1e3 * epoch_s), 1e3 * epoch_s / (double)steps);
     return 0;
 }
 
@@ -321,6 +352,7 @@ static int train_epoch(run_state *r, const options *o, int64_t epoch) {
     int64_t n = example_limit(train_size(r), o->train_limit);
     int64_t global = r->step_batch * r->ranks, steps = start_epoch(r, n, global), window_images = 0;
     if (steps < 0) return -1;
+    example_progress_epoch(&r->progress, epoch, steps);
     double start = example_seconds(), window_start = start, loss_sum = 0;
     for (int64_t step = 0; step < steps; ++step) {
         int64_t first = step * global, count = n - first < global ? n - first : global, offset, part;
@@ -449,12 +481,17 @@ static int train(run_state *r, const options *o) {
         int left = resume_from(r, o, &info);
         if (left) return left < 0 ? -1 : 0;
     }
+    /* Rank 0 alone keeps the record, appended to when a run goes on. */
+    if (r->rank == 0 && example_metrics_open(program, o->metrics, o->resume != NULL, info.step, &r->metrics)) return -1;
+    example_progress_start(&r->progress, stdout, info.epoch, o->epochs);
     /* 64 bits, as the checkpoint's count; resume_from keeps it to --epochs' range, so the
      * schedule's int takes it whole. */
     for (int64_t epoch = info.epoch; epoch < o->epochs; ++epoch) {
         umt_optimizer_set_lr(r->opt, umt_lr_step(o->lr, o->gamma, 1, (int)epoch));
         double accuracy = 0;
-        if (timed_epoch(r, o, epoch, &timing) || evaluate(r, o, &accuracy)) return -1;
+        if (timed_epoch(r, o, epoch, &timing) || evaluate(r, o, &accuracy) ||
+            example_metrics_eval_line(r->metrics, r->ctx, epoch + 1, umt_optimizer_steps(r->opt), accuracy))
+            return -1;
         if (r->rank == 0) printf("epoch %lld test accuracy %.2f%%\n", (long long)(epoch + 1), accuracy);
         /* Every rank has the summed accuracy, so all stop together. */
         bool done = o->target_accuracy && accuracy >= o->target_accuracy;
@@ -634,6 +671,8 @@ int main(int argc, char **argv) {
         if (!rc && !o.dry_run) rc = o.bench_steps ? bench(&r, &o) : train(&r, &o);
     }
     if (rc && r.ranks > 1) fprintf(stderr, "%s: rank %d of %d failed\n", program, r.rank, r.ranks);
+    example_progress_break(&r.progress);
+    example_metrics_close(r.metrics);
     free(r.order);
     umt_dist_destroy(r.dist);
     umt_context_destroy(r.ctx);

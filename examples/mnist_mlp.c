@@ -7,7 +7,8 @@
  * The training loop of umtrain with its flags (optimizer, schedule, device, memory mode,
  * precision): load the IDX files, build two linear layers, then per step: gather a shuffled
  * batch, forward (linear, relu, linear, softmax cross-entropy), backward, optimizer step; after
- * each epoch, test accuracy with grad disabled. examples/mnist_cnn_minimal.c is the shortest
+ * each epoch, test accuracy with grad disabled. Progress lines carry the elapsed time and ETA;
+ * --metrics PATH records them as JSON Lines. examples/mnist_cnn_minimal.c is the shortest
  * trainer to read first.
  * With the defaults (SGD lr 0.05, momentum 0.9, lr x0.2 after each epoch) it reaches 97.7-98.0%
  * test accuracy after 2 epochs (seeds 1-4).
@@ -17,6 +18,8 @@
 #include <string.h>
 
 #include "examples/example_common.h"
+#include "examples/example_metrics.h"
+#include "examples/example_progress.h"
 #include "umtrain.h"
 
 static const char *const program = "mnist_mlp";
@@ -42,6 +45,7 @@ typedef struct {
     umt_device device;
     umt_memory_mode memory_mode;
     const char *precision; /* NULL: umt_precision_default */
+    const char *metrics;   /* --metrics PATH: JSON Lines (examples/example_metrics.h) */
 } options;
 
 static void usage(FILE *out) {
@@ -50,11 +54,12 @@ static void usage(FILE *out) {
             "                 [--momentum F] [--weight-decay F] [--schedule constant|step|cosine] [--gamma F]\n"
             "                 [--seed N] [--data-dir DIR] [--hidden N] [--train-limit N] [--test-limit N]\n"
             "                 [--log-every N] [--device cpu|cuda] [--mem managed|managed-plain|device]\n"
-            "                 [--precision fp32|bf16|fp16]\n"
+            "                 [--precision fp32|bf16|fp16] [--metrics PATH]\n"
             "defaults: 2 epochs, batch 64, sgd lr 0.05 momentum 0.9 (other optimizers: PyTorch's default lr),\n"
             "          step schedule with gamma 0.2 (lr x0.2 per epoch), seed 1, data/mnist, hidden 256,\n"
             "          cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16 tensor\n"
-            "          cores (else fp32), all training and test images (limits: the first N)\n");
+            "          cores (else fp32), all training and test images (limits: the first N); --metrics PATH writes\n"
+            "          a line per progress line and per evaluation as JSON Lines (tools/plot_metrics.py draws it)\n");
 }
 
 static int parse_options(int argc, char **argv, options *o) {
@@ -88,6 +93,7 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device));
         else if (!strcmp(flag, "--mem")) bad = example_check(program, umt_memory_mode_parse(value, &o->memory_mode));
         else if (!strcmp(flag, "--precision")) o->precision = value;
+        else if (!strcmp(flag, "--metrics")) o->metrics = value;
         else {
             fprintf(stderr, "mnist_mlp: unknown flag %s\n", flag);
             usage(stderr);
@@ -133,13 +139,36 @@ static float epoch_lr(const options *o, float base_lr, int epoch) {
     return base_lr;
 }
 
+/* What watches the run: the progress lines' times, and --metrics. */
+typedef struct {
+    example_progress progress;
+    example_metrics *metrics;
+} watch;
+
+/* A progress line (with the times) and its --metrics line: the losses' means since the epoch's start
+ * and over the window's steps, the window's images/s. */
+static int log_progress(umt_context *ctx, umt_optimizer *opt, watch *w, int epoch, int64_t step, int64_t steps,
+                        double loss_sum, double window_loss, int64_t window_steps, double images_per_s) {
+    char line[256];
+    snprintf(line, sizeof line, "epoch %d step %lld/%lld loss %.4f lr %.4g images/s %.0f", epoch + 1,
+             (long long)(step + 1), (long long)steps, loss_sum / (double)(step + 1), umt_optimizer_lr(opt),
+             images_per_s);
+    example_progress_line(&w->progress, step + 1, line);
+    example_metrics_train row = {.epoch = epoch + 1, .epoch_step = step + 1, .epoch_steps = steps,
+                                 .step = umt_optimizer_steps(opt), .loss = window_loss / (double)window_steps,
+                                 .epoch_loss = loss_sum / (double)(step + 1), .lr = umt_optimizer_lr(opt),
+                                 .images_per_s = images_per_s, .data_wait_ms = -1};
+    return example_metrics_train_line(w->metrics, ctx, &row);
+}
+
 static int train_epoch(umt_context *ctx, const options *o, const mlp *m, umt_optimizer *opt, const umt_dataset *train,
-                       int epoch, int64_t *order) {
+                       int epoch, int64_t *order, watch *w) {
     int64_t n = example_limit(umt_dataset_size(train), o->train_limit);
     if (umt_permutation(ctx, n, order)) return fail("shuffle");
     int64_t steps = (n + o->batch_size - 1) / o->batch_size;
-    double start = example_seconds(), window_start = start, loss_sum = 0;
-    int64_t window_images = 0;
+    example_progress_epoch(&w->progress, epoch, steps);
+    double start = example_seconds(), window_start = start, loss_sum = 0, window_loss = 0;
+    int64_t window_images = 0, window_steps = 0;
     for (int64_t step = 0; step < steps; ++step) {
         int64_t first = step * o->batch_size, count = n - first < o->batch_size ? n - first : o->batch_size;
         umt_tensor *images, *labels;
@@ -152,22 +181,24 @@ static int train_epoch(umt_context *ctx, const options *o, const mlp *m, umt_opt
         float value = 0;
         umt_tensor_get_f32(loss, 0, &value);
         loss_sum += value;
+        window_loss += value;
         window_images += count;
+        window_steps++;
         if ((step + 1) % o->log_every == 0 || step + 1 == steps) {
             double now = example_seconds();
-            printf("epoch %d step %lld/%lld loss %.4f lr %.4g images/s %.0f\n", epoch + 1, (long long)(step + 1),
-                   (long long)steps, loss_sum / (double)(step + 1), umt_optimizer_lr(opt),
-                   (double)window_images / (now - window_start));
-            fflush(stdout);
+            if (log_progress(ctx, opt, w, epoch, step, steps, loss_sum, window_loss, window_steps,
+                             (double)window_images / (now - window_start)))
+                return 1;
             window_start = now;
-            window_images = 0;
+            window_images = window_steps = 0;
+            window_loss = 0;
         }
     }
     printf("epoch %d trained in %.1f s\n", epoch + 1, example_seconds() - start);
     return 0;
 }
 
-static int run(umt_context *ctx, const options *o) {
+static int run(umt_context *ctx, const options *o, example_metrics *metrics) {
     umt_dataset *train, *test;
     if (example_load_mnist(program, ctx, o->data_dir, "train", &train) ||
         example_load_mnist(program, ctx, o->data_dir, "t10k", &test))
@@ -181,7 +212,8 @@ static int run(umt_context *ctx, const options *o) {
            test_text, (long long)o->hidden, o->optimizer, o->lr, (long long)o->batch_size, (unsigned long long)o->seed,
            o->device == UMT_DEVICE_CUDA ? "cuda" : "cpu");
     printf(o->device == UMT_DEVICE_CUDA ? " (%s memory)" : "", umt_memory_mode_name(o->memory_mode));
-    printf(", %s\n", umt_precision_name(umt_context_precision(ctx)));
+    printf(", %s, data resident %s\n", umt_precision_name(umt_context_precision(ctx)),
+           o->device == UMT_DEVICE_CUDA ? "on the GPU" : "in host memory");
     mlp m = {umt_linear_layer_new(ctx, "fc1", 784, o->hidden, true), umt_linear_layer_new(ctx, "fc2", o->hidden, 10, true)};
     if (!m.fc1 || !m.fc2) return fail("model");
 
@@ -196,13 +228,17 @@ static int run(umt_context *ctx, const options *o) {
     int64_t *order = malloc((size_t)umt_dataset_size(train) * sizeof *order);
     if (!order) return fail("memory for the shuffle");
     int rc = 0;
+    watch w = {.metrics = metrics};
+    example_progress_start(&w.progress, stdout, 0, o->epochs);
     for (int epoch = 0; epoch < o->epochs && !rc; ++epoch) {
         umt_optimizer_set_lr(opt, epoch_lr(o, oo.lr, epoch));
         double accuracy = -1;
-        rc = train_epoch(ctx, o, &m, opt, train, epoch, order) ||
-             example_evaluate(program, ctx, mlp_forward, &m, test, 1000, o->test_limit, &accuracy);
+        rc = train_epoch(ctx, o, &m, opt, train, epoch, order, &w) ||
+             example_evaluate(program, ctx, mlp_forward, &m, test, 1000, o->test_limit, &accuracy) ||
+             example_metrics_eval_line(metrics, ctx, epoch + 1, umt_optimizer_steps(opt), accuracy);
         if (!rc) printf("epoch %d test accuracy %.2f%%\n", epoch + 1, accuracy);
     }
+    example_progress_break(&w.progress);
     free(order);
     return rc;
 }
@@ -216,9 +252,11 @@ int main(int argc, char **argv) {
     co.memory_mode = o.memory_mode;
     co.precision = umt_precision_default(o.device, co.cuda_device);
     if (o.precision && example_check(program, umt_precision_parse(o.precision, &co.precision))) return 2;
-    umt_context *ctx;
-    if (umt_context_create(&co, &ctx)) return fail("context");
-    int rc = run(ctx, &o);
+    example_metrics *metrics;
+    if (example_metrics_open(program, o.metrics, false, 0, &metrics)) return 1;
+    umt_context *ctx = NULL;
+    int rc = umt_context_create(&co, &ctx) ? fail("context") : run(ctx, &o, metrics);
     umt_context_destroy(ctx);
+    example_metrics_close(metrics);
     return rc;
 }

@@ -48,6 +48,8 @@ cp bench/torch_ref.py bench/input_pipeline.sh tools/kernel_profile.sh "$bundle"/
 # The offload tier: big_mlp's losses and benchmark, and the trace drawn as an SVG (bench/offload.sh,
 # bench/offload_trace.sh).
 cp bench/offload.sh bench/offload_trace.sh tools/mem_trace_svg.py tools/trace_phases.py "$bundle"/
+# The curves of a --metrics file (tools/plot_metrics.py).
+cp tools/plot_metrics.py "$bundle"/
 # Data parallelism: tools/gpu_run_dist.sh runs its checks and bench/dist_bench.sh (with DDP).
 cp tools/gpu_run_dist.sh "$bundle"/run_dist.sh
 cp bench/torch_ddp.py "$bundle"/

@@ -33,7 +33,8 @@ for mode in managed managed-plain device; do
     UMT_MEM_REPORT=1 bin/mnist_mlp --device cuda --mem "$mode" --data-dir data --epochs "$epochs" > "$log" 2>&1
     rc=$?
     acc=$(grep 'test accuracy' "$log" | tail -n 1 | awk '{print $NF}')
-    speed=$(grep 'images/s' "$log" | tail -n 1 | awk '{print $NF}')
+    # The number after "images/s" (the elapsed time and ETA follow it on the line).
+    speed=$(sed -n 's/.* images\/s \([0-9]*\).*/\1/p' "$log" | tail -n 1)
     row "mnist_mlp --mem $mode ($epochs ep)" "accuracy ${acc:-none}, ${speed:-?} images/s (exit $rc)"
 done
 grep -A12 '^pool' "$logs/mnist_mlp_managed.log"

