@@ -49,9 +49,11 @@ struct umt_context {
     umt_micro_batch_state micro; /* the step's micro-batches (core/micro_batch.h) */
     void *forward_trace;         /* UMT_MEM_TRACE: where this step's forward began (memory/trace.h) */
     /* Set only while a dry step runs (core/step/dry_step.c): kernels are no-ops, the pools record
-     * without backing (memory/dry.h), and the largest tensor made is measured, in elements. */
+     * without backing (memory/dry.h), and the largest tensor made is measured, in elements and
+     * in bytes. */
     bool dry;
     int64_t dry_largest_numel;
+    size_t dry_largest_bytes;
 };
 
 /* Scratch of at least bytes from the workspace pool, valid until the next call (ops run in

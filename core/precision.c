@@ -5,10 +5,16 @@
 
 #include "core/base/error.h"
 #include "core/context.h"
+#include "core/tensor.h"
 
 #ifdef UMT_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
+
+size_t umt_compute_copy_bytes(umt_dtype compute, const umt_tensor *t) {
+    bool copied = umt_dtype_is_lowp(compute) && t->kind_pool == UMT_POOL_WEIGHTS && t->dtype == UMT_F32 && t->ndim >= 2;
+    return copied ? (size_t)t->numel * umt_dtype_size(compute) : 0;
+}
 
 static const char *const precision_names[] = {"fp32", "bf16", "fp16"};
 #define PRECISION_COUNT ((int)(sizeof precision_names / sizeof precision_names[0]))

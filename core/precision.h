@@ -23,4 +23,9 @@ umt_status umt_precision_check(const umt_context *ctx);
 umt_dtype umt_compute_dtype(const umt_context *ctx);
 static inline bool umt_dtype_is_lowp(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
 
+/* The bytes of the compute copy umt_weight_for_compute (core/ops/recast.c) gives tensor t under
+ * the compute dtype: an f32 parameter a matrix op reads (linear, matmul, conv2d: two or more axes)
+ * under bf16/fp16; 0 for anything else. The memory plan and the offload tier count it with t. */
+size_t umt_compute_copy_bytes(umt_dtype compute, const umt_tensor *t);
+
 #endif /* UMT_CORE_PRECISION_H */

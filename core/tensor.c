@@ -72,6 +72,7 @@ umt_tensor *umt_tensor_alloc(umt_context *ctx, umt_pool pool, umt_dtype dtype, i
     if (ctx->dry && numel > ctx->dry_largest_numel) ctx->dry_largest_numel = numel;
     umt_tensor *t = new_header(ctx, pool, dtype, ndim, shape, numel);
     if (!t) return NULL;
+    if (ctx->dry && t->bytes > ctx->dry_largest_bytes) ctx->dry_largest_bytes = t->bytes;
     if (umt_memory_alloc_slot(&ctx->memory, pool, t->bytes, &t->data, &t->arena_slot) != UMT_OK) {
         unlink_header(t);
         free(t);

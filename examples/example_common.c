@@ -213,28 +213,57 @@ static umt_tensor *plan_forward(umt_context *ctx, void *user, int64_t batch) {
     return labels ? p->loss(ctx, p->model, images, labels) : NULL;
 }
 
+/* The plan needs the tier, and there is none yet: said, and the caller makes the model again. */
+static int needs_offload(const char *program, const umt_memory_plan *plan, FILE *print) {
+    if (print) {
+        fprintf(print, "%s: the memory plan needs the offload tier (%s): the context and the model are made again with "
+                "it, the same seed giving the same initial parameters\n", program, plan->why);
+        fflush(print);
+    }
+    return EXAMPLE_NEEDS_OFFLOAD;
+}
+
 int example_plan(const char *program, umt_context *ctx, example_loss_fn loss, const void *model, const int64_t chw[3],
                  const example_plan_steps *steps, FILE *print, umt_memory_plan *plan) {
     plan_model p = {loss, model, {chw[0], chw[1], chw[2]}};
     int64_t batch = steps->batch > steps->samples && steps->samples > 0 ? steps->samples : steps->batch;
     umt_memory_plan_request rq = {.batch = batch, .micro_batches = steps->micro_batches,
                                   .last_batch = steps->samples % batch, .eval_batch = steps->eval_batch,
-                                  .step_value_bytes = steps->step_value_bytes};
+                                  .step_value_bytes = steps->step_value_bytes,
+                                  .later_device_bytes = steps->later_device_bytes};
     if (rq.micro_batches > batch) rq.micro_batches = batch;
     if (example_check(program, umt_memory_plan_make(ctx, &rq, plan_forward, &p, plan))) return -1;
+    if (plan->fits && plan->offload.needed && !plan->offload.enabled) return needs_offload(program, plan, print);
     if (print) {
         umt_memory_plan_print(plan, print);
         fflush(print);
     }
-    /* Past the budget even in micro-batches of one sample, or the state alone: no split helps. */
-    if (plan->verdict == UMT_PLAN_OFFLOAD_STATE || plan->verdict == UMT_PLAN_OFFLOAD_ACTIVATIONS) {
-        fprintf(stderr, "%s: the memory plan does not fit the device budget: %s\n", program, plan->why);
+    /* Nothing fits, not even with the offload tier (or host memory cannot hold what it keeps). */
+    if (!plan->fits && plan->verdict != UMT_PLAN_FORCED) {
+        fprintf(stderr, "%s: the memory plan does not fit: %s\n", program, plan->why);
         return -1;
     }
     if (!plan->fits && print)
         fprintf(stderr, "%s: %lld micro-batches of %lld do not fit the plan's budget (%s); training anyway\n",
                 program, (long long)plan->micro_batches, (long long)plan->micro_batch, plan->why);
-    return 0;
+    /* The tier places the model at the first step: it leaves the plan's reserve for the step. */
+    return plan->offload.enabled ? example_check(program, umt_offload_adopt_plan(ctx, plan)) : 0;
+}
+
+int example_offload_on(const char *program, umt_context *ctx) {
+    return example_check(program, umt_offload_enable(ctx, NULL));
+}
+
+int example_build_failed(const char *program, umt_status status, const umt_context *ctx, bool offload, FILE *print) {
+    size_t budget = 0, used = 0;
+    /* A budget refusal on a GPU: the tier (CUDA only) may take the state home. */
+    if (status == UMT_ERR_BUDGET && !offload && umt_device_budget(ctx, &budget, &used) == UMT_OK && budget) {
+        if (print)
+            fprintf(print, "%s: the model does not fit the device budget (%s): the context and the model are made "
+                    "again with the offload tier\n", program, umt_last_error());
+        return EXAMPLE_NEEDS_OFFLOAD;
+    }
+    return example_check(program, status);
 }
 
 int example_equal_parts(int64_t total, int64_t at_least) {

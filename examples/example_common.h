@@ -79,19 +79,36 @@ typedef umt_tensor *(*example_loss_fn)(umt_context *ctx, const void *model, umt_
 /* What a trainer's epoch asks of memory: steps of `batch` images (as micro_batches micro-batches,
  * or 0: as the plan chooses), an epoch of `samples` training images (its last step shorter; 0:
  * none), evaluation in batches of eval_batch (0: none); step_value_bytes: the host values a step
- * hands its kernels (umt_dataset_batch's indices: 8 bytes a sample; a loader's batches: none). */
+ * hands its kernels (umt_dataset_batch's indices: 8 bytes a sample; a loader's batches: none);
+ * later_device_bytes: the device ring of loaders made after the plan (0: none). */
 typedef struct {
     int64_t batch, micro_batches, samples, eval_batch;
-    size_t step_value_bytes;
+    size_t step_value_bytes, later_device_bytes;
 } example_plan_steps;
+
+/* What example_plan and example_build_failed return when the model trains only with the offload
+ * tier and ctx has none: the caller makes its context again with example_offload_on (right after
+ * umt_context_create, before the model), the rest after it as before with the same seed (the same
+ * initial parameters), and plans again. */
+#define EXAMPLE_NEEDS_OFFLOAD 1
 
 /* The memory plan before step 1 (include/umtrain.h, umt_memory_plan_make) for steps through loss
  * on images of chw, printed as one table on print (NULL: not printed). The dry steps' images and
  * labels are new tensors of the activations pool, in that order, as the loaders make them.
- * Returns 0 (a forced split that does not fit is said, and kept), or -1 with the message printed:
- * a failed dry step, or a plan that needs the offload tier. */
+ * Returns 0 (a forced split that does not fit is said, and kept; on a context with the offload
+ * tier, the tier is given the plan: umt_offload_adopt_plan), EXAMPLE_NEEDS_OFFLOAD (said on
+ * print) when the plan needs the tier and ctx has none, or -1 with the message printed: a failed
+ * dry step, or a plan that does not fit even with the tier, or whose host memory cannot hold what
+ * the tier keeps there (the message names the pools and sizes). */
 int example_plan(const char *program, umt_context *ctx, example_loss_fn loss, const void *model, const int64_t chw[3],
                  const example_plan_steps *steps, FILE *print, umt_memory_plan *plan);
+/* Turns the offload tier on for a context just made (umt_offload_enable, default options: the
+ * plan gives it its reserve). 0, or -1 with the message printed. */
+int example_offload_on(const char *program, umt_context *ctx);
+/* After making the model or its optimizer failed with status: EXAMPLE_NEEDS_OFFLOAD (said on
+ * print) when the device budget refused it, on a GPU, and the tier is not on yet (offload false);
+ * otherwise the message printed and -1. */
+int example_build_failed(const char *program, umt_status status, const umt_context *ctx, bool offload, FILE *print);
 /* The fewest equal parts of total, at least at_least of them (total's smallest divisor from
  * at_least on): a step split into a loader's batches, each a micro-batch no larger than the
  * plan's. */

@@ -110,7 +110,7 @@ static int build_model(umt_context *ctx, small_cnn *m, const int64_t chw[3], int
     m->conv1 = umt_conv2d_layer_new(ctx, "conv1", chw[0], 16, 3, 1, 1, true);
     m->conv2 = umt_conv2d_layer_new(ctx, "conv2", 16, 32, 3, 1, 1, true);
     m->fc = umt_linear_layer_new(ctx, "fc", features, classes, true);
-    return m->conv1 && m->conv2 && m->fc ? 0 : example_check(program, umt_last_status());
+    return m->conv1 && m->conv2 && m->fc ? 0 : -1;
 }
 
 static umt_tensor *forward(umt_context *ctx, const void *model, umt_tensor *x) {
@@ -214,16 +214,27 @@ static int make_loaders(run_state *r, const options *o, const umt_samples *train
     return example_check(program, umt_loader_create(r->ctx, test, &lo, &r->test));
 }
 
+/* The device ring of the loaders make_loaders makes after the plan (train, and test when there
+ * are test images), at the loader batch asked for: the plan's may only be smaller. */
+static size_t loader_rings(const run_state *r, const options *o, const int64_t chw[3], int64_t tested) {
+    if (o->device != UMT_DEVICE_CUDA) return 0;
+    size_t images = (size_t)(r->batch * chw[0] * chw[1] * chw[2]) * sizeof(float);
+    size_t slot = (images + 255) / 256 * 256 + (size_t)r->batch * sizeof(int32_t);
+    int depth = o->input.loader == UMT_LOADER_PAGEABLE_SYNC ? 1 : o->input.prefetch;
+    return (tested ? 2 : 1) * (size_t)depth * slot;
+}
+
 /* The memory plan before step 1 for steps of --batch-size x --grad-accum images. Where the plan
  * splits a step the loader's batches become its micro-batches: equal ones, the fewest no larger
  * than the plan's (evaluation in batches of one too). */
-static int plan_steps(run_state *r, const int64_t chw[3], int64_t tested) {
+static int plan_steps(run_state *r, const options *o, const int64_t chw[3], int64_t tested) {
     int64_t step = r->batch * r->grad_accum;
     example_plan_steps steps = {.batch = step, .micro_batches = r->grad_accum > 1 ? r->grad_accum : 0,
-                                .samples = r->samples, .eval_batch = tested < r->batch ? tested : r->batch};
+                                .samples = r->samples, .eval_batch = tested < r->batch ? tested : r->batch,
+                                .later_device_bytes = loader_rings(r, o, chw, tested)};
     umt_memory_plan plan;
-    if (example_plan(program, r->ctx, plan_loss, &r->model, chw, &steps, stdout, &plan)) return -1;
-    if (plan.micro_batches == 1 || r->grad_accum > 1) return 0;
+    int planned = example_plan(program, r->ctx, plan_loss, &r->model, chw, &steps, stdout, &plan);
+    if (planned || plan.micro_batches == 1 || r->grad_accum > 1) return planned;
     int k = example_equal_parts(step, plan.micro_batches);
     r->grad_accum = k;
     r->batch = step / k;
@@ -232,24 +243,40 @@ static int plan_steps(run_state *r, const int64_t chw[3], int64_t tested) {
     return 0;
 }
 
-static int run(run_state *r, const options *o, const umt_samples *train, const umt_samples *test) {
-    int64_t chw[3];
-    umt_samples_shape(train, chw);
+/* The context (the offload tier on first when offload), the model, its optimizer, then the memory
+ * plan; EXAMPLE_NEEDS_OFFLOAD when the model trains only with the tier and it is not on. */
+static int build_and_plan(run_state *r, const options *o, const umt_samples *train, const int64_t chw[3],
+                          int64_t tested, bool offload) {
     umt_context_options co = umt_context_defaults();
     co.seed = o->seed;
     co.device = o->device;
     umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_ADAM);
     if (o->lr > 0) oo.lr = o->lr;
-    if (example_check(program, umt_context_create(&co, &r->ctx)) ||
-        build_model(r->ctx, &r->model, chw, umt_samples_num_classes(train)) ||
-        example_check(program, umt_optimizer_create(r->ctx, &oo, &r->opt)))
+    if (example_check(program, umt_context_create(&co, &r->ctx)) || (offload && example_offload_on(program, r->ctx)))
         return -1;
+    umt_status built = build_model(r->ctx, &r->model, chw, umt_samples_num_classes(train)) ? umt_last_status() : UMT_OK;
+    if (built == UMT_OK) built = umt_optimizer_create(r->ctx, &oo, &r->opt);
+    if (built != UMT_OK) return example_build_failed(program, built, r->ctx, offload, stdout);
     r->batch = o->batch_size;
     r->samples = umt_samples_size(train);
     r->grad_accum = o->grad_accum;
+    return plan_steps(r, o, chw, tested);
+}
+
+static int run(run_state *r, const options *o, const umt_samples *train, const umt_samples *test) {
+    int64_t chw[3];
+    umt_samples_shape(train, chw);
     int64_t tested = example_limit(umt_samples_size(test), o->test_limit);
-    /* The memory plan before step 1; --dry-run stops after it. */
-    if (plan_steps(r, chw, tested) || make_loaders(r, o, train, test)) return -1;
+    /* The memory plan before step 1; --dry-run stops after it. Where the model trains only with
+     * the offload tier, the context and the model are made again with it (the same seed: the same
+     * initial parameters), and planned again. */
+    int rc = build_and_plan(r, o, train, chw, tested, false);
+    if (rc == EXAMPLE_NEEDS_OFFLOAD) {
+        umt_context_destroy(r->ctx);
+        *r = (run_state){0};
+        rc = build_and_plan(r, o, train, chw, tested, true);
+    }
+    if (rc || make_loaders(r, o, train, test)) return -1;
     if (o->dry_run) return 0;
     if (example_metrics_open(program, o->metrics, false, 0, &r->metrics)) return -1;
     example_progress_start(&r->progress, stdout, 0, o->epochs);

@@ -222,6 +222,7 @@ typedef struct {
     example_progress progress; /* the progress lines' times */
     example_metrics *metrics;  /* --metrics (rank 0; NULL: none) */
     double wait_ms;            /* the epoch's wait for data so far, taken at each progress line */
+    bool offload;              /* the offload tier is on: the memory plan needs it (examples/example_common.h) */
 } run_state;
 
 /* Forward and backward of samples indices[0..count) of the resident dataset, or of the loader's
@@ -417,13 +418,15 @@ static int bench(run_state *r, const options *o) {
     return 0;
 }
 
+/* The model's optimizer; a device budget too small for its state: EXAMPLE_NEEDS_OFFLOAD. */
 static int make_optimizer(run_state *r, const options *o) {
     umt_optimizer_options oo = umt_optimizer_defaults(o->optimizer_kind);
     oo.lr = o->lr;
     oo.max_grad_norm = o->clip_grad_norm;
     /* fp16's 5 exponent bits underflow small gradients unless the loss is scaled up first. */
     oo.loss_scaling = r->loss_scaling = umt_context_precision(r->ctx) == UMT_PRECISION_FP16;
-    return example_check(program, umt_optimizer_create(r->ctx, &oo, &r->opt));
+    umt_status status = umt_optimizer_create(r->ctx, &oo, &r->opt);
+    return status ? example_build_failed(program, status, r->ctx, r->offload, r->rank == 0 ? stdout : NULL) : 0;
 }
 
 /* --target-acc: the training time up to the first evaluation that reaches the target, on the
@@ -553,8 +556,12 @@ static int load_data(run_state *r, const options *o) {
     return load_host(r, o);
 }
 
-static int setup(run_state *r, const options *o, const umt_dist_process *process) {
+/* The context, the data, the model (with the offload tier first when offload), the data-parallel
+ * path, the optimizer and the step graph. EXAMPLE_NEEDS_OFFLOAD when the device budget refused the
+ * model's state and the tier is not on. */
+static int setup(run_state *r, const options *o, const umt_dist_process *process, bool offload) {
     r->test_batch = o->test_batch_size;
+    r->offload = offload;
     umt_context_options co = umt_context_defaults();
     co.seed = o->seed;
     co.device = o->device;
@@ -566,14 +573,18 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     co.precision = umt_precision_default(o->device, co.cuda_device);
     if (o->precision && example_check(program, umt_precision_parse(o->precision, &co.precision))) return -1;
     if (example_check(program, umt_context_create(&co, &r->ctx))) return -1;
+    /* The tier before anything is made: the model's state is then made in host memory. */
+    if (offload && example_offload_on(program, r->ctx)) return -1;
     if (load_data(r, o)) return -1;
-    if (mnist_cnn_build(r->ctx, &r->model)) return example_check(program, umt_last_status());
+    if (mnist_cnn_build(r->ctx, &r->model))
+        return example_build_failed(program, umt_last_status(), r->ctx, offload, r->rank == 0 ? stdout : NULL);
     r->model.fuse = o->fuse;
     r->micro_batches = o->grad_accum;
     r->step_batch = o->batch_size * o->grad_accum;
     /* After the model: rank 0's initial parameters go to every rank. */
     if (example_check(program, umt_dist_create(r->ctx, process, &o->dist, &r->dist))) return -1;
-    if (make_optimizer(r, o)) return -1;
+    int built = make_optimizer(r, o);
+    if (built) return built;
     /* A replay cannot take the loader's next batch or the ranks' all-reduce: those steps run
      * op by op (say so when the graph was asked for). */
     bool capture = o->graph && !r->loader && r->ranks == 1 && !o->dist.always;
@@ -625,9 +636,8 @@ static int plan_memory(run_state *r, const options *o) {
         .step_value_bytes = r->loader ? 0 : (size_t)r->step_batch * sizeof(int64_t),
     };
     umt_memory_plan plan;
-    if (example_plan(program, r->ctx, plan_loss, &r->model, chw, &steps, r->rank == 0 ? stdout : NULL, &plan))
-        return -1;
-    return adopt_plan(r, o, &plan);
+    int planned = example_plan(program, r->ctx, plan_loss, &r->model, chw, &steps, r->rank == 0 ? stdout : NULL, &plan);
+    return planned ? planned : adopt_plan(r, o, &plan);
 }
 
 /* What runs: the images used (after the limits; --bench takes the whole training set), the
@@ -650,6 +660,50 @@ static void print_banner(const run_state *r, const options *o) {
            umt_precision_name(umt_context_precision(r->ctx)), o->fuse ? "on" : "off", data);
 }
 
+/* Everything setup made, freed (the context frees its loaders, datasets and step graph). */
+static void teardown(run_state *r) {
+    example_progress_break(&r->progress);
+    example_metrics_close(r->metrics);
+    free(r->order);
+    umt_dist_destroy(r->dist);
+    umt_context_destroy(r->ctx);
+    /* After the context, which destroys the loaders reading them. */
+    umt_samples_destroy(r->train_host);
+    umt_samples_destroy(r->test_host);
+    *r = (run_state){0};
+}
+
+/* setup, what runs (said once), the memory plan. */
+static int setup_and_plan(run_state *r, const options *o, const umt_dist_process *process, bool offload, bool *said) {
+    int rc = setup(r, o, process, offload);
+    if (rc) return rc;
+    if (!*said && r->rank == 0) print_banner(r, o);
+    if (!*said && r->loader)
+        printf("%s: loader %s, %d staging slots, %d loader thread(s)\n", program,
+               o->input.loader == UMT_LOADER_PINNED ? "pinned" : "pageable-sync", o->input.prefetch, o->input.workers);
+    *said = true;
+    return plan_memory(r, o);
+}
+
+/* Setup and the memory plan. Where the model trains only with the offload tier (the plan says so,
+ * or the budget refused its state), everything is made again with the tier on: the same seed, the
+ * same initial parameters, the data where the first setup put it; then the plan again, which the
+ * tier is given. One GPU only: ranks would all have to make their NCCL communicator again together. */
+static int prepare(run_state *r, const options *o, const umt_dist_process *process) {
+    bool said = false;
+    int rc = setup_and_plan(r, o, process, false, &said);
+    if (rc != EXAMPLE_NEEDS_OFFLOAD) return rc;
+    if (r->ranks > 1) {
+        fprintf(stderr, "%s: rank %d: the model trains only with the offload tier, which the trainer turns on by "
+                "itself on one GPU only (%d ranks)\n", program, r->rank, r->ranks);
+        return -1;
+    }
+    options again = *o;
+    if (r->loader && again.input.data_on == EXAMPLE_DATA_AUTO) again.input.data_on = EXAMPLE_DATA_HOST;
+    teardown(r);
+    return setup_and_plan(r, &again, process, true, &said) ? -1 : 0;
+}
+
 int main(int argc, char **argv) {
     options o;
     if (parse_options(argc, argv, &o)) return 2;
@@ -661,24 +715,10 @@ int main(int argc, char **argv) {
     if (process.launcher) return process.exit_code;
     if (!o.device_set) o.device = process.size > 1 ? UMT_DEVICE_CUDA : umt_default_device();
     run_state r = {0};
-    int rc = setup(&r, &o, &process);
-    if (!rc) {
-        if (r.rank == 0) print_banner(&r, &o);
-        if (r.loader)
-            printf("%s: loader %s, %d staging slots, %d loader thread(s)\n", program,
-                   o.input.loader == UMT_LOADER_PINNED ? "pinned" : "pageable-sync", o.input.prefetch, o.input.workers);
-        rc = plan_memory(&r, &o);
-        if (!rc && !o.dry_run) rc = o.bench_steps ? bench(&r, &o) : train(&r, &o);
-    }
+    int rc = prepare(&r, &o, &process);
+    if (!rc && !o.dry_run) rc = o.bench_steps ? bench(&r, &o) : train(&r, &o);
     if (rc && r.ranks > 1) fprintf(stderr, "%s: rank %d of %d failed\n", program, r.rank, r.ranks);
-    example_progress_break(&r.progress);
-    example_metrics_close(r.metrics);
-    free(r.order);
-    umt_dist_destroy(r.dist);
-    umt_context_destroy(r.ctx);
-    /* After the context, which destroys the loaders reading them. */
-    umt_samples_destroy(r.train_host);
-    umt_samples_destroy(r.test_host);
+    teardown(&r);
     umt_dist_finish(&process);
     return rc ? 1 : 0;
 }

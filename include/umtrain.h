@@ -193,9 +193,18 @@ void umt_memory_report(const umt_context *ctx);
  * the activation arena's first step (every size added up) and its later steps (planned) are
  * measured by the arena's own code, convolution workspaces by the backend's own answer. Then it
  * chooses, in this order: everything on the GPU (one micro-batch); micro-batches, the fewest
- * that fit the device budget and keep every tensor within the element limit; and where neither
- * helps, it says that the offload tier is needed, naming the pools and their sizes. Nothing of
- * the context changes: the RNG, the tape, the pools and the hooks are as they were. */
+ * that fit the device budget and keep every tensor within the element limit; the offload tier
+ * (below) for the optimizer state, then weights and gradients, with the fewest micro-batches whose
+ * step fits what the tier leaves; the tier with saved activations in host memory too. Where none
+ * fits, or host memory cannot hold what the tier keeps there, the plan does not fit and says why,
+ * naming the pools and their sizes. Nothing of the context changes: the RNG, the tape, the pools
+ * and the hooks are as they were.
+ *
+ * The offload tier is enabled before the model exists (umt_offload_enable). A plan made without it
+ * that needs it (plan.offload.needed, plan.offload.enabled false) is a plan for the same model
+ * with it: make the context again with the tier, the model after it with the same seed (the same
+ * initial parameters), plan again there, and give the tier the plan (umt_offload_adopt_plan)
+ * before the first step. examples/example_common.c (example_plan) does it for the trainers. */
 
 /* The caller's forward on `batch` samples of inputs it makes with umt_tensor_new (in the
  * activations pool: their storage is recorded, not backed, and never read), returning the
@@ -212,23 +221,47 @@ typedef struct {
                               * staging and inputs pools' ring (core/step_values.h) */
     int64_t element_limit; /* the most elements a tensor may have (0: INT_MAX on CUDA, what cuDNN
                             * takes; no limit on the CPU) */
+    size_t later_device_bytes; /* device bytes the caller allocates after the plan and before the first
+                                * step (a loader's ring of batches: umt_loader_create), held beside
+                                * the step (0: none) */
 } umt_memory_plan_request;
 
 typedef enum {
     UMT_PLAN_FITS = 0,            /* one micro-batch: everything fits as asked */
     UMT_PLAN_MICRO_BATCHES,       /* k > 1 micro-batches fit where the whole batch does not */
     UMT_PLAN_FORCED,              /* the caller's k (umt_memory_plan_request.micro_batches) */
-    UMT_PLAN_OFFLOAD_STATE,       /* weights, gradients and optimizer state alone pass the budget */
-    UMT_PLAN_OFFLOAD_ACTIVATIONS  /* even one sample per micro-batch does not fit */
+    UMT_PLAN_OFFLOAD_STATE,       /* with the state in the offload tier, k >= 1 micro-batches fit where
+                                   * even one sample beside it does not */
+    UMT_PLAN_OFFLOAD_ACTIVATIONS  /* saved activations go to the tier too: even one sample does not fit
+                                   * beside the tier otherwise (fits false: not even then) */
 } umt_plan_verdict;
 
 /* "fits", "micro-batches", "forced", "offload-state", "offload-activations". */
 const char *umt_plan_verdict_name(umt_plan_verdict verdict);
 
+/* What a plan asks of the offload tier (include/umtrain.h, "The offload tier"). */
+typedef struct {
+    bool needed;  /* the plan trains only with the tier (verdicts offload-state and offload-activations,
+                   * or a forced k that fits only with it) */
+    bool enabled; /* the context has the tier: the plan was made with it in view */
+    bool pools[UMT_POOL_COUNT]; /* the pools that send tensors to pinned host memory: optim, weights, grads;
+                                 * activations (saved activations, .activations) */
+    bool activations;     /* saved activations go to host memory: umt_offload_options.activations */
+    size_t reserve_bytes; /* device bytes left for one micro-batch's step, with the plan's margin:
+                           * umt_offload_options.reserve_bytes (set whenever the budget binds) */
+    size_t state_bytes;   /* the model's weights (with their compute copies), gradients and optimizer state */
+    size_t least_device_bytes; /* the least device memory the tier can hold the state in: its streaming
+                                * buffers and what it cannot stream (0 on the CPU) */
+    size_t host_bytes;    /* pinned host memory it needs at most: the state, which it makes there, and
+                           * with .activations every activation of a micro-batch (0: not needed) */
+    size_t host_available_bytes; /* the host's available memory when planned (0: unknown) */
+} umt_plan_offload;
+
 typedef struct {
     umt_plan_verdict verdict;
     bool fits;              /* the step fits the budget (less 1% and 1 MiB kept free for what no dry
-                             * step sees) and the element limit, as planned */
+                             * step sees) and the element limit, as planned (with the offload tier
+                             * where offload.needed says so, host memory holding what it keeps) */
     int64_t batch;          /* B */
     int64_t micro_batches;  /* k */
     int64_t micro_batch;    /* ceil(B / k): the samples of one micro-batch */
@@ -240,21 +273,27 @@ typedef struct {
     int64_t largest_elements; /* the largest tensor of the step, in elements */
     int64_t element_limit;
     char why[384];            /* one or two sentences: what decided, with the sizes */
+    /* The offload tier's part. The pools of a verdict that needs it are placed as the tier's own
+     * planner (memory/offload_plan.h) will place them at the first step: weights, grads and optim
+     * hold what stays on the GPU, offload (pinned) what goes home, stream its buffers. */
+    umt_plan_offload offload;
 } umt_memory_plan;
 
 /* Makes the plan for request on ctx (forward and user as above; user may be NULL). A verdict
  * that does not fit is a plan, not a failure: the status is UMT_OK and plan->fits false, with
- * the reason in plan->why. Fails only when a dry step fails for another reason than size. */
+ * the reason in plan->why. Fails only when a dry step fails for another reason than size. Plans
+ * assume the tier's default updates, after backward (UMT_OFFLOAD_OPTIM_BACKWARD adds its ring). */
 umt_status umt_memory_plan_make(umt_context *ctx, const umt_memory_plan_request *request, umt_plan_forward_fn forward,
                                 void *user, umt_memory_plan *out);
 /* The plan as one short table: each pool that holds bytes, its place and predicted peak, then
- * the micro-batches, the device peak against the budget, and why. Nothing for a NULL plan (a NULL
- * out is refused by name). */
+ * the micro-batches, the offload tier where it is needed (the pools it takes and why: the state,
+ * its least, the reserve, the host memory), the device peak against the budget, and why. Nothing
+ * for a NULL plan (a NULL out is refused by name). */
 void umt_memory_plan_print(const umt_memory_plan *plan, FILE *out);
 
 
 /* ----------------------------------------------------------------------------------------- */
-/* The offload tier: training a model larger than the device budget (CUDA, fp32)
+/* The offload tier: training a model larger than the device budget (CUDA)
  *
  * Enabled on a context before its model exists, the tier makes parameters, gradients and
  * optimizer state in pinned host memory. At the first umt_step_begin a placement plan (printed)
@@ -318,6 +357,12 @@ umt_offload_options umt_offload_defaults(void);
  * micro-batches and data parallelism (dist/umt_dist.h: each gradient all-reduced on the GPU
  * before it goes home) work with it; a step graph runs its steps eagerly (offload/README.md). */
 umt_status umt_offload_enable(umt_context *ctx, const umt_offload_options *options);
+/* Gives the tier of ctx what a memory plan made on it decided (umt_memory_plan_make): the device
+ * bytes to leave for one micro-batch's step (plan->offload.reserve_bytes) and whether saved
+ * activations go to host memory (plan->offload.activations); train in plan->micro_batches
+ * micro-batches. Before the first step, when the tier places the model: UMT_ERR_STATE after it,
+ * and on a context without the tier; UMT_ERR_UNSUPPORTED in a build without CUDA. */
+umt_status umt_offload_adopt_plan(umt_context *ctx, const umt_memory_plan *plan);
 
 /* What the offload tier has done since the context was made (all 0 without offload). */
 typedef struct {

@@ -1,9 +1,10 @@
-/* memory/budget.c — measuring the device budget, and parsing "2G"-style sizes. */
+/* memory/budget.c — measuring the device budget and the host's available memory, and parsing "2G"-style sizes. */
 #include "memory/budget.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,24 @@ umt_status umt_budget_compute(size_t free_bytes, size_t total_bytes, const char 
     /* The variable only lowers the budget: asking for more than the GPU has free could hang it. */
     if (requested < *budget) *budget = requested;
     return UMT_OK;
+}
+
+size_t umt_meminfo_available_bytes(const char *meminfo) {
+    const char *line = meminfo ? strstr(meminfo, "MemAvailable:") : NULL;
+    if (!line) return 0;
+    unsigned long long kib = strtoull(line + strlen("MemAvailable:"), NULL, 10);
+    return kib > (SIZE_MAX >> 10) ? SIZE_MAX : (size_t)kib << 10;
+}
+
+size_t umt_host_available_bytes(void) {
+    /* The kernel's own file, not one a caller names: read it whole, it is a few KiB. */
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char text[8192];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    return umt_meminfo_available_bytes(text);
 }
 
 #ifdef UMT_WITH_CUDA

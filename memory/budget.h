@@ -3,7 +3,8 @@
  *
  * The budget is measured once, at context creation: the GPU's free memory less a headroom
  * (for the CUDA context, libraries and other processes' growth), lowered further by
- * UMT_DEVICE_BUDGET if that is set. memory/pool.c refuses any request past it.
+ * UMT_DEVICE_BUDGET if that is set. memory/pool.c refuses any request past it. The host's
+ * available memory, read when a plan is made, bounds what the offload tier may pin.
  */
 #ifndef UMT_MEMORY_BUDGET_H
 #define UMT_MEMORY_BUDGET_H
@@ -18,6 +19,13 @@ size_t umt_budget_headroom(size_t total_bytes);
 /* The budget from the measured free and total bytes and the UMT_DEVICE_BUDGET text (NULL when
  * unset): min(free - headroom, UMT_DEVICE_BUDGET). A malformed variable is an error. */
 umt_status umt_budget_compute(size_t free_bytes, size_t total_bytes, const char *env_value, size_t *budget);
+
+/* The host's available memory in the text of /proc/meminfo (its MemAvailable line), 0 when the
+ * text has none. */
+size_t umt_meminfo_available_bytes(const char *meminfo);
+/* The host's available memory now (Linux: /proc/meminfo), 0 when it cannot be read: what the
+ * memory plan holds the offload tier's pinned copies against (memory/fit.h). */
+size_t umt_host_available_bytes(void);
 
 #ifdef UMT_WITH_CUDA
 /* Measures cuda_device's free memory now and computes its budget. */

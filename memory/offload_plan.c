@@ -2,6 +2,7 @@
 #include "memory/offload_plan.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "core/base/error.h"
@@ -105,19 +106,23 @@ static int larger_first(const void *a, const void *b) {
  * layer's saved activations earliest layer first (out first, back last). */
 static int rank_of(int group, bool activations) { return activations ? group : -group; }
 
-/* What the stages share: the budget, the fixed bytes, whether the ring is needed, and a parameter
- * that stays on the GPU whole (held; NO_GROUP: none). */
+/* What the stages share: the budget, the fixed bytes, whether the ring is needed, a parameter
+ * that stays on the GPU whole (held; NO_GROUP: none), and where the least device bytes seen go
+ * (NULL: nowhere). */
 typedef struct {
     size_t budget, fixed;
     bool update_in_backward;
     int held;
+    size_t *least;
 } limits;
 
 #define NO_GROUP INT_MIN
 
 static bool fits(const umt_plan_item *items, int count, const limits *l) {
     umt_placement_plan buffers;
-    return umt_plan_device_bytes(items, count, l->fixed, l->update_in_backward, &buffers) <= l->budget;
+    size_t bytes = umt_plan_device_bytes(items, count, l->fixed, l->update_in_backward, &buffers);
+    if (l->least && bytes < *l->least) *l->least = bytes;
+    return bytes <= l->budget;
 }
 
 /* Stage 1: optimizer state items, largest first. */
@@ -197,7 +202,7 @@ umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_byt
     }
     candidate *c = malloc(((size_t)count + 1) * sizeof *c);
     if (!c) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_plan_placement: no memory for %d items", count);
-    limits l = {budget_bytes, fixed_bytes, update_in_backward, NO_GROUP};
+    limits l = {budget_bytes, fixed_bytes, update_in_backward, NO_GROUP, NULL};
     int stage = run_stages(items, count, &l, c);
     /* Weights stream anyway, and updates run in backward: see offload_plan.h for why the first
      * parameter then stays whole if streaming others makes room for it. */
@@ -214,6 +219,17 @@ umt_status umt_plan_placement(umt_plan_item *items, int count, size_t budget_byt
                     "the GPU needs %zu bytes (fixed %zu, two weight buffers of %zu, two activation buffers of %zu, an "
                     "update ring of %zu) against a device budget of %zu bytes", plan->device_bytes, fixed_bytes,
                     plan->weight_slot_bytes, plan->activation_slot_bytes, plan->ring_bytes, budget_bytes);
+}
+
+size_t umt_plan_least_device_bytes(umt_plan_item *items, int count, bool update_in_backward) {
+    size_t least = SIZE_MAX;
+    candidate *c = malloc(((size_t)count + 1) * sizeof *c);
+    if (!c) return least; /* no memory to plan: as if nothing fitted */
+    /* A budget of 0 fits nothing (but an empty model): every stage runs to its end. */
+    limits l = {0, 0, update_in_backward, NO_GROUP, &least};
+    run_stages(items, count, &l, c);
+    free(c);
+    return least;
 }
 
 /* ----------------------------------------------------------------------------------------- */

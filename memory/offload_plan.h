@@ -113,6 +113,15 @@ void umt_plan_deepen_ring(umt_placement_plan *plan);
 size_t umt_plan_device_bytes(const umt_plan_item *items, int count, size_t fixed_bytes, bool update_in_backward,
                              umt_placement_plan *buffers);
 
+/* The least device bytes the planner can reach for these items with nothing else on the GPU: the
+ * smallest total over the arrangements its stages pass through when nothing fits (all on the GPU;
+ * optimizer state out one item at a time; then parameters, largest first, down to
+ * UMT_OFFLOAD_MIN_STREAM_BYTES), buffers included. Streaming buys nothing for a model whose largest
+ * layer dominates: two of its buffers may cost more than its optimizer state saves. What the
+ * memory plan (core/step/memory_plan.c) counts for the state when the tier takes it. The items'
+ * marks are left as the last stage leaves them. */
+size_t umt_plan_least_device_bytes(umt_plan_item *items, int count, bool update_in_backward);
+
 /* One line per pool that has items (on GPU: count and bytes; offloaded: count and bytes), then the buffers and
  * the budget. */
 void umt_plan_print(FILE *out, const umt_plan_item *items, int count, const umt_placement_plan *plan);

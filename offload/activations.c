@@ -12,6 +12,9 @@
  *             arena buffers on the copy-in stream (the compute stream waits for them), and the
  *             next op's are started: one op ahead. After the backward of the earliest op that
  *             reads one, its buffer's life ends.
+ *   micro-batches  each micro-batch's forward (the tape's node 0 again, after a backward) sends
+ *             its own, into the same pinned copies: sized by the first step's first micro-batch,
+ *             the largest.
  *   planning  before a forward pass has run nothing says how large the activations are, so the
  *             first step sends every one (the arena reuses freed bytes while it records that
  *             step: memory/pool.h, recycling). At the second step the placement planner's
@@ -116,14 +119,17 @@ static umt_status send(umt_offload *o, umt_tensor *t, int node, const char *op) 
     int index = o->activation_count;
     umt_offload_activation *r = NULL;
     UMT_TRY(next_record(o, &r));
-    /* The first step sends every one and sizes the pinned copies; later steps follow the plan. */
-    bool sending = o->activations_planned ? r->offload && r->bytes == t->bytes : true;
-    if (!o->activations_planned && (!r->home || r->bytes != t->bytes)) {
+    /* The first step sends every one and sizes the pinned copies to the largest use: its first
+     * micro-batch's (they are split larger first); a shorter one (the last micro-batch, an
+     * epoch's last step) fits the same copy. Later steps follow the plan. */
+    bool sending = o->activations_planned ? r->offload && t->bytes <= r->capacity : true;
+    if (!o->activations_planned && (!r->home || r->capacity < t->bytes)) {
         if (r->home) umt_memory_free(&ctx->memory, UMT_POOL_OFFLOAD, r->home);
         r->home = NULL;
         UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_OFFLOAD, t->bytes, &r->home));
-        r->bytes = t->bytes;
+        r->capacity = t->bytes;
     }
+    r->bytes = t->bytes;
     if (!o->activations_planned) r->offload = true;
     r->tensor = t;
     r->arena = t->data;
@@ -142,9 +148,23 @@ static umt_status send(umt_offload *o, umt_tensor *t, int node, const char *op) 
     return UMT_OK;
 }
 
+/* A forward begins: the last one's records are free for this one's activations. */
+static umt_status next_forward(umt_offload *o) {
+    /* A forward without backward: its last copy out must be done before the bytes are reused. */
+    if (o->activation_pending >= 0) UMT_TRY(umt_offload_wait(o->compute, o->activations[o->activation_pending].left));
+    o->activation_count = 0;
+    o->activation_pending = -1;
+    o->in_backward = false;
+    return UMT_OK;
+}
+
 umt_status umt_offload_activations_recorded(umt_offload *o, int n) {
     umt_context *ctx = o->ctx;
-    if (!o->options.activations || !o->planned || o->in_backward) return UMT_OK;
+    if (!o->options.activations || !o->planned) return UMT_OK;
+    /* The tape's first node after a backward: the next micro-batch's forward (umt_micro_batch_begin
+     * cleared the tape and freed the last one's activations, within the same step). */
+    if (o->in_backward && n == 0) UMT_TRY(next_forward(o));
+    if (o->in_backward) return UMT_OK;
     const umt_node *node = &ctx->tape.nodes[n];
     umt_tensor *read[UMT_MAX_INPUTS + 1] = {node->inputs[0], node->inputs[1], node->inputs[2], node->saved};
     for (int i = 0; i < UMT_MAX_INPUTS + 1; ++i)
@@ -241,7 +261,7 @@ static umt_status plan_activations(umt_offload *o) {
     if (!items) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory to plan %d activations", n);
     for (int i = 0; i < n; ++i) {
         const umt_offload_activation *r = &o->activations[i];
-        items[i] = (umt_plan_item){r->op, UMT_POOL_ACTIVATIONS, r->group, r->bytes, false, 0};
+        items[i] = (umt_plan_item){r->op, UMT_POOL_ACTIVATIONS, r->group, r->capacity, false, 0};
     }
     /* Fixed: what the GPU holds now, the arena counted at the first step's peak rather than its
      * plan's, because keeping any activation means recording the second step afresh, and a
@@ -272,13 +292,8 @@ static umt_status plan_activations(umt_offload *o) {
 
 umt_status umt_offload_activations_step_begin(umt_offload *o) {
     if (!o->options.activations) return UMT_OK;
-    /* A forward without backward: its last copy out must be done before the bytes are reused. */
-    if (o->activation_pending >= 0) UMT_TRY(umt_offload_wait(o->compute, o->activations[o->activation_pending].left));
     if (!o->activations_planned && o->in_backward && o->activation_count) UMT_TRY(plan_activations(o));
-    o->activation_count = 0;
-    o->activation_pending = -1;
-    o->in_backward = false;
-    return UMT_OK;
+    return next_forward(o);
 }
 
 void umt_offload_activations_destroy(umt_offload *o) {

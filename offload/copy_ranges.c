@@ -5,20 +5,20 @@
 #include "offload/copy_ranges.h"
 
 #include "core/base/error.h"
+#include "core/precision.h"
 #include "core/tensor.h"
 
+/* The rule is the core's (core/precision.h): the memory plan counts the same bytes. */
 bool umt_offload_gets_compute_copy(umt_dtype compute, const umt_tensor *t) {
-    return (compute == UMT_BF16 || compute == UMT_F16) && t->kind_pool == UMT_POOL_WEIGHTS && t->dtype == UMT_F32 &&
-           t->ndim >= 2;
+    return umt_compute_copy_bytes(compute, t) > 0;
 }
 
 size_t umt_offload_plan_bytes(umt_dtype compute, const umt_tensor *t) {
-    if (!umt_offload_gets_compute_copy(compute, t)) return t->bytes;
-    return t->bytes + (size_t)t->numel * umt_dtype_size(compute);
+    return t->bytes + umt_compute_copy_bytes(compute, t);
 }
 
 size_t umt_offload_stream_bytes(umt_dtype compute, const umt_tensor *t) {
-    return umt_offload_gets_compute_copy(compute, t) ? (size_t)t->numel * umt_dtype_size(compute) : 0;
+    return umt_compute_copy_bytes(compute, t);
 }
 
 umt_status umt_offload_align_chunk(const umt_tensor *p, int64_t *chunk) {

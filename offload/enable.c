@@ -1,7 +1,8 @@
 /*
  * offload/enable.c — how the offload tier plugs into a context: umt_offload_enable registers the
  * tier's hook table (core/hooks.h), whose every event is handed to the tier's own function
- * (offload/offload.h); the tier's options, its statistics and its line in the memory report.
+ * (offload/offload.h); the tier's options (and what a memory plan sets of them before the first
+ * step: umt_offload_adopt_plan), its statistics and its line in the memory report.
  */
 #include <stdio.h>
 #include <string.h>
@@ -164,6 +165,21 @@ umt_status umt_offload_enable(umt_context *ctx, const umt_offload_options *optio
     return st;
 }
 
+umt_status umt_offload_adopt_plan(umt_context *ctx, const umt_memory_plan *plan) {
+    if (!ctx || !plan) return umt_fail_null("umt_offload_adopt_plan", ctx ? "plan" : "ctx");
+    umt_offload *tier = umt_hooks_self(ctx, &offload_hooks);
+    if (!tier)
+        return umt_fail(UMT_ERR_STATE, "umt_offload_adopt_plan: the context has no offload tier (umt_offload_enable, "
+                        "before the model)");
+    /* The reserve is read once, when the tier places the model at the first step. */
+    if (tier->planned)
+        return umt_fail(UMT_ERR_STATE, "umt_offload_adopt_plan: the tier placed the model at the first step already "
+                        "(adopt the plan before it)");
+    tier->options.reserve_bytes = plan->offload.reserve_bytes;
+    tier->options.activations = plan->offload.activations;
+    return UMT_OK;
+}
+
 umt_status umt_offload_stats_get(const umt_context *ctx, umt_offload_stats *out) {
     if (!ctx || !out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_offload_stats_get: %s is NULL", ctx ? "out" : "ctx");
     const umt_offload *tier = umt_hooks_self(ctx, &offload_hooks);
@@ -179,6 +195,12 @@ umt_status umt_offload_enable(umt_context *ctx, const umt_offload_options *optio
     UMT_TRY(check_options(&o));
     return umt_fail(UMT_ERR_UNSUPPORTED, "umt_offload_enable: this build has no CUDA (the offload tier moves tensors "
                     "between host memory and a GPU)");
+}
+
+umt_status umt_offload_adopt_plan(umt_context *ctx, const umt_memory_plan *plan) {
+    if (!ctx || !plan) return umt_fail_null("umt_offload_adopt_plan", ctx ? "plan" : "ctx");
+    return umt_fail(UMT_ERR_UNSUPPORTED, "umt_offload_adopt_plan: this build has no CUDA (no offload tier to give the "
+                    "plan to)");
 }
 
 umt_status umt_offload_stats_get(const umt_context *ctx, umt_offload_stats *out) {

@@ -96,11 +96,13 @@ typedef enum {
     UMT_ACTIVATION_BACK,     /* copied into an arena buffer for backward (or on its way there) */
 } umt_activation_state;
 
-/* One saved activation of this step, by order of discovery. home, bytes and the events outlive
- * the step: the next step's activation of the same index reuses them. */
+/* One saved activation of this forward, by order of discovery. home, capacity and the events
+ * outlive the forward: the next one's activation of the same index (the next micro-batch's, the
+ * next step's) reuses them. */
 typedef struct {
     umt_tensor *tensor;
-    size_t bytes;
+    size_t bytes;             /* this forward's: the tensor's */
+    size_t capacity;          /* its pinned copy's: the largest the first step sent (its first micro-batch's) */
     void *home;               /* its pinned copy (offload pool) */
     void *arena;              /* its own bytes in the arena, for the view check */
     int first_node, group;    /* the earliest tape node that reads it; the node that sent it out */

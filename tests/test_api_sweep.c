@@ -205,6 +205,7 @@ CALL(umt_offload_optimizer_parse) {
     STATUS(umt_offload_optimizer_parse(ARG(0, "auto"), ARG(1, &s->offload_optimizer)));
 }
 CALL(umt_offload_enable) { STATUS(umt_offload_enable(CTX(0), ARG(1, &s->offload_options))); }
+CALL(umt_offload_adopt_plan) { STATUS(umt_offload_adopt_plan(CTX(0), ARG(1, &s->plan))); }
 CALL(umt_offload_stats_get) { STATUS(umt_offload_stats_get(CTX(0), ARG(1, &s->offload_stats))); }
 CALL(umt_link_measure) { STATUS(umt_link_measure(CTX(0), 1024, ARG(1, &s->link))); }
 CALL(umt_tensor_new) { POINTER(umt_tensor_new(CTX(0), UMT_POOL_WEIGHTS, UMT_F32, 2, ARG(1, shape23))); }
@@ -405,6 +406,7 @@ static const row table[] = {
     NO_POINTERS(umt_offload_optimizer_name),
     NO_POINTERS(umt_offload_defaults),
     ROW(umt_offload_enable, N("ctx"), A("options")),
+    ROW(umt_offload_adopt_plan, N("ctx"), N("plan")),
     ROW(umt_offload_stats_get, N("ctx"), N("out")),
     ROW(umt_link_measure, N("ctx"), N("out")),
     ROW(umt_tensor_new, N("ctx"), N("shape")),

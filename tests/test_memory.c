@@ -199,6 +199,17 @@ static void test_budget_is_free_memory_less_headroom_and_the_variable_only_lower
     assert_non_null(strstr(umt_last_error(), "UMT_DEVICE_BUDGET"));
 }
 
+static void test_the_hosts_available_memory_is_read_from_meminfo(void **state) {
+    (void)state;
+    const char *meminfo = "MemTotal:       131072000 kB\nMemFree:         2048000 kB\n"
+                          "MemAvailable:   98304000 kB\nBuffers:          100000 kB\n";
+    assert_int_equal(umt_meminfo_available_bytes(meminfo), (size_t)98304000 << 10);
+    assert_int_equal(umt_meminfo_available_bytes("MemTotal: 1 kB\n"), 0);
+    assert_int_equal(umt_meminfo_available_bytes(NULL), 0);
+    /* This machine's, read now: Linux has the line. */
+    assert_true(umt_host_available_bytes() > 0);
+}
+
 static void test_placement_follows_the_table_device_and_mode(void **state) {
     (void)state;
     for (int p = 0; p < UMT_POOL_COUNT; ++p) {
@@ -254,6 +265,7 @@ int main(void) {
         cmocka_unit_test(test_conversion_to_bf16_and_back_keeps_representable_values),
         cmocka_unit_test(test_sizes_parse_with_binary_units_and_bad_text_is_refused),
         cmocka_unit_test(test_budget_is_free_memory_less_headroom_and_the_variable_only_lowers_it),
+        cmocka_unit_test(test_the_hosts_available_memory_is_read_from_meminfo),
         cmocka_unit_test(test_placement_follows_the_table_device_and_mode),
         cmocka_unit_test(test_memory_modes_and_devices_parse_by_name),
         cmocka_unit_test(test_timer_measures_elapsed_time_and_needs_a_start),

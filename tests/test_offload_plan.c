@@ -3,7 +3,8 @@
  * nothing moves when everything fits, optimizer state goes first and largest first, then
  * whole parameters (weights with their gradients), then saved activations, the double buffers
  * are counted (and the update ring, when updates run in backward), and a model that cannot fit
- * even fully offloaded is refused with the numbers. Under bf16/fp16 a matrix weight counts its
+ * even fully offloaded is refused with the numbers; the least device bytes the stages can reach
+ * (what the memory plan counts for the state the tier takes). Under bf16/fp16 a matrix weight counts its
  * compute copy too, and an update in chunks (offload/copy_ranges.h) writes a conv weight's NHWC
  * copy exactly as one update of the whole does.
  */
@@ -336,6 +337,39 @@ static void test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numb
     for (int i = 0; i < n; ++i) assert_true(items[i].offloaded);
 }
 
+/* The state items of mlp_items (no activations). */
+static int state_items(umt_plan_item *items, int layers, size_t width) {
+    umt_plan_item all[80];
+    int n = mlp_items(all, layers, width, 1), kept = 0;
+    for (int i = 0; i < n; ++i)
+        if (all[i].pool != UMT_POOL_ACTIVATIONS) items[kept++] = all[i];
+    return kept;
+}
+
+static void test_the_least_device_bytes_are_the_smallest_the_stages_pass_through(void **state) {
+    (void)state;
+    umt_plan_item items[40];
+    /* 4 layers of 16 MiB tensors: 256 MiB on the GPU; streamed, every layer leaves only the two
+     * smallest buffers (64 MiB each). */
+    int n = state_items(items, 4, 2048);
+    assert_int_equal(umt_plan_least_device_bytes(items, n, false), 2 * UMT_OFFLOAD_MIN_SLOT_BYTES);
+    /* One layer of 200 MiB tensors: its optimizer state out (and the two buffers it streams
+     * through) is the least; streaming the layer would take two buffers of 400 MiB. */
+    umt_plan_item big[4] = {{"w", UMT_POOL_WEIGHTS, 0, 200 * MIB, false}, {"g", UMT_POOL_GRADS, 0, 200 * MIB, false},
+                            {"m", UMT_POOL_OPTIM, 0, 200 * MIB, false}, {"v", UMT_POOL_OPTIM, 0, 200 * MIB, false}};
+    assert_int_equal(umt_plan_least_device_bytes(big, 4, false), 400 * MIB + 2 * UMT_OFFLOAD_MIN_SLOT_BYTES);
+    /* A small model: the tier's buffers would cost more than all of it, which stays the least. */
+    size_t kib256 = 256 * 1024;
+    umt_plan_item small[4] = {{"w", UMT_POOL_WEIGHTS, 0, kib256, false}, {"g", UMT_POOL_GRADS, 0, kib256, false},
+                              {"m", UMT_POOL_OPTIM, 0, kib256, false}, {"v", UMT_POOL_OPTIM, 0, kib256, false}};
+    assert_int_equal(umt_plan_least_device_bytes(small, 4, false), MIB);
+    /* The planner reaches it: at that budget it finds a placement. */
+    umt_placement_plan plan;
+    assert_int_equal(umt_plan_placement(big, 4, 400 * MIB + 2 * UMT_OFFLOAD_MIN_SLOT_BYTES, 0, false, &plan), UMT_OK);
+    assert_int_equal(umt_plan_placement(big, 4, 400 * MIB + 2 * UMT_OFFLOAD_MIN_SLOT_BYTES - 1, 0, false, &plan),
+                     UMT_ERR_BUDGET);
+}
+
 static void test_the_plan_prints_one_line_per_pool_with_its_counts(void **state) {
     (void)state;
     umt_plan_item items[60];
@@ -471,6 +505,7 @@ int main(void) {
         cmocka_unit_test(test_small_parameters_are_never_streamed),
         cmocka_unit_test(test_saved_activations_move_last),
         cmocka_unit_test(test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numbers),
+        cmocka_unit_test(test_the_least_device_bytes_are_the_smallest_the_stages_pass_through),
         cmocka_unit_test(test_the_plan_prints_one_line_per_pool_with_its_counts),
         cmocka_unit_test(test_items_of_other_pools_are_refused),
         cmocka_unit_test(test_half_precision_plans_count_a_matrix_weights_compute_copy),

@@ -55,6 +55,7 @@ static umt_status enter(umt_context *ctx, saved_context *saved) {
     ctx->step_tensors = NULL;
     ctx->dry = true;
     ctx->dry_largest_numel = 0;
+    ctx->dry_largest_bytes = 0;
     return UMT_OK;
 }
 
@@ -72,6 +73,7 @@ static void leave(umt_context *ctx, saved_context *saved, umt_dry_result *out) {
     umt_memory_dry_end(&ctx->memory, &saved->memory, out->pools);
     out->device_peak_bytes = saved->memory.device_peak_bytes;
     out->largest_elements = ctx->dry_largest_numel;
+    out->largest_bytes = ctx->dry_largest_bytes;
     umt_tape_release(&ctx->tape);
     free_headers_until(ctx->step_tensors, NULL);
     /* RUN tensors a dry step made (compute copies of weights) went to the front of the list. */
@@ -96,6 +98,7 @@ static void leave(umt_context *ctx, saved_context *saved, umt_dry_result *out) {
     ctx->conv_workspace_bytes = saved->conv_workspace_bytes;
     ctx->dry = false;
     ctx->dry_largest_numel = 0;
+    ctx->dry_largest_bytes = 0;
 }
 
 /* The start of a dry step: what umt_step_begin does to the tape, the step's tensors and the arena. */

@@ -32,6 +32,7 @@ typedef struct {
     umt_pool_stats pools[UMT_POOL_COUNT]; /* every pool after the passes and a last step start */
     size_t device_peak_bytes; /* the most managed + device bytes held at once (0 on the CPU) */
     int64_t largest_elements; /* the largest tensor made, in elements */
+    size_t largest_bytes;     /* and the largest in bytes */
 } umt_dry_result;
 
 /* Runs passes[0..count) one after another as dry steps (each begun as umt_step_begin begins a

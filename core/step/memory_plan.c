@@ -10,11 +10,17 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "core/base/error.h"
 #include "core/context.h"
+#include "core/hooks.h"
+#include "core/precision.h"
 #include "core/step/dry_step.h"
+#include "core/tensor.h"
+#include "memory/budget.h"
 #include "memory/fit.h"
+#include "memory/offload_plan.h"
 #include "memory/pool.h"
 
 /* Kept free under the budget, besides 1% of it: what no dry step allocates (the step's values, a
@@ -22,15 +28,64 @@
  * tensors around its step. */
 #define UMT_PLAN_MARGIN_BYTES ((size_t)1 << 20)
 
+static int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ----------------------------------------------------------------------------------------- */
+/* The model's state: where it is, and what the offload tier's planner would take */
+
+typedef struct {
+    size_t bytes[3];      /* weights (with the compute copies they get), grads, optim, wherever they are */
+    size_t on_device;     /* the tensors' own bytes in pools on the device now */
+    size_t in_tier;       /* ... in the offload pool, where the tier makes them before its first step */
+    umt_plan_item *items; /* one per tensor, grouped by parameter, as offload/offload.c collects them */
+    int count;
+} model_state;
+
+static const umt_pool state_pools[3] = {UMT_POOL_WEIGHTS, UMT_POOL_GRADS, UMT_POOL_OPTIM};
+
+/* The parameter a tensor of the state belongs to (its index), or -1 for anything else. */
+static int parameter_of(const umt_context *ctx, const umt_tensor *t) {
+    bool weights = t->kind_pool == UMT_POOL_WEIGHTS;
+    if (!weights && t->kind_pool != UMT_POOL_GRADS && t->kind_pool != UMT_POOL_OPTIM) return -1;
+    const umt_tensor *p = weights ? t : t->owner;
+    for (int i = 0; p && p->is_parameter && i < ctx->parameter_count; ++i)
+        if (ctx->parameters[i] == p) return i;
+    return -1;
+}
+
+static umt_status collect_state(const umt_context *ctx, model_state *st) {
+    *st = (model_state){0};
+    int n = 0;
+    for (const umt_tensor *t = ctx->run_tensors; t; t = t->next) n += parameter_of(ctx, t) >= 0;
+    st->items = calloc((size_t)n + 1, sizeof *st->items);
+    if (!st->items) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_memory_plan_make: no memory for %d state tensors", n);
+    umt_dtype compute = umt_compute_dtype(ctx);
+    for (const umt_tensor *t = ctx->run_tensors; t; t = t->next) {
+        int group = parameter_of(ctx, t);
+        if (group < 0) continue;
+        size_t copy = umt_compute_copy_bytes(compute, t), bytes = t->bytes + copy;
+        const umt_tensor *p = ctx->parameters[group];
+        /* A streamed weight's slot holds its compute copy alone (umt_plan_item.stream_bytes). */
+        st->items[st->count++] = (umt_plan_item){p->name ? p->name : "?", t->kind_pool, group, bytes, false, copy};
+        st->bytes[t->kind_pool == UMT_POOL_WEIGHTS ? 0 : t->kind_pool == UMT_POOL_GRADS ? 1 : 2] += bytes;
+        if (t->pool == UMT_POOL_OFFLOAD) st->in_tier += t->bytes;
+        else if (umt_placement_uses_device(ctx->memory.pools[t->pool].placement)) st->on_device += t->bytes;
+    }
+    return UMT_OK;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Measures: dry steps */
+
 typedef struct {
     umt_context *ctx;
     const umt_memory_plan_request *request;
     umt_plan_forward_fn forward;
     void *user;
+    const umt_fit_inputs *in;
+    size_t in_tier;      /* the state the tier holds off the device, which the dry steps do not see */
     umt_dry_result last; /* the latest measure's dry result */
 } measuring;
-
-static int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* The dry passes of an epoch at micro-batch b: evaluation keeps its batch while the training
  * step is whole, and takes micro-batches no larger than the training's once it is split. */
@@ -44,12 +99,21 @@ static int epoch_passes(const umt_memory_plan_request *rq, int64_t b, umt_dry_pa
     return count;
 }
 
+/* The step's own device bytes are what the dry steps' peak holds beyond the rest and the state
+ * (with the state the tier holds counted as if it were on the device). */
 static umt_status measure(void *user, int64_t micro_batch, umt_fit_measure *out) {
     measuring *m = user;
     umt_dry_pass passes[5];
     int count = epoch_passes(m->request, micro_batch, passes);
     umt_status st = umt_dry_steps(m->ctx, passes, count, m->forward, m->user, &m->last);
-    *out = (umt_fit_measure){m->last.device_peak_bytes, m->last.largest_elements, false};
+    const umt_fit_inputs *in = m->in;
+    size_t peak = m->last.device_peak_bytes + m->in_tier;
+    size_t others = in->held_bytes + in->state_bytes[0] + in->state_bytes[1] + in->state_bytes[2];
+    const umt_pool_stats *activations = &m->last.pools[UMT_POOL_ACTIVATIONS];
+    *out = (umt_fit_measure){.step_bytes = peak > others ? peak - others : 0,
+                             .activation_bytes = activations->peak_bytes,
+                             .activation_total_bytes = activations->planned_total_bytes,
+                             .largest_bytes = m->last.largest_bytes, .largest_elements = m->last.largest_elements};
     if (st == UMT_OK) return UMT_OK;
     /* A library's refusal of a tensor past the element limit is a size the plan avoids, not an error. */
     if (m->last.largest_elements > m->request->element_limit) {
@@ -74,21 +138,31 @@ static umt_status check_request(const umt_memory_plan_request *rq) {
                     (long long)rq->eval_batch, (long long)rq->element_limit);
 }
 
-/* The decision's inputs: the budget, and the state the device holds now. */
-static umt_fit_inputs fit_inputs(const umt_context *ctx, const umt_memory_plan_request *rq) {
+/* The decision's inputs: the budget, what the device holds now, the state, the tier's least. */
+static umt_fit_inputs fit_inputs(const umt_context *ctx, const umt_memory_plan_request *rq, const model_state *st) {
+    bool cuda = ctx->options.device == UMT_DEVICE_CUDA;
     /* cuDNN's limit binds on CUDA only: the CPU's kernels index with 64 bits. */
-    int64_t limit = ctx->options.device == UMT_DEVICE_CUDA ? INT_MAX : INT64_MAX;
+    int64_t limit = cuda ? INT_MAX : INT64_MAX;
+    size_t device_now = ctx->memory.device_bytes;
     umt_fit_inputs in = {.batch = rq->batch, .forced_k = rq->micro_batches,
                          .element_limit = rq->element_limit ? rq->element_limit : limit,
                          .budget_bytes = ctx->memory.budget_bytes,
-                         .margin_bytes = ctx->memory.budget_bytes / 100 + UMT_PLAN_MARGIN_BYTES};
-    const umt_pool state[3] = {UMT_POOL_WEIGHTS, UMT_POOL_GRADS, UMT_POOL_OPTIM};
-    for (int i = 0; i < 3; ++i) {
-        const umt_pool_state *s = &ctx->memory.pools[state[i]];
-        in.state_bytes[i] = umt_placement_uses_device(s->placement) ? s->in_use_bytes : 0;
+                         .margin_bytes = ctx->memory.budget_bytes / 100 + UMT_PLAN_MARGIN_BYTES,
+                         .held_bytes = (device_now > st->on_device ? device_now - st->on_device : 0) +
+                                       rq->later_device_bytes,
+                         .state_bytes = {st->bytes[0], st->bytes[1], st->bytes[2]}, .tier = cuda};
+    /* Only where a budget binds: the least is a search over the stages, and the host a file read. */
+    if (cuda && in.budget_bytes) {
+        in.tier_bytes = umt_plan_least_device_bytes(st->items, st->count, false);
+        /* What the tier holds already (it makes the state at home before its first step) is its own. */
+        size_t available = umt_host_available_bytes();
+        in.host_available_bytes = available ? available + st->in_tier : 0;
     }
     return in;
 }
+
+/* ----------------------------------------------------------------------------------------- */
+/* The plan */
 
 static void fill_plan(const umt_context *ctx, const umt_fit_inputs *in, const umt_fit_choice *choice,
                       const umt_dry_result *dry, umt_memory_plan *out) {
@@ -102,6 +176,41 @@ static void fill_plan(const umt_context *ctx, const umt_fit_inputs *in, const um
         out->place[p] = umt_placement_name(ctx->memory.pools[p].placement);
     }
     snprintf(out->why, sizeof out->why, "%s", choice->why);
+    bool needed = choice->arrangement != UMT_FIT_IN_MEMORY;
+    out->offload = (umt_plan_offload){
+        .needed = needed, .enabled = umt_hooks_place(ctx, UMT_POOL_WEIGHTS) == UMT_POOL_OFFLOAD,
+        .activations = choice->arrangement == UMT_FIT_TIER_ACTIVATIONS,
+        .reserve_bytes = in->budget_bytes ? choice->reserve_bytes : 0,
+        .state_bytes = in->state_bytes[0] + in->state_bytes[1] + in->state_bytes[2],
+        .least_device_bytes = in->tier_bytes, .host_bytes = needed ? choice->host_bytes : 0,
+        .host_available_bytes = in->host_available_bytes};
+    out->offload.pools[UMT_POOL_ACTIVATIONS] = out->offload.activations;
+}
+
+/* Where the tier takes part (needed, or enabled and planning the state's place at the first step),
+ * the state's pools as its planner will place them with the plan's reserve: what stays in the
+ * weights, grads and optim pools, what goes home (offload), its buffers (stream). */
+static void place_state(const umt_fit_inputs *in, const umt_fit_choice *choice, model_state *st,
+                        umt_memory_plan *out) {
+    if (!(out->offload.needed || out->offload.enabled) || !in->budget_bytes || !choice->fits) return;
+    umt_placement_plan placed;
+    size_t fixed = in->held_bytes + choice->reserve_bytes;
+    if (umt_plan_placement(st->items, st->count, in->budget_bytes, fixed, false, &placed) != UMT_OK) return;
+    size_t off_device = 0;
+    for (int i = 0; i < 3; ++i) out->peak_bytes[state_pools[i]] = 0;
+    for (int i = 0; i < st->count; ++i) {
+        const umt_plan_item *it = &st->items[i];
+        if (it->offloaded) off_device += it->bytes, out->offload.pools[it->pool] = true;
+        else out->peak_bytes[it->pool] += it->bytes;
+    }
+    out->peak_bytes[UMT_POOL_OFFLOAD] = off_device + (out->offload.activations ? choice->at.activation_total_bytes : 0);
+    out->peak_bytes[UMT_POOL_STREAM] =
+        2 * placed.weight_slot_bytes + 2 * placed.activation_slot_bytes + placed.ring_bytes;
+    /* Saved activations away, the arena holds the working set the decision counted. */
+    size_t working = UMT_FIT_ACTIVATION_WORKING_SET * choice->at.largest_bytes;
+    if (out->offload.activations && working < out->peak_bytes[UMT_POOL_ACTIVATIONS])
+        out->peak_bytes[UMT_POOL_ACTIVATIONS] = working;
+    out->device_peak_bytes = placed.device_bytes - in->margin_bytes;
 }
 
 /* The step values' ring (core/step_values.c): no dry step queues values, so the ring a step of
@@ -122,18 +231,27 @@ umt_status umt_memory_plan_make(umt_context *ctx, const umt_memory_plan_request 
         return umt_fail_null("umt_memory_plan_make",
                              !ctx ? "ctx" : !request ? "request" : !forward ? "forward" : "out");
     UMT_TRY(check_request(request));
-    umt_fit_inputs in = fit_inputs(ctx, request);
+    model_state st;
+    UMT_TRY(collect_state(ctx, &st));
+    umt_fit_inputs in = fit_inputs(ctx, request, &st);
     umt_memory_plan_request rq = *request;
     rq.element_limit = in.element_limit;
-    measuring m = {.ctx = ctx, .request = &rq, .forward = forward, .user = user};
+    measuring m = {.ctx = ctx, .request = &rq, .forward = forward, .user = user, .in = &in, .in_tier = st.in_tier};
     umt_fit_choice choice;
-    UMT_TRY(umt_fit_choose(&in, measure, &m, &choice));
+    umt_status status = umt_fit_choose(&in, measure, &m, &choice);
     /* The table shows the chosen micro-batch (the decision's last measure may be another). */
     umt_fit_measure at;
-    UMT_TRY(measure(&m, choice.micro_batch, &at));
-    fill_plan(ctx, &in, &choice, &m.last, out);
-    add_step_values(ctx, &rq, out);
-    return UMT_OK;
+    if (status == UMT_OK) status = measure(&m, choice.micro_batch, &at);
+    if (status == UMT_OK) {
+        fill_plan(ctx, &in, &choice, &m.last, out);
+        /* What the caller adds later is in the inputs pool (a loader's ring) and on the device. */
+        out->peak_bytes[UMT_POOL_INPUTS] += rq.later_device_bytes;
+        out->device_peak_bytes += rq.later_device_bytes;
+        place_state(&in, &choice, &st, out);
+        add_step_values(ctx, &rq, out);
+    }
+    free(st.items);
+    return status;
 }
 
 static const char *const verdict_names[] = {"fits", "micro-batches", "forced", "offload-state",
@@ -151,6 +269,31 @@ static const char *readable(size_t bytes, char *buf, size_t size) {
     while (v >= 1024.0 && u < 4) v /= 1024.0, u++;
     snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", v, units[u]);
     return buf;
+}
+
+/* The tier's line: which pools it takes, and why in sizes (the state against its least, the step's
+ * reserve, host memory); or that it is on and keeps everything on the GPU. */
+static void print_offload(const umt_memory_plan *plan, FILE *out) {
+    const umt_plan_offload *o = &plan->offload;
+    char a[32], b[32], c[32];
+    if (!o->needed) {
+        if (o->enabled && plan->budget_bytes)
+            fprintf(out, "  offload tier: on, the state (%s) fits beside the step: it stays on the GPU\n",
+                    readable(o->state_bytes, a, sizeof a));
+        return;
+    }
+    fprintf(out, "  offload tier: to pinned host memory:");
+    static const umt_pool order[] = {UMT_POOL_OPTIM, UMT_POOL_WEIGHTS, UMT_POOL_GRADS, UMT_POOL_ACTIVATIONS};
+    for (int i = 0, first = 1; i < 4; ++i)
+        if (o->pools[order[i]]) fprintf(out, "%s %s", first ? "" : ",", umt_pool_name(order[i])), first = 0;
+    fprintf(out, "%s\n", o->enabled ? "" : " (the tier is not on yet: the model is made again with it)");
+    fprintf(out, "    the state %s does not fit beside one sample's step; the tier holds it in %s of the device at "
+            "least, leaves %s for a micro-batch's step", readable(o->state_bytes, a, sizeof a),
+            readable(o->least_device_bytes, b, sizeof b), readable(o->reserve_bytes, c, sizeof c));
+    if (o->activations) fprintf(out, " with its saved activations in host memory");
+    fprintf(out, "; host %s", readable(o->host_bytes, a, sizeof a));
+    if (o->host_available_bytes) fprintf(out, " of %s available", readable(o->host_available_bytes, b, sizeof b));
+    fputc('\n', out);
 }
 
 void umt_memory_plan_print(const umt_memory_plan *plan, FILE *out) {
@@ -173,6 +316,7 @@ void umt_memory_plan_print(const umt_memory_plan *plan, FILE *out) {
                     readable(plan->activations_planned_bytes, b, sizeof b));
         fputc('\n', out);
     }
+    print_offload(plan, out);
     if (plan->budget_bytes)
         fprintf(out, "  device peak %s of a budget of %s; ", readable(plan->device_peak_bytes, a, sizeof a),
                 readable(plan->budget_bytes, b, sizeof b));
