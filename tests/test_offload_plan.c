@@ -355,13 +355,13 @@ static void test_the_least_device_bytes_are_the_smallest_the_stages_pass_through
     assert_int_equal(umt_plan_least_device_bytes(items, n, false), 2 * UMT_OFFLOAD_MIN_SLOT_BYTES);
     /* One layer of 200 MiB tensors: its optimizer state out (and the two buffers it streams
      * through) is the least; streaming the layer would take two buffers of 400 MiB. */
-    umt_plan_item big[4] = {{"w", UMT_POOL_WEIGHTS, 0, 200 * MIB, false}, {"g", UMT_POOL_GRADS, 0, 200 * MIB, false},
-                            {"m", UMT_POOL_OPTIM, 0, 200 * MIB, false}, {"v", UMT_POOL_OPTIM, 0, 200 * MIB, false}};
+    umt_plan_item big[4] = {{"w", UMT_POOL_WEIGHTS, 0, 200 * MIB, false, 0}, {"g", UMT_POOL_GRADS, 0, 200 * MIB, false, 0},
+                            {"m", UMT_POOL_OPTIM, 0, 200 * MIB, false, 0}, {"v", UMT_POOL_OPTIM, 0, 200 * MIB, false, 0}};
     assert_int_equal(umt_plan_least_device_bytes(big, 4, false), 400 * MIB + 2 * UMT_OFFLOAD_MIN_SLOT_BYTES);
     /* A small model: the tier's buffers would cost more than all of it, which stays the least. */
     size_t kib256 = 256 * 1024;
-    umt_plan_item small[4] = {{"w", UMT_POOL_WEIGHTS, 0, kib256, false}, {"g", UMT_POOL_GRADS, 0, kib256, false},
-                              {"m", UMT_POOL_OPTIM, 0, kib256, false}, {"v", UMT_POOL_OPTIM, 0, kib256, false}};
+    umt_plan_item small[4] = {{"w", UMT_POOL_WEIGHTS, 0, kib256, false, 0}, {"g", UMT_POOL_GRADS, 0, kib256, false, 0},
+                              {"m", UMT_POOL_OPTIM, 0, kib256, false, 0}, {"v", UMT_POOL_OPTIM, 0, kib256, false, 0}};
     assert_int_equal(umt_plan_least_device_bytes(small, 4, false), MIB);
     /* The planner reaches it: at that budget it finds a placement. */
     umt_placement_plan plan;
