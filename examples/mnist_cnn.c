@@ -442,7 +442,7 @@ static int resume_from(const run_state *r, const options *o, const umt_checkpoin
 
 static int train(run_state *r, const options *o) {
     time_to_accuracy timing = {.wall_start_s = example_seconds()};
-    umt_checkpoint_info info = {0, 0};
+    umt_checkpoint_info info = {0};
     if (o->resume) {
         umt_checkpoint_load_options lo = {.allow_nonfinite = o->allow_nonfinite};
         if (example_check(program, umt_checkpoint_load_with(r->ctx, r->opt, &info, o->resume, &lo))) return -1;
