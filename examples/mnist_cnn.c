@@ -21,6 +21,13 @@
  * checkpoint of NaN or infinite values is refused unless --allow-nonfinite: to look into a
  * diverged run.
  *
+ * A run that can be trusted: a step whose loss or gradients are NaN or infinite applies no update
+ * (the check is on the device, no step waits for it), and the run stops naming the step and what
+ * was not finite (--on-nonfinite skip: skips such steps and goes on); no checkpoint is written
+ * from non-finite values, so the last good one stays. Ctrl-C or SIGTERM stops after the step in
+ * progress, saves with --save (the step inside the epoch too: --resume goes on from that step, as
+ * if the run had not stopped) and exits with 130 or 143; a second Ctrl-C ends at once.
+ *
  * Steps (include/umtrain.h, umt_step_graph): on a GPU a whole training step is captured once
  * into a CUDA graph and replayed, one launch per step (--graph off: every step launched op by
  * op); losses stay on the device and are read only at the progress lines.
@@ -46,6 +53,7 @@
 
 #include "dist/umt_dist.h"
 #include "examples/example_common.h"
+#include "examples/example_signals.h"
 #include "examples/mnist_cnn_model.h"
 #include "umtrain.h"
 
@@ -72,6 +80,7 @@ typedef struct {
     bool fuse, graph, allow_nonfinite, dry_run;
     example_input_flags input;
     umt_dist_options dist;
+    umt_nonfinite_policy on_nonfinite;
 } options;
 
 static void usage(FILE *out) {
@@ -82,6 +91,7 @@ static void usage(FILE *out) {
                  "                 [--bench STEPS] [--grad-accum N]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
                  "                 [--fuse on|off] [--graph on|off] [--dry-run]\n"
+                 EXAMPLE_NONFINITE_USAGE
                  EXAMPLE_INPUT_USAGE
                  "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
                  "                 [--dist auto|on]\n"
@@ -97,7 +107,8 @@ static void usage(FILE *out) {
                  "          fit the device budget (or a tensor would pass cuDNN's INT_MAX elements), runs each step\n"
                  "          as micro-batches with the whole batch's gradients; --dry-run prints the plan and exits.\n"
                  "          --grad-accum N: each step runs N micro-batches of --batch-size and updates once\n"
-                 "          (batch norm would keep per-micro-batch statistics; this network has none).\n");
+                 "          (batch norm would keep per-micro-batch statistics; this network has none).\n"
+                 EXAMPLE_NONFINITE_DEFAULTS);
 }
 
 static int parse_reduce(options *o, const char *value) {
@@ -155,6 +166,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--data-dir")) o->data_dir = value;
     else if (!strcmp(flag, "--save")) o->save = value;
     else if (!strcmp(flag, "--resume")) o->resume = value;
+    else if (!strcmp(flag, "--on-nonfinite")) bad = example_check(program, umt_nonfinite_policy_parse(value, &o->on_nonfinite));
     else {
         fprintf(stderr, "%s: unknown flag %s\n", program, flag);
         usage(stderr);
@@ -169,7 +181,7 @@ static int parse_options(int argc, char **argv, options *o) {
     *o = (options){.epochs = 5, .batch_size = 64, .test_batch_size = 1000, .gamma = 0.7f,
                    .optimizer = "adadelta", .data_dir = "data/mnist", .seed = 1, .memory_mode = UMT_MEM_MANAGED,
                    .log_every = 100, .gpus = 1, .grad_accum = 1, .fuse = true, .graph = true, .input = example_input_defaults(),
-                   .dist = umt_dist_defaults()};
+                   .dist = umt_dist_defaults(), .on_nonfinite = UMT_NONFINITE_STOP};
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -210,6 +222,10 @@ typedef struct {
     int64_t step_batch;   /* samples per step on this rank: the micro-batches together */
     int64_t loader_batch; /* --data-on host: the loader's batches, one micro-batch each */
     int64_t test_batch;   /* the evaluation's batch: --test-batch-size, or a micro-batch's */
+    example_nonfinite nonfinite;
+    umt_rng_state epoch_rng; /* the RNG as the epoch in progress began: its shuffle's, for a save inside it */
+    int stopped_by;          /* the SIGINT or SIGTERM that stopped the run, or 0 */
+    int64_t stopped_after;   /* the steps of its epoch taken then */
 } run_state;
 
 /* Forward and backward of samples indices[0..count) of the resident dataset, or of the loader's
@@ -268,27 +284,37 @@ static umt_status run_step(run_state *r, const int64_t *indices, int64_t count) 
 static int64_t train_size(const run_state *r) { return r->loader ? umt_samples_size(r->train_host) : umt_dataset_size(r->train); }
 static int64_t test_size(const run_state *r) { return r->loader ? umt_samples_size(r->test_host) : umt_dataset_size(r->test); }
 
-/* Starts an epoch: the permutation (drawn by the loader itself with data on the host: the same
- * draw from the same RNG, so both paths see the same order); returns the steps of `global`
- * samples (the batch times the ranks). */
-static int64_t start_epoch(run_state *r, int64_t n, int64_t global) {
+/* Starts an epoch at step first (0, or a resumed run's step inside it): the permutation (drawn by
+ * the loader itself with data on the host: the same draw from the same RNG, so both paths see the
+ * same order); returns the steps of `global` samples (the batch times the ranks). A resumed epoch
+ * draws its order again from the RNG as the epoch began (r->epoch_rng, from the checkpoint), then
+ * goes on from the RNG the checkpoint saved. */
+static int64_t start_epoch(run_state *r, int64_t n, int64_t global, int64_t first) {
     int64_t steps = (n + global - 1) / global, batches = 0;
-    umt_status status = r->loader ? umt_loader_start_epoch(r->loader, n, &batches) : umt_permutation(r->ctx, n, r->order);
-    if (example_check(program, status)) return -1;
+    umt_rng_state now;
+    if (example_check(program, umt_rng_state_get(r->ctx, first ? &now : &r->epoch_rng)) ||
+        (first && example_check(program, umt_rng_state_set(r->ctx, &r->epoch_rng))))
+        return -1;
+    /* With the loader, a step takes step_batch / loader_batch of its batches (its micro-batches). */
+    umt_status status = r->loader ? umt_loader_start_epoch_at(r->loader, n, first * (r->step_batch / r->loader_batch),
+                                                              &batches)
+                                  : umt_permutation(r->ctx, n, r->order);
+    if (example_check(program, status) || (first && example_check(program, umt_rng_state_set(r->ctx, &now))))
+        return -1;
     /* A last global batch too short to give every rank a sample is left out, on every rank. */
     if (!umt_dist_batch_usable(n - (steps - 1) * global, r->ranks)) steps--;
     return steps;
 }
 
 /* The mean loss so far over every rank (a collective: every rank logs at the same steps); the
- * steps' losses were summed on the device since the last line. */
-static int log_progress(run_state *r, int64_t epoch, int64_t step, int64_t steps, double *loss_sum,
+ * steps' losses were summed on the device since the last line, from step first of the epoch on. */
+static int log_progress(run_state *r, int64_t epoch, int64_t first, int64_t step, int64_t steps, double *loss_sum,
                         double *window_start, int64_t *window_images) {
     double window_mean = 0;
     int64_t window_steps = 0;
     if (example_check(program, umt_step_graph_take_mean_loss(r->graph, &window_mean, &window_steps))) return -1;
     *loss_sum += window_mean * (double)window_steps;
-    double mean = *loss_sum / (double)(step + 1);
+    double mean = *loss_sum / (double)(step + 1 - first);
     if (example_check(program, umt_dist_sum(r->dist, &mean, 1))) return -1;
     double now = example_seconds();
     if (r->rank == 0)
@@ -317,20 +343,40 @@ static void report_graph(const run_state *r) {
            (long long)s.replayed_steps, (long long)s.eager_steps);
 }
 
-static int train_epoch(run_state *r, const options *o, int64_t epoch) {
+/* After a step: -1 when the run must stop for a NaN or infinite value (said), 1 when a signal
+ * asks it to stop (r->stopped_by, r->stopped_after), else 0. One rank polls the optimizer's
+ * doorbell every step; several look where they have all waited (a progress line), so that all
+ * stop at the same step. */
+static int stop_after(run_state *r, int64_t epoch, int64_t base, int64_t step, int64_t steps, bool logged) {
+    bool poll = r->ranks == 1;
+    if ((poll || logged) && example_nonfinite_check(program, r->opt, &r->nonfinite, !poll, epoch, base, steps))
+        return -1;
+    if (!(r->stopped_by = example_signals_stop_requested())) return 0;
+    r->stopped_after = step + 1;
+    /* The step is queued, maybe not run: no save before the check has seen it. */
+    return example_nonfinite_check(program, r->opt, &r->nonfinite, true, epoch, base, steps) ? -1 : 1;
+}
+
+/* An epoch from its step first_step on (0, or where a resumed run goes on). */
+static int train_epoch(run_state *r, const options *o, int64_t epoch, int64_t first_step) {
     int64_t n = example_limit(train_size(r), o->train_limit);
-    int64_t global = r->step_batch * r->ranks, steps = start_epoch(r, n, global), window_images = 0;
+    int64_t global = r->step_batch * r->ranks, steps = start_epoch(r, n, global, first_step), window_images = 0;
     if (steps < 0) return -1;
+    int64_t base = umt_optimizer_steps(r->opt) - first_step; /* the optimizer's count before the epoch */
     double start = example_seconds(), window_start = start, loss_sum = 0;
-    for (int64_t step = 0; step < steps; ++step) {
+    for (int64_t step = first_step; step < steps; ++step) {
         int64_t first = step * global, count = n - first < global ? n - first : global, offset, part;
         umt_dist_shard(count, r->rank, r->ranks, &offset, &part);
         if (example_check(program, run_step(r, r->order + first + offset, part))) return -1;
         window_images += count;
-        if (((step + 1) % o->log_every == 0 || step + 1 == steps) &&
-            log_progress(r, epoch, step, steps, &loss_sum, &window_start, &window_images))
+        bool logged = (step + 1) % o->log_every == 0 || step + 1 == steps;
+        if (logged && log_progress(r, epoch, first_step, step, steps, &loss_sum, &window_start, &window_images))
             return -1;
+        int stop = stop_after(r, epoch, base, step, steps, logged);
+        if (stop) return stop < 0 ? -1 : 0;
     }
+    /* The last steps may still be queued: the check waits for them before evaluation and saving. */
+    if (example_nonfinite_check(program, r->opt, &r->nonfinite, true, epoch, base, steps)) return -1;
     double seconds = example_seconds() - start;
     if (r->rank == 0) printf("epoch %lld trained in %.2f s\n", (long long)(epoch + 1), seconds);
     if (r->rank == 0 && epoch == 0) report_graph(r);
@@ -391,6 +437,7 @@ static int make_optimizer(run_state *r, const options *o) {
     oo.max_grad_norm = o->clip_grad_norm;
     /* fp16's 5 exponent bits underflow small gradients unless the loss is scaled up first. */
     oo.loss_scaling = r->loss_scaling = umt_context_precision(r->ctx) == UMT_PRECISION_FP16;
+    oo.on_nonfinite = r->nonfinite.policy = o->on_nonfinite;
     return example_check(program, umt_optimizer_create(r->ctx, &oo, &r->opt));
 }
 
@@ -401,11 +448,11 @@ typedef struct {
     double wall_start_s, gpu_ms;
 } time_to_accuracy;
 
-static int timed_epoch(run_state *r, const options *o, int64_t epoch, time_to_accuracy *t) {
-    if (!o->target_accuracy) return train_epoch(r, o, epoch);
+static int timed_epoch(run_state *r, const options *o, int64_t epoch, int64_t first_step, time_to_accuracy *t) {
+    if (!o->target_accuracy) return train_epoch(r, o, epoch, first_step);
     double ms = 0;
     if (example_check(program, umt_timer_start(r->ctx))) return -1;
-    if (train_epoch(r, o, epoch) || example_check(program, umt_timer_stop(r->ctx, &ms))) return -1;
+    if (train_epoch(r, o, epoch, first_step) || example_check(program, umt_timer_stop(r->ctx, &ms))) return -1;
     t->gpu_ms += ms;
     return 0;
 }
@@ -435,8 +482,30 @@ static int resume_from(const run_state *r, const options *o, const umt_checkpoin
         }
         return 1;
     }
-    if (r->rank == 0)
+    if (r->rank == 0 && info->epoch_step)
+        printf("%s: resumed from %s inside epoch %lld, after its step %lld (step %lld)\n", program, o->resume,
+               epoch + 1, (long long)info->epoch_step, (long long)info->step);
+    else if (r->rank == 0)
         printf("%s: resumed from %s after epoch %lld (step %lld)\n", program, o->resume, epoch, (long long)info->step);
+    return 0;
+}
+
+/* A run a signal stopped: with --save, a checkpoint that names the step inside the epoch (when it
+ * stopped inside one), for --resume to go on from the next; said either way. */
+static int save_stopped(run_state *r, const options *o, int64_t epoch, int64_t epoch_step) {
+    const char *name = example_signal_name(r->stopped_by);
+    if (r->rank != 0) return 0;
+    umt_checkpoint_info info = {.epoch = epoch, .step = umt_optimizer_steps(r->opt), .epoch_step = epoch_step,
+                                .epoch_rng = r->epoch_rng};
+    if (epoch_step && o->save && example_check(program, umt_checkpoint_save(r->ctx, r->opt, &info, o->save)))
+        return -1;
+    if (epoch_step)
+        printf("%s: stopped by %s after step %lld of epoch %lld", program, name, (long long)epoch_step,
+               (long long)(epoch + 1));
+    else
+        printf("%s: stopped by %s after epoch %lld", program, name, (long long)epoch);
+    if (o->save) printf("; saved %s (--resume %s goes on from there)\n", o->save, o->save);
+    else printf(" (nothing saved: no --save)\n");
     return 0;
 }
 
@@ -448,13 +517,18 @@ static int train(run_state *r, const options *o) {
         if (example_check(program, umt_checkpoint_load_with(r->ctx, r->opt, &info, o->resume, &lo))) return -1;
         int left = resume_from(r, o, &info);
         if (left) return left < 0 ? -1 : 0;
+        r->epoch_rng = info.epoch_rng; /* a save inside an epoch: its shuffle's */
     }
+    /* Ctrl-C stops after a step; several ranks would each stop at another, so they keep the default. */
+    if (r->ranks == 1 && example_signals_catch(program)) return -1;
     /* 64 bits, as the checkpoint's count; resume_from keeps it to --epochs' range, so the
      * schedule's int takes it whole. */
     for (int64_t epoch = info.epoch; epoch < o->epochs; ++epoch) {
         umt_optimizer_set_lr(r->opt, umt_lr_step(o->lr, o->gamma, 1, (int)epoch));
         double accuracy = 0;
-        if (timed_epoch(r, o, epoch, &timing) || evaluate(r, o, &accuracy)) return -1;
+        if (timed_epoch(r, o, epoch, epoch == info.epoch ? info.epoch_step : 0, &timing)) return -1;
+        if (r->stopped_by) return save_stopped(r, o, epoch, r->stopped_after);
+        if (evaluate(r, o, &accuracy)) return -1;
         if (r->rank == 0) printf("epoch %lld test accuracy %.2f%%\n", (long long)(epoch + 1), accuracy);
         /* Every rank has the summed accuracy, so all stop together. */
         bool done = o->target_accuracy && accuracy >= o->target_accuracy;
@@ -464,7 +538,10 @@ static int train(run_state *r, const options *o) {
         if (r->rank == 0 && o->save && example_check(program, umt_checkpoint_save(r->ctx, r->opt, &info, o->save)))
             return -1;
         if (done) return 0;
+        /* A signal during the evaluation or the save: the epoch's checkpoint is written. */
+        if ((r->stopped_by = example_signals_stop_requested()) != 0) return save_stopped(r, o, epoch + 1, 0);
     }
+    example_nonfinite_summary(program, r->opt, &r->nonfinite);
     if (o->target_accuracy && r->rank == 0)
         printf("target accuracy %.2f%% not reached in %d epochs\n", (double)o->target_accuracy, o->epochs);
     return 0;
@@ -641,5 +718,5 @@ int main(int argc, char **argv) {
     umt_samples_destroy(r.train_host);
     umt_samples_destroy(r.test_host);
     umt_dist_finish(&process);
-    return rc ? 1 : 0;
+    return rc ? 1 : r.stopped_by ? example_signal_exit_status(r.stopped_by) : 0;
 }
