@@ -47,6 +47,10 @@ struct umt_context {
     umt_hook_table hooks; /* the subsystems taking part in each step (core/hooks.h) */
     int64_t steps_begun;  /* umt_step_begin calls, for the trace's step marks */
     umt_micro_batch_state micro; /* the step's micro-batches (core/micro_batch.h) */
+    /* The loss of the step's last umt_backward, or the micro-batches' sum when the step is split
+     * (device memory): what the optimizer's non-finite check reads. NULL once the step's
+     * activations are released (umt_step_begin). */
+    const float *step_loss;
     void *forward_trace;         /* UMT_MEM_TRACE: where this step's forward began (memory/trace.h) */
     /* Set only while a dry step runs (core/step/dry_step.c): kernels are no-ops, the pools record
      * without backing (memory/dry.h), and the largest tensor made is measured, in elements and

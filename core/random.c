@@ -1,5 +1,7 @@
-/* core/random.c — what the context's RNG draws for callers: uniform fills and permutations. */
+/* core/random.c — what the context's RNG draws for callers: uniform fills and permutations; its state,
+ * kept and set back. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/base/error.h"
 #include "core/base/rng.h"
@@ -30,5 +32,20 @@ umt_status umt_permutation(umt_context *ctx, int64_t n, int64_t *out) {
         out[i] = out[j];
         out[j] = tmp;
     }
+    return UMT_OK;
+}
+
+umt_status umt_rng_state_get(const umt_context *ctx, umt_rng_state *out) {
+    if (!ctx || !out) return umt_fail_null("umt_rng_state_get", ctx ? "out" : "ctx");
+    memcpy(out->s, ctx->rng.s, sizeof out->s);
+    return UMT_OK;
+}
+
+umt_status umt_rng_state_set(umt_context *ctx, const umt_rng_state *state) {
+    if (!ctx || !state) return umt_fail_null("umt_rng_state_set", ctx ? "state" : "ctx");
+    if (!(state->s[0] | state->s[1] | state->s[2] | state->s[3]))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_rng_state_set: the state is all zeros (a generator from it "
+                        "draws only zeros; expected one umt_rng_state_get gave)");
+    memcpy(ctx->rng.s, state->s, sizeof ctx->rng.s);
     return UMT_OK;
 }

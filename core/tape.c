@@ -64,6 +64,7 @@ void umt_forward_trace_begin(umt_context *ctx) {
 
 umt_status umt_step_release(umt_context *ctx) {
     umt_tape_clear(&ctx->tape);
+    ctx->step_loss = NULL;
     /* The previous step's activations, views and activation gradients all go at once. */
     while (ctx->step_tensors) {
         umt_tensor *t = ctx->step_tensors;
@@ -197,6 +198,9 @@ umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *se
     /* The tape has been consumed: a second backward needs a new forward. */
     umt_tape_clear(&ctx->tape);
     UMT_TRY(umt_micro_batch_after_backward(ctx, loss));
+    /* What the optimizer's non-finite check reads: the step's loss so far (a dry step's is only
+     * recorded, never backed). */
+    if (!ctx->dry) ctx->step_loss = ctx->micro.index ? ctx->micro.loss->data : loss->data;
     return umt_hooks_after_backward(ctx);
 }
 

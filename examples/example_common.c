@@ -74,6 +74,49 @@ int example_optimizer(const char *program, const char *name, float lr, umt_optim
     return 0;
 }
 
+/* "the loss is nan", "the gradient of fc1.weight is not finite (the loss was 2.31)", or both. */
+static void nonfinite_text(const umt_nonfinite_report *report, char *text, size_t size) {
+    char loss[32];
+    /* "nan" whatever its sign bit (printf may say "-nan"); "inf", "-inf" or the finite value. */
+    if (isnan(report->loss_value)) snprintf(loss, sizeof loss, "nan");
+    else snprintf(loss, sizeof loss, "%g", (double)report->loss_value);
+    const char *parameter = report->parameter ? report->parameter : "a parameter";
+    if (report->loss && report->parameter)
+        snprintf(text, size, "the loss is %s and the gradient of %s is not finite", loss, parameter);
+    else if (report->loss)
+        snprintf(text, size, "the loss is %s", loss);
+    else
+        snprintf(text, size, "the gradient of %s is not finite (the loss was %s)", parameter, loss);
+}
+
+int example_nonfinite_check(const char *program, const umt_optimizer *opt, example_nonfinite *check, bool wait,
+                            int64_t epoch, int64_t epoch_base, int64_t steps) {
+    if (check->policy == UMT_NONFINITE_OFF || check->told) return 0;
+    if (!wait && !umt_optimizer_nonfinite_found(opt)) return 0;
+    umt_nonfinite_report report;
+    if (example_check(program, umt_optimizer_nonfinite_get(opt, &report))) return -1;
+    if (!report.first_step) return 0;
+    check->told = true;
+    char what[320];
+    nonfinite_text(&report, what, sizeof what);
+    fprintf(stderr, "%s: epoch %lld step %lld/%lld (optimizer step %lld): %s", program, (long long)(epoch + 1),
+            (long long)(report.first_step - epoch_base), (long long)steps, (long long)report.first_step, what);
+    if (check->policy == UMT_NONFINITE_SKIP) {
+        fprintf(stderr, "; its update is skipped, as any such step's will be (--on-nonfinite skip)\n");
+        return 0;
+    }
+    fprintf(stderr, "; the run stops: no update was applied from that step on (--on-nonfinite skip would skip such "
+            "steps and go on)\n");
+    return -1;
+}
+
+void example_nonfinite_summary(const char *program, const umt_optimizer *opt, const example_nonfinite *check) {
+    umt_nonfinite_report report;
+    if (check->policy != UMT_NONFINITE_SKIP || umt_optimizer_nonfinite_get(opt, &report) || !report.steps) return;
+    printf("%s: %lld steps skipped for a NaN or infinite loss or gradient (--on-nonfinite skip)\n", program,
+           (long long)report.steps);
+}
+
 int64_t example_limit(int64_t n, int64_t limit) { return limit > 0 && limit < n ? limit : n; }
 
 const char *example_count_text(char *buffer, size_t size, int64_t used, int64_t total) {

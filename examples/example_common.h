@@ -54,6 +54,29 @@ int example_evaluate(const char *program, umt_context *ctx, example_forward_fn f
 int example_evaluate_loader(const char *program, umt_context *ctx, example_forward_fn forward, const void *model,
                             umt_loader *test, int64_t limit, double *accuracy);
 
+/* --on-nonfinite stop|skip|off: the trainers' answer to a NaN or infinite loss or gradient (the
+ * optimizer's check, include/umtrain.h: umt_nonfinite_policy). stop by default. */
+typedef struct {
+    umt_nonfinite_policy policy;
+    bool told; /* the first such step has been told */
+} example_nonfinite;
+
+#define EXAMPLE_NONFINITE_USAGE "                 [--on-nonfinite stop|skip|off]\n"
+#define EXAMPLE_NONFINITE_DEFAULTS                                                                                \
+    "          --on-nonfinite stop: a step whose loss or gradients are NaN or infinite applies no update, the\n"  \
+    "          run stops there and exits 1 naming the step and what was not finite; skip skips such steps,\n"     \
+    "          counts them and goes on; off checks nothing (for comparison).\n"
+
+/* After a step (wait false: a read of one word of host memory, no wait for the GPU) or at an
+ * epoch's end (wait true: waits for the queued steps): when the optimizer has found its first
+ * non-finite step, says where it was (epoch + 1; the step of that epoch, the optimizer's count of
+ * it less epoch_base, of steps) and what was not finite, once. -1 under stop (the caller ends the
+ * run, exit status 1), else 0. */
+int example_nonfinite_check(const char *program, const umt_optimizer *opt, example_nonfinite *check, bool wait,
+                            int64_t epoch, int64_t epoch_base, int64_t steps);
+/* At a run's end under skip: how many steps were skipped for non-finite values, when any. */
+void example_nonfinite_summary(const char *program, const umt_optimizer *opt, const example_nonfinite *check);
+
 /* The input-pipeline flags the trainers share: --data-on, --loader, --prefetch, --workers. */
 typedef enum { EXAMPLE_DATA_AUTO = 0, EXAMPLE_DATA_GPU, EXAMPLE_DATA_HOST } example_data_on;
 typedef struct {

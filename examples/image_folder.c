@@ -11,7 +11,9 @@
  * prints the loss, the time the compute stream waited for data, and the test accuracy.
  *
  * The model: conv 3x3 (16) - relu - max pool 2 - conv 3x3 (32) - relu - max pool 2 - linear,
- * Adam lr 1e-3, softmax cross-entropy.
+ * Adam lr 1e-3, softmax cross-entropy. A NaN or infinite loss or gradient stops the run, naming
+ * the step, with no update applied from it (--on-nonfinite skip goes on); Ctrl-C or SIGTERM stops
+ * after the step in progress (exit status 130 or 143).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@
 #include "examples/example_common.h"
 #include "examples/example_metrics.h"
 #include "examples/example_progress.h"
+#include "examples/example_signals.h"
 #include "umtrain.h"
 
 static const char *const program = "image_folder";
@@ -37,6 +40,7 @@ typedef struct {
     umt_device device;
     example_input_flags input;
     const char *metrics; /* --metrics PATH: JSON Lines (examples/example_metrics.h) */
+    example_nonfinite nonfinite;
 } options;
 
 static void usage(FILE *out) {
@@ -44,13 +48,15 @@ static void usage(FILE *out) {
                  "                    [--epochs N] [--batch-size N] [--lr F] [--seed N] [--device cpu|cuda]\n"
                  "                    [--crop-padding N] [--flip] [--prefetch N] [--workers N] [--loader pinned|pageable-sync]\n"
                  "                    [--test-limit N] [--grad-accum N] [--dry-run] [--metrics PATH]\n"
+                 "                    [--on-nonfinite stop|skip|off]\n"
                  "defaults: size 28, channels from the first file, test fraction 0.2 (without train/ and test/),\n"
                  "          5 epochs, batch 64, adam lr 1e-3, seed 1, no augmentation, prefetch 4, 2 workers,\n"
                  "          every test image (a limit N: the first N); --grad-accum N: each step runs N batches\n"
                  "          of --batch-size as micro-batches and updates once, with the gradients of their whole;\n"
                  "          the memory plan printed before step 1 (--dry-run: printed, and nothing trained);\n"
                  "          --metrics PATH: a line per epoch and per evaluation, as JSON Lines\n"
-                 "          (tools/plot_metrics.py draws the curves)\n");
+                 "          (tools/plot_metrics.py draws the curves)\n"
+                 EXAMPLE_NONFINITE_DEFAULTS);
 }
 
 static int parse_flag(options *o, const char *flag, const char *value) {
@@ -72,6 +78,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--crop-padding")) bad = example_whole_number(program, flag, value, 0, 64, &v), o->crop_padding = (int)v;
     else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device));
     else if (!strcmp(flag, "--metrics")) o->metrics = value;
+    else if (!strcmp(flag, "--on-nonfinite")) bad = example_check(program, umt_nonfinite_policy_parse(value, &o->nonfinite.policy));
     else {
         fprintf(stderr, "%s: unknown flag %s\n", program, flag);
         usage(stderr);
@@ -82,7 +89,8 @@ static int parse_flag(options *o, const char *flag, const char *value) {
 
 static int parse_options(int argc, char **argv, options *o) {
     *o = (options){.folder = {.height = 28, .width = 28, .test_fraction = 0.2}, .epochs = 5, .batch_size = 64, .grad_accum = 1,
-                   .seed = 1, .device = umt_default_device(), .input = example_input_defaults()};
+                   .seed = 1, .device = umt_default_device(), .input = example_input_defaults(),
+                   .nonfinite = {.policy = UMT_NONFINITE_STOP}};
     o->input.workers = 2;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), exit(0), 0;
@@ -137,6 +145,8 @@ typedef struct {
     int grad_accum;         /* loader batches per step, one micro-batch each (core/micro_batch.h) */
     example_progress progress; /* the epoch lines' times */
     example_metrics *metrics;  /* --metrics (NULL: none) */
+    example_nonfinite *nonfinite;
+    int stopped_by; /* the SIGINT or SIGTERM that stopped the run, or 0 */
 } run_state;
 
 /* The loader's next batch: its loss, backward. */
@@ -168,7 +178,7 @@ static int train_step(run_state *r, int64_t step, float *value) {
 }
 
 static int train_epoch(run_state *r, int64_t epoch) {
-    int64_t batches = 0;
+    int64_t batches = 0, base = umt_optimizer_steps(r->opt);
     double loss_sum = 0, start = example_seconds();
     if (example_check(program, umt_loader_start_epoch(r->train, 0, &batches))) return -1;
     int64_t steps = (batches + r->grad_accum - 1) / r->grad_accum;
@@ -177,6 +187,13 @@ static int train_epoch(run_state *r, int64_t epoch) {
         float value = 0;
         if (train_step(r, step, &value)) return -1;
         loss_sum += value;
+        /* A NaN or infinite step (stop: the run ends here), or Ctrl-C: after the step, said. */
+        if (example_nonfinite_check(program, r->opt, r->nonfinite, false, epoch, base, steps)) return -1;
+        if ((r->stopped_by = example_signals_stop_requested()) != 0) {
+            printf("%s: stopped by %s after epoch %lld step %lld/%lld (image_folder saves no checkpoint)\n", program,
+                   example_signal_name(r->stopped_by), (long long)(epoch + 1), (long long)(step + 1), (long long)steps);
+            return 0;
+        }
     }
     double seconds = example_seconds() - start;
     umt_loader_stats stats;
@@ -252,6 +269,7 @@ static int build_and_plan(run_state *r, const options *o, const umt_samples *tra
     co.device = o->device;
     umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_ADAM);
     if (o->lr > 0) oo.lr = o->lr;
+    oo.on_nonfinite = o->nonfinite.policy;
     if (example_check(program, umt_context_create(&co, &r->ctx)) || (offload && example_offload_on(program, r->ctx)))
         return -1;
     umt_status built = build_model(r->ctx, &r->model, chw, umt_samples_num_classes(train)) ? umt_last_status() : UMT_OK;
@@ -273,17 +291,18 @@ static int run(run_state *r, const options *o, const umt_samples *train, const u
     int rc = build_and_plan(r, o, train, chw, tested, false);
     if (rc == EXAMPLE_NEEDS_OFFLOAD) {
         umt_context_destroy(r->ctx);
-        *r = (run_state){0};
+        *r = (run_state){.nonfinite = r->nonfinite};
         rc = build_and_plan(r, o, train, chw, tested, true);
     }
     if (rc || make_loaders(r, o, train, test)) return -1;
     if (o->dry_run) return 0;
-    if (example_metrics_open(program, o->metrics, false, 0, &r->metrics)) return -1;
+    if (example_signals_catch(program) || example_metrics_open(program, o->metrics, false, 0, &r->metrics)) return -1;
     example_progress_start(&r->progress, stdout, 0, o->epochs);
     for (int64_t epoch = 0; epoch < o->epochs; ++epoch) {
         double accuracy = 0;
-        if (train_epoch(r, epoch) || (tested && example_evaluate_loader(program, r->ctx, forward, &r->model, r->test,
-                                                                        o->test_limit, &accuracy)))
+        if (train_epoch(r, epoch)) return -1;
+        if (r->stopped_by) return 0;
+        if (tested && example_evaluate_loader(program, r->ctx, forward, &r->model, r->test, o->test_limit, &accuracy))
             return -1;
         if (tested && example_metrics_eval_line(r->metrics, r->ctx, epoch + 1, umt_optimizer_steps(r->opt), accuracy))
             return -1;
@@ -292,6 +311,7 @@ static int run(run_state *r, const options *o, const umt_samples *train, const u
                    (long long)tested);
         fflush(stdout);
     }
+    example_nonfinite_summary(program, r->opt, r->nonfinite);
     return 0;
 }
 
@@ -315,11 +335,11 @@ int main(int argc, char **argv) {
                "train/ and test/ a --test-fraction that picks a file of each class, now %g): training without a "
                "test accuracy\n",
                program, o.folder.root, o.folder.root, o.folder.test_fraction);
-    run_state r = {0};
+    run_state r = {.nonfinite = &o.nonfinite};
     int rc = run(&r, &o, train, test);
     example_metrics_close(r.metrics);
     umt_context_destroy(r.ctx);
     umt_samples_destroy(train);
     umt_samples_destroy(test);
-    return rc ? 1 : 0;
+    return rc ? 1 : r.stopped_by ? example_signal_exit_status(r.stopped_by) : 0;
 }

@@ -24,6 +24,13 @@
  * checkpoint of NaN or infinite values is refused unless --allow-nonfinite: to look into a
  * diverged run.
  *
+ * A run that can be trusted: a step whose loss or gradients are NaN or infinite applies no update
+ * (the check is on the device, no step waits for it), and the run stops naming the step and what
+ * was not finite (--on-nonfinite skip: skips such steps and goes on); no checkpoint is written
+ * from non-finite values, so the last good one stays. Ctrl-C or SIGTERM stops after the step in
+ * progress, saves with --save (the step inside the epoch too: --resume goes on from that step, as
+ * if the run had not stopped) and exits with 130 or 143; a second Ctrl-C ends at once.
+ *
  * Steps (include/umtrain.h, umt_step_graph): on a GPU a whole training step is captured once
  * into a CUDA graph and replayed, one launch per step (--graph off: every step launched op by
  * op); losses stay on the device and are read only at the progress lines.
@@ -51,6 +58,7 @@
 #include "examples/example_common.h"
 #include "examples/example_metrics.h"
 #include "examples/example_progress.h"
+#include "examples/example_signals.h"
 #include "examples/mnist_cnn_model.h"
 #include "umtrain.h"
 
@@ -78,6 +86,7 @@ typedef struct {
     bool fuse, graph, allow_nonfinite, dry_run;
     example_input_flags input;
     umt_dist_options dist;
+    umt_nonfinite_policy on_nonfinite;
 } options;
 
 static void usage(FILE *out) {
@@ -88,6 +97,7 @@ static void usage(FILE *out) {
                  "                 [--bench STEPS] [--grad-accum N] [--metrics PATH]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
                  "                 [--fuse on|off] [--graph on|off] [--dry-run]\n"
+                 EXAMPLE_NONFINITE_USAGE
                  EXAMPLE_INPUT_USAGE
                  "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
                  "                 [--dist auto|on]\n"
@@ -105,7 +115,8 @@ static void usage(FILE *out) {
                  "          --grad-accum N: each step runs N micro-batches of --batch-size and updates once\n"
                  "          (batch norm would keep per-micro-batch statistics; this network has none).\n"
                  "          --metrics PATH: a line per progress line and per evaluation, as JSON Lines, appended to\n"
-                 "          with --resume (tools/plot_metrics.py draws the curves).\n");
+                 "          with --resume (tools/plot_metrics.py draws the curves).\n"
+                 EXAMPLE_NONFINITE_DEFAULTS);
 }
 
 static int parse_reduce(options *o, const char *value) {
@@ -164,6 +175,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--save")) o->save = value;
     else if (!strcmp(flag, "--resume")) o->resume = value;
     else if (!strcmp(flag, "--metrics")) o->metrics = value;
+    else if (!strcmp(flag, "--on-nonfinite")) bad = example_check(program, umt_nonfinite_policy_parse(value, &o->on_nonfinite));
     else {
         fprintf(stderr, "%s: unknown flag %s\n", program, flag);
         usage(stderr);
@@ -178,7 +190,7 @@ static int parse_options(int argc, char **argv, options *o) {
     *o = (options){.epochs = 5, .batch_size = 64, .test_batch_size = 1000, .gamma = 0.7f,
                    .optimizer = "adadelta", .data_dir = "data/mnist", .seed = 1, .memory_mode = UMT_MEM_MANAGED,
                    .log_every = 100, .gpus = 1, .grad_accum = 1, .fuse = true, .graph = true, .input = example_input_defaults(),
-                   .dist = umt_dist_defaults()};
+                   .dist = umt_dist_defaults(), .on_nonfinite = UMT_NONFINITE_STOP};
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -223,6 +235,10 @@ typedef struct {
     example_metrics *metrics;  /* --metrics (rank 0; NULL: none) */
     double wait_ms;            /* the epoch's wait for data so far, taken at each progress line */
     bool offload;              /* the offload tier is on: the memory plan needs it (examples/example_common.h) */
+    example_nonfinite nonfinite;
+    umt_rng_state epoch_rng; /* the RNG as the epoch in progress began: its shuffle's, for a save inside it */
+    int stopped_by;          /* the SIGINT or SIGTERM that stopped the run, or 0 */
+    int64_t stopped_after;   /* the steps of its epoch taken then */
 } run_state;
 
 /* Forward and backward of samples indices[0..count) of the resident dataset, or of the loader's
@@ -281,13 +297,23 @@ static umt_status run_step(run_state *r, const int64_t *indices, int64_t count) 
 static int64_t train_size(const run_state *r) { return r->loader ? umt_samples_size(r->train_host) : umt_dataset_size(r->train); }
 static int64_t test_size(const run_state *r) { return r->loader ? umt_samples_size(r->test_host) : umt_dataset_size(r->test); }
 
-/* Starts an epoch: the permutation (drawn by the loader itself with data on the host: the same
- * draw from the same RNG, so both paths see the same order); returns the steps of `global`
- * samples (the batch times the ranks). */
-static int64_t start_epoch(run_state *r, int64_t n, int64_t global) {
+/* Starts an epoch at step first (0, or a resumed run's step inside it): the permutation (drawn by
+ * the loader itself with data on the host: the same draw from the same RNG, so both paths see the
+ * same order); returns the steps of `global` samples (the batch times the ranks). A resumed epoch
+ * draws its order again from the RNG as the epoch began (r->epoch_rng, from the checkpoint), then
+ * goes on from the RNG the checkpoint saved. */
+static int64_t start_epoch(run_state *r, int64_t n, int64_t global, int64_t first) {
     int64_t steps = (n + global - 1) / global, batches = 0;
-    umt_status status = r->loader ? umt_loader_start_epoch(r->loader, n, &batches) : umt_permutation(r->ctx, n, r->order);
-    if (example_check(program, status)) return -1;
+    umt_rng_state now;
+    if (example_check(program, umt_rng_state_get(r->ctx, first ? &now : &r->epoch_rng)) ||
+        (first && example_check(program, umt_rng_state_set(r->ctx, &r->epoch_rng))))
+        return -1;
+    /* With the loader, a step takes step_batch / loader_batch of its batches (its micro-batches). */
+    umt_status status = r->loader ? umt_loader_start_epoch_at(r->loader, n, first * (r->step_batch / r->loader_batch),
+                                                              &batches)
+                                  : umt_permutation(r->ctx, n, r->order);
+    if (example_check(program, status) || (first && example_check(program, umt_rng_state_set(r->ctx, &now))))
+        return -1;
     /* A last global batch too short to give every rank a sample is left out, on every rank. */
     if (!umt_dist_batch_usable(n - (steps - 1) * global, r->ranks)) steps--;
     return steps;
@@ -306,22 +332,22 @@ static int take_wait(run_state *r, double *wait_ms) {
 }
 
 /* The mean loss so far over every rank (a collective: every rank logs at the same steps); the
- * steps' losses were summed on the device since the last line. The line, with the times, and
- * its --metrics line. */
-static int log_progress(run_state *r, int64_t epoch, int64_t step, int64_t steps, double *loss_sum,
+ * steps' losses were summed on the device since the last line, from step first of the epoch on. The
+ * line, with the times, and its --metrics line. */
+static int log_progress(run_state *r, int64_t epoch, int64_t first, int64_t step, int64_t steps, double *loss_sum,
                         double *window_start, int64_t *window_images) {
     double window_mean = 0;
     int64_t window_steps = 0;
     if (example_check(program, umt_step_graph_take_mean_loss(r->graph, &window_mean, &window_steps))) return -1;
     *loss_sum += window_mean * (double)window_steps;
-    double means[2] = {*loss_sum / (double)(step + 1), window_mean}, wait_ms;
+    double means[2] = {*loss_sum / (double)(step + 1 - first), window_mean}, wait_ms;
     if (take_wait(r, &wait_ms) || example_check(program, umt_dist_sum(r->dist, means, 2))) return -1;
     double now = example_seconds(), images_per_s = (double)*window_images / (now - *window_start);
     if (r->rank == 0) {
         char line[256];
         snprintf(line, sizeof line, "epoch %lld step %lld/%lld loss %.4f lr %.4g images/s %.0f", (long long)(epoch + 1),
                  (long long)(step + 1), (long long)steps, means[0] / r->ranks, umt_optimizer_lr(r->opt), images_per_s);
-        example_progress_line(&r->progress, step + 1, line);
+        example_progress_line(&r->progress, step + 1 - first, line);
     }
     example_metrics_train row = {.epoch = epoch + 1, .epoch_step = step + 1, .epoch_steps = steps,
                                  .step = umt_optimizer_steps(r->opt), .loss = means[1] / r->ranks,
@@ -349,21 +375,45 @@ static void report_graph(const run_state *r) {
            (long long)s.replayed_steps, (long long)s.eager_steps);
 }
 
-static int train_epoch(run_state *r, const options *o, int64_t epoch) {
+/* After a step: -1 when the run must stop for a NaN or infinite value (said), 1 when a signal
+ * asks it to stop (r->stopped_by, r->stopped_after), else 0. One rank polls the optimizer's
+ * doorbell every step; several look where they have all waited (a progress line), so that all
+ * stop at the same step. */
+static int stop_after(run_state *r, int64_t epoch, int64_t base, int64_t step, int64_t steps, bool logged) {
+    bool poll = r->ranks == 1;
+    /* On a terminal the progress line is ended before a stop is told. */
+    if (!r->nonfinite.told && umt_optimizer_nonfinite_found(r->opt)) example_progress_break(&r->progress);
+    if ((poll || logged) && example_nonfinite_check(program, r->opt, &r->nonfinite, !poll, epoch, base, steps))
+        return -1;
+    if (!(r->stopped_by = example_signals_stop_requested())) return 0;
+    example_progress_break(&r->progress);
+    r->stopped_after = step + 1;
+    /* The step is queued, maybe not run: no save before the check has seen it. */
+    return example_nonfinite_check(program, r->opt, &r->nonfinite, true, epoch, base, steps) ? -1 : 1;
+}
+
+/* An epoch from its step first_step on (0, or where a resumed run goes on). */
+static int train_epoch(run_state *r, const options *o, int64_t epoch, int64_t first_step) {
     int64_t n = example_limit(train_size(r), o->train_limit);
-    int64_t global = r->step_batch * r->ranks, steps = start_epoch(r, n, global), window_images = 0;
+    int64_t global = r->step_batch * r->ranks, steps = start_epoch(r, n, global, first_step), window_images = 0;
     if (steps < 0) return -1;
-    example_progress_epoch(&r->progress, epoch, steps);
+    /* The progress line counts the steps this run takes of the epoch (a resumed one starts inside). */
+    example_progress_epoch(&r->progress, epoch, steps - first_step);
+    int64_t base = umt_optimizer_steps(r->opt) - first_step; /* the optimizer's count before the epoch */
     double start = example_seconds(), window_start = start, loss_sum = 0;
-    for (int64_t step = 0; step < steps; ++step) {
+    for (int64_t step = first_step; step < steps; ++step) {
         int64_t first = step * global, count = n - first < global ? n - first : global, offset, part;
         umt_dist_shard(count, r->rank, r->ranks, &offset, &part);
         if (example_check(program, run_step(r, r->order + first + offset, part))) return -1;
         window_images += count;
-        if (((step + 1) % o->log_every == 0 || step + 1 == steps) &&
-            log_progress(r, epoch, step, steps, &loss_sum, &window_start, &window_images))
+        bool logged = (step + 1) % o->log_every == 0 || step + 1 == steps;
+        if (logged && log_progress(r, epoch, first_step, step, steps, &loss_sum, &window_start, &window_images))
             return -1;
+        int stop = stop_after(r, epoch, base, step, steps, logged);
+        if (stop) return stop < 0 ? -1 : 0;
     }
+    /* The last steps may still be queued: the check waits for them before evaluation and saving. */
+    if (example_nonfinite_check(program, r->opt, &r->nonfinite, true, epoch, base, steps)) return -1;
     double seconds = example_seconds() - start;
     if (r->rank == 0) printf("epoch %lld trained in %.2f s\n", (long long)(epoch + 1), seconds);
     if (r->rank == 0 && epoch == 0) report_graph(r);
@@ -425,6 +475,7 @@ static int make_optimizer(run_state *r, const options *o) {
     oo.max_grad_norm = o->clip_grad_norm;
     /* fp16's 5 exponent bits underflow small gradients unless the loss is scaled up first. */
     oo.loss_scaling = r->loss_scaling = umt_context_precision(r->ctx) == UMT_PRECISION_FP16;
+    oo.on_nonfinite = r->nonfinite.policy = o->on_nonfinite;
     umt_status status = umt_optimizer_create(r->ctx, &oo, &r->opt);
     return status ? example_build_failed(program, status, r->ctx, r->offload, r->rank == 0 ? stdout : NULL) : 0;
 }
@@ -436,11 +487,11 @@ typedef struct {
     double wall_start_s, gpu_ms;
 } time_to_accuracy;
 
-static int timed_epoch(run_state *r, const options *o, int64_t epoch, time_to_accuracy *t) {
-    if (!o->target_accuracy) return train_epoch(r, o, epoch);
+static int timed_epoch(run_state *r, const options *o, int64_t epoch, int64_t first_step, time_to_accuracy *t) {
+    if (!o->target_accuracy) return train_epoch(r, o, epoch, first_step);
     double ms = 0;
     if (example_check(program, umt_timer_start(r->ctx))) return -1;
-    if (train_epoch(r, o, epoch) || example_check(program, umt_timer_stop(r->ctx, &ms))) return -1;
+    if (train_epoch(r, o, epoch, first_step) || example_check(program, umt_timer_stop(r->ctx, &ms))) return -1;
     t->gpu_ms += ms;
     return 0;
 }
@@ -470,29 +521,56 @@ static int resume_from(const run_state *r, const options *o, const umt_checkpoin
         }
         return 1;
     }
-    if (r->rank == 0)
+    if (r->rank == 0 && info->epoch_step)
+        printf("%s: resumed from %s inside epoch %lld, after its step %lld (step %lld)\n", program, o->resume,
+               epoch + 1, (long long)info->epoch_step, (long long)info->step);
+    else if (r->rank == 0)
         printf("%s: resumed from %s after epoch %lld (step %lld)\n", program, o->resume, epoch, (long long)info->step);
+    return 0;
+}
+
+/* A run a signal stopped: with --save, a checkpoint that names the step inside the epoch (when it
+ * stopped inside one), for --resume to go on from the next; said either way. */
+static int save_stopped(run_state *r, const options *o, int64_t epoch, int64_t epoch_step) {
+    const char *name = example_signal_name(r->stopped_by);
+    if (r->rank != 0) return 0;
+    umt_checkpoint_info info = {.epoch = epoch, .step = umt_optimizer_steps(r->opt), .epoch_step = epoch_step,
+                                .epoch_rng = r->epoch_rng};
+    if (epoch_step && o->save && example_check(program, umt_checkpoint_save(r->ctx, r->opt, &info, o->save)))
+        return -1;
+    if (epoch_step)
+        printf("%s: stopped by %s after step %lld of epoch %lld", program, name, (long long)epoch_step,
+               (long long)(epoch + 1));
+    else
+        printf("%s: stopped by %s after epoch %lld", program, name, (long long)epoch);
+    if (o->save) printf("; saved %s (--resume %s goes on from there)\n", o->save, o->save);
+    else printf(" (nothing saved: no --save)\n");
     return 0;
 }
 
 static int train(run_state *r, const options *o) {
     time_to_accuracy timing = {.wall_start_s = example_seconds()};
-    umt_checkpoint_info info = {0, 0};
+    umt_checkpoint_info info = {0};
     if (o->resume) {
         umt_checkpoint_load_options lo = {.allow_nonfinite = o->allow_nonfinite};
         if (example_check(program, umt_checkpoint_load_with(r->ctx, r->opt, &info, o->resume, &lo))) return -1;
         int left = resume_from(r, o, &info);
         if (left) return left < 0 ? -1 : 0;
+        r->epoch_rng = info.epoch_rng; /* a save inside an epoch: its shuffle's */
     }
     /* Rank 0 alone keeps the record, appended to when a run goes on. */
     if (r->rank == 0 && example_metrics_open(program, o->metrics, o->resume != NULL, info.step, &r->metrics)) return -1;
     example_progress_start(&r->progress, stdout, info.epoch, o->epochs);
+    /* Ctrl-C stops after a step; several ranks would each stop at another, so they keep the default. */
+    if (r->ranks == 1 && example_signals_catch(program)) return -1;
     /* 64 bits, as the checkpoint's count; resume_from keeps it to --epochs' range, so the
      * schedule's int takes it whole. */
     for (int64_t epoch = info.epoch; epoch < o->epochs; ++epoch) {
         umt_optimizer_set_lr(r->opt, umt_lr_step(o->lr, o->gamma, 1, (int)epoch));
         double accuracy = 0;
-        if (timed_epoch(r, o, epoch, &timing) || evaluate(r, o, &accuracy) ||
+        if (timed_epoch(r, o, epoch, epoch == info.epoch ? info.epoch_step : 0, &timing)) return -1;
+        if (r->stopped_by) return save_stopped(r, o, epoch, r->stopped_after);
+        if (evaluate(r, o, &accuracy) ||
             example_metrics_eval_line(r->metrics, r->ctx, epoch + 1, umt_optimizer_steps(r->opt), accuracy))
             return -1;
         if (r->rank == 0) printf("epoch %lld test accuracy %.2f%%\n", (long long)(epoch + 1), accuracy);
@@ -504,7 +582,10 @@ static int train(run_state *r, const options *o) {
         if (r->rank == 0 && o->save && example_check(program, umt_checkpoint_save(r->ctx, r->opt, &info, o->save)))
             return -1;
         if (done) return 0;
+        /* A signal during the evaluation or the save: the epoch's checkpoint is written. */
+        if ((r->stopped_by = example_signals_stop_requested()) != 0) return save_stopped(r, o, epoch + 1, 0);
     }
+    example_nonfinite_summary(program, r->opt, &r->nonfinite);
     if (o->target_accuracy && r->rank == 0)
         printf("target accuracy %.2f%% not reached in %d epochs\n", (double)o->target_accuracy, o->epochs);
     return 0;
@@ -720,5 +801,5 @@ int main(int argc, char **argv) {
     if (rc && r.ranks > 1) fprintf(stderr, "%s: rank %d of %d failed\n", program, r.rank, r.ranks);
     teardown(&r);
     umt_dist_finish(&process);
-    return rc ? 1 : 0;
+    return rc ? 1 : r.stopped_by ? example_signal_exit_status(r.stopped_by) : 0;
 }

@@ -12,6 +12,10 @@
  * trainer to read first.
  * With the defaults (SGD lr 0.05, momentum 0.9, lr x0.2 after each epoch) it reaches 97.7-98.0%
  * test accuracy after 2 epochs (seeds 1-4).
+ *
+ * A step whose loss or gradients are NaN or infinite (--lr 100 makes one) applies no update and
+ * stops the run, naming it (--on-nonfinite skip goes on without it). Ctrl-C or SIGTERM stops after
+ * the step in progress (exit status 130 or 143; a second Ctrl-C ends at once).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +24,7 @@
 #include "examples/example_common.h"
 #include "examples/example_metrics.h"
 #include "examples/example_progress.h"
+#include "examples/example_signals.h"
 #include "umtrain.h"
 
 static const char *const program = "mnist_mlp";
@@ -46,6 +51,7 @@ typedef struct {
     umt_memory_mode memory_mode;
     const char *precision; /* NULL: umt_precision_default */
     const char *metrics;   /* --metrics PATH: JSON Lines (examples/example_metrics.h) */
+    example_nonfinite nonfinite;
 } options;
 
 static void usage(FILE *out) {
@@ -55,17 +61,20 @@ static void usage(FILE *out) {
             "                 [--seed N] [--data-dir DIR] [--hidden N] [--train-limit N] [--test-limit N]\n"
             "                 [--log-every N] [--device cpu|cuda] [--mem managed|managed-plain|device]\n"
             "                 [--precision fp32|bf16|fp16] [--metrics PATH]\n"
+            EXAMPLE_NONFINITE_USAGE
             "defaults: 2 epochs, batch 64, sgd lr 0.05 momentum 0.9 (other optimizers: PyTorch's default lr),\n"
             "          step schedule with gamma 0.2 (lr x0.2 per epoch), seed 1, data/mnist, hidden 256,\n"
             "          cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16 tensor\n"
             "          cores (else fp32), all training and test images (limits: the first N); --metrics PATH writes\n"
-            "          a line per progress line and per evaluation as JSON Lines (tools/plot_metrics.py draws it)\n");
+            "          a line per progress line and per evaluation as JSON Lines (tools/plot_metrics.py draws it)\n"
+            EXAMPLE_NONFINITE_DEFAULTS);
 }
 
 static int parse_options(int argc, char **argv, options *o) {
     *o = (options){.epochs = 2, .batch_size = 64, .momentum = 0.9f, .seed = 1, .optimizer = "sgd",
                    .schedule = "step", .gamma = 0.2f, .data_dir = "data/mnist", .hidden = 256, .log_every = 100,
-                   .device = umt_default_device(), .memory_mode = UMT_MEM_MANAGED};
+                   .device = umt_default_device(), .memory_mode = UMT_MEM_MANAGED,
+                   .nonfinite = {.policy = UMT_NONFINITE_STOP}};
     for (int i = 1; i < argc; ++i) {
         const char *flag = argv[i];
         if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) {
@@ -94,6 +103,7 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--mem")) bad = example_check(program, umt_memory_mode_parse(value, &o->memory_mode));
         else if (!strcmp(flag, "--precision")) o->precision = value;
         else if (!strcmp(flag, "--metrics")) o->metrics = value;
+        else if (!strcmp(flag, "--on-nonfinite")) bad = example_check(program, umt_nonfinite_policy_parse(value, &o->nonfinite.policy));
         else {
             fprintf(stderr, "mnist_mlp: unknown flag %s\n", flag);
             usage(stderr);
@@ -161,11 +171,25 @@ static int log_progress(umt_context *ctx, umt_optimizer *opt, watch *w, int epoc
     return example_metrics_train_line(w->metrics, ctx, &row);
 }
 
-static int train_epoch(umt_context *ctx, const options *o, const mlp *m, umt_optimizer *opt, const umt_dataset *train,
+/* After each step: 1 when the run must stop for a NaN or infinite value (said), 128 + the signal
+ * for a SIGINT or SIGTERM (said), else 0. */
+static int stop_after(options *o, const umt_optimizer *opt, watch *w, int epoch, int64_t epoch_base, int64_t step,
+                      int64_t steps) {
+    if (!o->nonfinite.told && umt_optimizer_nonfinite_found(opt)) example_progress_break(&w->progress);
+    if (example_nonfinite_check(program, opt, &o->nonfinite, false, epoch, epoch_base, steps)) return 1;
+    int signal = example_signals_stop_requested();
+    if (!signal) return 0;
+    example_progress_break(&w->progress);
+    printf("%s: stopped by %s after epoch %d step %lld/%lld (mnist_mlp saves no checkpoint)\n", program,
+           example_signal_name(signal), epoch + 1, (long long)(step + 1), (long long)steps);
+    return example_signal_exit_status(signal);
+}
+
+static int train_epoch(umt_context *ctx, options *o, const mlp *m, umt_optimizer *opt, const umt_dataset *train,
                        int epoch, int64_t *order, watch *w) {
     int64_t n = example_limit(umt_dataset_size(train), o->train_limit);
     if (umt_permutation(ctx, n, order)) return fail("shuffle");
-    int64_t steps = (n + o->batch_size - 1) / o->batch_size;
+    int64_t steps = (n + o->batch_size - 1) / o->batch_size, epoch_base = umt_optimizer_steps(opt);
     example_progress_epoch(&w->progress, epoch, steps);
     double start = example_seconds(), window_start = start, loss_sum = 0, window_loss = 0;
     int64_t window_images = 0, window_steps = 0;
@@ -193,12 +217,14 @@ static int train_epoch(umt_context *ctx, const options *o, const mlp *m, umt_opt
             window_images = window_steps = 0;
             window_loss = 0;
         }
+        int stop = stop_after(o, opt, w, epoch, epoch_base, step, steps);
+        if (stop) return stop;
     }
     printf("epoch %d trained in %.1f s\n", epoch + 1, example_seconds() - start);
-    return 0;
+    return example_nonfinite_check(program, opt, &o->nonfinite, true, epoch, epoch_base, steps) ? 1 : 0;
 }
 
-static int run(umt_context *ctx, const options *o, example_metrics *metrics) {
+static int run(umt_context *ctx, options *o, example_metrics *metrics) {
     umt_dataset *train, *test;
     if (example_load_mnist(program, ctx, o->data_dir, "train", &train) ||
         example_load_mnist(program, ctx, o->data_dir, "t10k", &test))
@@ -222,23 +248,32 @@ static int run(umt_context *ctx, const options *o, example_metrics *metrics) {
     oo.lr = o->lr;
     oo.weight_decay = o->weight_decay > 0 ? o->weight_decay : oo.weight_decay;
     oo.loss_scaling = umt_context_precision(ctx) == UMT_PRECISION_FP16; /* fp16 gradients underflow otherwise */
+    oo.on_nonfinite = o->nonfinite.policy;
     umt_optimizer *opt;
     if (umt_optimizer_create(ctx, &oo, &opt)) return fail("optimizer");
 
     int64_t *order = malloc((size_t)umt_dataset_size(train) * sizeof *order);
     if (!order) return fail("memory for the shuffle");
+    if (example_signals_catch(program)) return 1;
     int rc = 0;
     watch w = {.metrics = metrics};
     example_progress_start(&w.progress, stdout, 0, o->epochs);
     for (int epoch = 0; epoch < o->epochs && !rc; ++epoch) {
         umt_optimizer_set_lr(opt, epoch_lr(o, oo.lr, epoch));
         double accuracy = -1;
-        rc = train_epoch(ctx, o, &m, opt, train, epoch, order, &w) ||
-             example_evaluate(program, ctx, mlp_forward, &m, test, 1000, o->test_limit, &accuracy) ||
-             example_metrics_eval_line(metrics, ctx, epoch + 1, umt_optimizer_steps(opt), accuracy);
+        rc = train_epoch(ctx, o, &m, opt, train, epoch, order, &w);
+        if (!rc)
+            rc = example_evaluate(program, ctx, mlp_forward, &m, test, 1000, o->test_limit, &accuracy) ||
+                 example_metrics_eval_line(metrics, ctx, epoch + 1, umt_optimizer_steps(opt), accuracy);
         if (!rc) printf("epoch %d test accuracy %.2f%%\n", epoch + 1, accuracy);
+        int signal = example_signals_stop_requested(); /* one that came during the evaluation */
+        if (!rc && signal) {
+            printf("%s: stopped by %s after epoch %d\n", program, example_signal_name(signal), epoch + 1);
+            rc = example_signal_exit_status(signal);
+        }
     }
     example_progress_break(&w.progress);
+    example_nonfinite_summary(program, opt, &o->nonfinite);
     free(order);
     return rc;
 }

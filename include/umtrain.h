@@ -587,6 +587,25 @@ typedef struct umt_optimizer umt_optimizer;
 
 typedef enum { UMT_OPT_SGD = 0, UMT_OPT_ADAM, UMT_OPT_ADAMW, UMT_OPT_ADADELTA } umt_optimizer_kind;
 
+/* What a step does when its loss or a gradient is NaN or infinite (umt_optimizer_options.on_nonfinite).
+ * The check runs on the device, in every step's own queue of work, before any parameter moves:
+ * the sum of squares of every gradient (the global norm's) and the loss of the step's last
+ * umt_backward (the micro-batches' sum when the step is split) must be finite. No step waits for
+ * the host; the host learns of the first such step from umt_optimizer_nonfinite_found, a step or
+ * two later on a GPU, at once on the CPU. Under loss scaling (fp16) a gradient's overflow stays
+ * the scaler's to handle (skipped, the scale halved), and only a non-finite loss counts. */
+typedef enum {
+    UMT_NONFINITE_OFF = 0, /* no check: every update is applied, whatever it holds (PyTorch's way) */
+    UMT_NONFINITE_STOP,    /* that step's update and every later one are skipped: the parameters stay
+                            * those from before it, and the program should stop */
+    UMT_NONFINITE_SKIP     /* that step's update is skipped and counted; the next steps go on */
+} umt_nonfinite_policy;
+
+/* "off", "stop", "skip" -> policy; UMT_ERR_INVALID_ARGUMENT otherwise. */
+umt_status umt_nonfinite_policy_parse(const char *name, umt_nonfinite_policy *out);
+/* "off", "stop", "skip"; "invalid-policy" for anything else. */
+const char *umt_nonfinite_policy_name(umt_nonfinite_policy policy);
+
 typedef struct {
     umt_optimizer_kind kind;
     float lr;
@@ -609,11 +628,16 @@ typedef struct {
     /* Every parameter's update in one launch (default) rather than one launch per parameter;
      * the same arithmetic, bit for bit. */
     bool multi_tensor;
+    /* The non-finite check (umt_nonfinite_policy above); off by default. On, it costs one small
+     * kernel per step (the sum of squares clipping computes too) and no wait; the updates of the
+     * steps it lets through are bit for bit those without it. With the offload tier, updates in
+     * backward (UMT_OFFLOAD_OPTIM_BACKWARD) then run after backward, as they do with clipping. */
+    umt_nonfinite_policy on_nonfinite;
 } umt_optimizer_options;
 
 /* PyTorch's defaults for the kind (SGD lr 0.01; Adam lr 1e-3; AdamW lr 1e-3 wd 1e-2;
  * Adadelta lr 1.0 rho 0.9 eps 1e-6); no clipping; loss scaling off, and when turned on,
- * GradScaler's scale 65536 and growth interval 2000. */
+ * GradScaler's scale 65536 and growth interval 2000; no non-finite check. */
 umt_optimizer_options umt_optimizer_defaults(umt_optimizer_kind kind);
 /* "sgd", "adam", "adamw", "adadelta" -> kind; UMT_ERR_INVALID_ARGUMENT for anything else. */
 umt_status umt_optimizer_kind_parse(const char *name, umt_optimizer_kind *out);
@@ -630,14 +654,36 @@ umt_status umt_optimizer_step(umt_optimizer *opt);
 /* umt_backward with the loss gradient seeded with opt's current loss scale instead of 1 (read
  * on the device: no wait). Without loss scaling it is umt_backward. opt must belong to ctx. */
 umt_status umt_backward_scaled(umt_context *ctx, umt_tensor *loss, const umt_optimizer *opt);
-/* Steps skipped for an inf or NaN gradient, and the current loss scale (1 without loss
- * scaling). Both read the device: they wait for queued work, so ask once per epoch, not per
- * step. -1 and NaN when the read fails or opt is NULL (umt_last_error says why). */
+/* Steps skipped (for an inf or NaN gradient, a non-finite loss, or after UMT_NONFINITE_STOP), and
+ * the current loss scale (1 without loss scaling). Both read the device: they wait for queued
+ * work, so ask once per epoch, not per step. -1 and NaN when the read fails or opt is NULL
+ * (umt_last_error says why). */
 int64_t umt_optimizer_skipped_steps(const umt_optimizer *opt);
 float umt_optimizer_loss_scale(const umt_optimizer *opt);
 void umt_optimizer_set_lr(umt_optimizer *opt, float lr);
 /* The learning rate (0 for a NULL opt). */
 float umt_optimizer_lr(const umt_optimizer *opt);
+
+/* Whether the non-finite check has found a step whose loss or gradients are NaN or infinite.
+ * Never waits: the device stores the first such step's count into host memory, so this is a read
+ * of one word, cheap enough for every step; on a GPU it turns true once the GPU has run that step
+ * (the host may be a few steps ahead). false without the check, and for a NULL opt. */
+bool umt_optimizer_nonfinite_found(const umt_optimizer *opt);
+
+typedef struct {
+    int64_t steps;      /* steps whose loss or gradients were NaN or infinite: their updates skipped */
+    int64_t first_step; /* the first of them, counted as umt_optimizer_steps counts (1: the first
+                         * step of the optimizer, or of the checkpoint it was loaded from); 0: none */
+    bool loss;          /* that step's loss was NaN or infinite, */
+    float loss_value;   /* and this was its value (the loss of that step in any case; 0 if none was read) */
+    const char *parameter; /* the first parameter (creation order) whose gradient held NaN or an
+                            * infinity in that step, or NULL: the loss alone was */
+    bool stopped;       /* UMT_NONFINITE_STOP: no update has been applied since first_step */
+} umt_nonfinite_report;
+
+/* What the non-finite check found (all zero without it). Reads the device: waits for queued work
+ * (ask when umt_optimizer_nonfinite_found says so, or once per epoch). */
+umt_status umt_optimizer_nonfinite_get(const umt_optimizer *opt, umt_nonfinite_report *out);
 /* Steps taken so far (0 for a NULL opt). */
 int64_t umt_optimizer_steps(const umt_optimizer *opt);
 void umt_optimizer_destroy(umt_optimizer *opt);
@@ -657,7 +703,9 @@ void umt_optimizer_destroy(umt_optimizer *opt);
  * baked in moved (the activation arena after an evaluation). Where capture is impossible (CPU,
  * a failed capture, a step a replay cannot follow) every step runs eagerly, and the reason is
  * printed once on stderr. Everything else a step's kernels take by value is baked in at
- * capture: change another hyper-parameter (momentum, weight decay) with a new graph. */
+ * capture: change another hyper-parameter (momentum, weight decay) with a new graph. The
+ * optimizer's non-finite check (on_nonfinite) runs inside a replay as in an eager step: the
+ * step's loss and gradients are checked on the device, and its doorbell rings in host memory. */
 typedef struct umt_step_graph umt_step_graph;
 typedef umt_tensor *(*umt_step_fn)(umt_context *ctx, void *user, const void *input, size_t input_bytes);
 
@@ -692,14 +740,35 @@ float umt_lr_cosine(float base_lr, float min_lr, int64_t t, int64_t total);
  * checksum (docs/CHECKPOINT.md). Written to a temporary file and renamed over the target, so a
  * crash never leaves a torn checkpoint. */
 
+/* The context's random number generator (xoshiro256**) as it is at one point of a run: a program
+ * that must draw again what it drew from there (an epoch's shuffle, resuming inside that epoch)
+ * keeps it, sets it back, draws, and sets the state it had before. */
+typedef struct {
+    uint64_t s[4];
+} umt_rng_state;
+
+umt_status umt_rng_state_get(const umt_context *ctx, umt_rng_state *out);
+/* A state of all zeros is refused (the generator would draw only zeros from it). */
+umt_status umt_rng_state_set(umt_context *ctx, const umt_rng_state *state);
+
 typedef struct {
     int64_t epoch; /* epochs finished */
     int64_t step;  /* optimizer steps taken */
+    /* Saved inside an epoch (a run stopped by a signal): the steps of the epoch after `epoch` that
+     * were taken, and the RNG as it was when that epoch began, before its shuffle: set it back
+     * (umt_rng_state_set) to draw the same order, then the context's own state again to go on
+     * from the saved step. 0 and all zeros at an epoch's end. */
+    int64_t epoch_step;
+    umt_rng_state epoch_rng;
 } umt_checkpoint_info;
 
-/* opt may be NULL (a model-only checkpoint). info's epoch and step (0 when info is NULL) and the
- * optimizer's step count must be within 0..2^53, as load requires; a path must be named (not
- * NULL, not empty).
+/* opt may be NULL (a model-only checkpoint). info's epoch, step and epoch_step (0 when info is
+ * NULL) and the optimizer's step count must be within 0..2^53, as load requires; a path must be
+ * named (not NULL, not empty). A NaN or infinite value in any tensor it would write (a parameter,
+ * a buffer, an optimizer state: what load refuses) stops the save with UMT_ERR_STATE naming the
+ * tensor and the element, and the file at path is left as it was: a diverged run never replaces
+ * its last good checkpoint. A checkpoint saved at an epoch's end (epoch_step 0) is format version
+ * 1, as before; one saved inside an epoch is version 2 (docs/CHECKPOINT.md).
  * Signals: from the temporary file's creation to its rename or removal, the calling thread
  * blocks SIGINT and SIGTERM, and restores its mask after. A SIGINT or SIGTERM whose action is the
  * default (ending the process) stops the save within 16 MiB of writing: the temporary file is
@@ -851,6 +920,10 @@ void umt_loader_destroy(umt_loader *loader);
  * threads. A previous epoch need not be finished. Returns the number of batches in *batches
  * (batches may be NULL). */
 umt_status umt_loader_start_epoch(umt_loader *loader, int64_t limit, int64_t *batches);
+/* The same epoch (the same draws from the context's RNG), started at batch first_batch: the
+ * batches before it are never assembled, and umt_loader_next hands out first_batch first. For a
+ * run resumed inside an epoch; *batches is still the whole epoch's count. */
+umt_status umt_loader_start_epoch_at(umt_loader *loader, int64_t limit, int64_t first_batch, int64_t *batches);
 /* The next batch of the epoch into new tensors of the activations pool (call after
  * umt_step_begin): images f32 [n,C,H,W], labels i32 [n]. At the end of the epoch both are NULL.
  * An error of a loader thread (a file that does not decode) is returned here, naming the file. */

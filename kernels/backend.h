@@ -201,11 +201,11 @@ typedef struct {
     /* --- fused optimizer steps (kernels/optim_step.h tells the story): the same rules as above,
      *     each in one pass that may also scale or clip the gradient, skip the step and write
      *     the parameter's low-precision copy; a zero fusion is the plain update, bit for bit --- */
-    /* partials[0..UMT_GRAD_SUMSQ_PARTIALS) = a fixed split of sum(grad^2), in double */
-    umt_status (*grad_sumsq)(const float *grad, int64_t n, double *partials);
-    /* One thread: sums partials[0..count) in a fixed order, then umt_step_finish(scalars) */
-    umt_status (*step_prepare)(umt_step_scalars *scalars, const double *partials, int64_t count,
-                               umt_step_options options);
+    /* The step's decision: tensor t's sum(grad^2) into partials[t * UMT_GRAD_SUMSQ_PARTIALS ...], a
+     * fixed split in double, then once all are written, every partial in a fixed order and
+     * umt_step_finish(scalars) (CUDA: one launch per 32 tensors, the last one's last block decides) */
+    umt_status (*step_decide)(const umt_update_tensor *tensors, int count, double *partials,
+                              umt_step_scalars *scalars, umt_step_options options);
     umt_status (*sgd_update_fused)(float *param, const float *grad, float *velocity, int64_t n, float lr,
                                    float momentum, float weight_decay, umt_update_fusion fusion);
     umt_status (*adam_update_fused)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,

@@ -102,9 +102,8 @@ static umt_status adam_update(float *param, const float *grad, float *m, float *
                               float beta2, float eps, float weight_decay, bool decoupled, int64_t step) NOTHING
 static umt_status adadelta_update(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,
                                   float lr, float rho, float eps, float weight_decay) NOTHING
-static umt_status grad_sumsq(const float *grad, int64_t n, double *partials) NOTHING
-static umt_status step_prepare(umt_step_scalars *scalars, const double *partials, int64_t count,
-                               umt_step_options options) NOTHING
+static umt_status step_decide(const umt_update_tensor *tensors, int count, double *partials,
+                              umt_step_scalars *scalars, umt_step_options options) NOTHING
 static umt_status sgd_update_fused(float *param, const float *grad, float *velocity, int64_t n, float lr,
                                    float momentum, float weight_decay, umt_update_fusion fusion) NOTHING
 static umt_status adam_update_fused(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
@@ -217,8 +216,7 @@ void umt_backend_dry(const umt_backend *real, umt_backend *out) {
     DRY(f32, sgd_update, sgd_update);
     DRY(f32, adam_update, adam_update);
     DRY(f32, adadelta_update, adadelta_update);
-    DRY(f32, grad_sumsq, grad_sumsq);
-    DRY(f32, step_prepare, step_prepare);
+    DRY(f32, step_decide, step_decide);
     DRY(f32, sgd_update_fused, sgd_update_fused);
     DRY(f32, adam_update_fused, adam_update_fused);
     DRY(f32, adadelta_update_fused, adadelta_update_fused);

@@ -1,16 +1,25 @@
 /*
- * kernels/optim_step.h — the optimizer's step scalars: what a mixed-precision step decides on the
- * device, so that the host never waits for it.
+ * kernels/optim_step.h — the optimizer's step scalars: what a step decides on the device, so that
+ * the host never waits for it.
  *
- * With loss scaling or gradient clipping on, one step of core/optim/optim.c is:
- *   1. grad_sumsq, once per parameter: its share of the sum of squares of every gradient;
- *   2. step_prepare, one thread: finishes the sum, then umt_step_finish below decides whether
- *      the step is skipped (an inf or NaN gradient), the factor every gradient is multiplied by
- *      (1 / loss scale, times the clipping coefficient), Adam's bias corrections for the steps
- *      really applied, and moves the loss scale (PyTorch's GradScaler rules);
- *   3. the fused updates, once per parameter, read that decision from the same memory.
+ * With loss scaling, gradient clipping or the non-finite check on, one step of core/optim/optim.c is:
+ *   1. step_decide: every gradient's share of the sum of squares (UMT_GRAD_SUMSQ_PARTIALS per
+ *      parameter), then, once all are written, umt_step_finish below decides whether the step is
+ *      skipped (an inf or NaN gradient, a non-finite loss, a run the check has stopped), the
+ *      factor every gradient is multiplied by (1 / loss scale, times the clipping coefficient),
+ *      Adam's bias corrections for the steps really applied, and moves the loss scale
+ *      (PyTorch's GradScaler rules);
+ *   2. the fused updates, once per parameter (or in one launch), read that decision from the same
+ *      memory: a skipped step writes nothing.
  * umt_backward_scaled seeds the loss gradient from loss_scale with a device-to-device copy.
  * The block lives in the optim pool; the host reads it only when asked (a synchronising read).
+ *
+ * The non-finite check (umt_optimizer_options.on_nonfinite) records the first step whose loss or
+ * gradients are NaN or infinite, and writes its count once into a word of host memory (the
+ * doorbell: pinned on CUDA, so a kernel's store reaches it without a copy): the host looks at that
+ * word whenever it likes, without waiting for the GPU, and learns of the step a step or two
+ * after it was queued. The update of that step is skipped on the device, as fp16's scaler skips
+ * an overflow, so nothing non-finite reaches a parameter whenever the host looks.
  *
  * umt_step_finish is plain C that compiles for the host and the device alike, so the CPU
  * reference and the CUDA kernel make the same decision from the same sum.
@@ -30,27 +39,46 @@
 extern "C" {
 #endif
 
-/* Partial sums each grad_sumsq call writes: a fixed split, so that the finishing sum adds the
- * same numbers in the same order on every run (a deterministic reduction, no atomics). */
+#ifdef __CUDACC__
+#define UMT_HOST_DEVICE __host__ __device__
+#else
+#define UMT_HOST_DEVICE
+#endif
+
+/* Partial sums per gradient: a fixed split, so that the finishing sum adds the same numbers in
+ * the same order on every run (a deterministic reduction). */
 #define UMT_GRAD_SUMSQ_PARTIALS 32
 
 /* PyTorch's GradScaler factors. */
 #define UMT_LOSS_SCALE_BACKOFF 0.5f
 #define UMT_LOSS_SCALE_GROWTH 2.0f
 
+/* What the first non-finite step held (umt_step_scalars.first_nonfinite_what): bits. */
+#define UMT_NONFINITE_FOUND_LOSS 1
+#define UMT_NONFINITE_FOUND_GRADIENT 2
+
 typedef struct {
     float loss_scale;   /* backward's seed for the loss gradient (1 without loss scaling) */
     float multiplier;   /* this step's gradient factor: clip coefficient / loss scale */
     float grad_norm;    /* this step's global L2 norm of the unscaled gradients (inf/NaN on overflow) */
-    int32_t found_inf;  /* 1: a gradient of this step is inf or NaN, and the step is skipped */
+    int32_t found_inf;  /* 1: this step is skipped (an inf or NaN gradient, a non-finite loss, a stop) */
     int32_t growth_count;  /* clean steps since the loss scale last changed */
-    int64_t skipped_steps; /* steps skipped for an inf or NaN gradient */
+    int64_t skipped_steps; /* steps skipped, for any of found_inf's reasons */
     int64_t applied_steps; /* steps applied: what Adam's bias correction counts */
     float adam_step_size;             /* lr / (1 - beta1^applied_steps) */
     float adam_bias_correction2_sqrt; /* sqrt(1 - beta2^applied_steps) */
+    /* The non-finite check (umt_step_options.nonfinite) */
+    int64_t steps;                /* steps decided, skipped ones included: umt_optimizer_steps' count */
+    int64_t nonfinite_steps;      /* steps whose loss or gradients held NaN or an infinity */
+    int64_t first_nonfinite_step; /* the first of them, as `steps` counted it (0: none yet) */
+    float first_nonfinite_loss;   /* its loss (0 when it had none to read) */
+    int32_t first_nonfinite_what; /* UMT_NONFINITE_FOUND_* */
+    int32_t first_nonfinite_tensor; /* the first gradient (the update's order) that was not finite, or -1 */
+    int32_t stopped;      /* UMT_NONFINITE_STOP after a non-finite step: every later update is skipped */
+    uint32_t blocks_done; /* the CUDA step_decide's count of finished blocks (0 between calls) */
 } umt_step_scalars;
 
-/* What step_prepare needs from the optimizer's options, by value. */
+/* What step_decide needs from the optimizer's options, by value. */
 typedef struct {
     float max_grad_norm; /* 0: no clipping */
     bool loss_scaling;
@@ -58,6 +86,10 @@ typedef struct {
     bool adam; /* compute Adam's factors from lr, beta1, beta2 */
     float lr, beta1, beta2;
     const float *lr_on_device; /* non-NULL: lr is read here instead (a CUDA graph's replays) */
+    umt_nonfinite_policy nonfinite; /* UMT_NONFINITE_OFF: only the scaler's and clipping's decision */
+    const float *loss;     /* the step's loss (device memory; NULL: none to check) */
+    int64_t *doorbell;     /* host memory the decision may store into (pinned on CUDA), or NULL: the
+                            * first non-finite step's count, written once */
 } umt_step_options;
 
 /* What a fused update adds to the plain one; all zero is exactly the plain update:
@@ -101,10 +133,7 @@ typedef struct {
 } umt_update_rule;
 
 /* Where master element i lands in the compute copy (see umt_update_fusion). */
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-static inline int64_t umt_lowp_index(int64_t i, int64_t channels, int64_t pixels) {
+UMT_HOST_DEVICE static inline int64_t umt_lowp_index(int64_t i, int64_t channels, int64_t pixels) {
     if (channels == 0) return i;
     int64_t k = i / (channels * pixels), c = i / pixels % channels, pixel = i % pixels;
     return (k * pixels + pixel) * channels + c;
@@ -116,17 +145,49 @@ static inline umt_step_scalars umt_step_scalars_initial(bool loss_scaling, float
     memset(&s, 0, sizeof s); /* padding included: the block's bytes are all defined */
     s.loss_scale = loss_scaling ? loss_scale_init : 1.0f;
     s.multiplier = 1.0f;
+    s.first_nonfinite_tensor = -1;
     return s;
 }
 
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-static inline void umt_step_finish(umt_step_scalars *s, double sumsq, umt_step_options o) {
+/* The tensor whose gradient made the sum of squares non-finite: the first partial that is NaN or
+ * infinite names it (each tensor has UMT_GRAD_SUMSQ_PARTIALS, in the update's order); -1 if none. */
+UMT_HOST_DEVICE static inline int32_t umt_step_first_nonfinite_tensor(const double *partials, int32_t tensors) {
+    for (int64_t i = 0; i < (int64_t)tensors * UMT_GRAD_SUMSQ_PARTIALS; ++i)
+        if (!(partials[i] <= DBL_MAX)) return (int32_t)(i / UMT_GRAD_SUMSQ_PARTIALS);
+    return -1;
+}
+
+/* A step whose loss or gradients are not finite: counted; the first one's culprits recorded and
+ * its count stored into the doorbell (the only store into host memory, once per run); under
+ * UMT_NONFINITE_STOP every later update is skipped too. */
+UMT_HOST_DEVICE static inline void umt_step_note_nonfinite(umt_step_scalars *s, bool loss_bad, bool gradient_bad,
+                                                           const double *partials, int32_t tensors,
+                                                           umt_step_options o) {
+    s->nonfinite_steps++;
+    if (o.nonfinite == UMT_NONFINITE_STOP) s->stopped = 1;
+    if (s->first_nonfinite_step) return;
+    s->first_nonfinite_step = s->steps;
+    s->first_nonfinite_loss = o.loss ? *o.loss : 0.0f;
+    s->first_nonfinite_what =
+        (loss_bad ? UMT_NONFINITE_FOUND_LOSS : 0) | (gradient_bad ? UMT_NONFINITE_FOUND_GRADIENT : 0);
+    s->first_nonfinite_tensor = gradient_bad ? umt_step_first_nonfinite_tensor(partials, tensors) : -1;
+    if (o.doorbell) *(volatile int64_t *)o.doorbell = s->steps;
+}
+
+/* The step's decision from sumsq, the sum of partials (tensors gradients' worth of them). */
+UMT_HOST_DEVICE static inline void umt_step_finish(umt_step_scalars *s, double sumsq, const double *partials,
+                                                   int32_t tensors, umt_step_options o) {
     /* Each square of a finite float is exact in double and at most ~1.2e77, and no realistic
      * count of them overflows a double: the sum is inf or NaN exactly when a gradient is. (The
-     * comparison is false for NaN.) */
-    bool found_inf = !(sumsq <= DBL_MAX);
+     * comparisons are false for NaN.) */
+    bool gradient_bad = !(sumsq <= DBL_MAX);
+    bool loss_bad = o.loss && !(fabsf(*o.loss) <= FLT_MAX);
+    /* Under loss scaling a gradient's overflow is the scaler's to handle (a smaller scale, and the
+     * step skipped); a non-finite loss is the run's. */
+    bool nonfinite = o.nonfinite != UMT_NONFINITE_OFF && (loss_bad || (gradient_bad && !o.loss_scaling));
+    s->steps++;
+    if (nonfinite) umt_step_note_nonfinite(s, loss_bad, gradient_bad, partials, tensors, o);
+    bool found_inf = gradient_bad || nonfinite || s->stopped;
     double scale = o.loss_scaling ? s->loss_scale : 1.0;
     /* The gradients hold loss_scale times the true ones; PyTorch's clip_grad_norm_ (after
      * GradScaler.unscale_): coefficient max_norm / (norm + 1e-6), clamped to 1. */
@@ -155,11 +216,12 @@ static inline void umt_step_finish(umt_step_scalars *s, double sumsq, umt_step_o
     }
     if (!o.loss_scaling) return;
     /* GradScaler: back off at once on overflow; grow after growth_interval clean steps in a
-     * row, unless growing would overflow the scale itself. */
-    if (found_inf) {
+     * row, unless growing would overflow the scale itself. A step skipped for another reason
+     * (its loss, a stopped run) leaves the scale alone. */
+    if (gradient_bad) {
         s->loss_scale *= UMT_LOSS_SCALE_BACKOFF;
         s->growth_count = 0;
-    } else if (++s->growth_count >= o.growth_interval) {
+    } else if (!found_inf && ++s->growth_count >= o.growth_interval) {
         float grown = s->loss_scale * UMT_LOSS_SCALE_GROWTH;
         if (grown <= FLT_MAX) s->loss_scale = grown;
         s->growth_count = 0;

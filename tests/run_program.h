@@ -11,4 +11,10 @@
  * when a signal ended it) and what it printed, cut to size - 1 bytes, in out. */
 int run_program(const char *command, char *out, size_t size);
 
+/* run_program, sending a signal the way a terminal's Ctrl-C does: signals[i] to the program as
+ * soon as what it has printed holds triggers[i], one after another (count of them). The status:
+ * the program's exit status, or -1 when a signal ended it. */
+int run_program_signalled(const char *command, const char *const *triggers, const int *signals, int count, char *out,
+                          size_t size);
+
 #endif /* UMT_TESTS_RUN_PROGRAM_H */

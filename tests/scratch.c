@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <zlib.h>
 
 static char dir[64];
 
@@ -82,4 +83,41 @@ const char *scratch_write(const char *name, const uint8_t *bytes, size_t size) {
     assert_int_equal(fwrite(bytes, 1, size, f), size);
     assert_int_equal(fclose(f), 0);
     return path;
+}
+
+static uint32_t get_u32(const uint8_t *at) {
+    return (uint32_t)at[0] | (uint32_t)at[1] << 8 | (uint32_t)at[2] << 16 | (uint32_t)at[3] << 24;
+}
+
+static void put_u32(uint8_t *at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) at[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Offsets of docs/CHECKPOINT.md: the version, the section counts, the records after the header
+ * (92 bytes in version 1, 132 in version 2), the CRC-32 at the end. */
+enum { AT_VERSION = 8, AT_COUNTS = 80, CRC_BYTES = 4 };
+
+void scratch_poison_checkpoint(const char *path, const char *name) {
+    size_t size;
+    uint8_t *bytes = scratch_read(path, &size);
+    uint32_t total = get_u32(bytes + AT_COUNTS) + get_u32(bytes + AT_COUNTS + 4) + get_u32(bytes + AT_COUNTS + 8);
+    size_t at = get_u32(bytes + AT_VERSION) == 2 ? 132 : 92;
+    bool found = false;
+    for (uint32_t i = 0; i < total && !found; ++i) {
+        uint32_t name_bytes = get_u32(bytes + at);
+        found = name_bytes == strlen(name) && memcmp(bytes + at + 4, name, name_bytes) == 0;
+        at += 4 + name_bytes + 4;
+        at += 4 + 8 * (size_t)get_u32(bytes + at);
+        uint64_t data_bytes = get_u32(bytes + at) | (uint64_t)get_u32(bytes + at + 4) << 32;
+        at += 8;
+        for (uint64_t b = 0; found && b < data_bytes; b += 4) put_u32(bytes + at + b, 0x7fc00000u);
+        at += data_bytes;
+    }
+    if (!found) fail_msg("%s: no tensor named %s", path, name);
+    put_u32(bytes + size - CRC_BYTES, (uint32_t)crc32(0L, bytes, (uInt)(size - CRC_BYTES)));
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, size, f), size);
+    assert_int_equal(fclose(f), 0);
+    free(bytes);
 }

@@ -23,5 +23,9 @@ int scratch_entries(int *temporary);
 uint8_t *scratch_read(const char *path, size_t *size);
 /* Writes bytes as the folder's file name; returns its path. */
 const char *scratch_write(const char *name, const uint8_t *bytes, size_t size);
+/* Rewrites every element of the f32 tensor `name` of the checkpoint at path (any folder) as NaN and
+ * reseals its CRC-32: the file a diverged run would have saved, which umt_checkpoint_save refuses
+ * to write, for the tests of what loading it does. */
+void scratch_poison_checkpoint(const char *path, const char *name);
 
 #endif /* UMT_TESTS_SCRATCH_H */

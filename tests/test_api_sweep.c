@@ -153,6 +153,9 @@ typedef struct {
     umt_loader_stats loader_stats;
     umt_checkpoint_info info;
     umt_checkpoint_load_options load_options;
+    umt_nonfinite_policy nonfinite_policy;
+    umt_nonfinite_report nonfinite_report;
+    umt_rng_state rng_state;
     umt_context *context;
     umt_tensor *tensor, *tensor2;
     umt_optimizer *optimizer;
@@ -275,6 +278,9 @@ CALL(umt_layer_forward_relu) { POINTER(umt_layer_forward_relu(CTX(0), OWN(1, fc)
 CALL(umt_layer_forward_relu_max_pool2d_dropout) {
     POINTER(umt_layer_forward_relu_max_pool2d_dropout(CTX(0), OWN(1, conv), OWN(2, image), 2, 2, 0.5f));
 }
+CALL(umt_nonfinite_policy_parse) {
+    STATUS(umt_nonfinite_policy_parse(ARG(0, "stop"), ARG(1, &s->nonfinite_policy)));
+}
 CALL(umt_optimizer_kind_parse) { STATUS(umt_optimizer_kind_parse(ARG(0, "sgd"), ARG(1, &s->optimizer_kind))); }
 CALL(umt_optimizer_create) {
     STATUS(umt_optimizer_create(CTX(0), ARG(1, &s->optimizer_options), ARG(2, &s->optimizer)));
@@ -285,6 +291,10 @@ CALL(umt_optimizer_skipped_steps) { VALUE(umt_optimizer_skipped_steps(ARG(0, s->
 CALL(umt_optimizer_loss_scale) { VALUE(umt_optimizer_loss_scale(ARG(0, s->w->opt))); }
 CALL(umt_optimizer_set_lr) { VALUE(umt_optimizer_set_lr(ARG(0, s->w->opt), 0.5f)); }
 CALL(umt_optimizer_lr) { VALUE(umt_optimizer_lr(ARG(0, s->w->opt))); }
+CALL(umt_optimizer_nonfinite_found) { VALUE(umt_optimizer_nonfinite_found(ARG(0, s->w->opt))); }
+CALL(umt_optimizer_nonfinite_get) {
+    STATUS(umt_optimizer_nonfinite_get(ARG(0, s->w->opt), ARG(1, &s->nonfinite_report)));
+}
 CALL(umt_optimizer_steps) { VALUE(umt_optimizer_steps(ARG(0, s->w->opt))); }
 CALL(umt_optimizer_destroy) { VALUE(umt_optimizer_destroy(ARG(0, s->w->opt))); }
 CALL(umt_step_graph_create) { STATUS(umt_step_graph_create(CTX(0), false, ARG(1, &s->graph))); }
@@ -299,6 +309,8 @@ CALL(umt_step_graph_take_mean_loss) {
 CALL(umt_step_graph_stats_get) { VALUE(umt_step_graph_stats_get(ARG(0, s->w->graph))); }
 CALL(umt_step_graph_off_reason) { POINTER(umt_step_graph_off_reason(ARG(0, s->w->graph))); }
 CALL(umt_step_graph_destroy) { VALUE(umt_step_graph_destroy(ARG(0, s->w->graph))); }
+CALL(umt_rng_state_get) { STATUS(umt_rng_state_get(CTX(0), ARG(1, &s->rng_state))); }
+CALL(umt_rng_state_set) { STATUS(umt_rng_state_set(CTX(0), ARG(1, &s->rng_state))); }
 CALL(umt_checkpoint_save) { STATUS(umt_checkpoint_save(CTX(0), OWN(1, opt), ARG(2, &s->info), ARG(3, save_path))); }
 CALL(umt_checkpoint_check_writable) { STATUS(umt_checkpoint_check_writable(ARG(0, save_path))); }
 CALL(umt_checkpoint_load) {
@@ -343,6 +355,9 @@ CALL(umt_loader_create) {
 }
 CALL(umt_loader_destroy) { VALUE(umt_loader_destroy(ARG(0, s->w->loader))); }
 CALL(umt_loader_start_epoch) { STATUS(umt_loader_start_epoch(ARG(0, s->w->loader), 0, ARG(1, &s->count))); }
+CALL(umt_loader_start_epoch_at) {
+    STATUS(umt_loader_start_epoch_at(ARG(0, s->w->loader), 0, 1, ARG(1, &s->count)));
+}
 CALL(umt_loader_next) { STATUS(umt_loader_next(ARG(0, s->w->loader), ARG(1, &s->tensor), ARG(2, &s->tensor2))); }
 CALL(umt_loader_take_stats) { STATUS(umt_loader_take_stats(ARG(0, s->w->loader), ARG(1, &s->loader_stats))); }
 
@@ -470,6 +485,8 @@ static const row table[] = {
     ROW(umt_layer_forward, N("ctx"), NO("layer"), K("x")),
     ROW(umt_layer_forward_relu, N("ctx"), NO("layer"), K("x")),
     ROW(umt_layer_forward_relu_max_pool2d_dropout, N("ctx"), NO("layer"), K("x")),
+    ROW(umt_nonfinite_policy_parse, N("name"), N("out")),
+    NO_POINTERS(umt_nonfinite_policy_name),
     NO_POINTERS(umt_optimizer_defaults),
     ROW(umt_optimizer_kind_parse, N("name"), N("out")),
     ROW(umt_optimizer_create, N("ctx"), N("options"), N("out")),
@@ -479,6 +496,8 @@ static const row table[] = {
     ROW(umt_optimizer_loss_scale, N("opt")),
     ROW(umt_optimizer_set_lr, N("opt")),
     ROW(umt_optimizer_lr, N("opt")),
+    ROW(umt_optimizer_nonfinite_found, N("opt")),
+    ROW(umt_optimizer_nonfinite_get, N("opt"), N("out")),
     ROW(umt_optimizer_steps, N("opt")),
     ROW(umt_optimizer_destroy, A("opt")),
     ROW(umt_step_graph_create, N("ctx"), N("out")),
@@ -490,6 +509,8 @@ static const row table[] = {
     ROW(umt_step_graph_destroy, A("graph")),
     NO_POINTERS(umt_lr_step),
     NO_POINTERS(umt_lr_cosine),
+    ROW(umt_rng_state_get, N("ctx"), N("out")),
+    ROW(umt_rng_state_set, N("ctx"), N("state")),
     ROW(umt_checkpoint_save, N("ctx"), AO("opt"), A("info"), N("path")),
     ROW(umt_checkpoint_check_writable, N("path")),
     ROW(umt_checkpoint_load, N("ctx"), AO("opt"), A("info"), N("path")),
@@ -516,6 +537,7 @@ static const row table[] = {
     ROW(umt_loader_create, N("ctx"), N("samples"), N("options"), N("out")),
     ROW(umt_loader_destroy, A("loader")),
     ROW(umt_loader_start_epoch, N("loader"), A("batches")),
+    ROW(umt_loader_start_epoch_at, N("loader"), A("batches")),
     ROW(umt_loader_next, N("loader"), N("images"), N("labels")),
     ROW(umt_loader_take_stats, N("loader"), N("out")),
 };
@@ -540,6 +562,7 @@ static void sweep_inputs(sweep *s) {
     s->folder_options = (umt_image_folder_options){.root = folder_path, .channels = 1, .height = 2, .width = 2};
     s->loader_options = umt_loader_defaults();
     s->loader_options.batch_size = 2;
+    s->rng_state.s[0] = 1;
 }
 
 static bool starts_with(const char *text, const char *prefix) { return strncmp(text, prefix, strlen(prefix)) == 0; }

@@ -7,6 +7,10 @@
  * save and a load into a fresh context must continue with the same losses and weights, bit
  * for bit, as the run that was never interrupted.
  *
+ * A save inside an epoch keeps the step inside it and the RNG of its start (format version 2), a
+ * save at an epoch's end is version 1 as before; a model or optimizer state holding a NaN or an
+ * infinity is never saved, and the file it would have replaced stays byte for byte.
+ *
  * Then the battery of bad checkpoints, each made here from a good one (the byte offsets are
  * those of docs/CHECKPOINT.md) in a fresh directory under /tmp: each must be refused with the
  * right status and a message naming the file and the problem, and must leave the model, the
@@ -14,6 +18,7 @@
  * (bazel test --config=asan //tests:test_checkpoint).
  */
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -29,6 +34,7 @@
 #include <cmocka.h>
 
 #include "core/context.h"
+#include "core/optim/optim.h"
 #include "tests/scratch.h"
 #include "umtrain.h"
 
@@ -227,6 +233,114 @@ static void test_model_only_checkpoint_round_trips(void **state) {
 }
 
 /* ----------------------------------------------------------------------------------------- */
+/* Inside an epoch: the step and the RNG the epoch's shuffle was drawn from */
+
+static void test_a_save_inside_an_epoch_keeps_its_step_and_rng_and_an_epoch_end_is_version_1(void **state) {
+    (void)state;
+    const char *inside = scratch_path("inside.ckpt"), *end = scratch_path("end.ckpt");
+    model a = adam_model(7);
+    umt_rng_state epoch_rng;
+    expect_ok(umt_rng_state_get(a.ctx, &epoch_rng));
+    int64_t order[16];
+    expect_ok(umt_permutation(a.ctx, 16, order)); /* the epoch's shuffle */
+    for (int i = 0; i < 3; ++i) train_step(&a);
+    umt_checkpoint_info info = {.epoch = 4, .step = 40, .epoch_step = 3, .epoch_rng = epoch_rng};
+    expect_ok(umt_checkpoint_save(a.ctx, a.opt, &info, inside));
+    expect_ok(umt_checkpoint_save(a.ctx, a.opt, &(umt_checkpoint_info){.epoch = 5, .step = 40}, end));
+    size_t size;
+    uint8_t *bytes = scratch_read(inside, &size);
+    assert_int_equal(bytes[AT_VERSION], 2);
+    free(bytes);
+    bytes = scratch_read(end, &size);
+    assert_int_equal(bytes[AT_VERSION], 1);
+    free(bytes);
+
+    model b = adam_model(99);
+    umt_checkpoint_info loaded;
+    expect_ok(umt_checkpoint_load(b.ctx, b.opt, &loaded, inside));
+    assert_int_equal(loaded.epoch, 4);
+    assert_int_equal(loaded.epoch_step, 3);
+    assert_memory_equal(loaded.epoch_rng.s, epoch_rng.s, sizeof epoch_rng.s);
+    assert_same_state(a.ctx, b.ctx);
+    /* The epoch's order drawn again from its RNG, then the saved RNG goes on as a's does. */
+    umt_rng_state now;
+    int64_t again[16];
+    expect_ok(umt_rng_state_get(b.ctx, &now));
+    expect_ok(umt_rng_state_set(b.ctx, &loaded.epoch_rng));
+    expect_ok(umt_permutation(b.ctx, 16, again));
+    expect_ok(umt_rng_state_set(b.ctx, &now));
+    assert_memory_equal(again, order, sizeof order);
+    assert_float_equal(train_step(&b), train_step(&a), 0.0);
+    /* An epoch's end loads with no step inside it. */
+    expect_ok(umt_checkpoint_load(b.ctx, b.opt, &loaded, end));
+    assert_int_equal(loaded.epoch_step, 0);
+    umt_rng_state zeros = {{0}};
+    assert_memory_equal(loaded.epoch_rng.s, zeros.s, sizeof zeros.s);
+    /* A step inside an epoch without the RNG of its start could not be resumed: refused. */
+    info.epoch_rng = zeros;
+    assert_int_equal(umt_checkpoint_save(a.ctx, a.opt, &info, inside), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "epoch_rng all zeros"));
+    assert_int_equal(umt_rng_state_set(a.ctx, &zeros), UMT_ERR_INVALID_ARGUMENT);
+    umt_context_destroy(a.ctx);
+    umt_context_destroy(b.ctx);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Never a checkpoint of non-finite values */
+
+/* Writes value at element 1 of t. */
+static void poison(umt_tensor *t, float value) {
+    int64_t n = umt_tensor_numel(t);
+    float *all = malloc((size_t)n * sizeof *all);
+    assert_non_null(all);
+    assert_int_equal(umt_tensor_copy_to_host(t, all, (size_t)n * sizeof *all), UMT_OK);
+    all[1] = value;
+    assert_int_equal(umt_tensor_copy_from_host(t, all, (size_t)n * sizeof *all), UMT_OK);
+    free(all);
+}
+
+static void test_nonfinite_values_are_never_saved_and_the_last_good_checkpoint_stays(void **state) {
+    (void)state;
+    const char *path = scratch_path("good.ckpt");
+    model a = adam_model(7);
+    train_step(&a);
+    expect_ok(umt_checkpoint_save(a.ctx, a.opt, &(umt_checkpoint_info){.epoch = 1, .step = 1}, path));
+    size_t good_size, size;
+    uint8_t *good = scratch_read(path, &good_size);
+    int before = scratch_entries(NULL), temporary;
+    const char *name;
+    int index;
+    /* A weight, a running statistic, an optimizer state: each refused by name, nothing written. */
+    struct {
+        umt_tensor *tensor;
+        float value;
+        const char *expected;
+    } cases[] = {
+        {umt_parameter_at(a.ctx, 2), NAN, "parameter bn.weight: element 1 is nan"},
+        {umt_buffer_at(a.ctx, 1), INFINITY, "buffer bn.running_var: element 1 is inf"},
+        {umt_optimizer_state_at(a.opt, 1, &name, &index), -INFINITY, "optimizer state fc1.weight/1: element 1 is -inf"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+        float saved;
+        assert_int_equal(umt_tensor_get_f32(cases[c].tensor, 1, &saved), UMT_OK);
+        poison(cases[c].tensor, cases[c].value);
+        assert_int_equal(umt_checkpoint_save(a.ctx, a.opt, &(umt_checkpoint_info){.epoch = 2, .step = 2}, path),
+                         UMT_ERR_STATE);
+        if (!strstr(umt_last_error(), path) || !strstr(umt_last_error(), cases[c].expected))
+            fail_msg("expected \"%s\" naming %s: %s", cases[c].expected, path, umt_last_error());
+        uint8_t *now = scratch_read(path, &size);
+        assert_int_equal(size, good_size);
+        assert_memory_equal(now, good, size);
+        free(now);
+        assert_int_equal(scratch_entries(&temporary), before);
+        assert_int_equal(temporary, 0);
+        poison(cases[c].tensor, saved);
+    }
+    free(good);
+    umt_context_destroy(a.ctx);
+}
+
+/* ----------------------------------------------------------------------------------------- */
 /* Atomic saves */
 
 static void test_saving_over_a_checkpoint_replaces_it_and_leaves_no_temporary_file(void **state) {
@@ -374,9 +488,9 @@ static void test_future_version_is_refused_naming_both_versions(void **state) {
     (void)state;
     size_t size;
     uint8_t *bytes = good_checkpoint(true, &size);
-    put_u32(bytes + AT_VERSION, 2);
+    put_u32(bytes + AT_VERSION, 3);
     reseal(bytes, size);
-    expect_refused(scratch_write("version.ckpt", bytes, size), UMT_ERR_FORMAT, "version 2", "reads version 1");
+    expect_refused(scratch_write("version.ckpt", bytes, size), UMT_ERR_FORMAT, "version 3", "reads versions 1 and 2");
     free(bytes);
 }
 
@@ -474,6 +588,8 @@ int main(void) {
         cmocka_unit_test(test_load_replaces_a_different_initialisation),
         cmocka_unit_test(test_checkpoint_with_optimizer_state_loads_into_model_alone),
         cmocka_unit_test(test_model_only_checkpoint_round_trips),
+        cmocka_unit_test(test_a_save_inside_an_epoch_keeps_its_step_and_rng_and_an_epoch_end_is_version_1),
+        cmocka_unit_test(test_nonfinite_values_are_never_saved_and_the_last_good_checkpoint_stays),
         cmocka_unit_test(test_saving_over_a_checkpoint_replaces_it_and_leaves_no_temporary_file),
         cmocka_unit_test(test_save_into_missing_directory_fails_naming_path_and_creates_nothing),
         cmocka_unit_test(test_check_writable_refuses_a_missing_folder_and_a_folder_and_leaves_nothing),

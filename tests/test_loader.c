@@ -1,7 +1,8 @@
 /*
  * tests/test_loader.c — the prefetching loader on the CPU device: every sample exactly once per
  * epoch in the seeded order, intact batches under a slow consumer, the pageable-sync path and
- * the GPU-resident dataset giving the same batches, augmentation, statistics and bad options.
+ * the GPU-resident dataset giving the same batches, augmentation, statistics, an epoch started at a
+ * batch inside it (a resumed run) and bad options.
  *
  * The samples are a synthetic IDX pair the test writes: sample i's pixels spell i, so a batch
  * says which samples it holds and whether any byte of it was overwritten.
@@ -301,6 +302,36 @@ static void test_an_unfinished_epoch_can_be_restarted_and_limited(void **state) 
     release(&f);
 }
 
+/* A run resumed inside an epoch: the same draws, the epoch's order from batch 5 on, the batches
+ * before it never handed out. */
+static void test_an_epoch_started_at_a_batch_hands_out_the_rest_of_the_same_order(void **state) {
+    (void)state;
+    fixture whole = make(options(8, 3, 2), 5), resumed = make(options(8, 3, 2), 5);
+    int64_t all[N], rest[N], batches = 0;
+    assert_int_equal(run_epoch(&whole, all, 0), N);
+    assert_int_equal(umt_loader_start_epoch_at(resumed.loader, 0, 5, &batches), UMT_OK);
+    assert_int_equal(batches, (N + 7) / 8); /* still the whole epoch's count */
+    int64_t count = 0;
+    for (;;) {
+        umt_tensor *x, *y;
+        assert_int_equal(umt_step_begin(resumed.ctx), UMT_OK);
+        assert_int_equal(umt_loader_next(resumed.loader, &x, &y), UMT_OK);
+        if (!x) break;
+        count += batch_indices(x, y, rest + count);
+    }
+    assert_int_equal(count, N - 5 * 8);
+    assert_memory_equal(rest, all + 5 * 8, (size_t)count * sizeof *rest);
+    /* Past the end: an epoch with nothing left. */
+    umt_tensor *x, *y;
+    assert_int_equal(umt_loader_start_epoch_at(resumed.loader, 0, 99, &batches), UMT_OK);
+    assert_int_equal(umt_loader_next(resumed.loader, &x, &y), UMT_OK);
+    assert_null(x);
+    assert_int_equal(umt_loader_start_epoch_at(resumed.loader, 0, -1, &batches), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "first_batch -1"));
+    release(&whole);
+    release(&resumed);
+}
+
 static void test_bad_options_are_refused_with_their_values(void **state) {
     (void)state;
     umt_context *ctx;
@@ -339,6 +370,7 @@ int main(void) {
         cmocka_unit_test(test_augmentation_crops_and_flips_and_is_reproducible),
         cmocka_unit_test(test_statistics_count_batches_and_waits),
         cmocka_unit_test(test_an_unfinished_epoch_can_be_restarted_and_limited),
+        cmocka_unit_test(test_an_epoch_started_at_a_batch_hands_out_the_rest_of_the_same_order),
         cmocka_unit_test(test_bad_options_are_refused_with_their_values),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

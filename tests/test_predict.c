@@ -26,6 +26,7 @@
 #include "examples/example_common.h"
 #include "examples/mnist_cnn_model.h"
 #include "tests/run_program.h"
+#include "tests/scratch.h"
 #include "umtrain.h"
 
 static const char *predict_binary;
@@ -184,9 +185,10 @@ static void save_nan_checkpoint(void) {
     assert_int_equal(umt_context_create(&o, &ctx), UMT_OK);
     assert_int_equal(mnist_cnn_build(ctx, &model), 0);
     assert_string_equal(umt_tensor_name(umt_parameter_at(ctx, 0)), "conv1.weight");
-    assert_int_equal(umt_tensor_fill(umt_parameter_at(ctx, 0), NAN), UMT_OK);
     assert_int_equal(umt_checkpoint_save(ctx, NULL, NULL, nan_checkpoint), UMT_OK);
     umt_context_destroy(ctx);
+    /* Save writes no NaN: the file is edited after it. */
+    scratch_poison_checkpoint(nan_checkpoint, "conv1.weight");
 }
 
 static void test_checkpoint_of_nan_weights_is_refused_naming_the_tensor(void **state) {

@@ -34,47 +34,15 @@
 
 #include "examples/mnist_cnn_model.h"
 #include "tests/run_program.h"
+#include "tests/synthetic_mnist.h"
 #include "umtrain.h"
 
-enum { TRAIN_N = 64, TEST_N = 20, SIDE = 28 };
+enum { TRAIN_N = 64, TEST_N = 20 };
 /* One epoch of one step: a run that trains as little as it can. */
 #define ONE_STEP "--epochs 1 --train-limit 16 --batch-size 16"
 
 static const char *cnn_binary, *mlp_binary, *folder_binary, *to_png_binary, *plot_tool;
 static char dir[64], checkpoint[128], far_checkpoint[128];
-
-static void write_be32(FILE *f, uint32_t v) {
-    for (int shift = 24; shift >= 0; shift -= 8) fputc((int)(v >> shift) & 0xff, f);
-}
-
-/* <dir>/<split>-images-idx3-ubyte and -labels-idx1-ubyte: n images of noise, labels 0..9 in turn. */
-static int write_split(const char *split, int n) {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", dir, split);
-    FILE *images = fopen(path, "wb");
-    snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte", dir, split);
-    FILE *labels = fopen(path, "wb");
-    if (!images || !labels) {
-        if (images) fclose(images);
-        if (labels) fclose(labels);
-        return -1;
-    }
-    write_be32(images, 0x803);
-    write_be32(images, (uint32_t)n);
-    write_be32(images, SIDE);
-    write_be32(images, SIDE);
-    write_be32(labels, 0x801);
-    write_be32(labels, (uint32_t)n);
-    uint32_t seed = 7;
-    for (int i = 0; i < n; ++i) {
-        for (int p = 0; p < SIDE * SIDE; ++p) {
-            seed = seed * 1664525u + 1013904223u;
-            fputc((int)(seed >> 24), images);
-        }
-        fputc(i % 10, labels);
-    }
-    return fclose(images) | fclose(labels);
-}
 
 static int setup(void **state) {
     (void)state;
@@ -82,7 +50,10 @@ static int setup(void **state) {
     if (!mkdtemp(dir)) return -1;
     snprintf(checkpoint, sizeof checkpoint, "%s/cnn.ckpt", dir);
     snprintf(far_checkpoint, sizeof far_checkpoint, "%s/far.ckpt", dir);
-    return write_split("train", TRAIN_N) || write_split("t10k", TEST_N) ? -1 : 0;
+    return synthetic_mnist_write(dir, "train", TRAIN_N, SYNTHETIC_NOISE) ||
+                   synthetic_mnist_write(dir, "t10k", TEST_N, SYNTHETIC_NOISE)
+               ? -1
+               : 0;
 }
 
 static int teardown(void **state) {

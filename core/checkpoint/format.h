@@ -4,7 +4,9 @@
  * reads them.
  *
  * A file is a fixed header, then tensor records in three sections (parameters, buffers,
- * optimizer state), then a CRC-32 of everything before it; all fields little-endian.
+ * optimizer state), then a CRC-32 of everything before it; all fields little-endian. Version 1's
+ * header is written at an epoch's end (as every build before version 2 wrote it); version 2's adds
+ * the step inside the epoch and the RNG as it was at the epoch's start, for a save inside one.
  */
 #ifndef UMT_CORE_CHECKPOINT_FORMAT_H
 #define UMT_CORE_CHECKPOINT_FORMAT_H
@@ -21,9 +23,10 @@
 
 #define UMT_CKPT_MAGIC "UMTCKPT" /* with its terminating NUL: the file's first 8 bytes */
 #define UMT_CKPT_MAGIC_BYTES 8
-#define UMT_CKPT_VERSION 1u
+#define UMT_CKPT_VERSION_EPOCH_END 1u
+#define UMT_CKPT_VERSION_MID_EPOCH 2u
 
-/* Header field offsets. */
+/* Header field offsets; version 2 appends two fields to version 1's header. */
 enum {
     UMT_CKPT_AT_MAGIC = 0,
     UMT_CKPT_AT_VERSION = 8,
@@ -34,7 +37,10 @@ enum {
     UMT_CKPT_AT_OPTIMIZER_STEPS = 40,
     UMT_CKPT_AT_RNG = 48,
     UMT_CKPT_AT_COUNTS = 80,
-    UMT_CKPT_HEADER_BYTES = 92
+    UMT_CKPT_HEADER_BYTES = 92,
+    UMT_CKPT_AT_EPOCH_STEP = 92,
+    UMT_CKPT_AT_EPOCH_RNG = 100,
+    UMT_CKPT_HEADER_V2_BYTES = 132
 };
 #define UMT_CKPT_CRC_BYTES 4
 /* The optimizer field holds 1 + umt_optimizer_kind, or 0 for a checkpoint without one. */
@@ -75,6 +81,11 @@ const char *umt_ckpt_shape_text(int ndim, const int64_t *shape, char *buf, size_
 /* ctx and path present, the path not empty, and opt (if any) made from ctx; what names the caller. */
 umt_status umt_ckpt_check_arguments(const char *what, const umt_context *ctx, const umt_optimizer *opt,
                                     const char *path);
+/* The header's length in a file of this version (1 or 2). */
+size_t umt_ckpt_header_bytes(uint32_t version);
+/* The first of count little-endian f32 values at bytes (any alignment) that is NaN or infinite,
+ * or -1; *what gets "nan", "inf" or "-inf". What load refuses and save does not write. */
+int64_t umt_ckpt_first_nonfinite(const uint8_t *bytes, uint64_t count, const char **what);
 /* zlib's crc32 continued over n bytes (any n). */
 uint32_t umt_ckpt_crc(uint32_t crc, const void *bytes, size_t n);
 

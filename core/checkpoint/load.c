@@ -34,13 +34,15 @@ static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le
 static umt_status check_envelope(const char *path, const uint8_t *file, size_t size) {
     if (size >= UMT_CKPT_MAGIC_BYTES && memcmp(file + UMT_CKPT_AT_MAGIC, UMT_CKPT_MAGIC, UMT_CKPT_MAGIC_BYTES) != 0)
         return umt_fail(UMT_ERR_FORMAT, "%s: not an umtrain checkpoint (bad magic: expected \"UMTCKPT\\0\")", path);
-    if (size >= UMT_CKPT_AT_VERSION + 4 && le32(file + UMT_CKPT_AT_VERSION) != UMT_CKPT_VERSION)
-        return umt_fail(UMT_ERR_FORMAT, "%s: checkpoint format version %u; this build reads version %u", path,
-                        le32(file + UMT_CKPT_AT_VERSION), UMT_CKPT_VERSION);
-    if (size < UMT_CKPT_HEADER_BYTES + UMT_CKPT_CRC_BYTES)
+    uint32_t version = size >= UMT_CKPT_AT_VERSION + 4 ? le32(file + UMT_CKPT_AT_VERSION) : UMT_CKPT_VERSION_EPOCH_END;
+    if (version != UMT_CKPT_VERSION_EPOCH_END && version != UMT_CKPT_VERSION_MID_EPOCH)
+        return umt_fail(UMT_ERR_FORMAT, "%s: checkpoint format version %u; this build reads versions %u and %u", path,
+                        version, UMT_CKPT_VERSION_EPOCH_END, UMT_CKPT_VERSION_MID_EPOCH);
+    size_t header = umt_ckpt_header_bytes(version);
+    if (size < header + UMT_CKPT_CRC_BYTES)
         return umt_fail(UMT_ERR_FORMAT,
-                        "%s: truncated: the file is %zu bytes, less than the %d-byte header and %d-byte checksum", path,
-                        size, UMT_CKPT_HEADER_BYTES, UMT_CKPT_CRC_BYTES);
+                        "%s: truncated: the file is %zu bytes, less than the %zu-byte header and %d-byte checksum",
+                        path, size, header, UMT_CKPT_CRC_BYTES);
     uint64_t declared = le64(file + UMT_CKPT_AT_FILE_BYTES);
     if (declared != size)
         return umt_fail(UMT_ERR_FORMAT, "%s: %s: the file is %zu bytes, its header says %llu", path,
@@ -68,6 +70,7 @@ typedef struct {
 } record;
 
 typedef struct {
+    uint32_t version;
     umt_checkpoint_info info;
     uint32_t optimizer; /* UMT_CKPT_NO_OPTIMIZER or 1 + umt_optimizer_kind */
     int64_t optimizer_steps;
@@ -155,6 +158,18 @@ static umt_status parse_record(reader *r, record *rec) {
     return UMT_OK;
 }
 
+/* Version 2's fields: the step inside the epoch, and the RNG at the epoch's start (not zeros when
+ * the step is not 0: a generator from zeros draws only zeros). */
+static umt_status parse_mid_epoch(const char *path, const uint8_t *file, checkpoint *ck) {
+    ck->info.epoch_step = (int64_t)le64(file + UMT_CKPT_AT_EPOCH_STEP);
+    uint64_t rng_bits = 0;
+    for (int i = 0; i < 4; ++i) rng_bits |= ck->info.epoch_rng.s[i] = le64(file + UMT_CKPT_AT_EPOCH_RNG + 8 * i);
+    UMT_TRY(umt_ckpt_check_count(UMT_ERR_FORMAT, path, "step inside the epoch", ck->info.epoch_step));
+    if (ck->info.epoch_step && rng_bits == 0)
+        return umt_fail(UMT_ERR_FORMAT, "%s: the RNG state at the epoch's start is all zeros", path);
+    return UMT_OK;
+}
+
 /* The header's fields, each checked for what it may hold. */
 static umt_status parse_header(const char *path, const uint8_t *file, checkpoint *ck) {
     ck->info = (umt_checkpoint_info){.epoch = (int64_t)le64(file + UMT_CKPT_AT_EPOCH),
@@ -175,12 +190,14 @@ static umt_status parse_header(const char *path, const uint8_t *file, checkpoint
                         ck->count[UMT_CKPT_STATE]);
     /* xoshiro's one forbidden state: it would draw zeros for ever. */
     if (rng_bits == 0) return umt_fail(UMT_ERR_FORMAT, "%s: the RNG state is all zeros", path);
-    return UMT_OK;
+    return ck->version == UMT_CKPT_VERSION_MID_EPOCH ? parse_mid_epoch(path, file, ck) : UMT_OK;
 }
 
 static umt_status parse(const char *path, const uint8_t *file, size_t size, checkpoint *ck) {
+    ck->version = le32(file + UMT_CKPT_AT_VERSION);
     UMT_TRY(parse_header(path, file, ck));
-    reader r = {.path = path, .file = file, .end = size - UMT_CKPT_CRC_BYTES, .offset = UMT_CKPT_HEADER_BYTES};
+    reader r = {.path = path, .file = file, .end = size - UMT_CKPT_CRC_BYTES,
+                .offset = umt_ckpt_header_bytes(ck->version)};
     uint64_t total = (uint64_t)ck->count[0] + ck->count[1] + ck->count[2];
     /* Checked against the bytes present before anything is allocated from it. */
     if (total > (r.end - r.offset) / UMT_CKPT_MIN_RECORD_BYTES)
@@ -296,18 +313,10 @@ static umt_status match_model(const umt_context *ctx, const umt_optimizer *opt, 
 /* Loading: non-finite values */
 
 /* The record's first element that is NaN or infinite, or -1; *what gets "nan", "inf" or "-inf".
- * Records matched to the model are f32, as every parameter, buffer and optimizer state is. Read
- * as bits: an exponent of all ones is NaN (mantissa not zero) or infinity, and the data is not
- * aligned for floats in the file. */
+ * Records matched to the model are f32, as every parameter, buffer and optimizer state is (the
+ * data is not aligned for floats in the file: umt_ckpt_first_nonfinite reads bytes). */
 static int64_t first_nonfinite(const record *rec, const char **what) {
-    if (rec->dtype != UMT_F32) return -1;
-    for (uint64_t i = 0; i < rec->bytes / 4; ++i) {
-        uint32_t bits = le32(rec->data + 4 * i);
-        if ((bits & 0x7f800000u) != 0x7f800000u) continue;
-        *what = bits & 0x007fffffu ? "nan" : bits & 0x80000000u ? "-inf" : "inf";
-        return (int64_t)i;
-    }
-    return -1;
+    return rec->dtype == UMT_F32 ? umt_ckpt_first_nonfinite(rec->data, rec->bytes / 4, what) : -1;
 }
 
 /* Every tensor to be loaded holds finite values only: a NaN weight would make every output NaN

@@ -87,6 +87,22 @@ umt_status umt_ckpt_check_arguments(const char *what, const umt_context *ctx, co
     return UMT_OK;
 }
 
+size_t umt_ckpt_header_bytes(uint32_t version) {
+    return version == UMT_CKPT_VERSION_MID_EPOCH ? UMT_CKPT_HEADER_V2_BYTES : UMT_CKPT_HEADER_BYTES;
+}
+
+/* Read as bits: an exponent of all ones is NaN (mantissa not zero) or infinity. */
+int64_t umt_ckpt_first_nonfinite(const uint8_t *bytes, uint64_t count, const char **what) {
+    for (uint64_t i = 0; i < count; ++i) {
+        const uint8_t *p = bytes + 4 * i;
+        uint32_t bits = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        if ((bits & 0x7f800000u) != 0x7f800000u) continue;
+        *what = bits & 0x007fffffu ? "nan" : bits & 0x80000000u ? "-inf" : "inf";
+        return (int64_t)i;
+    }
+    return -1;
+}
+
 uint32_t umt_ckpt_crc(uint32_t crc, const void *bytes, size_t n) {
     const Bytef *at = bytes;
     /* zlib takes an unsigned int length: feed it a GiB at a time. */
@@ -149,6 +165,7 @@ static void put_u64(writer *w, uint64_t v) {
 }
 
 typedef struct {
+    uint32_t version; /* 1 at an epoch's end, 2 inside one */
     uint32_t count[UMT_CKPT_SECTIONS];
     uint64_t file_bytes;
     size_t max_tensor_bytes; /* the host bounce buffer tensors are read through */
@@ -166,8 +183,10 @@ static umt_status check_unique(const umt_context *ctx, int section, int i, const
 }
 
 /* Counts, the file's length and the largest tensor, checking every name on the way. */
-static umt_status plan_save(const umt_context *ctx, const umt_optimizer *opt, const char *path, save_plan *plan) {
-    *plan = (save_plan){.file_bytes = UMT_CKPT_HEADER_BYTES + UMT_CKPT_CRC_BYTES};
+static umt_status plan_save(const umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
+                            const char *path, save_plan *plan) {
+    uint32_t version = info && info->epoch_step ? UMT_CKPT_VERSION_MID_EPOCH : UMT_CKPT_VERSION_EPOCH_END;
+    *plan = (save_plan){.version = version, .file_bytes = umt_ckpt_header_bytes(version) + UMT_CKPT_CRC_BYTES};
     char name[UMT_CKPT_NAME_SIZE], text[UMT_CKPT_NAME_TEXT_SIZE];
     for (int s = 0; s < UMT_CKPT_SECTIONS; ++s) {
         int count = umt_ckpt_model_count(ctx, opt, s);
@@ -194,7 +213,7 @@ static umt_status plan_save(const umt_context *ctx, const umt_optimizer *opt, co
 static void write_header(writer *w, const umt_context *ctx, const umt_optimizer *opt, const umt_checkpoint_info *info,
                          const save_plan *plan) {
     put(w, UMT_CKPT_MAGIC, UMT_CKPT_MAGIC_BYTES);
-    put_u32(w, UMT_CKPT_VERSION);
+    put_u32(w, plan->version);
     put_u64(w, plan->file_bytes);
     put_u64(w, (uint64_t)(info ? info->epoch : 0));
     put_u64(w, (uint64_t)(info ? info->step : 0));
@@ -202,15 +221,27 @@ static void write_header(writer *w, const umt_context *ctx, const umt_optimizer 
     put_u64(w, (uint64_t)(opt ? umt_optimizer_steps(opt) : 0));
     for (int i = 0; i < 4; ++i) put_u64(w, ctx->rng.s[i]);
     for (int s = 0; s < UMT_CKPT_SECTIONS; ++s) put_u32(w, plan->count[s]);
+    if (plan->version == UMT_CKPT_VERSION_EPOCH_END) return;
+    put_u64(w, (uint64_t)info->epoch_step);
+    for (int i = 0; i < 4; ++i) put_u64(w, info->epoch_rng.s[i]);
 }
 
-/* One record; the bytes come through scratch because the tensor may live on the GPU. */
-static umt_status write_tensor(writer *w, const umt_tensor *t, const char *name, void *scratch, const char *path) {
+/* One record; the bytes come through scratch because the tensor may live on the GPU. A value load
+ * would refuse (NaN or infinite) stops the save: the caller removes the temporary file, and the
+ * checkpoint at path stays the last good one. */
+static umt_status write_tensor(writer *w, int section, const umt_tensor *t, const char *name, void *scratch,
+                               const char *path) {
     size_t name_bytes = strlen(name);
     char text[UMT_CKPT_NAME_TEXT_SIZE];
     if (umt_tensor_copy_to_host(t, scratch, t->bytes) != UMT_OK)
         return umt_fail(umt_last_status(), "%s: reading tensor %s: %s", path,
                         umt_ckpt_name_text(name, name_bytes, text), umt_last_error());
+    const char *what;
+    int64_t at = t->dtype == UMT_F32 ? umt_ckpt_first_nonfinite(scratch, t->bytes / 4, &what) : -1;
+    if (at >= 0)
+        return umt_fail(UMT_ERR_STATE, "%s: %s %s: element %lld is %s: a checkpoint of non-finite values is not "
+                        "written (the file at %s is left as it was)", path, umt_ckpt_section_name(section),
+                        umt_ckpt_name_text(name, name_bytes, text), (long long)at, what, path);
     put_u32(w, (uint32_t)name_bytes);
     put(w, name, name_bytes);
     put_u32(w, (uint32_t)t->dtype);
@@ -234,7 +265,7 @@ static umt_status write_temp(const umt_context *ctx, const umt_optimizer *opt, c
     char name[UMT_CKPT_NAME_SIZE];
     for (int s = 0; s < UMT_CKPT_SECTIONS && st == UMT_OK; ++s)
         for (uint32_t i = 0; i < plan->count[s] && st == UMT_OK; ++i)
-            st = write_tensor(&w, umt_ckpt_model_tensor(ctx, opt, s, (int)i, name, NULL), name, scratch, path);
+            st = write_tensor(&w, s, umt_ckpt_model_tensor(ctx, opt, s, (int)i, name, NULL), name, scratch, path);
     if (st == UMT_OK) put_u32(&w, w.crc);
     /* Asked once more before the sync, which may take long on a slow disk. */
     if (st == UMT_OK && !stop_requested(&w) && (fflush(f) != 0 || fsync(fileno(f)) != 0)) w.error = errno;
@@ -301,6 +332,12 @@ static umt_status check_counts(const umt_optimizer *opt, const umt_checkpoint_in
     if (info) {
         UMT_TRY(umt_ckpt_check_count(UMT_ERR_INVALID_ARGUMENT, path, "info->epoch", info->epoch));
         UMT_TRY(umt_ckpt_check_count(UMT_ERR_INVALID_ARGUMENT, path, "info->step", info->step));
+        UMT_TRY(umt_ckpt_check_count(UMT_ERR_INVALID_ARGUMENT, path, "info->epoch_step", info->epoch_step));
+        const uint64_t *rng = info->epoch_rng.s;
+        if (info->epoch_step && !(rng[0] | rng[1] | rng[2] | rng[3]))
+            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: info->epoch_step %lld with info->epoch_rng all zeros "
+                            "(expected the RNG state umt_rng_state_get gave at the epoch's start)", path,
+                            (long long)info->epoch_step);
     }
     return umt_ckpt_check_count(UMT_ERR_INVALID_ARGUMENT, path, "the optimizer's step count",
                                 opt ? umt_optimizer_steps(opt) : 0);
@@ -325,7 +362,7 @@ umt_status umt_checkpoint_save(umt_context *ctx, const umt_optimizer *opt, const
     UMT_TRY(umt_ckpt_check_arguments("umt_checkpoint_save", ctx, opt, path));
     UMT_TRY(check_counts(opt, info, path));
     save_plan plan;
-    UMT_TRY(plan_save(ctx, opt, path, &plan));
+    UMT_TRY(plan_save(ctx, opt, info, path, &plan));
     char *tmp = temporary_name(path);
     void *scratch = malloc(plan.max_tensor_bytes ? plan.max_tensor_bytes : 1);
     umt_status st = UMT_OK;

@@ -257,9 +257,14 @@ void umt_loader_destroy(umt_loader *l) {
 
 umt_status umt_loader_start_epoch(umt_loader *l, int64_t limit, int64_t *batches) {
     if (!l) return umt_fail_null("umt_loader_start_epoch", "loader");
-    if (limit < 0)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_start_epoch: limit %lld (expected >= 0; 0: all)",
-                        (long long)limit);
+    return umt_loader_start_epoch_at(l, limit, 0, batches);
+}
+
+umt_status umt_loader_start_epoch_at(umt_loader *l, int64_t limit, int64_t first_batch, int64_t *batches) {
+    if (!l) return umt_fail_null("umt_loader_start_epoch_at", "loader");
+    if (limit < 0 || first_batch < 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_loader_start_epoch_at: %s %lld (expected >= 0)",
+                        limit < 0 ? "limit" : "first_batch", (long long)(limit < 0 ? limit : first_batch));
     int64_t n = limit && limit < l->samples->size ? limit : l->samples->size;
     pthread_mutex_lock(&l->lock);
     /* No new claims; the batches being filled finish first (an unfinished epoch is dropped). */
@@ -272,10 +277,11 @@ umt_status umt_loader_start_epoch(umt_loader *l, int64_t limit, int64_t *batches
      * GPU-resident path (the same seed, the same permutations). */
     if (l->options.crop_padding > 0 || l->options.flip) l->augment_seed = umt_rng_next(&l->ctx->rng);
     l->epoch_samples = n;
-    l->next_fill = l->next_take = 0;
+    l->batches = status == UMT_OK ? (n + l->options.batch_size - 1) / l->options.batch_size : 0;
+    /* The threads claim batches from next_fill on, and the caller takes them from next_take. */
+    l->next_fill = l->next_take = first_batch < l->batches ? first_batch : l->batches;
     for (int i = 0; i < l->depth; ++i) l->slot_batch[i] = -1;
     l->error = UMT_OK;
-    l->batches = status == UMT_OK ? (n + l->options.batch_size - 1) / l->options.batch_size : 0;
     if (batches) *batches = l->batches;
     pthread_cond_broadcast(&l->changed);
     pthread_mutex_unlock(&l->lock);

@@ -9,9 +9,11 @@
  * decides what is updated with what.
  *
  * Each update is the fused kernel: it also rewrites the parameter's low-precision copy, if the
- * context's precision gave it one. With loss scaling or clipping on, the optimizer also owns
- * the step scalars (kernels/optim_step.h) in the optim pool, and a step first gathers the
- * gradients' sum of squares and lets the device decide the step: nothing waits for the host.
+ * context's precision gave it one. With loss scaling, clipping or the non-finite check on, the
+ * optimizer also owns the step scalars (kernels/optim_step.h) in the optim pool, and a step first
+ * gathers the gradients' sum of squares and lets the device decide the step: nothing waits for
+ * the host. The check's doorbell, one word of host memory (the staging pool: pinned on CUDA),
+ * is where the device says that a step was not finite, for the host to read without a wait.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -44,6 +46,7 @@ struct umt_optimizer {
      * UMT_GRAD_SUMSQ_PARTIALS doubles per slot for the sum of squares. */
     umt_tensor *scalars;
     umt_tensor *partials;
+    umt_tensor *doorbell;       /* the non-finite check's: one int64 in the staging pool, or NULL */
     umt_update_tensor *tensors; /* slot_count entries: the multi-tensor update's list */
 };
 
@@ -66,6 +69,24 @@ umt_status umt_optimizer_kind_parse(const char *name, umt_optimizer_kind *out) {
                     name);
 }
 
+static const char *const policy_names[] = {
+    [UMT_NONFINITE_OFF] = "off", [UMT_NONFINITE_STOP] = "stop", [UMT_NONFINITE_SKIP] = "skip"};
+#define POLICY_COUNT ((int)(sizeof policy_names / sizeof policy_names[0]))
+
+umt_status umt_nonfinite_policy_parse(const char *name, umt_nonfinite_policy *out) {
+    if (!name || !out) return umt_fail_null("umt_nonfinite_policy_parse", name ? "out" : "name");
+    for (int p = 0; p < POLICY_COUNT; ++p)
+        if (strcmp(name, policy_names[p]) == 0) {
+            *out = (umt_nonfinite_policy)p;
+            return UMT_OK;
+        }
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "non-finite policy \"%s\" is unknown (expected stop, skip or off)", name);
+}
+
+const char *umt_nonfinite_policy_name(umt_nonfinite_policy policy) {
+    return (unsigned)policy < (unsigned)POLICY_COUNT ? policy_names[policy] : "invalid-policy";
+}
+
 umt_optimizer_options umt_optimizer_defaults(umt_optimizer_kind kind) {
     /* Fields a kind does not use still get PyTorch's values for the kind that does, so that
      * switching .kind on a set of defaults never leaves a zero eps or beta behind. */
@@ -74,7 +95,7 @@ umt_optimizer_options umt_optimizer_defaults(umt_optimizer_kind kind) {
         .beta1 = 0.9f, .beta2 = 0.999f, .rho = 0.9f, .eps = 1e-8f,
         /* PyTorch's GradScaler: init_scale 2^16, growth_interval 2000; clipping off. */
         .max_grad_norm = 0.0f, .loss_scaling = false, .loss_scale_init = 65536.0f,
-        .loss_scale_growth_interval = 2000, .multi_tensor = true,
+        .loss_scale_growth_interval = 2000, .multi_tensor = true, .on_nonfinite = UMT_NONFINITE_OFF,
     };
     switch (kind) {
     case UMT_OPT_SGD: o.lr = 1e-2f; break;
@@ -135,6 +156,9 @@ static umt_status check_options(const umt_optimizer_options *o) {
     if (!(o->weight_decay >= 0.0f && isfinite(o->weight_decay)))
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: weight_decay %g (expected finite >= 0)",
                         o->weight_decay);
+    if ((unsigned)o->on_nonfinite >= (unsigned)POLICY_COUNT)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_create: on_nonfinite %d (expected 0..%d: off, stop, "
+                        "skip)", (int)o->on_nonfinite, POLICY_COUNT - 1);
     UMT_TRY(check_step_options(o));
     if (o->kind == UMT_OPT_SGD) return check_unit_interval("momentum", o->momentum);
     if (o->kind == UMT_OPT_ADADELTA) {
@@ -159,6 +183,7 @@ static void release(void *object) {
         for (int s = 0; s < UMT_OPTIM_MAX_STATE; ++s) umt_tensor_free(opt->slots[i].state[s]);
     umt_tensor_free(opt->scalars);
     umt_tensor_free(opt->partials);
+    umt_tensor_free(opt->doorbell);
     free(opt->tensors);
     free(opt->slots);
     free(opt);
@@ -182,20 +207,30 @@ static umt_status alloc_state(umt_optimizer *opt) {
     return UMT_OK;
 }
 
-/* A byte tensor in the optim pool (the scalars block and the partial sums have no dtype). */
-static umt_tensor *alloc_bytes(umt_context *ctx, size_t bytes) {
+/* A byte tensor in a pool (the scalars block, the partial sums and the doorbell have no dtype). */
+static umt_tensor *alloc_bytes(umt_context *ctx, umt_pool pool, size_t bytes) {
     int64_t shape[1] = {(int64_t)bytes};
-    return umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_U8, 1, shape);
+    return umt_tensor_alloc(ctx, pool, UMT_U8, 1, shape);
 }
 
-/* The step scalars and the partial sums, when loss scaling or clipping is on. */
+/* The non-finite check's doorbell: host memory the device stores into, 0 until a step is not finite. */
+static umt_status alloc_doorbell(umt_optimizer *opt) {
+    opt->doorbell = alloc_bytes(opt->ctx, UMT_POOL_STAGING, sizeof(int64_t));
+    if (!opt->doorbell) return umt_last_status();
+    *(volatile int64_t *)opt->doorbell->data = 0;
+    return UMT_OK;
+}
+
+/* The step scalars and the partial sums, when loss scaling, clipping or the non-finite check is on. */
 static umt_status alloc_step_scalars(umt_optimizer *opt) {
     const umt_optimizer_options *o = &opt->options;
-    if (!o->loss_scaling && o->max_grad_norm == 0.0f) return UMT_OK;
-    opt->scalars = alloc_bytes(opt->ctx, sizeof(umt_step_scalars));
+    if (!o->loss_scaling && o->max_grad_norm == 0.0f && o->on_nonfinite == UMT_NONFINITE_OFF) return UMT_OK;
+    opt->scalars = alloc_bytes(opt->ctx, UMT_POOL_OPTIM, sizeof(umt_step_scalars));
     if (!opt->scalars) return umt_last_status();
-    opt->partials = alloc_bytes(opt->ctx, (size_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS * sizeof(double));
+    size_t partial_bytes = (size_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS * sizeof(double);
+    opt->partials = alloc_bytes(opt->ctx, UMT_POOL_OPTIM, partial_bytes);
     if (!opt->partials) return umt_last_status();
+    if (o->on_nonfinite != UMT_NONFINITE_OFF) UMT_TRY(alloc_doorbell(opt));
     umt_step_scalars initial = umt_step_scalars_initial(o->loss_scaling, o->loss_scale_init);
     return opt->ctx->backend->f32.upload(opt->scalars->data, &initial, sizeof initial);
 }
@@ -320,10 +355,8 @@ umt_status umt_optimizer_update_with(const umt_optimizer_options *options, int64
     return update_arrays(options, be, param, grad, s0, s1, n, step, fusion ? *fusion : (umt_update_fusion){0});
 }
 
-/* Every parameter's update in one backend call (one launch per 32 parameters on CUDA), the
- * same arithmetic as update_slot's per-parameter calls. */
-static umt_status update_all(const umt_optimizer *opt, int64_t step, const float *lr_on_device) {
-    const umt_optimizer_options *o = &opt->options;
+/* opt->tensors: every parameter's buffers, as the multi-tensor kernels take them. */
+static void list_tensors(const umt_optimizer *opt) {
     for (int i = 0; i < opt->slot_count; ++i) {
         const umt_optim_slot *slot = &opt->slots[i];
         const umt_tensor *lowp = slot->param->lowp;
@@ -336,6 +369,13 @@ static umt_status update_all(const umt_optimizer *opt, int64_t step, const float
             .lowp_channels = nhwc ? lowp->shape[1] : 0, .lowp_pixels = nhwc ? lowp->shape[2] * lowp->shape[3] : 0,
         };
     }
+}
+
+/* Every parameter's update in one backend call (one launch per 32 parameters on CUDA), the
+ * same arithmetic as update_slot's per-parameter calls. */
+static umt_status update_all(const umt_optimizer *opt, int64_t step, const float *lr_on_device) {
+    const umt_optimizer_options *o = &opt->options;
+    list_tensors(opt);
     /* Every copy has the context's compute dtype. */
     umt_update_fusion common = {
         .scalars = opt->scalars ? opt->scalars->data : NULL,
@@ -353,24 +393,23 @@ static umt_status update_all(const umt_optimizer *opt, int64_t step, const float
 }
 
 /* On the device, in stream order: every gradient's share of the sum of squares, then the one
- * thread that decides the step (skip, multiplier, Adam's factors, the loss scale). */
-static umt_status prepare_step(const umt_optimizer *opt, const float *lr_on_device) {
-    const umt_backend *be = opt->ctx->backend;
+ * thread that decides the step (skip, multiplier, Adam's factors, the loss scale, the non-finite
+ * check on the sum and on the step's loss). */
+static umt_status decide_step(const umt_optimizer *opt, const float *lr_on_device) {
     const umt_optimizer_options *o = &opt->options;
-    double *partials = opt->partials->data;
-    for (int i = 0; i < opt->slot_count; ++i) {
-        const umt_tensor *grad = opt->slots[i].param->grad;
-        UMT_TRY(be->f32.grad_sumsq(grad->data, grad->numel, partials + (size_t)i * UMT_GRAD_SUMSQ_PARTIALS));
-    }
     umt_step_options options = {
         .max_grad_norm = o->max_grad_norm,
         .loss_scaling = o->loss_scaling,
         .growth_interval = o->loss_scale_growth_interval,
         .adam = o->kind == UMT_OPT_ADAM || o->kind == UMT_OPT_ADAMW,
         .lr = o->lr, .beta1 = o->beta1, .beta2 = o->beta2, .lr_on_device = lr_on_device,
+        .nonfinite = o->on_nonfinite,
+        .loss = o->on_nonfinite != UMT_NONFINITE_OFF ? opt->ctx->step_loss : NULL,
+        .doorbell = opt->doorbell ? opt->doorbell->data : NULL,
     };
-    return be->f32.step_prepare(opt->scalars->data, partials, (int64_t)opt->slot_count * UMT_GRAD_SUMSQ_PARTIALS,
-                            options);
+    list_tensors(opt);
+    return opt->ctx->backend->f32.step_decide(opt->tensors, opt->slot_count, opt->partials->data, opt->scalars->data,
+                                              options);
 }
 
 /* What a replay of a captured step (core/step/step_graph.c) redoes for the optimizer: the rate of
@@ -422,7 +461,7 @@ umt_status umt_optimizer_step(umt_optimizer *opt) {
     }
     const float *lr_on_device = NULL;
     if (opt->ctx->values.recording) UMT_TRY(record_for_replay(opt, &lr_on_device));
-    if (opt->scalars) UMT_TRY(prepare_step(opt, lr_on_device));
+    if (opt->scalars) UMT_TRY(decide_step(opt, lr_on_device));
     int64_t step = opt->steps + 1;
     /* One launch for every parameter, unless a subsystem updates some (the offload tier): the
      * others one by one, then the subsystems theirs (core/hooks.h). */
@@ -490,6 +529,28 @@ float umt_optimizer_loss_scale(const umt_optimizer *opt) {
     return umt_optimizer_read_scalars(opt, &s) == UMT_OK ? s.loss_scale : NAN;
 }
 
+bool umt_optimizer_nonfinite_found(const umt_optimizer *opt) {
+    if (!opt) return umt_fail_null("umt_optimizer_nonfinite_found", "opt"), false;
+    /* Host memory the device stores into at most once: a plain read, no wait. */
+    return opt->doorbell && *(const volatile int64_t *)opt->doorbell->data != 0;
+}
+
+umt_status umt_optimizer_nonfinite_get(const umt_optimizer *opt, umt_nonfinite_report *out) {
+    if (!opt || !out) return umt_fail_null("umt_optimizer_nonfinite_get", opt ? "out" : "opt");
+    *out = (umt_nonfinite_report){0};
+    if (!opt->doorbell) return UMT_OK;
+    umt_step_scalars s;
+    UMT_TRY(umt_optimizer_read_scalars(opt, &s));
+    out->steps = s.nonfinite_steps;
+    out->first_step = s.first_nonfinite_step;
+    out->loss = (s.first_nonfinite_what & UMT_NONFINITE_FOUND_LOSS) != 0;
+    out->loss_value = s.first_nonfinite_loss;
+    int t = s.first_nonfinite_tensor;
+    out->parameter = t >= 0 && t < opt->slot_count ? opt->slots[t].param->name : NULL;
+    out->stopped = s.stopped != 0;
+    return UMT_OK;
+}
+
 const float *umt_optimizer_loss_scale_on_device(const umt_optimizer *opt) {
     if (!opt || !opt->scalars || !opt->options.loss_scaling) return NULL;
     return &((const umt_step_scalars *)opt->scalars->data)->loss_scale;
@@ -531,7 +592,9 @@ umt_status umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps) {
     if (!opt) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_set_steps: opt is NULL");
     opt->steps = steps;
     if (!opt->scalars) return UMT_OK;
-    /* Adam's bias correction counts the device's applied steps: they restart from here. */
+    /* Adam's bias correction counts the device's applied steps, and the non-finite check names a
+     * step by the device's count of steps: both restart from here. */
     umt_step_scalars *device = opt->scalars->data;
-    return opt->ctx->backend->f32.upload(&device->applied_steps, &steps, sizeof steps);
+    UMT_TRY(opt->ctx->backend->f32.upload(&device->applied_steps, &steps, sizeof steps));
+    return opt->ctx->backend->f32.upload(&device->steps, &steps, sizeof steps);
 }

@@ -152,11 +152,10 @@ umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, 
 umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float *square_avg, float *delta_avg,
                                          int64_t n, float lr, float rho, float eps, float weight_decay,
                                          umt_update_fusion fusion);
-umt_status umt_cpu_grad_sumsq(const float *grad, int64_t n, double *partials);
 umt_status umt_cpu_multi_update(const umt_update_tensor *tensors, int count, umt_update_rule rule,
                                 umt_update_fusion common);
-umt_status umt_cpu_step_prepare(umt_step_scalars *scalars, const double *partials, int64_t count,
-                                umt_step_options options);
+umt_status umt_cpu_step_decide(const umt_update_tensor *tensors, int count, double *partials,
+                               umt_step_scalars *scalars, umt_step_options options);
 /* Shared with the CUDA backend: a low-precision copy must be bf16 or f16. */
 umt_status umt_update_fusion_check(const char *op, umt_update_fusion fusion);
 

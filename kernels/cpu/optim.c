@@ -210,18 +210,19 @@ umt_status umt_cpu_multi_update(const umt_update_tensor *tensors, int count, umt
 /* The step scalars (kernels/optim_step.h) */
 
 /* One sequential sum, in double, in partials[0]; the other partials are zero. */
-umt_status umt_cpu_grad_sumsq(const float *grad, int64_t n, double *partials) {
+static void grad_sumsq(const float *grad, int64_t n, double *partials) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; ++i) sum += (double)grad[i] * grad[i];
     partials[0] = sum;
     for (int k = 1; k < UMT_GRAD_SUMSQ_PARTIALS; ++k) partials[k] = 0.0;
-    return UMT_OK;
 }
 
-umt_status umt_cpu_step_prepare(umt_step_scalars *scalars, const double *partials, int64_t count,
-                                umt_step_options options) {
+umt_status umt_cpu_step_decide(const umt_update_tensor *tensors, int count, double *partials,
+                               umt_step_scalars *scalars, umt_step_options options) {
+    for (int t = 0; t < count; ++t)
+        grad_sumsq(tensors[t].grad, tensors[t].n, partials + (size_t)t * UMT_GRAD_SUMSQ_PARTIALS);
     double sumsq = 0.0;
-    for (int64_t i = 0; i < count; ++i) sumsq += partials[i];
-    umt_step_finish(scalars, sumsq, options);
+    for (int64_t i = 0; i < (int64_t)count * UMT_GRAD_SUMSQ_PARTIALS; ++i) sumsq += partials[i];
+    umt_step_finish(scalars, sumsq, partials, count, options);
     return UMT_OK;
 }

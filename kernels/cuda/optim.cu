@@ -1,13 +1,13 @@
 /*
  * kernels/cuda/optim.cu — optimizer updates, in place, one thread per element, and the step
- * scalars' two kernels (kernels/optim_step.h).
+ * scalars' kernel (kernels/optim_step.h).
  *
  * The formulas, and the order of every operation, are those of kernels/cpu/optim.c (PyTorch's
  * single-tensor update rules; the formulas are written out there). Multiplies and adds go
  * through the __f*_rn intrinsics so that nvcc cannot fuse them into FMAs: each operation is
  * rounded as on the CPU, and a run on the GPU follows the CPU's bit for bit. The step-dependent
  * Adam corrections are computed on the host, in double, exactly as the CPU file does, or, with
- * step scalars, by step_prepare on the device from the steps really applied.
+ * step scalars, by step_decide on the device from the steps really applied.
  *
  * Each rule is one kernel in its fused form: the gradient times the step's multiplier, nothing
  * written when the step is skipped, and the low-precision copy rewritten from the new master in
@@ -304,7 +304,7 @@ extern "C" umt_status umt_cuda_multi_update(const umt_update_tensor *tensors, in
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* The step scalars: a deterministic two-pass sum of squares, then one thread's decision      */
+/* The step scalars: a deterministic sum of squares, then one thread's decision               */
 
 /* Adds the block's values in shared memory as a fixed binary tree; thread 0 returns the sum.
  * The same n always adds the same numbers in the same order: the sum is reproducible. */
@@ -319,35 +319,63 @@ static __device__ double block_sum(double value) {
     return shared[0];
 }
 
-/* Exactly UMT_GRAD_SUMSQ_PARTIALS blocks: block b's grid-stride share, squared and summed in
- * double (each square of a float is exact there), into partials[b]. */
-static __global__ void grad_sumsq_kernel(const float *grad, int64_t n, double *partials) {
+/* The tensors of one step_decide launch, by value: block b sums share b % UMT_GRAD_SUMSQ_PARTIALS
+ * of tensor b / UMT_GRAD_SUMSQ_PARTIALS. */
+typedef struct {
+    const float *grad[MULTI_TENSORS];
+    int64_t n[MULTI_TENSORS];
+    int first; /* the launch's first tensor among all of them: where its partials go */
+} decide_table;
+
+/* Each block: its share of one gradient, a grid-stride walk of UMT_GRAD_SUMSQ_PARTIALS blocks'
+ * width, squared and summed in double (each square of a float is exact there), into its partial.
+ * In the last launch (decide), the last block to finish, which the counter names once every
+ * other block's partial is written, sums all of them and makes the step's decision (one thread).
+ * The partials and their sum are the same numbers in the same order whatever the timing. */
+static __global__ void step_decide_kernel(decide_table table, double *partials, int tensors, bool decide,
+                                          umt_step_scalars *scalars, umt_step_options options) {
+    int t = (int)blockIdx.x / UMT_GRAD_SUMSQ_PARTIALS, share = (int)blockIdx.x % UMT_GRAD_SUMSQ_PARTIALS;
+    const float *grad = table.grad[t];
     double sum = 0.0;
-    FOR_EACH_INDEX(i, n) sum += (double)grad[i] * (double)grad[i];
+    const int64_t stride = (int64_t)UMT_GRAD_SUMSQ_PARTIALS * THREADS;
+    for (int64_t i = (int64_t)share * THREADS + threadIdx.x; i < table.n[t]; i += stride)
+        sum += (double)grad[i] * (double)grad[i];
     sum = block_sum(sum);
-    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        partials[(int64_t)(table.first + t) * UMT_GRAD_SUMSQ_PARTIALS + share] = sum;
+        /* The partial is visible to every block before the count says so. */
+        __threadfence();
+        last = decide && atomicAdd(&scalars->blocks_done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    double total = 0.0;
+    int64_t count = (int64_t)tensors * UMT_GRAD_SUMSQ_PARTIALS;
+    /* Read past this SM's L1: other blocks wrote them. */
+    for (int64_t i = threadIdx.x; i < count; i += THREADS) total += __ldcg(&partials[i]);
+    total = block_sum(total);
+    if (threadIdx.x == 0) {
+        scalars->blocks_done = 0; /* ready for the next step (a replayed graph's too) */
+        umt_step_finish(scalars, total, partials, tensors, options);
+    }
 }
 
-/* One block: each thread a strided share of the partials, then the tree, then thread 0 alone
- * makes the step's decision (kernels/optim_step.h). */
-static __global__ void step_prepare_kernel(umt_step_scalars *scalars, const double *partials, int64_t count,
-                                           umt_step_options options) {
-    double sum = 0.0;
-    for (int64_t i = threadIdx.x; i < count; i += THREADS) sum += partials[i];
-    sum = block_sum(sum);
-    if (threadIdx.x == 0) umt_step_finish(scalars, sum, options);
-}
-
-extern "C" umt_status umt_cuda_grad_sumsq(const float *grad, int64_t n, double *partials) {
-    /* n = 0 still writes its partials (zeros), so the finishing sum never reads stale ones. */
-    grad_sumsq_kernel<<<UMT_GRAD_SUMSQ_PARTIALS, THREADS, 0, umt_cuda_stream()>>>(grad, n, partials);
-    UMT_CUDA_LAUNCHED();
-    return UMT_OK;
-}
-
-extern "C" umt_status umt_cuda_step_prepare(umt_step_scalars *scalars, const double *partials, int64_t count,
-                                            umt_step_options options) {
-    step_prepare_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>(scalars, partials, count, options);
-    UMT_CUDA_LAUNCHED();
+extern "C" umt_status umt_cuda_step_decide(const umt_update_tensor *tensors, int count, double *partials,
+                                           umt_step_scalars *scalars, umt_step_options options) {
+    for (int first = 0; first < count; first += MULTI_TENSORS) {
+        decide_table table;
+        int in_launch = count - first < MULTI_TENSORS ? count - first : MULTI_TENSORS;
+        table.first = first;
+        for (int t = 0; t < in_launch; ++t) {
+            table.grad[t] = tensors[first + t].grad;
+            table.n[t] = tensors[first + t].n;
+        }
+        /* A tensor of no elements still writes its partials (zeros): the sum never reads stale ones. */
+        unsigned int blocks = (unsigned int)in_launch * UMT_GRAD_SUMSQ_PARTIALS;
+        bool decide = first + in_launch == count;
+        step_decide_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(table, partials, count, decide, scalars, options);
+        UMT_CUDA_LAUNCHED();
+    }
     return UMT_OK;
 }

@@ -4,7 +4,10 @@
  * copies, the deterministic sum of squares and the step's decision (clipping, loss scaling,
  * skipping on inf/NaN, growth), then the same through the public API on a CUDA context; and
  * the multi-tensor update (all parameters in one launch) against the per-tensor fused updates,
- * both on the GPU, bit for bit.
+ * both on the GPU, bit for bit. The non-finite check (issue 26): a NaN loss or gradient found
+ * by the GPU's decision as by the CPU's, the same step, culprit and doorbell (a kernel's store
+ * into pinned host memory), no update written under stop from that step on; and the decision
+ * over more tensors than one launch takes (its last launch's last block decides).
  *
  * Each kernel runs through the CPU table on host buffers and through the CUDA table on device
  * copies of the same values. Where the plain updates are bit-exact (no clipping: the multiplier
@@ -74,6 +77,8 @@ typedef struct {
     umt_dtype lowp_dtype;
     twin scalars, partials;
     umt_step_options options;
+    twin loss;                   /* the step's loss, read by the non-finite check */
+    int64_t *doorbell[2];        /* the check's doorbell: CPU memory, and pinned memory for the GPU */
 } rig;
 
 static rig make_rig(umt_optimizer_kind kind, int count, const int64_t *n, umt_step_options options) {
@@ -95,17 +100,32 @@ static rig make_rig(umt_optimizer_kind kind, int count, const int64_t *n, umt_st
     double *zeros = calloc((size_t)count * UMT_GRAD_SUMSQ_PARTIALS, sizeof *zeros);
     r.partials = twin_of(zeros, (size_t)count * UMT_GRAD_SUMSQ_PARTIALS * sizeof *zeros);
     free(zeros);
+    float loss = 2.5f;
+    r.loss = twin_of(&loss, sizeof loss);
+    if (options.nonfinite == UMT_NONFINITE_OFF) return r;
+    r.doorbell[0] = calloc(1, sizeof(int64_t));
+    CUDA_OK(cudaHostAlloc((void **)&r.doorbell[1], sizeof(int64_t), cudaHostAllocDefault));
+    *r.doorbell[1] = 0;
     return r;
+}
+
+static void free_doorbells(rig *r) {
+    free(r->doorbell[0]);
+    cudaFreeHost(r->doorbell[1]);
 }
 
 /* P(t) (kernel_twins.h) names the host side for the CPU, the device side for CUDA. */
 /* One step of the rig through one backend: sums of squares, the decision, the updates. */
 static void step_on(const umt_backend *be, rig *r, int64_t step) {
     on_device = be == gpu;
-    for (int i = 0; i < r->count; i++)
-        EXPECT_OK(be->f32.grad_sumsq(P(r->grad[i]), r->n[i], (double *)P(r->partials) + i * UMT_GRAD_SUMSQ_PARTIALS));
-    EXPECT_OK(be->f32.step_prepare(P(r->scalars), P(r->partials), (int64_t)r->count * UMT_GRAD_SUMSQ_PARTIALS,
-                               r->options));
+    umt_update_tensor tensors[MAX_PARAMS];
+    for (int i = 0; i < r->count; i++) tensors[i] = (umt_update_tensor){.grad = P(r->grad[i]), .n = r->n[i]};
+    umt_step_options options = r->options;
+    if (options.nonfinite != UMT_NONFINITE_OFF) {
+        options.loss = P(r->loss);
+        options.doorbell = r->doorbell[on_device];
+    }
+    EXPECT_OK(be->f32.step_decide(tensors, r->count, P(r->partials), P(r->scalars), options));
     for (int i = 0; i < r->count; i++) {
         umt_update_fusion fusion = {.scalars = P(r->scalars), .lowp = P(r->lowp[i]), .lowp_dtype = r->lowp_dtype};
         switch (r->kind) {
@@ -159,6 +179,14 @@ static void expect_same_scalars(const rig *r) {
     SAME_BITS(applied_steps);
     SAME_BITS(adam_step_size);
     SAME_BITS(adam_bias_correction2_sqrt);
+    SAME_BITS(steps);
+    SAME_BITS(nonfinite_steps);
+    SAME_BITS(first_nonfinite_step);
+    SAME_BITS(first_nonfinite_loss);
+    SAME_BITS(first_nonfinite_what);
+    SAME_BITS(first_nonfinite_tensor);
+    SAME_BITS(stopped);
+    SAME_BITS(blocks_done); /* 0: the GPU's counter is ready for the next step */
 }
 
 static void expect_same_updates(const rig *r, bool exact) {
@@ -253,6 +281,118 @@ static void test_an_inf_or_nan_gradient_skips_the_step_on_the_gpu_as_on_the_cpu(
                 }
             }
         }
+}
+
+/* Sets both sides of a one-float twin. */
+static void set_float(twin t, float value) {
+    *(float *)t.host = value;
+    CUDA_OK(cudaMemcpy(t.device, &value, sizeof value, cudaMemcpyHostToDevice));
+}
+
+/* Copies of every buffer a step may write, the CPU's side (the GPU's must match it). */
+static void save_outputs(const rig *r, void *saved[MAX_PARAMS][4]) {
+    for (int i = 0; i < r->count; i++) {
+        const twin outs[4] = {r->param[i], r->s0[i], r->s1[i], r->lowp[i]};
+        for (int o = 0; o < 4; o++) {
+            saved[i][o] = malloc(outs[o].bytes);
+            memcpy(saved[i][o], outs[o].host, outs[o].bytes);
+        }
+    }
+}
+
+/* Nothing written since save_outputs, on either side; the copies freed. */
+static void expect_nothing_written(const rig *r, void *saved[MAX_PARAMS][4]) {
+    for (int i = 0; i < r->count; i++) {
+        const twin outs[4] = {r->param[i], r->s0[i], r->s1[i], r->lowp[i]};
+        for (int o = 0; o < 4; o++) {
+            assert_memory_equal(outs[o].host, saved[i][o], outs[o].bytes);
+            expect_same_bytes("a skipped step's buffer", outs[o]);
+            free(saved[i][o]);
+        }
+    }
+}
+
+/* fp32/bf16's check (no scaler): a NaN loss, or a NaN in the second parameter's gradient, at step
+ * 2 of 3: the same decision, step, culprit and doorbell on both sides; nothing written from it
+ * on under stop, the clean step 3 applied under skip. */
+static void test_the_nonfinite_check_decides_on_the_gpu_as_on_the_cpu(void **state) {
+    (void)state;
+    const int64_t n[MAX_PARAMS] = {1000, 65537, 7};
+    for (int policy = UMT_NONFINITE_STOP; policy <= UMT_NONFINITE_SKIP; policy++)
+        for (int on_loss = 0; on_loss < 2; on_loss++) {
+            umt_step_options options = {.growth_interval = 2000, .nonfinite = (umt_nonfinite_policy)policy};
+            rig r = make_rig(UMT_OPT_SGD, MAX_PARAMS, n, options);
+            step_both(&r, 1);
+            expect_same_scalars(&r);
+            assert_int_equal(*r.doorbell[0], 0);
+            void *saved[MAX_PARAMS][4];
+            save_outputs(&r, saved);
+            if (on_loss) {
+                set_float(r.loss, NAN);
+            } else {
+                ((float *)r.grad[1].host)[4321] = NAN;
+                CUDA_OK(cudaMemcpy(r.grad[1].device, r.grad[1].host, r.grad[1].bytes, cudaMemcpyHostToDevice));
+            }
+            step_both(&r, 2);
+            expect_same_scalars(&r);
+            umt_step_scalars *host = r.scalars.host;
+            assert_int_equal(host->found_inf, 1);
+            assert_int_equal(host->first_nonfinite_step, 2);
+            assert_int_equal(host->first_nonfinite_tensor, on_loss ? -1 : 1);
+            int32_t what = on_loss ? UMT_NONFINITE_FOUND_LOSS : UMT_NONFINITE_FOUND_GRADIENT;
+            assert_int_equal(host->first_nonfinite_what, what);
+            CUDA_OK(cudaDeviceSynchronize());
+            assert_int_equal(*r.doorbell[0], 2);
+            assert_int_equal(*(volatile int64_t *)r.doorbell[1], 2); /* the kernel's store into pinned memory */
+            expect_nothing_written(&r, saved);
+            /* A clean step 3: stopped for good, or applied. */
+            set_float(r.loss, 2.5f);
+            for (int i = 0; i < MAX_PARAMS; i++) refill(r.grad[i], -1, 1, 1.0f);
+            if (policy == UMT_NONFINITE_STOP) save_outputs(&r, saved);
+            step_both(&r, 3);
+            expect_same_scalars(&r);
+            assert_int_equal(host->found_inf, policy == UMT_NONFINITE_STOP);
+            assert_int_equal(host->nonfinite_steps, 1);
+            if (policy == UMT_NONFINITE_STOP) expect_nothing_written(&r, saved);
+            else expect_same_updates(&r, true);
+            free_doorbells(&r);
+        }
+}
+
+/* More tensors than one launch takes (32): the partials of every launch, the decision in the last
+ * launch's last block, a NaN in tensor 35 named as the CPU names it. */
+static void test_the_decision_over_many_tensors_names_a_nonfinite_one_past_the_first_launch(void **state) {
+    (void)state;
+    enum { COUNT = 40 };
+    twin grads[COUNT];
+    umt_update_tensor on_cpu[COUNT], on_gpu[COUNT];
+    for (int i = 0; i < COUNT; i++) {
+        int64_t n = 100 + 37 * i;
+        grads[i] = twin_random(n, -1, 1);
+        on_cpu[i] = (umt_update_tensor){.grad = grads[i].host, .n = n};
+        on_gpu[i] = (umt_update_tensor){.grad = grads[i].device, .n = n};
+    }
+    umt_step_scalars initial = umt_step_scalars_initial(false, 1.0f);
+    twin scalars = twin_of(&initial, sizeof initial), partials = twin_random(COUNT * UMT_GRAD_SUMSQ_PARTIALS, 0, 1);
+    umt_step_options options = {.growth_interval = 1, .nonfinite = UMT_NONFINITE_SKIP};
+    for (int poisoned = 1; poisoned >= 0; poisoned--) {
+        ((float *)grads[35].host)[600] = poisoned ? NAN : 0.5f;
+        CUDA_OK(cudaMemcpy(grads[35].device, grads[35].host, grads[35].bytes, cudaMemcpyHostToDevice));
+        EXPECT_OK(cpu->f32.step_decide(on_cpu, COUNT, partials.host, scalars.host, options));
+        EXPECT_OK(gpu->f32.step_decide(on_gpu, COUNT, partials.device, scalars.device, options));
+        umt_step_scalars want, got;
+        memcpy(&want, scalars.host, sizeof want);
+        memcpy(&got, downloaded(scalars), sizeof got);
+        assert_int_equal(got.found_inf, poisoned);
+        assert_int_equal(want.found_inf, poisoned);
+        assert_int_equal(got.first_nonfinite_tensor, 35);
+        assert_int_equal(want.first_nonfinite_tensor, 35);
+        assert_int_equal(got.steps, want.steps);
+        assert_int_equal(got.nonfinite_steps, 1);
+        assert_int_equal(got.blocks_done, 0);
+        if (!poisoned && !close_enough(got.grad_norm, want.grad_norm))
+            fail_msg("grad_norm: cuda %.9g, cpu %.9g (seed %u)", got.grad_norm, want.grad_norm, run_seed);
+    }
 }
 
 static void test_loss_scale_growth_and_backoff_match_the_cpu(void **state) {
@@ -426,13 +566,14 @@ static void check_multi(umt_update_rule rule, int variant) {
                                          rule.kind != UMT_OPT_SGD ? b[i].s1.device : NULL,
                                          variant ? b[i].lowp.device : NULL, b[i].n, b[i].channels, b[i].pixels};
     }
-    /* Scalars decided once by step_prepare (a clean step), shared read-only by both paths. */
+    /* Scalars decided once by step_decide from the gradients (a clean step), shared read-only by both paths. */
     umt_step_scalars initial = umt_step_scalars_initial(true, 1024.0f);
-    twin scalars = twin_of(&initial, sizeof initial), partials = twin_random(UMT_GRAD_SUMSQ_PARTIALS * 2, 0, 1);
+    twin scalars = twin_of(&initial, sizeof initial);
+    twin partials = twin_random(UMT_GRAD_SUMSQ_PARTIALS * MULTI_COUNT, 0, 1);
     umt_step_options options = {.loss_scaling = true, .growth_interval = 2000, .lr = rule.lr,
                                 .adam = rule.kind == UMT_OPT_ADAM || rule.kind == UMT_OPT_ADAMW,
                                 .beta1 = rule.beta1, .beta2 = rule.beta2};
-    EXPECT_OK(gpu->f32.step_prepare(scalars.device, partials.device, UMT_GRAD_SUMSQ_PARTIALS * 2, options));
+    EXPECT_OK(gpu->f32.step_decide(tensors, MULTI_COUNT, partials.device, scalars.device, options));
     twin lr = twin_of(&rule.lr, sizeof rule.lr);
     umt_update_fusion common = {.scalars = variant ? scalars.device : NULL, .lowp_dtype = lowp_dtype,
                                 .lr_on_device = variant == 2 ? lr.device : NULL};
@@ -499,6 +640,8 @@ int main(void) {
         TEST(test_fused_scaled_updates_and_lowp_copies_match_the_cpu_bit_for_bit),
         TEST(test_clipped_updates_over_several_parameters_match_the_cpu),
         TEST(test_an_inf_or_nan_gradient_skips_the_step_on_the_gpu_as_on_the_cpu),
+        TEST(test_the_nonfinite_check_decides_on_the_gpu_as_on_the_cpu),
+        TEST(test_the_decision_over_many_tensors_names_a_nonfinite_one_past_the_first_launch),
         TEST(test_loss_scale_growth_and_backoff_match_the_cpu),
         TEST(test_scaled_backward_and_clipped_step_on_a_cuda_context_match_the_cpu),
         TEST(test_multi_tensor_update_matches_the_per_tensor_updates_bit_for_bit),

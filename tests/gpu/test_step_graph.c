@@ -16,6 +16,13 @@
  * test prints which case it checked. fp16 with dynamic loss scaling (its scale read from the
  * device) is checked the same way.
  *
+ * Then the non-finite check inside replays (issue 26), in fp32 and bf16: a step made NaN on
+ * purpose after the graph was captured (its loss alone, or its loss and fc2.bias's gradient,
+ * through tensors the captured step reads) is found on the device; the host learns of it from the
+ * optimizer's doorbell without calling a wait; under stop the parameters are those from before
+ * that step whatever the steps after it, under skip that step alone is left out, as in the same
+ * run launched op by op.
+ *
  * Needs a GPU (tag "gpu"): bazel test --config=cuda //tests/gpu:test_step_graph
  */
 #include <math.h>
@@ -26,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -298,6 +306,169 @@ static void test_cpu_steps_run_eagerly(void **state) {
     umt_context_destroy(ctx);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The non-finite check in a replayed step                                                     */
+
+enum { POISON_STEPS = 12, POISONED = 6 }; /* 2 eager steps, a capture, replays: step 6 is one */
+
+typedef enum { POISON_LOSS, POISON_GRADIENT } poison_kind;
+
+typedef struct {
+    trainer t;
+    umt_tensor *loss_term;     /* [1]: added to the loss (0, or NaN: the loss alone not finite) */
+    umt_tensor *gradient_term; /* [10]: mean(fc2.bias * it) added too: NaN makes fc2.bias's gradient NaN */
+} poisoned_trainer;
+
+static umt_tensor *poisoned_step(umt_context *ctx, void *user, const void *input, size_t input_bytes) {
+    poisoned_trainer *p = user;
+    umt_tensor *images = NULL, *labels = NULL;
+    if (umt_step_begin(ctx) || umt_zero_grad(ctx) ||
+        umt_dataset_batch(ctx, p->t.data, input, (int64_t)(input_bytes / sizeof(int64_t)), 0.5f, 0.25f, &images,
+                          &labels))
+        return NULL;
+    umt_tensor *bias = umt_parameter_at(ctx, umt_parameter_count(ctx) - 1);
+    umt_tensor *loss = mnist_cnn_loss(ctx, &p->t.model, images, labels);
+    loss = umt_add(ctx, umt_add(ctx, loss, p->loss_term), umt_mean(ctx, umt_mul(ctx, bias, p->gradient_term)));
+    if (!loss || umt_backward(ctx, loss) || umt_optimizer_step(p->t.opt)) return NULL;
+    return loss;
+}
+
+static umt_tensor *filled(umt_context *ctx, int64_t n, float value) {
+    umt_tensor *t = umt_tensor_new_1d(ctx, UMT_POOL_WEIGHTS, UMT_F32, n);
+    assert_non_null(t);
+    EXPECT_OK(umt_tensor_fill(t, value));
+    return t;
+}
+
+typedef struct {
+    run_result before; /* the parameters as the poisoned step began */
+    run_result after;  /* and after the last step */
+    umt_nonfinite_report report;
+    bool found_without_a_wait;
+} poisoned_result;
+
+/* The poisoned tensors set to value, between two steps (the queued ones done first). */
+static void set_poison(umt_context *ctx, poisoned_trainer *p, poison_kind kind, float value) {
+    EXPECT_OK(umt_synchronize(ctx));
+    EXPECT_OK(umt_tensor_fill(kind == POISON_LOSS ? p->loss_term : p->gradient_term, value));
+}
+
+static void train_poisoned(umt_precision precision, bool graph, umt_nonfinite_policy policy, poison_kind kind,
+                           poisoned_result *out) {
+    umt_context *ctx = cuda_test_context(5, precision);
+    poisoned_trainer p = {.t = {.reads_loss = false}};
+    char images_path[128], labels_path[128];
+    snprintf(images_path, sizeof images_path, "%s/images", dir);
+    snprintf(labels_path, sizeof labels_path, "%s/labels", dir);
+    EXPECT_OK(umt_dataset_load_idx(ctx, images_path, labels_path, CLASSES, &p.t.data));
+    if (mnist_cnn_build(ctx, &p.t.model)) fail_msg("mnist_cnn_build: %s", umt_last_error());
+    p.loss_term = filled(ctx, 1, 0.0f);
+    p.gradient_term = filled(ctx, 10, 0.0f);
+    umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_SGD);
+    oo.momentum = 0.9f;
+    oo.on_nonfinite = policy;
+    EXPECT_OK(umt_optimizer_create(ctx, &oo, &p.t.opt));
+    umt_step_graph *g = NULL;
+    EXPECT_OK(umt_step_graph_create(ctx, graph, &g));
+    int64_t order[SAMPLES];
+    EXPECT_OK(umt_permutation(ctx, SAMPLES, order));
+    for (int s = 0; s < POISON_STEPS; ++s) {
+        if (s == POISONED) {
+            set_poison(ctx, &p, kind, NAN);
+            copy_parameters(ctx, &out->before);
+        }
+        if (s == POISONED + 1) set_poison(ctx, &p, kind, 0.0f); /* the steps after it are finite again */
+        EXPECT_OK(umt_step_graph_run(g, poisoned_step, &p, order + s * BATCH, BATCH * sizeof *order));
+        /* The host learns of it from the doorbell, a read of host memory: no wait asked for. */
+        for (int tries = 0; s == POISONED && tries < 2000 && !out->found_without_a_wait; ++tries) {
+            out->found_without_a_wait = umt_optimizer_nonfinite_found(p.t.opt);
+            if (!out->found_without_a_wait) nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+        }
+    }
+    EXPECT_OK(umt_optimizer_nonfinite_get(p.t.opt, &out->report));
+    out->after.stats = umt_step_graph_stats_get(g);
+    out->after.off_reason = umt_step_graph_off_reason(g) != NULL;
+    copy_parameters(ctx, &out->after);
+    umt_context_destroy(ctx);
+}
+
+static void expect_same_parameters(const char *what, const run_result *got, const run_result *want, bool bitwise) {
+    assert_int_equal(got->parameter_count, want->parameter_count);
+    for (int64_t i = 0; i < want->parameter_count; ++i) {
+        float a = got->parameters[i], b = want->parameters[i];
+        bool differ = bitwise ? memcmp(&a, &b, sizeof a) != 0 : relative(a, b) > 1e-6 && fabs((double)a - b) > 1e-9;
+        if (!isfinite(a) || differ)
+            fail_msg("%s: parameter element %lld: %.9g, expected %.9g", what, (long long)i, (double)a, (double)b);
+    }
+}
+
+static void free_poisoned(poisoned_result *r) {
+    free(r->before.parameters);
+    free(r->after.parameters);
+}
+
+/* stop: the step's update and every later one skipped, the step named; the graph replayed it. */
+static void check_stop(umt_precision precision, poison_kind kind) {
+    poisoned_result r = {0};
+    train_poisoned(precision, true, UMT_NONFINITE_STOP, kind, &r);
+    printf("%s, %s poisoned at step %d: stop; graph: %lld captures, %lld replayed, %lld eager\n",
+           umt_precision_name(precision), kind == POISON_LOSS ? "the loss" : "fc2.bias's gradient", POISONED + 1,
+           (long long)r.after.stats.captures, (long long)r.after.stats.replayed_steps,
+           (long long)r.after.stats.eager_steps);
+    assert_false(r.after.off_reason);
+    assert_true(r.after.stats.replayed_steps >= POISON_STEPS - POISONED); /* the poisoned step was a replay */
+    assert_true(r.found_without_a_wait);
+    assert_int_equal(r.report.first_step, POISONED + 1);
+    assert_int_equal(r.report.steps, 1); /* the steps after it were finite, and skipped all the same */
+    assert_true(r.report.loss && isnan(r.report.loss_value) && r.report.stopped);
+    if (kind == POISON_LOSS) assert_null(r.report.parameter);
+    else assert_string_equal(r.report.parameter, "fc2.bias");
+    expect_same_parameters("stopped", &r.after, &r.before, true);
+    free_poisoned(&r);
+}
+
+/* skip: that step alone left out, counted; the graph run ends as the same run op by op. */
+static void check_skip(umt_precision precision) {
+    poisoned_result graph = {0}, eager = {0};
+    train_poisoned(precision, true, UMT_NONFINITE_SKIP, POISON_GRADIENT, &graph);
+    train_poisoned(precision, false, UMT_NONFINITE_SKIP, POISON_GRADIENT, &eager);
+    assert_true(graph.after.stats.replayed_steps >= POISON_STEPS - POISONED);
+    assert_true(graph.found_without_a_wait && eager.found_without_a_wait);
+    assert_int_equal(graph.report.steps, 1);
+    assert_int_equal(graph.report.first_step, POISONED + 1);
+    assert_false(graph.report.stopped);
+    assert_string_equal(graph.report.parameter, "fc2.bias");
+    /* The later steps were applied: the parameters moved on from where the poisoned step found them. */
+    assert_true(memcmp(graph.after.parameters, graph.before.parameters,
+                       (size_t)graph.before.parameter_count * sizeof(float)) != 0);
+    expect_same_parameters("skip, graph against eager", &graph.after, &eager.after,
+                           precision == UMT_PRECISION_FP32);
+    free_poisoned(&graph);
+    free_poisoned(&eager);
+}
+
+static void test_a_nonfinite_loss_in_a_replay_stops_the_run_in_fp32(void **state) {
+    (void)state;
+    check_stop(UMT_PRECISION_FP32, POISON_LOSS);
+}
+
+static void test_a_nonfinite_gradient_in_a_replay_stops_the_run_naming_it_in_fp32(void **state) {
+    (void)state;
+    check_stop(UMT_PRECISION_FP32, POISON_GRADIENT);
+}
+
+static void test_a_nonfinite_step_in_a_replay_stops_the_run_in_bf16(void **state) {
+    (void)state;
+    check_stop(UMT_PRECISION_BF16, POISON_LOSS);
+    check_stop(UMT_PRECISION_BF16, POISON_GRADIENT);
+}
+
+static void test_skip_leaves_out_the_nonfinite_replay_alone_in_fp32_and_bf16(void **state) {
+    (void)state;
+    check_skip(UMT_PRECISION_FP32);
+    check_skip(UMT_PRECISION_BF16);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_graph_replays_give_the_eager_losses_in_fp32),
@@ -305,6 +476,10 @@ int main(void) {
         cmocka_unit_test(test_graph_replays_follow_the_loss_scale_in_fp16),
         cmocka_unit_test(test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_losses),
         cmocka_unit_test(test_cpu_steps_run_eagerly),
+        cmocka_unit_test(test_a_nonfinite_loss_in_a_replay_stops_the_run_in_fp32),
+        cmocka_unit_test(test_a_nonfinite_gradient_in_a_replay_stops_the_run_naming_it_in_fp32),
+        cmocka_unit_test(test_a_nonfinite_step_in_a_replay_stops_the_run_in_bf16),
+        cmocka_unit_test(test_skip_leaves_out_the_nonfinite_replay_alone_in_fp32_and_bf16),
     };
     return cmocka_run_group_tests(tests, write_dataset, NULL);
 }
