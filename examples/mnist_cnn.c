@@ -799,7 +799,8 @@ int main(int argc, char **argv) {
     int rc = prepare(&r, &o, &process);
     if (!rc && !o.dry_run) rc = o.bench_steps ? bench(&r, &o) : train(&r, &o);
     if (rc && r.ranks > 1) fprintf(stderr, "%s: rank %d of %d failed\n", program, r.rank, r.ranks);
+    int stopped_by = r.stopped_by; /* teardown clears r */
     teardown(&r);
     umt_dist_finish(&process);
-    return rc ? 1 : r.stopped_by ? example_signal_exit_status(r.stopped_by) : 0;
+    return rc ? 1 : stopped_by ? example_signal_exit_status(stopped_by) : 0;
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 int run_program(const char *command, char *out, size_t size) {
@@ -20,6 +21,11 @@ int run_program(const char *command, char *out, size_t size) {
 
 int run_program_signalled(const char *command, const char *const *triggers, const int *signals, int count, char *out,
                           size_t size) {
+    return run_program_signalled_after(command, triggers, signals, count, 0, out, size);
+}
+
+int run_program_signalled_after(const char *command, const char *const *triggers, const int *signals, int count,
+                                int delay_ms, char *out, size_t size) {
     int pipe_ends[2];
     if (pipe(pipe_ends) != 0) return -1;
     pid_t pid = fork();
@@ -44,7 +50,10 @@ int run_program_signalled(const char *command, const char *const *triggers, cons
                               used + 1 < size ? size - 1 - used : sizeof drain)) > 0;) {
         if (used + 1 < size) used += (size_t)n;
         out[used] = '\0';
-        while (sent < count && strstr(out, triggers[sent])) kill(pid, signals[sent++]);
+        while (sent < count && strstr(out, triggers[sent])) {
+            if (delay_ms > 0) nanosleep(&(struct timespec){delay_ms / 1000, (long)(delay_ms % 1000) * 1000000}, NULL);
+            kill(pid, signals[sent++]);
+        }
     }
     close(pipe_ends[0]);
     int status;

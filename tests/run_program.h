@@ -16,5 +16,9 @@ int run_program(const char *command, char *out, size_t size);
  * the program's exit status, or -1 when a signal ended it. */
 int run_program_signalled(const char *command, const char *const *triggers, const int *signals, int count, char *out,
                           size_t size);
+/* The same, each signal sent delay_ms after its trigger was read: a program that checks for a
+ * signal right after printing a line has then passed that check, whatever the machine's load. */
+int run_program_signalled_after(const char *command, const char *const *triggers, const int *signals, int count,
+                                int delay_ms, char *out, size_t size);
 
 #endif /* UMT_TESTS_RUN_PROGRAM_H */

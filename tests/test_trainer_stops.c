@@ -189,7 +189,13 @@ static void test_a_second_ctrl_c_ends_the_run_at_once(void **state) {
     static char out[65536];
     const char *triggers[] = {"epoch 1 step 1/", "stopping after this step"};
     const int sigints[] = {SIGINT, SIGINT};
-    int status = run(mlp_binary, "--hidden 4096 --batch-size 320 --log-every 1", triggers, sigints, 2, out, sizeof out);
+    /* Each Ctrl-C 20 ms after its line: the first after the check that follows step 1's line (so
+     * that it lands inside step 2, of about 170 ms here), the second inside that step too. */
+    char command[2048];
+    snprintf(command, sizeof command, "%s --device cpu --data-dir %s --hidden 4096 --batch-size 320 --log-every 1",
+             mlp_binary, data);
+    int status = run_program_signalled_after(command, triggers, sigints, 2, 20, out, sizeof out);
+    print_message("$ %s  (exit %d)\n%s", command, status, out);
     assert_int_equal(status, 130);
     expect_no_text(out, "stopped by SIGINT"); /* no orderly stop after the step: the second ended it */
     expect_no_text(out, "epoch 1 step 2/");
