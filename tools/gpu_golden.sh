@@ -46,7 +46,7 @@ big() {
     { echo "== big_mlp $name (exit $rc)"; sed -n 's/^\(step [0-9]* loss [^ ]*\).*/\1/p' "$log"; } >> "$out/big_mlp.txt"
 }
 : > "$out/big_mlp.txt"
-UMT_DEVICE_BUDGET=2G big offload_auto "$bundle/bin/big_mlp" --steps 10
+UMT_DEVICE_BUDGET=2G big offload_auto "$bundle/bin/big_mlp" --steps 10 --update-on auto
 UMT_DEVICE_BUDGET=2G big offload_backward "$bundle/bin/big_mlp" --steps 10 --update-on backward
 big memory "$bundle/bin/big_mlp" --no-offload --steps 10
 UMT_DEVICE_BUDGET=2G big offload_activations_2048 "$bundle/bin/big_mlp" --batch 2048 --steps 10 --offload-activations
