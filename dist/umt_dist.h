@@ -45,22 +45,25 @@ typedef enum {
     UMT_DIST_SINGLE = 0, /* one process, no communication */
     UMT_DIST_LAUNCHER,   /* a child of the --gpus launcher */
     UMT_DIST_MPI,        /* under mpirun, ranks from MPI */
-    UMT_DIST_ENV         /* under Open MPI's mpirun, ranks from its environment, id through a file */
+    UMT_DIST_ENV,        /* under Open MPI's mpirun, ranks from its environment, id through a file */
+    UMT_DIST_SLURM       /* under Slurm's srun, ranks from its environment, id through a file */
 } umt_dist_bootstrap;
 
 /* Who this process is. Filled by umt_dist_launch. */
 typedef struct {
     umt_dist_bootstrap bootstrap;
     int rank, size, local_rank;
+    int cuda_device; /* the GPU this rank uses: local_rank, or 0 when the launcher left each rank one */
     bool launcher;  /* true in the --gpus parent, after all its children have ended */
     int exit_code;  /* launcher: 0 when every rank exited 0, else the first failure's code */
     int id_pipe[2]; /* launcher children: the pipe rank 0 writes the NCCL id into */
 } umt_dist_process;
 
 /* Call first, before any CUDA call (a forked child cannot use a CUDA already started in its
- * parent). Sets NCCL_NVLS_ENABLE=0 unless the user set it. With gpus > 1 under mpirun it fails
- * (mpirun starts the ranks). In the parent of the launcher it returns once the children have
- * ended, with launcher = true. */
+ * parent). Sets NCCL_NVLS_ENABLE=0 unless the user set it. With gpus > 1 under mpirun or srun it
+ * fails (they start the ranks). A launcher's variable that is not a whole number, or a rank not
+ * below the size, is refused naming the variable and its value. In the parent of the launcher it
+ * returns once the children have ended, with launcher = true. */
 umt_status umt_dist_launch(int gpus, umt_dist_process *out);
 /* MPI_Finalize under MPI; nothing otherwise. */
 void umt_dist_finish(umt_dist_process *process);

@@ -522,7 +522,7 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     co.seed = o->seed;
     co.device = o->device;
     co.memory_mode = o->memory_mode;
-    co.cuda_device = process->local_rank;
+    co.cuda_device = process->cuda_device;
     r->rank = process->rank;
     r->ranks = process->size;
     /* After the rank's device is known: the default asks that GPU whether it has bf16. */
