@@ -28,13 +28,15 @@ struct umt_dist {
      * later calls on this thread replace umt_last_error(). */
     umt_status hook_status;
     char hook_error[512];
+    size_t reduce_bytes; /* bytes of one gradient element on the wire: 4 (f32) or 2 (bf16) */
 #ifdef UMT_WITH_CUDA
     umt_engine *engine;
 #endif
 };
 
 umt_dist_options umt_dist_defaults(void) {
-    return (umt_dist_options){.bucket_bytes = (size_t)25 << 20, .reduce_bf16 = false, .timeout_s = 300, .always = false};
+    /* Buckets sized by the model (dist/buckets.h), not a fixed 25 MB. */
+    return (umt_dist_options){.bucket_bytes = 0, .reduce_bf16 = false, .timeout_s = 300, .always = false};
 }
 
 int umt_dist_rank(const umt_dist *dist) { return dist ? dist->rank : 0; }
@@ -78,7 +80,10 @@ static umt_status make_plan(umt_dist *dist, const umt_dist_options *options) {
     if (!numel) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "rank %d: no memory for the bucket plan", dist->rank);
     for (int i = 0; i < ctx->parameter_count; ++i) numel[i] = ctx->parameters[i]->numel;
     int64_t cap = (int64_t)(options->bucket_bytes / sizeof(float));
-    umt_status status = umt_bucket_plan_make(numel, ctx->parameter_count, cap > 0 ? cap : 1, &dist->plan);
+    size_t element = options->reduce_bf16 ? 2 : sizeof(float);
+    umt_status status = options->bucket_bytes
+                            ? umt_bucket_plan_make(numel, ctx->parameter_count, cap > 0 ? cap : 1, &dist->plan)
+                            : umt_bucket_plan_make_auto(numel, ctx->parameter_count, element, &dist->plan);
     free(numel);
     return status;
 }
@@ -101,12 +106,11 @@ umt_status umt_dist_create(umt_context *ctx, const umt_dist_process *process, co
                            umt_dist **out) {
     if (!ctx || !process || !out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_create: NULL argument");
     umt_dist_options o = options ? *options : umt_dist_defaults();
-    if (o.timeout_s <= 0 || o.bucket_bytes == 0)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_create: timeout %g s, bucket %zu bytes (expected > 0)",
-                        o.timeout_s, o.bucket_bytes);
+    if (!(o.timeout_s > 0))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_create: timeout %g s (expected > 0)", o.timeout_s);
     umt_dist *dist = calloc(1, sizeof *dist);
     if (!dist) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_dist_create: no memory");
-    *dist = (umt_dist){.ctx = ctx, .rank = process->rank, .size = process->size};
+    *dist = (umt_dist){.ctx = ctx, .rank = process->rank, .size = process->size, .reduce_bytes = o.reduce_bf16 ? 2 : 4};
     umt_status status = process->size > 1 || o.always ? create_parallel(dist, process, &o) : UMT_OK;
     if (status != UMT_OK) {
         umt_dist_destroy(dist);

@@ -76,8 +76,10 @@ void umt_dist_shard(int64_t count, int rank, int size, int64_t *offset, int64_t 
 bool umt_dist_batch_usable(int64_t count, int size);
 
 typedef struct {
-    size_t bucket_bytes; /* gradients per all-reduce, in f32 bytes; default 25 MiB */
-    bool reduce_bf16;    /* reduce in bf16 (half the traffic; gradients rounded to bf16) */
+    size_t bucket_bytes; /* gradients per all-reduce, at most, in f32 bytes; 0 (the default): sized by
+                          * the model (dist/buckets.h: one or two buckets for a small model) */
+    bool reduce_bf16;    /* reduce in bf16 (half the traffic; gradients rounded to bf16: dist/README.md,
+                          * "Numerics of --reduce bf16") */
     double timeout_s;    /* a collective unfinished for this long aborts the run; default 300 */
     /* Run the NCCL path on one rank too (the gradient hook, the buckets, a one-rank all-reduce):
      * a check that data parallelism leaves a step as it was. Default false: one rank skips it. */

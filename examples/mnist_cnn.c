@@ -83,15 +83,16 @@ static void usage(FILE *out) {
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
                  "                 [--fuse on|off] [--graph on|off] [--dry-run]\n"
                  EXAMPLE_INPUT_USAGE
-                 "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
+                 "                 [--gpus N] [--bucket-mb F|auto] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
                  "                 [--dist auto|on]\n"
                  "defaults: 5 epochs, batch 64, test batch 1000, adadelta lr 1.0 (other optimizers: PyTorch's\n"
                  "          default lr), gamma 0.7, seed 1, data/mnist, all training and test images (limits: the\n"
                  "          first N), cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16\n"
                  "          tensor cores (else fp32), fused ops on, no clipping, data on the GPU when it fits (else pinned\n"
-                 "          prefetch 4 deep with 1 loader thread); 1 GPU, buckets of 25 MiB reduced in f32,\n"
-                 "          timeout 300 s, graph on (one CUDA graph launch per step, on one GPU with the data\n"
-                 "          on it). With --gpus N (or under mpirun) --batch-size is per GPU. --dist on runs\n"
+                 "          prefetch 4 deep with 1 loader thread); 1 GPU, buckets sized by the model (auto) reduced\n"
+                 "          in f32, timeout 300 s, graph on (one CUDA graph launch per step, all-reduces included,\n"
+                 "          with the data on the GPU). With --gpus N (or under mpirun or srun) --batch-size is per\n"
+                 "          GPU. --dist on runs\n"
                  "          the NCCL path on one GPU too (its results equal the run without it).\n"
                  "          Every run prints its memory plan before step 1 and, when the batch's activations do not\n"
                  "          fit the device budget (or a tensor would pass cuDNN's INT_MAX elements), runs each step\n"
@@ -105,6 +106,15 @@ static int parse_reduce(options *o, const char *value) {
     if (o->dist.reduce_bf16 || !strcmp(value, "f32")) return 0;
     fprintf(stderr, "%s: --reduce '%s': expected f32 or bf16\n", program, value);
     return -1;
+}
+
+/* --bucket-mb auto (the default): buckets sized by the model (dist/buckets.h); F: at most F MiB. */
+static int parse_bucket_mb(options *o, const char *value) {
+    double v = 0;
+    if (!strcmp(value, "auto")) return o->dist.bucket_bytes = 0, 0;
+    int bad = example_number(program, "--bucket-mb", value, 0.001, 1e5, &v);
+    o->dist.bucket_bytes = (size_t)(v * (1 << 20));
+    return bad;
 }
 
 static int parse_on_off(const char *flag, const char *value, bool *out) {
@@ -139,7 +149,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--bench")) bad = example_whole_number(program, flag, value, 1, 1e7, &v), o->bench_steps = (int)v;
     else if (!strcmp(flag, "--grad-accum")) bad = example_whole_number(program, flag, value, 1, 1 << 16, &v), o->grad_accum = (int)v;
     else if (!strcmp(flag, "--gpus")) bad = example_whole_number(program, flag, value, 1, 64, &v), o->gpus = (int)v;
-    else if (!strcmp(flag, "--bucket-mb")) bad = example_number(program, flag, value, 0.001, 1e5, &v), o->dist.bucket_bytes = (size_t)(v * (1 << 20));
+    else if (!strcmp(flag, "--bucket-mb")) bad = parse_bucket_mb(o, value);
     else if (!strcmp(flag, "--dist-timeout")) bad = example_number(program, flag, value, 1, 1e6, &v), o->dist.timeout_s = v;
     else if (!strcmp(flag, "--reduce")) bad = parse_reduce(o, value);
     else if (!strcmp(flag, "--dist")) bad = parse_dist(o, value);
