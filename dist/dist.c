@@ -11,7 +11,6 @@
 #include "core/base/error.h"
 #include "core/context.h"
 #include "core/hooks.h"
-#include "core/step_values.h"
 #include "core/tensor.h"
 #include "dist/buckets.h"
 #include "dist/umt_dist.h"
@@ -50,10 +49,21 @@ static int parameter_index(const umt_context *ctx, const umt_tensor *p) {
     return -1;
 }
 
-static umt_status on_gradient_ready(umt_context *ctx, void *self, umt_tensor *parameter) {
+/* A new step: nothing announced yet. (A step that failed midway, a capture refused during its
+ * backward among them, leaves announcements that its eager rerun would count twice.) */
+static umt_status on_step_begin(umt_context *ctx, void *self) {
+    (void)ctx;
     umt_dist *dist = self;
-    /* The buckets are host work that a CUDA graph's replay would not redo. */
-    umt_step_values_unreplayable(ctx, "a grad-ready hook (data parallelism) works on the host during backward");
+    umt_bucket_plan_reset(&dist->plan);
+    return UMT_OK;
+}
+
+/* The buckets' host work (which buckets start when) is the same at every step, so a step graph
+ * captures their packs, all-reduces and unpacks, and its replays redo them: no host work is
+ * left to redo (core/step/step_graph.c, "Collectives"). */
+static umt_status on_gradient_ready(umt_context *ctx, void *self, umt_tensor *parameter) {
+    (void)ctx;
+    umt_dist *dist = self;
     if (dist->hook_status != UMT_OK) return UMT_OK;
     int first = 0;
     umt_status status = UMT_OK;
@@ -72,7 +82,33 @@ static umt_status on_gradient_ready(umt_context *ctx, void *self, umt_tensor *pa
     return UMT_OK;
 }
 
-static const umt_hooks dist_hooks = {.name = "dist", .gradient_ready = on_gradient_ready};
+/* A step graph's choice, the same on every rank: yes only when every rank says yes (a host
+ * reduction of one value: it waits for the GPU, but runs only at a capture and after host steps). */
+static umt_status on_graph_agree(umt_context *ctx, void *self, bool *all) {
+    (void)ctx;
+    umt_dist *dist = self;
+    double refusals = *all ? 0.0 : 1.0;
+    UMT_TRY(umt_engine_reduce_host(dist->engine, &refusals, 1, false));
+    *all = refusals == 0.0;
+    return UMT_OK;
+}
+
+static umt_status on_before_graph_launch(umt_context *ctx, void *self) {
+    (void)ctx;
+    return umt_engine_before_replay(((umt_dist *)self)->engine);
+}
+
+static umt_status on_after_graph_launch(umt_context *ctx, void *self) {
+    (void)ctx;
+    return umt_engine_after_replay(((umt_dist *)self)->engine);
+}
+
+static const umt_hooks dist_hooks = {.name = "dist",
+                                     .step_begin = on_step_begin,
+                                     .gradient_ready = on_gradient_ready,
+                                     .graph_agree = on_graph_agree,
+                                     .before_graph_launch = on_before_graph_launch,
+                                     .after_graph_launch = on_after_graph_launch};
 
 static umt_status make_plan(umt_dist *dist, const umt_dist_options *options) {
     umt_context *ctx = dist->ctx;
@@ -154,13 +190,34 @@ static umt_status reduce_host(umt_dist *dist, double *values, int count, bool ma
 #endif
 }
 
+umt_dist_stats umt_dist_stats_get(const umt_dist *dist) {
+    umt_dist_stats stats = {0};
+    if (!dist) return umt_fail_null("umt_dist_stats_get", "dist"), stats;
+#ifdef UMT_WITH_CUDA
+    if (!dist->engine) return stats;
+    bool in_place = umt_engine_in_place(dist->engine);
+    stats.buckets = in_place ? 0 : dist->plan.bucket_count;
+    for (int b = 0; b < stats.buckets; ++b) {
+        size_t bytes = (size_t)dist->plan.elements[b] * dist->reduce_bytes;
+        stats.reduce_bytes += bytes;
+        if (bytes > stats.largest_bucket_bytes) stats.largest_bucket_bytes = bytes;
+    }
+    umt_engine_counts(dist->engine, &stats.eager_collectives, &stats.captured_collectives);
+#endif
+    return stats;
+}
+
 umt_status umt_dist_sum(umt_dist *dist, double *values, int count) { return reduce_host(dist, values, count, false); }
 umt_status umt_dist_max(umt_dist *dist, double *values, int count) { return reduce_host(dist, values, count, true); }
 
 void umt_dist_destroy(umt_dist *dist) {
     if (!dist) return;
 #ifdef UMT_WITH_CUDA
-    if (dist->engine) umt_hooks_unregister(dist->ctx, &dist_hooks);
+    if (dist->engine) {
+        /* Step graphs let go of the collectives they captured: NCCL's destroy waits for them. */
+        umt_hooks_collectives_end(dist->ctx);
+        umt_hooks_unregister(dist->ctx, &dist_hooks);
+    }
     umt_engine_destroy(dist->engine);
 #endif
     umt_bucket_plan_free(&dist->plan);

@@ -264,10 +264,15 @@ static umt_tensor *train_step(run_state *r, const int64_t *indices, int64_t coun
     return loss;
 }
 
-/* train_step as the step graph calls it: the input is the step's sample indices. */
+/* train_step as the step graph calls it: the input is the global batch's sample indices, the same
+ * on every rank (so that all ranks' graphs replay, or run a short batch eagerly, at the same
+ * steps), of which this rank takes its part. */
 static umt_tensor *graph_step(umt_context *ctx, void *user, const void *input, size_t input_bytes) {
     (void)ctx;
-    return train_step(user, input, (int64_t)(input_bytes / sizeof(int64_t)));
+    run_state *r = user;
+    int64_t offset, part;
+    umt_dist_shard((int64_t)(input_bytes / sizeof(int64_t)), r->rank, r->ranks, &offset, &part);
+    return train_step(r, (const int64_t *)input + offset, part);
 }
 
 static umt_status run_step(run_state *r, const int64_t *indices, int64_t count) {
@@ -333,9 +338,8 @@ static int train_epoch(run_state *r, const options *o, int64_t epoch) {
     if (steps < 0) return -1;
     double start = example_seconds(), window_start = start, loss_sum = 0;
     for (int64_t step = 0; step < steps; ++step) {
-        int64_t first = step * global, count = n - first < global ? n - first : global, offset, part;
-        umt_dist_shard(count, r->rank, r->ranks, &offset, &part);
-        if (example_check(program, run_step(r, r->order + first + offset, part))) return -1;
+        int64_t first = step * global, count = n - first < global ? n - first : global;
+        if (example_check(program, run_step(r, r->order + first, count))) return -1;
         window_images += count;
         if (((step + 1) % o->log_every == 0 || step + 1 == steps) &&
             log_progress(r, epoch, step, steps, &loss_sum, &window_start, &window_images))
@@ -375,11 +379,12 @@ static int bench(run_state *r, const options *o) {
         return -1;
     }
     int64_t n = umt_dataset_size(r->train), batch = r->step_batch < n ? r->step_batch : n;
+    int64_t global = batch * r->ranks < n ? batch * r->ranks : n;
     if (example_check(program, umt_permutation(r->ctx, n, r->order))) return -1;
     for (int i = 0; i < 20 + o->bench_steps; ++i) {
         if (i == 20 && example_check(program, umt_timer_start(r->ctx))) return -1;
-        int64_t window = ((int64_t)i * r->ranks + r->rank) * batch % (n - batch + 1);
-        if (example_check(program, run_step(r, r->order + window, batch))) return -1;
+        int64_t window = (int64_t)i * global % (n - global + 1);
+        if (example_check(program, run_step(r, r->order + window, global))) return -1;
     }
     double ms = 0;
     if (example_check(program, umt_timer_stop(r->ctx, &ms)) || example_check(program, umt_dist_max(r->dist, &ms, 1)))
@@ -547,11 +552,11 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     /* After the model: rank 0's initial parameters go to every rank. */
     if (example_check(program, umt_dist_create(r->ctx, process, &o->dist, &r->dist))) return -1;
     if (make_optimizer(r, o)) return -1;
-    /* A replay cannot take the loader's next batch or the ranks' all-reduce: those steps run
-     * op by op (say so when the graph was asked for). */
-    bool capture = o->graph && !r->loader && r->ranks == 1 && !o->dist.always;
+    /* A replay cannot take the loader's next batch: those steps run op by op (say so when the
+     * graph was asked for). The ranks' all-reduces are captured with the step. */
+    bool capture = o->graph && !r->loader;
     if (o->graph && !capture && o->device == UMT_DEVICE_CUDA && r->rank == 0)
-        printf("%s: --graph on needs one GPU and the data on it: every step runs op by op\n", program);
+        printf("%s: --graph on needs the data on the GPU: every step runs op by op\n", program);
     if (example_check(program, umt_step_graph_create(r->ctx, capture, &r->graph))) return -1;
     r->order = malloc((size_t)train_size(r) * sizeof *r->order);
     if (!r->order) fprintf(stderr, "%s: no memory for the shuffle order\n", program);
@@ -621,6 +626,11 @@ static void print_banner(const run_state *r, const options *o) {
     printf("%s: %s training and %s test images, %s lr %g, batch %s, seed %llu, %s, %s, fuse %s, %s\n", program, train,
            test, o->optimizer, o->lr, batch, (unsigned long long)o->seed, cuda ? "cuda" : "cpu",
            umt_precision_name(umt_context_precision(r->ctx)), o->fuse ? "on" : "off", data);
+    umt_dist_stats ds = umt_dist_stats_get(r->dist);
+    if (ds.buckets)
+        printf("%s: gradients all-reduced over %d rank(s) in %d bucket(s) of %s, %.2f MB a step (largest %.2f MB)\n",
+               program, r->ranks, ds.buckets, o->dist.reduce_bf16 ? "bf16" : "f32", ds.reduce_bytes / 1e6,
+               ds.largest_bucket_bytes / 1e6);
 }
 
 int main(int argc, char **argv) {

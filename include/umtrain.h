@@ -612,7 +612,11 @@ void umt_optimizer_destroy(umt_optimizer *opt);
  * baked in moved (the activation arena after an evaluation). Where capture is impossible (CPU,
  * a failed capture, a step a replay cannot follow) every step runs eagerly, and the reason is
  * printed once on stderr. Everything else a step's kernels take by value is baked in at
- * capture: change another hyper-parameter (momentum, weight decay) with a new graph. */
+ * capture: change another hyper-parameter (momentum, weight decay) with a new graph.
+ * With data parallelism (dist/umt_dist.h) the step's all-reduces are captured with it; NCCL then
+ * needs every rank to capture, replay and run eagerly at the same steps, so every rank must call
+ * this at the same steps with inputs of the same size (the global batch, of which the step takes
+ * its rank's part), and the ranks agree on what only one knows (a failed capture, moved memory). */
 typedef struct umt_step_graph umt_step_graph;
 typedef umt_tensor *(*umt_step_fn)(umt_context *ctx, void *user, const void *input, size_t input_bytes);
 
