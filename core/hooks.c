@@ -52,6 +52,12 @@ bool umt_hooks_update_parameters(const umt_context *ctx) {
     return false;
 }
 
+bool umt_hooks_collective(const umt_context *ctx) {
+    for (int i = 0; i < ctx->hooks.count; ++i)
+        if (ctx->hooks.list[i].hooks->graph_agree) return true;
+    return false;
+}
+
 const char *umt_hooks_unreplayable(const umt_context *ctx) {
     for (int i = 0; i < ctx->hooks.count; ++i)
         if (ctx->hooks.list[i].hooks->unreplayable) return ctx->hooks.list[i].hooks->unreplayable;
@@ -155,6 +161,36 @@ void umt_hooks_report(const umt_context *ctx, FILE *out) {
     }
 }
 
+umt_status umt_hooks_graph_agree(umt_context *ctx, bool *all) {
+    /* Every table, whatever the answer so far: each asks its own peers, who all wait for it. */
+    bool answer = *all;
+    for (int i = 0; i < ctx->hooks.count; ++i) {
+        const umt_subscription *s = &ctx->hooks.list[i];
+        bool mine = *all;
+        if (s->hooks->graph_agree) UMT_TRY(s->hooks->graph_agree(ctx, s->self, &mine));
+        answer = answer && mine;
+    }
+    *all = answer;
+    return UMT_OK;
+}
+
+umt_status umt_hooks_before_graph_launch(umt_context *ctx) {
+    RAISE0(ctx, before_graph_launch);
+    return UMT_OK;
+}
+
+umt_status umt_hooks_after_graph_launch(umt_context *ctx) {
+    RAISE0(ctx, after_graph_launch);
+    return UMT_OK;
+}
+
+void umt_hooks_collectives_end(umt_context *ctx) {
+    for (int i = 0; i < ctx->hooks.count; ++i) {
+        const umt_subscription *s = &ctx->hooks.list[i];
+        if (s->hooks->collectives_end) s->hooks->collectives_end(ctx, s->self);
+    }
+}
+
 void umt_hooks_destroy(umt_context *ctx) {
     umt_hook_table *t = &ctx->hooks;
     /* Each destroy may still raise events (freeing tensors): the table empties as it goes. */
@@ -177,7 +213,8 @@ typedef struct {
 static umt_status call_caller(umt_context *ctx, void *self, umt_tensor *parameter) {
     const caller_hook *h = self;
     /* The caller's host work would not run in a replay. */
-    umt_step_values_unreplayable(ctx, "a grad-ready hook (data parallelism) works on the host during backward");
+    umt_step_values_unreplayable(ctx, "the caller's grad-ready hook (umt_set_grad_ready_hook) works on the host "
+                                      "during backward");
     h->fn(parameter, h->user);
     return UMT_OK;
 }

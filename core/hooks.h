@@ -10,7 +10,7 @@
  *
  *   event                  when                                            offload   dist
  *   place                  a weights, grads or optim tensor is made          yes
- *   step_begin             umt_step_begin, the last step's tensors freed     yes
+ *   step_begin             umt_step_begin, the last step's tensors freed     yes      yes
  *   op_recorded            an op is recorded on the tape                     yes
  *   parameter_read         a matrix op reads a parameter in forward          yes
  *   zero_grad              umt_zero_grad, for each parameter                 yes
@@ -23,6 +23,12 @@
  *   after_update           umt_optimizer_step, after its own updates         yes
  *   report                 umt_memory_report                                 yes
  *   destroy                umt_context_destroy, before anything is freed     yes
+ *   graph_agree            a step graph's choice, made with the other ranks           yes
+ *   before_graph_launch    a step graph is about to launch its captured step          yes
+ *   after_graph_launch     that launch is queued on the compute stream                yes
+ *   collectives_end        umt_dist_destroy: captured collectives go   (step graphs subscribe)
+ *
+ * A step graph (core/step/step_graph.c) registers a table of its own for collectives_end.
  *
  * A table with `unreplayable` set takes part in every step in a way a CUDA graph's replay would
  * not redo: a step graph refuses to capture its steps, with that reason.
@@ -59,6 +65,19 @@ typedef struct umt_hooks {
     umt_status (*after_update)(umt_context *ctx, void *self, const umt_optimizer *opt, int64_t step);
     void (*report)(const umt_context *ctx, void *self, FILE *out);
     void (*destroy)(umt_context *ctx, void *self);
+    /* A subsystem whose steps hold collectives across processes (NCCL) has this: a step graph then
+     * makes every choice that could differ between processes (capture, replay, eager) the same
+     * on all of them, as NCCL requires of captured collectives. *all comes in as this process's
+     * answer and leaves true only when every process's was; every process calls it at the same
+     * point of its run (a collective itself). */
+    umt_status (*graph_agree)(umt_context *ctx, void *self, bool *all);
+    /* Around each launch of a captured step (a replay, or the capture's own run): before may
+     * refuse it (a peer known dead), after sees it queued. */
+    umt_status (*before_graph_launch)(umt_context *ctx, void *self);
+    umt_status (*after_graph_launch)(umt_context *ctx, void *self);
+    /* The collectives a step graph captured are about to go (umt_dist_destroy): a graph that holds
+     * some drops it (NCCL's communicator waits for every graph holding its collectives to die). */
+    void (*collectives_end)(umt_context *ctx, void *self);
 } umt_hooks;
 
 /* One registered table and its subsystem's state; the context keeps them in order. */
@@ -102,6 +121,14 @@ umt_status umt_hooks_after_update(umt_context *ctx, const umt_optimizer *opt, in
 void umt_hooks_report(const umt_context *ctx, FILE *out);
 /* The first unreplayable reason of a registered table, or NULL. */
 const char *umt_hooks_unreplayable(const umt_context *ctx);
+/* Whether a registered table has graph_agree: a step graph of this context replays collectives. */
+bool umt_hooks_collective(const umt_context *ctx);
+/* *all: this process's answer in, every table's agreement out (each table is asked, whatever the
+ * answer so far); unchanged when no table has graph_agree. */
+umt_status umt_hooks_graph_agree(umt_context *ctx, bool *all);
+umt_status umt_hooks_before_graph_launch(umt_context *ctx);
+umt_status umt_hooks_after_graph_launch(umt_context *ctx);
+void umt_hooks_collectives_end(umt_context *ctx);
 /* Calls every destroy, last registered first, and empties the table. */
 void umt_hooks_destroy(umt_context *ctx);
 

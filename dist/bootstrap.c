@@ -1,11 +1,12 @@
 /*
- * dist/bootstrap.c — ranks from mpirun, and the NCCL id from rank 0 to the others:
+ * dist/bootstrap.c — ranks from the launcher that started the process (MPI, or Open MPI's or
+ * Slurm's environment), the GPU of a rank, and the NCCL id from rank 0 to the others:
  *   launcher children: rank 0 writes the id once per other rank into the pipe made before the
  *     fork (writes under PIPE_BUF bytes are atomic, and all copies are the same);
  *   MPI (built with --define=umt_mpi=1): MPI_Bcast;
- *   Open MPI's environment without MPI in the build: rank 0 writes the id to a file, renamed into
- *     place so that readers never see half of it; the others poll for it. The folder
- *     (UMT_DIST_ID_DIR, default /tmp) must be shared by all ranks: one node, or a shared
+ *   Open MPI's or Slurm's environment without MPI in the build: rank 0 writes the id to a file,
+ *     renamed into place so that readers never see half of it; the others poll for it. The
+ *     folder (UMT_DIST_ID_DIR, default /tmp) must be shared by all ranks: one node, or a shared
  *     filesystem.
  */
 #include "dist/bootstrap.h"
@@ -18,13 +19,26 @@
 #include <unistd.h>
 
 #include "core/base/error.h"
+#include "core/base/escape.h"
 
 #ifdef UMT_WITH_MPI
 #include <mpi.h>
 #endif
 
-bool umt_bootstrap_under_mpirun(void) {
-    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+/* ----------------------------------------------------------------------------------------- */
+/* Which launcher, and the ranks it gives */
+
+static bool has(const char *name) { return getenv(name) != NULL; }
+
+umt_dist_bootstrap umt_bootstrap_detect(void) {
+    bool mpi_launcher = has("OMPI_COMM_WORLD_SIZE") || has("PMIX_RANK") || has("PMI_RANK");
+    bool srun_task = has("SLURM_STEP_ID") && has("SLURM_PROCID");
+#ifdef UMT_WITH_MPI
+    if (mpi_launcher) return UMT_DIST_MPI;
+#endif
+    if (has("OMPI_COMM_WORLD_SIZE")) return UMT_DIST_ENV;
+    if (srun_task) return UMT_DIST_SLURM;
+    return mpi_launcher ? UMT_DIST_ENV : UMT_DIST_SINGLE;
 }
 
 #ifdef UMT_WITH_MPI
@@ -36,7 +50,7 @@ static umt_status mpi_check(int code, const char *call) {
     return umt_fail(UMT_ERR_STATE, "%s: %s", call, text);
 }
 
-umt_status umt_bootstrap_mpirun(umt_dist_process *out) {
+static umt_status mpi_ranks(umt_dist_process *out) {
     UMT_TRY(mpi_check(MPI_Init(NULL, NULL), "MPI_Init"));
     UMT_TRY(mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &out->rank), "MPI_Comm_rank"));
     UMT_TRY(mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &out->size), "MPI_Comm_size"));
@@ -46,29 +60,77 @@ umt_status umt_bootstrap_mpirun(umt_dist_process *out) {
                       "MPI_Comm_split_type"));
     UMT_TRY(mpi_check(MPI_Comm_rank(node, &out->local_rank), "MPI_Comm_rank(node)"));
     MPI_Comm_free(&node);
-    out->bootstrap = UMT_DIST_MPI;
-    return UMT_OK;
-}
-#else
-static umt_status env_int(const char *name, int *out) {
-    const char *text = getenv(name);
-    char *end = NULL;
-    long v = text ? strtol(text, &end, 10) : -1;
-    if (!text || end == text || *end || v < 0 || v > 1 << 20)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "mpirun without MPI in the build: %s = '%s', expected a number "
-                        "(Open MPI sets it; build with --define=umt_mpi=1 for other MPIs)", name, text ? text : "");
-    *out = (int)v;
-    return UMT_OK;
-}
-
-umt_status umt_bootstrap_mpirun(umt_dist_process *out) {
-    UMT_TRY(env_int("OMPI_COMM_WORLD_RANK", &out->rank));
-    UMT_TRY(env_int("OMPI_COMM_WORLD_SIZE", &out->size));
-    UMT_TRY(env_int("OMPI_COMM_WORLD_LOCAL_RANK", &out->local_rank));
-    out->bootstrap = UMT_DIST_ENV;
     return UMT_OK;
 }
 #endif
+
+/* One launcher's variables for the rank, the number of ranks and the rank within the node. */
+typedef struct {
+    const char *rank, *size, *local_rank;
+    const char *setter; /* who sets them, for the messages */
+} rank_variables;
+
+static const rank_variables open_mpi = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                        "Open MPI's mpirun sets it; other MPIs need --define=umt_mpi=1 in the build"};
+static const rank_variables slurm = {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "srun sets it in each task"};
+
+enum { MOST_RANKS = 1 << 20 };
+
+/* The variable as a whole decimal number from least to MOST_RANKS: digits only (no sign, space or
+ * other base), so that a value a launcher did not mean is refused rather than read as another. */
+static umt_status env_number(const char *name, int least, const char *setter, int *out) {
+    const char *text = getenv(name);
+    if (!text) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s is not set (%s)", name, setter);
+    size_t length = strlen(text);
+    bool digits = length > 0 && length <= 9 && strspn(text, "0123456789") == length;
+    long value = digits ? strtol(text, NULL, 10) : -1;
+    if (digits && value >= least && value <= MOST_RANKS) {
+        *out = (int)value;
+        return UMT_OK;
+    }
+    char shown[96];
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s = '%s': expected a whole number from %d to %d (%s)", name,
+                    umt_escape(text, length, shown, sizeof shown), least, MOST_RANKS, setter);
+}
+
+static umt_status below_size(const char *name, int value, const rank_variables *v, int size) {
+    if (value < size) return UMT_OK;
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s = %d: expected below %s = %d (%s)", name, value, v->size, size,
+                    v->setter);
+}
+
+static umt_status environment_ranks(const rank_variables *v, umt_dist_process *out) {
+    UMT_TRY(env_number(v->size, 1, v->setter, &out->size));
+    UMT_TRY(env_number(v->rank, 0, v->setter, &out->rank));
+    UMT_TRY(env_number(v->local_rank, 0, v->setter, &out->local_rank));
+    UMT_TRY(below_size(v->rank, out->rank, v, out->size));
+    return below_size(v->local_rank, out->local_rank, v, out->size);
+}
+
+umt_status umt_bootstrap_ranks(umt_dist_bootstrap bootstrap, umt_dist_process *out) {
+    out->bootstrap = bootstrap;
+    switch (bootstrap) {
+    case UMT_DIST_ENV: return environment_ranks(&open_mpi, out);
+    case UMT_DIST_SLURM: return environment_ranks(&slurm, out);
+#ifdef UMT_WITH_MPI
+    case UMT_DIST_MPI: return mpi_ranks(out);
+#endif
+    default: return umt_fail(UMT_ERR_INVALID_ARGUMENT, "bootstrap %d: no launcher's ranks to read", (int)bootstrap);
+    }
+}
+
+umt_status umt_bootstrap_gpu(int rank, int local_rank, int visible, int *gpu) {
+    *gpu = visible == 1 ? 0 : local_rank;
+    if (visible <= 1 || local_rank < visible) return UMT_OK;
+    const char *devices = getenv("CUDA_VISIBLE_DEVICES");
+    char shown[96];
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT,
+                    "rank %d: local rank %d, but this process sees %d GPUs (CUDA_VISIBLE_DEVICES %s%s%s): start at "
+                    "most %d ranks per node, or give each rank a GPU of its own (srun --gpus-per-task=1)",
+                    rank, local_rank, visible, devices ? "= '" : "not set",
+                    devices ? umt_escape(devices, strlen(devices), shown, sizeof shown) : "", devices ? "'" : "",
+                    visible);
+}
 
 /* ----------------------------------------------------------------------------------------- */
 /* The pipe of the launcher */
@@ -99,11 +161,19 @@ static umt_status pipe_share(const umt_dist_process *p, void *id, size_t bytes) 
 /* ----------------------------------------------------------------------------------------- */
 /* The file of the environment bootstrap */
 
-static void id_file_path(char *path, size_t size) {
+static void id_file_path(const umt_dist_process *process, char *path, size_t size) {
     const char *dir = getenv("UMT_DIST_ID_DIR"), *job = getenv("OMPI_MCA_ess_base_jobid");
-    /* All ranks of one mpirun share its job id; without one, their parent (mpirun on one node). */
-    if (job) snprintf(path, size, "%s/umtrain-nccl-id-%s", dir ? dir : "/tmp", job);
-    else snprintf(path, size, "%s/umtrain-nccl-id-ppid%d", dir ? dir : "/tmp", (int)getppid());
+    const char *slurm_job = getenv("SLURM_JOB_ID"), *slurm_step = getenv("SLURM_STEP_ID");
+    if (!dir) dir = "/tmp";
+    /* All tasks of one srun share its job step; all ranks of one mpirun its job id; without one,
+     * their parent (mpirun on one node). */
+    if (process->bootstrap == UMT_DIST_SLURM)
+        snprintf(path, size, "%s/umtrain-nccl-id-slurm-%s.%s", dir, slurm_job ? slurm_job : "0",
+                 slurm_step ? slurm_step : "0");
+    else if (job)
+        snprintf(path, size, "%s/umtrain-nccl-id-%s", dir, job);
+    else
+        snprintf(path, size, "%s/umtrain-nccl-id-ppid%d", dir, (int)getppid());
 }
 
 static umt_status file_write(const char *path, const void *id, size_t bytes) {
@@ -144,7 +214,8 @@ umt_status umt_bootstrap_share_id(const umt_dist_process *process, void *id, siz
         return umt_fail(UMT_ERR_UNSUPPORTED, "bootstrap MPI: this build has no MPI (--define=umt_mpi=1)");
 #endif
     case UMT_DIST_ENV:
-        id_file_path(path, sizeof path);
+    case UMT_DIST_SLURM:
+        id_file_path(process, path, sizeof path);
         if (process->rank == 0) return file_write(path, id, bytes);
         return file_read(path, process->rank, id, bytes, timeout_s);
     }
@@ -152,9 +223,9 @@ umt_status umt_bootstrap_share_id(const umt_dist_process *process, void *id, siz
 }
 
 void umt_bootstrap_share_done(const umt_dist_process *process) {
-    if (process->bootstrap != UMT_DIST_ENV || process->rank != 0) return;
+    if ((process->bootstrap != UMT_DIST_ENV && process->bootstrap != UMT_DIST_SLURM) || process->rank != 0) return;
     char path[1024];
-    id_file_path(path, sizeof path);
+    id_file_path(process, path, sizeof path);
     unlink(path);
 }
 

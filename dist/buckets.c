@@ -1,6 +1,7 @@
 /* dist/buckets.c — the bucket plan (see the header). */
 #include "dist/buckets.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,11 +35,10 @@ static umt_status allocate(umt_bucket_plan *plan, int count) {
     return umt_fail(UMT_ERR_OUT_OF_MEMORY, "bucket plan: no memory for %d parameters", count);
 }
 
-umt_status umt_bucket_plan_make(const int64_t *numel, int count, int64_t cap_elements, umt_bucket_plan *out) {
-    memset(out, 0, sizeof *out);
-    if (!numel || count <= 0 || cap_elements <= 0)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "bucket plan: %d parameters, cap %lld elements (expected > 0 each)",
-                        count, (long long)cap_elements);
+/* Parameters in reverse creation order into buckets of `limit` elements: at most limit (a bucket
+ * that would pass it closes first), or, with close_at_limit, until they hold limit (the parameter
+ * that reaches it stays in). An empty bucket takes any parameter. */
+static umt_status pack(const int64_t *numel, int count, int64_t limit, bool close_at_limit, umt_bucket_plan *out) {
     UMT_TRY(allocate(out, count));
     out->parameter_count = count;
     int b = -1;
@@ -49,8 +49,8 @@ umt_status umt_bucket_plan_make(const int64_t *numel, int count, int64_t cap_ele
             return umt_fail(UMT_ERR_INVALID_ARGUMENT, "bucket plan: parameter %d has %lld elements", p,
                             (long long)numel[p]);
         }
-        /* A new bucket when this one would pass the cap (an empty bucket takes anything). */
-        if (b < 0 || out->elements[b] + numel[p] > cap_elements) out->first[++b] = i;
+        bool full = b >= 0 && (close_at_limit ? out->elements[b] >= limit : out->elements[b] + numel[p] > limit);
+        if (b < 0 || full) out->first[++b] = i;
         out->order[i] = p;
         out->bucket_of[p] = b;
         out->offset[p] = out->elements[b];
@@ -60,6 +60,28 @@ umt_status umt_bucket_plan_make(const int64_t *numel, int count, int64_t cap_ele
     out->first[out->bucket_count] = count;
     umt_bucket_plan_reset(out);
     return UMT_OK;
+}
+
+umt_status umt_bucket_plan_make(const int64_t *numel, int count, int64_t cap_elements, umt_bucket_plan *out) {
+    memset(out, 0, sizeof *out);
+    if (!numel || count <= 0 || cap_elements <= 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "bucket plan: %d parameters, cap %lld elements (expected > 0 each)",
+                        count, (long long)cap_elements);
+    return pack(numel, count, cap_elements, false, out);
+}
+
+umt_status umt_bucket_plan_make_auto(const int64_t *numel, int count, size_t element_bytes, umt_bucket_plan *out) {
+    memset(out, 0, sizeof *out);
+    if (!numel || count <= 0 || element_bytes == 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "bucket plan: %d parameters of %zu-byte elements (expected > 0 each)",
+                        count, element_bytes);
+    int64_t total = 0;
+    for (int p = 0; p < count; ++p) total += numel[p] > 0 ? numel[p] : 0;
+    int64_t total_bytes = total * (int64_t)element_bytes, target_bytes = total_bytes / 2;
+    if (total_bytes < UMT_BUCKET_ONE_BELOW_BYTES) target_bytes = total_bytes;
+    if (target_bytes > UMT_BUCKET_LARGEST_BYTES) target_bytes = UMT_BUCKET_LARGEST_BYTES;
+    int64_t target = target_bytes / (int64_t)element_bytes;
+    return pack(numel, count, target > 0 ? target : 1, true, out);
 }
 
 int umt_bucket_size(const umt_bucket_plan *plan, int b) { return plan->first[b + 1] - plan->first[b]; }

@@ -11,7 +11,6 @@
 #include "core/base/error.h"
 #include "core/context.h"
 #include "core/hooks.h"
-#include "core/step_values.h"
 #include "core/tensor.h"
 #include "dist/buckets.h"
 #include "dist/umt_dist.h"
@@ -28,13 +27,15 @@ struct umt_dist {
      * later calls on this thread replace umt_last_error(). */
     umt_status hook_status;
     char hook_error[512];
+    size_t reduce_bytes; /* bytes of one gradient element on the wire: 4 (f32) or 2 (bf16) */
 #ifdef UMT_WITH_CUDA
     umt_engine *engine;
 #endif
 };
 
 umt_dist_options umt_dist_defaults(void) {
-    return (umt_dist_options){.bucket_bytes = (size_t)25 << 20, .reduce_bf16 = false, .timeout_s = 300, .always = false};
+    /* Buckets sized by the model (dist/buckets.h), not a fixed 25 MB. */
+    return (umt_dist_options){.bucket_bytes = 0, .reduce_bf16 = false, .timeout_s = 300, .always = false};
 }
 
 int umt_dist_rank(const umt_dist *dist) { return dist ? dist->rank : 0; }
@@ -48,10 +49,21 @@ static int parameter_index(const umt_context *ctx, const umt_tensor *p) {
     return -1;
 }
 
-static umt_status on_gradient_ready(umt_context *ctx, void *self, umt_tensor *parameter) {
+/* A new step: nothing announced yet. (A step that failed midway, a capture refused during its
+ * backward among them, leaves announcements that its eager rerun would count twice.) */
+static umt_status on_step_begin(umt_context *ctx, void *self) {
+    (void)ctx;
     umt_dist *dist = self;
-    /* The buckets are host work that a CUDA graph's replay would not redo. */
-    umt_step_values_unreplayable(ctx, "a grad-ready hook (data parallelism) works on the host during backward");
+    umt_bucket_plan_reset(&dist->plan);
+    return UMT_OK;
+}
+
+/* The buckets' host work (which buckets start when) is the same at every step, so a step graph
+ * captures their packs, all-reduces and unpacks, and its replays redo them: no host work is
+ * left to redo (core/step/step_graph.c, "Collectives"). */
+static umt_status on_gradient_ready(umt_context *ctx, void *self, umt_tensor *parameter) {
+    (void)ctx;
+    umt_dist *dist = self;
     if (dist->hook_status != UMT_OK) return UMT_OK;
     int first = 0;
     umt_status status = UMT_OK;
@@ -70,7 +82,33 @@ static umt_status on_gradient_ready(umt_context *ctx, void *self, umt_tensor *pa
     return UMT_OK;
 }
 
-static const umt_hooks dist_hooks = {.name = "dist", .gradient_ready = on_gradient_ready};
+/* A step graph's choice, the same on every rank: yes only when every rank says yes (a host
+ * reduction of one value: it waits for the GPU, but runs only at a capture and after host steps). */
+static umt_status on_graph_agree(umt_context *ctx, void *self, bool *all) {
+    (void)ctx;
+    umt_dist *dist = self;
+    double refusals = *all ? 0.0 : 1.0;
+    UMT_TRY(umt_engine_reduce_host(dist->engine, &refusals, 1, false));
+    *all = refusals == 0.0;
+    return UMT_OK;
+}
+
+static umt_status on_before_graph_launch(umt_context *ctx, void *self) {
+    (void)ctx;
+    return umt_engine_before_replay(((umt_dist *)self)->engine);
+}
+
+static umt_status on_after_graph_launch(umt_context *ctx, void *self) {
+    (void)ctx;
+    return umt_engine_after_replay(((umt_dist *)self)->engine);
+}
+
+static const umt_hooks dist_hooks = {.name = "dist",
+                                     .step_begin = on_step_begin,
+                                     .gradient_ready = on_gradient_ready,
+                                     .graph_agree = on_graph_agree,
+                                     .before_graph_launch = on_before_graph_launch,
+                                     .after_graph_launch = on_after_graph_launch};
 
 static umt_status make_plan(umt_dist *dist, const umt_dist_options *options) {
     umt_context *ctx = dist->ctx;
@@ -78,7 +116,10 @@ static umt_status make_plan(umt_dist *dist, const umt_dist_options *options) {
     if (!numel) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "rank %d: no memory for the bucket plan", dist->rank);
     for (int i = 0; i < ctx->parameter_count; ++i) numel[i] = ctx->parameters[i]->numel;
     int64_t cap = (int64_t)(options->bucket_bytes / sizeof(float));
-    umt_status status = umt_bucket_plan_make(numel, ctx->parameter_count, cap > 0 ? cap : 1, &dist->plan);
+    size_t element = options->reduce_bf16 ? 2 : sizeof(float);
+    umt_status status = options->bucket_bytes
+                            ? umt_bucket_plan_make(numel, ctx->parameter_count, cap > 0 ? cap : 1, &dist->plan)
+                            : umt_bucket_plan_make_auto(numel, ctx->parameter_count, element, &dist->plan);
     free(numel);
     return status;
 }
@@ -101,12 +142,11 @@ umt_status umt_dist_create(umt_context *ctx, const umt_dist_process *process, co
                            umt_dist **out) {
     if (!ctx || !process || !out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_create: NULL argument");
     umt_dist_options o = options ? *options : umt_dist_defaults();
-    if (o.timeout_s <= 0 || o.bucket_bytes == 0)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_create: timeout %g s, bucket %zu bytes (expected > 0)",
-                        o.timeout_s, o.bucket_bytes);
+    if (!(o.timeout_s > 0))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dist_create: timeout %g s (expected > 0)", o.timeout_s);
     umt_dist *dist = calloc(1, sizeof *dist);
     if (!dist) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_dist_create: no memory");
-    *dist = (umt_dist){.ctx = ctx, .rank = process->rank, .size = process->size};
+    *dist = (umt_dist){.ctx = ctx, .rank = process->rank, .size = process->size, .reduce_bytes = o.reduce_bf16 ? 2 : 4};
     umt_status status = process->size > 1 || o.always ? create_parallel(dist, process, &o) : UMT_OK;
     if (status != UMT_OK) {
         umt_dist_destroy(dist);
@@ -150,13 +190,34 @@ static umt_status reduce_host(umt_dist *dist, double *values, int count, bool ma
 #endif
 }
 
+umt_dist_stats umt_dist_stats_get(const umt_dist *dist) {
+    umt_dist_stats stats = {0};
+    if (!dist) return umt_fail_null("umt_dist_stats_get", "dist"), stats;
+#ifdef UMT_WITH_CUDA
+    if (!dist->engine) return stats;
+    bool in_place = umt_engine_in_place(dist->engine);
+    stats.buckets = in_place ? 0 : dist->plan.bucket_count;
+    for (int b = 0; b < stats.buckets; ++b) {
+        size_t bytes = (size_t)dist->plan.elements[b] * dist->reduce_bytes;
+        stats.reduce_bytes += bytes;
+        if (bytes > stats.largest_bucket_bytes) stats.largest_bucket_bytes = bytes;
+    }
+    umt_engine_counts(dist->engine, &stats.eager_collectives, &stats.captured_collectives);
+#endif
+    return stats;
+}
+
 umt_status umt_dist_sum(umt_dist *dist, double *values, int count) { return reduce_host(dist, values, count, false); }
 umt_status umt_dist_max(umt_dist *dist, double *values, int count) { return reduce_host(dist, values, count, true); }
 
 void umt_dist_destroy(umt_dist *dist) {
     if (!dist) return;
 #ifdef UMT_WITH_CUDA
-    if (dist->engine) umt_hooks_unregister(dist->ctx, &dist_hooks);
+    if (dist->engine) {
+        /* Step graphs let go of the collectives they captured: NCCL's destroy waits for them. */
+        umt_hooks_collectives_end(dist->ctx);
+        umt_hooks_unregister(dist->ctx, &dist_hooks);
+    }
     umt_engine_destroy(dist->engine);
 #endif
     umt_bucket_plan_free(&dist->plan);

@@ -8,9 +8,23 @@
  * goes on with the rest of backward. Before the optimizer the compute stream waits on each
  * bucket's "done" event and unpacks the averages into the gradients (the conversion back for
  * bf16). The buffers live in the grads pool, so they count against the device budget.
+ *
+ * Inside a step graph's capture the same calls build the graph: the event after the pack forks
+ * the communication stream into the capture, the all-reduce becomes the graph's NCCL node on that
+ * branch, and the compute stream's wait on "done" joins it back before the unpack, so that a
+ * replay overlaps the all-reduces with the rest of backward as an eager step does. A capture
+ * uses events of its own (an event last recorded in a capture cannot be queried, and the
+ * watchdog queries the eager ones), and the watchdog follows a replay as a whole instead: an
+ * event recorded after each launch (umt_engine_after_replay).
+ *
+ * The average. f32 buckets use ncclAvg (each rank's gradient times 1/N in f32, then summed). In
+ * bf16 ncclAvg would multiply by 1/N rounded to bf16's 8 bits (1/3 becomes 0.333984: every
+ * average 0.2% too large), so where 1/N is not a power of two the buckets are summed (ncclSum)
+ * and the sum multiplied by 1/N in f32 after the conversion back (dist/README.md, "Numerics").
  */
 #include "dist/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,12 +39,14 @@
 #include "dist/watchdog.h"
 #include "kernels/cuda/cuda_kernels.h"
 
-enum { HOST_VALUES = 64 };
+/* Host values per umt_engine_reduce_host; elements of 1/N (bf16 sums scaled after, in chunks). */
+enum { HOST_VALUES = 64, INVERSE_ELEMENTS = 1 << 20 };
 
 typedef struct {
     umt_tensor *buffer; /* the bucket's gradients, contiguous, in the reduce dtype */
     cudaEvent_t packed; /* on the compute stream, after the pack */
     cudaEvent_t done;   /* on the communication stream, after the all-reduce */
+    cudaEvent_t captured_packed, captured_done; /* the same inside a step graph's capture */
 } bucket_state;
 
 struct umt_engine {
@@ -40,8 +56,13 @@ struct umt_engine {
     bool comm_made;
     cudaStream_t compute, communication;
     umt_dtype reduce_dtype;
+    ncclRedOp_t reduce_op; /* ncclAvg, or ncclSum with the 1/N in f32 after it (the file's comment) */
+    umt_tensor *inverse;   /* ncclSum: INVERSE_ELEMENTS floats of 1/N */
     bucket_state *buckets;
     int bucket_count;
+    int slot_host, slot_replay; /* the watchdog's slots past the buckets' */
+    cudaEvent_t replayed;       /* after each launch of a captured step */
+    int64_t eager_collectives, captured_collectives;
     umt_tensor *host_values; /* staging for umt_engine_reduce_host */
     cudaEvent_t host_done;
     bool in_place;              /* gradients reduced one by one where they are (engine.h) */
@@ -116,6 +137,14 @@ static umt_status make_buckets(umt_engine *e, const umt_bucket_plan *plan) {
         /* Timing off: these events only order streams, and untimed events are cheaper. */
         UMT_CUDA_TRY(cudaEventCreateWithFlags(&s->packed, cudaEventDisableTiming));
         UMT_CUDA_TRY(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
+        UMT_CUDA_TRY(cudaEventCreateWithFlags(&s->captured_packed, cudaEventDisableTiming));
+        UMT_CUDA_TRY(cudaEventCreateWithFlags(&s->captured_done, cudaEventDisableTiming));
+    }
+    UMT_CUDA_TRY(cudaEventCreateWithFlags(&e->replayed, cudaEventDisableTiming));
+    if (e->reduce_op == ncclSum && e->bucket_count > 0) {
+        e->inverse = umt_tensor_new_1d(e->ctx, UMT_POOL_GRADS, UMT_F32, INVERSE_ELEMENTS);
+        if (!e->inverse) return umt_last_status();
+        UMT_TRY(e->ctx->backend->f32.fill(e->inverse->data, INVERSE_ELEMENTS, 1.0f / (float)e->size));
     }
     e->host_values = umt_tensor_new_1d(e->ctx, UMT_POOL_GRADS, UMT_U8, HOST_VALUES * (int64_t)sizeof(double));
     if (!e->host_values) return umt_last_status();
@@ -129,9 +158,20 @@ static umt_status create(umt_engine *e, const umt_dist_process *process, const u
     UMT_TRY(make_communicator(e, process, options));
     UMT_TRY(broadcast_model(e));
     UMT_TRY(make_buckets(e, plan));
-    /* One watchdog slot per bucket, and one for the host reductions. */
-    return umt_watchdog_start(e->comm, e->ctx->options.cuda_device, e->rank, options->timeout_s,
-                              plan->bucket_count + 1, &e->watchdog);
+    /* One watchdog slot per bucket, one for the host reductions, one for a step graph's replay. */
+    e->slot_host = plan->bucket_count;
+    e->slot_replay = plan->bucket_count + 1;
+    UMT_TRY(umt_watchdog_start(e->comm, e->ctx->options.cuda_device, e->rank, options->timeout_s,
+                               plan->bucket_count + 2, &e->watchdog));
+    char name[64];
+    for (int b = 0; b < plan->bucket_count; ++b) {
+        if (e->in_place) snprintf(name, sizeof name, "a gradient's all-reduce (in place)");
+        else snprintf(name, sizeof name, "bucket %d's all-reduce", b);
+        umt_watchdog_name(e->watchdog, b, name);
+    }
+    umt_watchdog_name(e->watchdog, e->slot_host, "a host reduction (umt_dist_sum or umt_dist_max)");
+    umt_watchdog_name(e->watchdog, e->slot_replay, "a replayed step graph (its all-reduces)");
+    return UMT_OK;
 }
 
 /* A tensor a subsystem holds elsewhere than its kind's pool (core/tensor.h: kind_pool). */
@@ -150,6 +190,9 @@ umt_status umt_engine_create(umt_context *ctx, const umt_dist_process *process, 
     if (!e) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "rank %d: no memory for the NCCL engine", process->rank);
     *e = (umt_engine){.ctx = ctx, .rank = process->rank, .size = process->size, .compute = umt_cuda_stream(),
                       .reduce_dtype = options->reduce_bf16 ? UMT_BF16 : UMT_F32, .in_place = any_gradient_held(ctx)};
+    /* 1/N is exact in bf16 when N is a power of two (1, 2, 4, ...): NCCL's average is then right. */
+    bool exact_inverse = (process->size & (process->size - 1)) == 0;
+    e->reduce_op = e->reduce_dtype == UMT_BF16 && !exact_inverse ? ncclSum : ncclAvg;
     umt_status status = create(e, process, options, plan);
     if (status != UMT_OK) {
         umt_engine_destroy(e);
@@ -161,6 +204,16 @@ umt_status umt_engine_create(umt_context *ctx, const umt_dist_process *process, 
 
 /* ----------------------------------------------------------------------------------------- */
 /* Each step */
+
+/* A summed gradient (ncclSum) times 1/N, in f32, in chunks of the inverse's length. */
+static umt_status divide(umt_engine *e, umt_tensor *grad) {
+    float *g = grad->data;
+    for (int64_t at = 0; at < grad->numel; at += INVERSE_ELEMENTS) {
+        int64_t n = grad->numel - at < INVERSE_ELEMENTS ? grad->numel - at : INVERSE_ELEMENTS;
+        UMT_TRY(e->ctx->backend->f32.mul(g + at, e->inverse->data, g + at, n));
+    }
+    return UMT_OK;
+}
 
 static umt_status pack(umt_engine *e, const umt_bucket_plan *plan, int b, bool into_buffer) {
     const umt_backend *backend = e->ctx->backend;
@@ -176,21 +229,39 @@ static umt_status pack(umt_engine *e, const umt_bucket_plan *plan, int b, bool i
             UMT_TRY(backend->f32.convert(grad->data, UMT_F32, slice, e->reduce_dtype, grad->numel));
         else
             UMT_TRY(backend->f32.convert(slice, e->reduce_dtype, grad->data, UMT_F32, grad->numel));
+        if (!into_buffer && e->reduce_op == ncclSum) UMT_TRY(divide(e, grad));
     }
+    return UMT_OK;
+}
+
+/* Whether the compute stream is being captured into a step graph now. */
+static umt_status capturing(const umt_engine *e, bool *out) {
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    UMT_CUDA_TRY(cudaStreamIsCapturing(e->compute, &status));
+    *out = status != cudaStreamCaptureStatusNone;
     return UMT_OK;
 }
 
 umt_status umt_engine_start_buckets(umt_engine *e, const umt_bucket_plan *plan, int first, int count) {
     UMT_TRY(umt_watchdog_check(e->watchdog));
+    bool captured;
+    UMT_TRY(capturing(e, &captured));
     for (int b = first; b < first + count; ++b) {
         bucket_state *s = &e->buckets[b];
+        cudaEvent_t packed = captured ? s->captured_packed : s->packed, done = captured ? s->captured_done : s->done;
         UMT_TRY(pack(e, plan, b, true));
-        UMT_CUDA_TRY(cudaEventRecord(s->packed, e->compute));
-        UMT_CUDA_TRY(cudaStreamWaitEvent(e->communication, s->packed, 0));
+        /* Inside a capture: the fork of the communication branch from backward. */
+        UMT_CUDA_TRY(cudaEventRecord(packed, e->compute));
+        UMT_CUDA_TRY(cudaStreamWaitEvent(e->communication, packed, 0));
         NCCL_TRY(e, ncclAllReduce(s->buffer->data, s->buffer->data, (size_t)s->buffer->numel, nccl_type(e->reduce_dtype),
-                                  ncclAvg, e->comm, e->communication));
-        UMT_CUDA_TRY(cudaEventRecord(s->done, e->communication));
-        umt_watchdog_mark(e->watchdog, b, s->done);
+                                  e->reduce_op, e->comm, e->communication));
+        UMT_CUDA_TRY(cudaEventRecord(done, e->communication));
+        if (captured) {
+            e->captured_collectives++;
+        } else {
+            e->eager_collectives++;
+            umt_watchdog_mark(e->watchdog, b, done);
+        }
     }
     return UMT_OK;
 }
@@ -199,21 +270,44 @@ bool umt_engine_in_place(const umt_engine *e) { return e->in_place; }
 
 umt_status umt_engine_reduce_in_place(umt_engine *e, void *data, int64_t numel) {
     UMT_TRY(umt_watchdog_check(e->watchdog));
+    /* The offload tier's steps are never captured (its table is unreplayable); a capture that is
+     * about to be refused still reaches here, and must not leave a captured event to the watchdog. */
+    bool captured;
+    UMT_TRY(capturing(e, &captured));
     UMT_CUDA_TRY(cudaEventRecord(e->gradient_final, e->compute));
     UMT_CUDA_TRY(cudaStreamWaitEvent(e->communication, e->gradient_final, 0));
     NCCL_TRY(e, ncclAllReduce(data, data, (size_t)numel, ncclFloat32, ncclAvg, e->comm, e->communication));
     UMT_CUDA_TRY(cudaEventRecord(e->gradient_reduced, e->communication));
-    umt_watchdog_mark(e->watchdog, 0, e->gradient_reduced);
+    if (!captured) umt_watchdog_mark(e->watchdog, 0, e->gradient_reduced);
     UMT_CUDA_TRY(cudaStreamWaitEvent(e->compute, e->gradient_reduced, 0));
     return UMT_OK;
 }
 
 umt_status umt_engine_finish(umt_engine *e, const umt_bucket_plan *plan) {
+    bool captured;
+    UMT_TRY(capturing(e, &captured));
+    /* Bucket by bucket: each unpack waits for its own all-reduce only. In a capture, the join of
+     * the communication branch back into the step. */
     for (int b = 0; b < e->bucket_count; ++b) {
-        UMT_CUDA_TRY(cudaStreamWaitEvent(e->compute, e->buckets[b].done, 0));
+        UMT_CUDA_TRY(cudaStreamWaitEvent(e->compute, captured ? e->buckets[b].captured_done : e->buckets[b].done, 0));
         UMT_TRY(pack(e, plan, b, false));
     }
     return umt_watchdog_check(e->watchdog);
+}
+
+umt_status umt_engine_before_replay(umt_engine *e) { return umt_watchdog_check(e->watchdog); }
+
+umt_status umt_engine_after_replay(umt_engine *e) {
+    /* The replay's collectives are done when the compute stream passes this point (the graph
+     * joins its communication branches before its end). */
+    UMT_CUDA_TRY(cudaEventRecord(e->replayed, e->compute));
+    umt_watchdog_mark(e->watchdog, e->slot_replay, e->replayed);
+    return UMT_OK;
+}
+
+void umt_engine_counts(const umt_engine *e, int64_t *eager, int64_t *captured) {
+    *eager = e->eager_collectives;
+    *captured = e->captured_collectives;
 }
 
 umt_status umt_engine_reduce_host(umt_engine *e, double *values, int count, bool maximum) {
@@ -226,8 +320,7 @@ umt_status umt_engine_reduce_host(umt_engine *e, double *values, int count, bool
     NCCL_TRY(e, ncclAllReduce(e->host_values->data, e->host_values->data, (size_t)count, ncclFloat64,
                               maximum ? ncclMax : ncclSum, e->comm, e->compute));
     UMT_CUDA_TRY(cudaEventRecord(e->host_done, e->compute));
-    /* In place, slot 0 is the gradients' (there are no buckets). */
-    umt_watchdog_mark(e->watchdog, e->in_place ? 1 : e->bucket_count, e->host_done);
+    umt_watchdog_mark(e->watchdog, e->slot_host, e->host_done);
     umt_status status = e->ctx->backend->f32.download(values, e->host_values->data, bytes);
     /* After an abort the wait ends with whatever the buffer held: the watchdog's word wins. */
     UMT_TRY(umt_watchdog_check(e->watchdog));
@@ -243,10 +336,14 @@ void umt_engine_destroy(umt_engine *e) {
     /* An aborted communicator is gone already. */
     if (e->comm_made && !aborted) ncclCommDestroy(e->comm);
     for (int b = 0; b < e->bucket_count; ++b) {
-        if (e->buckets[b].packed) cudaEventDestroy(e->buckets[b].packed);
-        if (e->buckets[b].done) cudaEventDestroy(e->buckets[b].done);
-        umt_tensor_free(e->buckets[b].buffer);
+        bucket_state *s = &e->buckets[b];
+        cudaEvent_t events[] = {s->packed, s->done, s->captured_packed, s->captured_done};
+        for (size_t i = 0; i < sizeof events / sizeof *events; ++i)
+            if (events[i]) cudaEventDestroy(events[i]);
+        umt_tensor_free(s->buffer);
     }
+    if (e->replayed) cudaEventDestroy(e->replayed);
+    umt_tensor_free(e->inverse);
     if (e->host_done) cudaEventDestroy(e->host_done);
     if (e->gradient_final) cudaEventDestroy(e->gradient_final);
     if (e->gradient_reduced) cudaEventDestroy(e->gradient_reduced);

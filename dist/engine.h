@@ -31,6 +31,12 @@ umt_status umt_engine_reduce_in_place(umt_engine *engine, void *data, int64_t nu
 umt_status umt_engine_start_buckets(umt_engine *engine, const umt_bucket_plan *plan, int first, int count);
 /* The compute stream waits for every bucket, then unpacks the averages into the gradients. */
 umt_status umt_engine_finish(umt_engine *engine, const umt_bucket_plan *plan);
+/* A step graph's launch of a captured step: before, a failure the watchdog saw (the graph's
+ * collectives would wait on a dead peer); after, the watchdog follows the replay as a whole. */
+umt_status umt_engine_before_replay(umt_engine *engine);
+umt_status umt_engine_after_replay(umt_engine *engine);
+/* The buckets' all-reduces issued so far: eagerly, and into step graphs' captures. */
+void umt_engine_counts(const umt_engine *engine, int64_t *eager, int64_t *captured);
 /* Sum or maximum of count (<= 64) host doubles over the ranks, in place; waits. */
 umt_status umt_engine_reduce_host(umt_engine *engine, double *values, int count, bool maximum);
 void umt_engine_destroy(umt_engine *engine);

@@ -1,6 +1,6 @@
 /*
  * dist/launcher.c — the single-node launcher behind --gpus N, and umt_dist_launch, which picks
- * how this process learns its rank (launcher, MPI, Open MPI's environment, or alone).
+ * how this process learns its rank (launcher, MPI, Open MPI's or Slurm's environment, or alone).
  *
  * The launcher forks N children before anything touches CUDA; each child returns from
  * umt_dist_launch as one rank and selects GPU local_rank. The parent never uses CUDA: it waits,
@@ -103,7 +103,7 @@ static umt_status fork_ranks(int gpus, umt_dist_process *out) {
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             if (getppid() != parent) _exit(1);
             *out = (umt_dist_process){.bootstrap = UMT_DIST_LAUNCHER, .rank = r, .size = gpus, .local_rank = r,
-                                      .id_pipe = {out->id_pipe[0], out->id_pipe[1]}};
+                                      .cuda_device = r, .id_pipe = {out->id_pipe[0], out->id_pipe[1]}};
             return UMT_OK;
         }
         if (pid < 0) {
@@ -128,10 +128,14 @@ umt_status umt_dist_launch(int gpus, umt_dist_process *out) {
     *out = (umt_dist_process){.bootstrap = UMT_DIST_SINGLE, .size = 1, .id_pipe = {-1, -1}};
     /* NVLink multicast stays off on shared machines unless the user asks for it. */
     setenv("NCCL_NVLS_ENABLE", "0", 0);
-    if (umt_bootstrap_under_mpirun()) {
-        if (gpus > 1)
-            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "--gpus %d under mpirun: mpirun starts the ranks (use -np)", gpus);
-        return umt_bootstrap_mpirun(out);
+    umt_dist_bootstrap launched = umt_bootstrap_detect();
+    if (launched == UMT_DIST_SINGLE) return gpus > 1 ? fork_ranks(gpus, out) : UMT_OK;
+    if (gpus > 1) {
+        bool slurm = launched == UMT_DIST_SLURM;
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "--gpus %d under %s: %s starts the ranks (use %s)", gpus,
+                        slurm ? "srun" : "mpirun", slurm ? "srun" : "mpirun", slurm ? "--ntasks" : "-np");
     }
-    return gpus > 1 ? fork_ranks(gpus, out) : UMT_OK;
+    UMT_TRY(umt_bootstrap_ranks(launched, out));
+    /* No fork follows under a launcher, so counting the GPUs (which starts CUDA) is safe here. */
+    return umt_bootstrap_gpu(out->rank, out->local_rank, umt_cuda_device_count(), &out->cuda_device);
 }

@@ -16,6 +16,7 @@ typedef struct {
     cudaEvent_t done;
     double since_s;
     bool in_flight;
+    char name[64];
 } slot_state;
 
 struct umt_watchdog {
@@ -51,10 +52,10 @@ static bool find_failure(umt_watchdog *w, char *reason, size_t size) {
         cudaError_t q = cudaEventQuery(slot->done);
         if (q == cudaSuccess) slot->in_flight = false;
         else if (q != cudaErrorNotReady) {
-            snprintf(reason, size, "collective %d: %s", s, cudaGetErrorString(q));
+            snprintf(reason, size, "%s: %s", slot->name, cudaGetErrorString(q));
             return true;
         } else if (now - slot->since_s > w->timeout_s) {
-            snprintf(reason, size, "collective %d unfinished after %.0f s (a peer rank died or hangs)", s, w->timeout_s);
+            snprintf(reason, size, "%s unfinished after %.0f s (a peer rank died or hangs)", slot->name, w->timeout_s);
             return true;
         }
     }
@@ -112,6 +113,7 @@ umt_status umt_watchdog_start(ncclComm_t comm, int device, int rank, double time
     }
     *w = (umt_watchdog){.comm = comm, .device = device, .rank = rank, .slot_count = slots, .timeout_s = timeout_s,
                         .slots = s};
+    for (int i = 0; i < slots; ++i) snprintf(s[i].name, sizeof s[i].name, "collective %d", i);
     pthread_mutex_init(&w->lock, NULL);
     int e = pthread_create(&w->thread, NULL, watch, w);
     if (e != 0) {
@@ -124,9 +126,18 @@ umt_status umt_watchdog_start(ncclComm_t comm, int device, int rank, double time
     return UMT_OK;
 }
 
+void umt_watchdog_name(umt_watchdog *w, int slot, const char *name) {
+    pthread_mutex_lock(&w->lock);
+    snprintf(w->slots[slot].name, sizeof w->slots[slot].name, "%s", name);
+    pthread_mutex_unlock(&w->lock);
+}
+
 void umt_watchdog_mark(umt_watchdog *w, int slot, cudaEvent_t done) {
     pthread_mutex_lock(&w->lock);
-    w->slots[slot] = (slot_state){.done = done, .since_s = now_s(), .in_flight = true};
+    slot_state *s = &w->slots[slot];
+    s->done = done;
+    s->since_s = now_s();
+    s->in_flight = true;
     pthread_mutex_unlock(&w->lock);
 }
 

@@ -22,6 +22,8 @@ typedef struct umt_watchdog umt_watchdog;
 
 umt_status umt_watchdog_start(ncclComm_t comm, int device, int rank, double timeout_s, int slots,
                               umt_watchdog **out);
+/* What slot watches, for the message when it times out ("bucket 1's all-reduce"); name is copied. */
+void umt_watchdog_name(umt_watchdog *watchdog, int slot, const char *name);
 /* Slot's collective is in flight from now until `done` (recorded after it) completes. */
 void umt_watchdog_mark(umt_watchdog *watchdog, int slot, cudaEvent_t done);
 /* UMT_OK, or the failure that made the watchdog abort the communicator. */

@@ -99,15 +99,16 @@ static void usage(FILE *out) {
                  "                 [--fuse on|off] [--graph on|off] [--dry-run]\n"
                  EXAMPLE_NONFINITE_USAGE
                  EXAMPLE_INPUT_USAGE
-                 "                 [--gpus N] [--bucket-mb F] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
+                 "                 [--gpus N] [--bucket-mb F|auto] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
                  "                 [--dist auto|on]\n"
                  "defaults: 5 epochs, batch 64, test batch 1000, adadelta lr 1.0 (other optimizers: PyTorch's\n"
                  "          default lr), gamma 0.7, seed 1, data/mnist, all training and test images (limits: the\n"
                  "          first N), cuda when a GPU is present (else cpu), managed memory, bf16 on GPUs with bf16\n"
                  "          tensor cores (else fp32), fused ops on, no clipping, data on the GPU when it fits (else pinned\n"
-                 "          prefetch 4 deep with 1 loader thread); 1 GPU, buckets of 25 MiB reduced in f32,\n"
-                 "          timeout 300 s, graph on (one CUDA graph launch per step, on one GPU with the data\n"
-                 "          on it). With --gpus N (or under mpirun) --batch-size is per GPU. --dist on runs\n"
+                 "          prefetch 4 deep with 1 loader thread); 1 GPU, buckets sized by the model (auto) reduced\n"
+                 "          in f32, timeout 300 s, graph on (one CUDA graph launch per step, all-reduces included,\n"
+                 "          with the data on the GPU). With --gpus N (or under mpirun or srun) --batch-size is per\n"
+                 "          GPU. --dist on runs\n"
                  "          the NCCL path on one GPU too (its results equal the run without it).\n"
                  "          Every run prints its memory plan before step 1 and, when the batch's activations do not\n"
                  "          fit the device budget (or a tensor would pass cuDNN's INT_MAX elements), runs each step\n"
@@ -124,6 +125,15 @@ static int parse_reduce(options *o, const char *value) {
     if (o->dist.reduce_bf16 || !strcmp(value, "f32")) return 0;
     fprintf(stderr, "%s: --reduce '%s': expected f32 or bf16\n", program, value);
     return -1;
+}
+
+/* --bucket-mb auto (the default): buckets sized by the model (dist/buckets.h); F: at most F MiB. */
+static int parse_bucket_mb(options *o, const char *value) {
+    double v = 0;
+    if (!strcmp(value, "auto")) return o->dist.bucket_bytes = 0, 0;
+    int bad = example_number(program, "--bucket-mb", value, 0.001, 1e5, &v);
+    o->dist.bucket_bytes = (size_t)(v * (1 << 20));
+    return bad;
 }
 
 static int parse_on_off(const char *flag, const char *value, bool *out) {
@@ -158,7 +168,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--bench")) bad = example_whole_number(program, flag, value, 1, 1e7, &v), o->bench_steps = (int)v;
     else if (!strcmp(flag, "--grad-accum")) bad = example_whole_number(program, flag, value, 1, 1 << 16, &v), o->grad_accum = (int)v;
     else if (!strcmp(flag, "--gpus")) bad = example_whole_number(program, flag, value, 1, 64, &v), o->gpus = (int)v;
-    else if (!strcmp(flag, "--bucket-mb")) bad = example_number(program, flag, value, 0.001, 1e5, &v), o->dist.bucket_bytes = (size_t)(v * (1 << 20));
+    else if (!strcmp(flag, "--bucket-mb")) bad = parse_bucket_mb(o, value);
     else if (!strcmp(flag, "--dist-timeout")) bad = example_number(program, flag, value, 1, 1e6, &v), o->dist.timeout_s = v;
     else if (!strcmp(flag, "--reduce")) bad = parse_reduce(o, value);
     else if (!strcmp(flag, "--dist")) bad = parse_dist(o, value);
@@ -283,10 +293,15 @@ static umt_tensor *train_step(run_state *r, const int64_t *indices, int64_t coun
     return loss;
 }
 
-/* train_step as the step graph calls it: the input is the step's sample indices. */
+/* train_step as the step graph calls it: the input is the global batch's sample indices, the same
+ * on every rank (so that all ranks' graphs replay, or run a short batch eagerly, at the same
+ * steps), of which this rank takes its part. */
 static umt_tensor *graph_step(umt_context *ctx, void *user, const void *input, size_t input_bytes) {
     (void)ctx;
-    return train_step(user, input, (int64_t)(input_bytes / sizeof(int64_t)));
+    run_state *r = user;
+    int64_t offset, part;
+    umt_dist_shard((int64_t)(input_bytes / sizeof(int64_t)), r->rank, r->ranks, &offset, &part);
+    return train_step(r, (const int64_t *)input + offset, part);
 }
 
 static umt_status run_step(run_state *r, const int64_t *indices, int64_t count) {
@@ -402,9 +417,8 @@ static int train_epoch(run_state *r, const options *o, int64_t epoch, int64_t fi
     int64_t base = umt_optimizer_steps(r->opt) - first_step; /* the optimizer's count before the epoch */
     double start = example_seconds(), window_start = start, loss_sum = 0;
     for (int64_t step = first_step; step < steps; ++step) {
-        int64_t first = step * global, count = n - first < global ? n - first : global, offset, part;
-        umt_dist_shard(count, r->rank, r->ranks, &offset, &part);
-        if (example_check(program, run_step(r, r->order + first + offset, part))) return -1;
+        int64_t first = step * global, count = n - first < global ? n - first : global;
+        if (example_check(program, run_step(r, r->order + first, count))) return -1;
         window_images += count;
         bool logged = (step + 1) % o->log_every == 0 || step + 1 == steps;
         if (logged && log_progress(r, epoch, first_step, step, steps, &loss_sum, &window_start, &window_images))
@@ -448,11 +462,12 @@ static int bench(run_state *r, const options *o) {
         return -1;
     }
     int64_t n = umt_dataset_size(r->train), batch = r->step_batch < n ? r->step_batch : n;
+    int64_t global = batch * r->ranks < n ? batch * r->ranks : n;
     if (example_check(program, umt_permutation(r->ctx, n, r->order))) return -1;
     for (int i = 0; i < 20 + o->bench_steps; ++i) {
         if (i == 20 && example_check(program, umt_timer_start(r->ctx))) return -1;
-        int64_t window = ((int64_t)i * r->ranks + r->rank) * batch % (n - batch + 1);
-        if (example_check(program, run_step(r, r->order + window, batch))) return -1;
+        int64_t window = (int64_t)i * global % (n - global + 1);
+        if (example_check(program, run_step(r, r->order + window, global))) return -1;
     }
     double ms = 0;
     if (example_check(program, umt_timer_stop(r->ctx, &ms)) || example_check(program, umt_dist_max(r->dist, &ms, 1)))
@@ -647,7 +662,7 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     co.seed = o->seed;
     co.device = o->device;
     co.memory_mode = o->memory_mode;
-    co.cuda_device = process->local_rank;
+    co.cuda_device = process->cuda_device;
     r->rank = process->rank;
     r->ranks = process->size;
     /* After the rank's device is known: the default asks that GPU whether it has bf16. */
@@ -666,11 +681,11 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     if (example_check(program, umt_dist_create(r->ctx, process, &o->dist, &r->dist))) return -1;
     int built = make_optimizer(r, o);
     if (built) return built;
-    /* A replay cannot take the loader's next batch or the ranks' all-reduce: those steps run
-     * op by op (say so when the graph was asked for). */
-    bool capture = o->graph && !r->loader && r->ranks == 1 && !o->dist.always;
+    /* A replay cannot take the loader's next batch: those steps run op by op (say so when the
+     * graph was asked for). The ranks' all-reduces are captured with the step. */
+    bool capture = o->graph && !r->loader;
     if (o->graph && !capture && o->device == UMT_DEVICE_CUDA && r->rank == 0)
-        printf("%s: --graph on needs one GPU and the data on it: every step runs op by op\n", program);
+        printf("%s: --graph on needs the data on the GPU: every step runs op by op\n", program);
     if (example_check(program, umt_step_graph_create(r->ctx, capture, &r->graph))) return -1;
     r->order = malloc((size_t)train_size(r) * sizeof *r->order);
     if (!r->order) fprintf(stderr, "%s: no memory for the shuffle order\n", program);
@@ -739,6 +754,11 @@ static void print_banner(const run_state *r, const options *o) {
     printf("%s: %s training and %s test images, %s lr %g, batch %s, seed %llu, %s, %s, fuse %s, %s\n", program, train,
            test, o->optimizer, o->lr, batch, (unsigned long long)o->seed, cuda ? "cuda" : "cpu",
            umt_precision_name(umt_context_precision(r->ctx)), o->fuse ? "on" : "off", data);
+    umt_dist_stats ds = umt_dist_stats_get(r->dist);
+    if (ds.buckets)
+        printf("%s: gradients all-reduced over %d rank(s) in %d bucket(s) of %s, %.2f MB a step (largest %.2f MB)\n",
+               program, r->ranks, ds.buckets, o->dist.reduce_bf16 ? "bf16" : "f32", ds.reduce_bytes / 1e6,
+               ds.largest_bucket_bytes / 1e6);
 }
 
 /* Everything setup made, freed (the context frees its loaders, datasets and step graph). */

@@ -705,7 +705,11 @@ void umt_optimizer_destroy(umt_optimizer *opt);
  * printed once on stderr. Everything else a step's kernels take by value is baked in at
  * capture: change another hyper-parameter (momentum, weight decay) with a new graph. The
  * optimizer's non-finite check (on_nonfinite) runs inside a replay as in an eager step: the
- * step's loss and gradients are checked on the device, and its doorbell rings in host memory. */
+ * step's loss and gradients are checked on the device, and its doorbell rings in host memory.
+ * With data parallelism (dist/umt_dist.h) the step's all-reduces are captured with it; NCCL then
+ * needs every rank to capture, replay and run eagerly at the same steps, so every rank must call
+ * this at the same steps with inputs of the same size (the global batch, of which the step takes
+ * its rank's part), and the ranks agree on what only one knows (a failed capture, moved memory). */
 typedef struct umt_step_graph umt_step_graph;
 typedef umt_tensor *(*umt_step_fn)(umt_context *ctx, void *user, const void *input, size_t input_bytes);
 

@@ -1,7 +1,7 @@
 /*
- * tests/test_dist.c — data parallelism without a GPU: the bucket plan, batch shards, the --gpus
- * launcher (fork, the id through the pipe, a failing rank stopping the others) and the
- * environment bootstrap's id file.
+ * tests/test_dist.c — data parallelism without a GPU: the bucket plan (a cap asked for, or sized
+ * by the model), batch shards, the --gpus launcher (fork, the id through the pipe, a failing rank
+ * stopping the others) and the environment bootstrap's id file.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -122,6 +122,57 @@ static void test_a_gradient_announced_twice_is_an_error(void **state) {
     assert_int_equal(st, UMT_ERR_INVALID_ARGUMENT);
     umt_bucket_plan_free(&plan);
     assert_int_equal(umt_bucket_plan_make(numel, 2, 0, &plan), UMT_ERR_INVALID_ARGUMENT);
+}
+
+/* mnist_cnn's parameters in creation order (conv1, conv2, fc1, fc2; weight, then bias): 1.2M. */
+static const int64_t mnist_cnn_numel[] = {288, 32, 18432, 64, 1179648, 128, 1280, 10};
+
+/* Two buckets: fc2 and fc1, whose gradients backward finishes first, reduced while the
+ * convolutions' backward runs; then the convolutions' own. In f32 and in bf16 alike. */
+static void test_auto_buckets_split_a_model_of_1_2m_parameters_in_two_last_layers_first(void **state) {
+    (void)state;
+    for (size_t bytes = 2; bytes <= 4; bytes += 2) {
+        umt_bucket_plan plan;
+        assert_int_equal(umt_bucket_plan_make_auto(mnist_cnn_numel, 8, bytes, &plan), UMT_OK);
+        assert_int_equal(plan.bucket_count, 2);
+        assert_int_equal(plan.elements[0], 10 + 1280 + 128 + 1179648);
+        assert_int_equal(plan.elements[1], 64 + 18432 + 32 + 288);
+        assert_int_equal(plan.bucket_of[4], 0); /* fc1's weight */
+        assert_int_equal(plan.bucket_of[2], 1); /* conv2's */
+        umt_bucket_plan_free(&plan);
+    }
+}
+
+/* Under 2 MiB of gradients (mnist_mlp: 784-256-10, 0.8 MB) a second all-reduce would cost more
+ * latency than it hides: one bucket. */
+static void test_auto_buckets_keep_a_small_model_in_one(void **state) {
+    (void)state;
+    const int64_t numel[] = {200704, 256, 2560, 10};
+    umt_bucket_plan plan;
+    assert_int_equal(umt_bucket_plan_make_auto(numel, 4, sizeof(float), &plan), UMT_OK);
+    assert_int_equal(plan.bucket_count, 1);
+    assert_int_equal(plan.elements[0], 200704 + 256 + 2560 + 10);
+    umt_bucket_plan_free(&plan);
+}
+
+/* A large model (40 parameters of 4 MiB: 160 MiB) gets DDP's buckets: each closes once it holds
+ * 25 MiB, so all but the last hold 25 to 28 MiB. */
+static void test_auto_buckets_of_a_large_model_close_at_25_mib(void **state) {
+    (void)state;
+    int64_t numel[40];
+    for (int i = 0; i < 40; ++i) numel[i] = 1 << 20;
+    umt_bucket_plan plan;
+    assert_int_equal(umt_bucket_plan_make_auto(numel, 40, sizeof(float), &plan), UMT_OK);
+    assert_int_equal(plan.bucket_count, 6); /* 7 parameters (28 MiB) each, 5 in the last */
+    for (int b = 0; b < plan.bucket_count - 1; ++b) assert_int_equal(plan.elements[b], 7 << 20);
+    assert_int_equal(plan.elements[5], 5 << 20);
+    umt_bucket_plan_free(&plan);
+    assert_int_equal(umt_bucket_plan_make_auto(numel, 40, 0, &plan), UMT_ERR_INVALID_ARGUMENT);
+}
+
+static void test_buckets_are_sized_by_the_model_unless_asked(void **state) {
+    (void)state;
+    assert_int_equal(umt_dist_defaults().bucket_bytes, 0);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -256,6 +307,10 @@ int main(void) {
         cmocka_unit_test(test_buckets_start_in_order_even_when_completed_out_of_order),
         cmocka_unit_test(test_unannounced_buckets_start_at_the_end_and_a_new_step_starts_afresh),
         cmocka_unit_test(test_a_gradient_announced_twice_is_an_error),
+        cmocka_unit_test(test_auto_buckets_split_a_model_of_1_2m_parameters_in_two_last_layers_first),
+        cmocka_unit_test(test_auto_buckets_keep_a_small_model_in_one),
+        cmocka_unit_test(test_auto_buckets_of_a_large_model_close_at_25_mib),
+        cmocka_unit_test(test_buckets_are_sized_by_the_model_unless_asked),
         cmocka_unit_test(test_shards_cover_a_batch_disjointly_and_differ_by_at_most_one),
         cmocka_unit_test(test_launcher_ranks_get_rank_zeros_id_through_the_pipe),
         cmocka_unit_test(test_a_failing_rank_stops_the_others_and_its_code_is_returned),

@@ -1,8 +1,9 @@
 /*
  * tests/test_hooks.c — the context's hook table (core/hooks.h): a subsystem's events arrive in
  * the order of a step, each parameter's gradient once; a subsystem may place tensors, zero
- * gradients and update parameters itself; a failing event stops the call that raised it; and
- * the offload tier refuses to be enabled where it cannot run.
+ * gradients and update parameters itself; a failing event stops the call that raised it; a step
+ * graph agrees with every subsystem whose steps hold collectives; and the offload tier refuses to
+ * be enabled where it cannot run.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,6 +30,7 @@ typedef struct {
     const umt_tensor *claimed; /* the parameter this subsystem updates itself (NULL: none) */
     bool zero_claimed;         /* claims every parameter's zero_grad */
     umt_status fail_step_begin;
+    bool disagrees;            /* answers a step graph's graph_agree with no */
 } seen;
 
 static void note(seen *s, char event) {
@@ -118,6 +120,31 @@ static void on_destroy(umt_context *ctx, void *self) {
     note(self, 'D');
 }
 
+static umt_status on_graph_agree(umt_context *ctx, void *self, bool *all) {
+    (void)ctx;
+    seen *s = self;
+    note(s, 'A');
+    if (s->disagrees) *all = false;
+    return UMT_OK;
+}
+
+static umt_status on_before_graph_launch(umt_context *ctx, void *self) {
+    (void)ctx;
+    note(self, 'L');
+    return UMT_OK;
+}
+
+static umt_status on_after_graph_launch(umt_context *ctx, void *self) {
+    (void)ctx;
+    note(self, 'l');
+    return UMT_OK;
+}
+
+static void on_collectives_end(umt_context *ctx, void *self) {
+    (void)ctx;
+    note(self, 'E');
+}
+
 static const umt_hooks every_event = {
     .name = "test",
     .step_begin = on_step_begin,
@@ -133,7 +160,14 @@ static const umt_hooks every_event = {
     .after_update = on_after_update,
     .report = on_report,
     .destroy = on_destroy,
+    .graph_agree = on_graph_agree,
+    .before_graph_launch = on_before_graph_launch,
+    .after_graph_launch = on_after_graph_launch,
+    .collectives_end = on_collectives_end,
 };
+
+/* A second subsystem whose steps hold collectives. */
+static const umt_hooks agreeing = {.name = "agreeing", .graph_agree = on_graph_agree};
 
 static umt_context *new_context(void) {
     umt_context *ctx = NULL;
@@ -271,6 +305,39 @@ static void test_a_failing_event_stops_the_call_that_raised_it(void **state) {
     umt_context_destroy(ctx);
 }
 
+/* Subsystems whose steps hold collectives (data parallelism) make a step graph agree with the
+ * other processes: the answer is yes only when every table says yes, and every table is asked even
+ * after a no (each asks its own peers, who are all waiting for it). The replay's two launch events
+ * reach them in order, and so does the end of the collectives. */
+static void test_a_step_graph_agrees_with_every_collective_subsystem(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    bool all = true;
+    assert_false(umt_hooks_collective(ctx));
+    assert_int_equal(umt_hooks_graph_agree(ctx, &all), UMT_OK); /* nobody to ask: the answer stands */
+    assert_true(all);
+    seen yes = {0}, no = {.disagrees = true};
+    assert_int_equal(umt_hooks_register(ctx, &every_event, &yes), UMT_OK);
+    assert_int_equal(umt_hooks_register(ctx, &agreeing, &no), UMT_OK);
+    assert_true(umt_hooks_collective(ctx));
+    assert_int_equal(umt_hooks_graph_agree(ctx, &all), UMT_OK);
+    assert_false(all);
+    all = false; /* this process's own no: the tables are still asked */
+    assert_int_equal(umt_hooks_graph_agree(ctx, &all), UMT_OK);
+    assert_false(all);
+    umt_hooks_unregister(ctx, &agreeing);
+    all = true;
+    assert_int_equal(umt_hooks_graph_agree(ctx, &all), UMT_OK);
+    assert_true(all);
+    assert_int_equal(umt_hooks_before_graph_launch(ctx), UMT_OK);
+    assert_int_equal(umt_hooks_after_graph_launch(ctx), UMT_OK);
+    umt_hooks_collectives_end(ctx);
+    assert_string_equal(yes.events, "AAALlE");
+    assert_string_equal(no.events, "AA");
+    umt_hooks_unregister(ctx, &every_event);
+    umt_context_destroy(ctx);
+}
+
 static void ignore_ready(umt_tensor *parameter, void *user) {
     (void)parameter;
     ++*(int *)user;
@@ -318,6 +385,7 @@ int main(void) {
         cmocka_unit_test(test_a_subsystem_places_the_tensors_of_its_kinds),
         cmocka_unit_test(test_a_failing_event_stops_the_call_that_raised_it),
         cmocka_unit_test(test_the_callers_gradient_hook_is_one_table_and_can_be_replaced),
+        cmocka_unit_test(test_a_step_graph_agrees_with_every_collective_subsystem),
         cmocka_unit_test(test_offloading_is_refused_where_it_cannot_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,12 +20,25 @@
  *
  * Every step, eager or replayed, also copies its loss into the graph's own tensor and adds it
  * to a sum on the device, so that the caller reads losses when it wants, not once per step.
+ *
+ * Collectives (data parallelism: a subsystem with graph_agree on the hook table, core/hooks.h).
+ * The step's all-reduces are captured with it (NCCL allows it), but NCCL requires that every
+ * rank capture at the same step, and then replay or run eagerly at the same steps. What decides
+ * is the same on every rank by the caller's contract (the same steps, each with an input of the
+ * same size: the global batch, of which each rank takes its part) except what is local: whether
+ * the capture worked, and whether memory it baked in moved. Those are agreed with the other ranks
+ * (graph_agree), at the capture and at the first run after steps ran on the host (an evaluation,
+ * an eager step): the only runs at which memory can have moved, reached by every rank together.
+ * Around each launch the subsystems hear of it (its watchdog follows the replay's collectives).
+ * A graph holding collectives keeps NCCL's communicator from being destroyed, so each graph has
+ * a table of its own on the hook table and drops its capture when they end (collectives_end).
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "core/base/error.h"
 #include "core/context.h"
+#include "core/hooks.h"
 #include "core/step_values.h"
 #include "core/tensor.h"
 
@@ -52,10 +65,12 @@ struct umt_step_graph {
     void *exec;             /* cudaGraphExec_t, NULL when none is captured */
     baked_in baked;
     int warm_steps; /* eager steps since the graph was last dropped */
+    int64_t begun_at_launch; /* ctx->steps_begun at the last launch: a replay begins no step */
     umt_tensor *loss, *loss_sum;
     int64_t loss_count;
     bool told_batch, told_moved;
     umt_step_graph_stats stats;
+    umt_hooks hooks; /* this graph's own table: collectives_end */
 };
 
 /* ----------------------------------------------------------------------------------------- */
@@ -156,56 +171,97 @@ static cudaGraphExec_t capture(umt_step_graph *g, umt_step_fn step, void *user, 
     return exec;
 }
 
+/* One launch of the captured step, between the subsystems' two launch events. */
+static umt_status launch(umt_step_graph *g) {
+    UMT_TRY(umt_hooks_before_graph_launch(g->ctx));
+    UMT_CUDA_TRY(cudaGraphLaunch((cudaGraphExec_t)g->exec, umt_cuda_stream()));
+    g->begun_at_launch = g->ctx->steps_begun;
+    g->stats.replayed_steps++;
+    g->loss_count++;
+    return umt_hooks_after_graph_launch(g->ctx);
+}
+
+/* With collectives in the step, every rank must have its capture: *exec stays only when all do.
+ * The reason of a failure here is kept in reason (the agreement may write messages of its own). */
+static umt_status agree_on_capture(umt_step_graph *g, cudaGraphExec_t *exec, char *reason, size_t size) {
+    if (!umt_hooks_collective(g->ctx)) return UMT_OK;
+    bool all = *exec != NULL;
+    if (!all) snprintf(reason, size, "%s", umt_last_error());
+    umt_status agreed = umt_hooks_graph_agree(g->ctx, &all);
+    if (agreed == UMT_OK && all) return UMT_OK;
+    if (*exec) {
+        cudaGraphExecDestroy(*exec);
+        *exec = NULL;
+        snprintf(reason, size, "another rank could not capture its step (it says why)");
+    }
+    return agreed;
+}
+
 /* Captures the step and runs it (its values are in the slot already). UMT_OK with g->exec NULL:
- * the capture failed, nothing ran, and the caller runs the step eagerly. */
+ * the capture failed (here, or with collectives on another rank), nothing ran, and the caller
+ * runs the step eagerly. */
 static umt_status capture_and_launch(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
                                      size_t input_bytes) {
     umt_context *ctx = g->ctx;
     umt_rng rng = ctx->rng;
     cudaGraphExec_t exec = capture(g, step, user, input, input_bytes);
+    char reason[256] = "";
+    UMT_TRY(agree_on_capture(g, &exec, reason, sizeof reason));
     if (!exec) {
         /* Nothing of the step ran: its host effects are taken back, and it runs eagerly. */
         ctx->rng = rng;
         umt_step_values_undo(ctx);
-        turn_off(g, umt_last_error());
+        turn_off(g, reason[0] ? reason : umt_last_error());
         return UMT_OK;
     }
     g->exec = exec;
     g->baked = current(ctx, input_bytes);
     g->stats.captures++;
     UMT_TRY(umt_step_values_flush(ctx));
-    UMT_CUDA_TRY(cudaGraphLaunch(exec, umt_cuda_stream()));
-    g->stats.replayed_steps++;
-    g->loss_count++;
-    return UMT_OK;
+    return launch(g);
 }
 
 static umt_status replay(umt_step_graph *g, const void *input) {
     UMT_TRY(umt_step_values_replay(g->ctx, input));
-    UMT_CUDA_TRY(cudaGraphLaunch((cudaGraphExec_t)g->exec, umt_cuda_stream()));
-    g->stats.replayed_steps++;
-    g->loss_count++;
-    return UMT_OK;
+    return launch(g);
 }
 
-/* Whether the graph still fits this step; says once why it does not. */
-static bool still_fits(umt_step_graph *g, size_t input_bytes) {
+/* Whether the memory the graph baked in is where it was, and the training mode the same. */
+static bool same_memory(const umt_step_graph *g, size_t input_bytes) {
     baked_in now = current(g->ctx, input_bytes);
-    if (now.input_bytes != g->baked.input_bytes) {
+    return now.arena == g->baked.arena && now.workspace == g->baked.workspace && now.values == g->baked.values &&
+           now.training == g->baked.training;
+}
+
+/* Whether the graph still fits this step (*fits); says once why it does not. With collectives the
+ * ranks agree where memory can have moved (the file's comment), and only there. */
+static umt_status still_fits(umt_step_graph *g, size_t input_bytes, bool *fits) {
+    *fits = false;
+    if (input_bytes != g->baked.input_bytes) {
         if (!g->told_batch)
             fprintf(stderr, "umtrain: step graph: a step of %zu input bytes (captured: %zu) runs eagerly\n",
                     input_bytes, g->baked.input_bytes);
         g->told_batch = true;
-        return false;
+        return UMT_OK;
     }
-    if (now.arena == g->baked.arena && now.workspace == g->baked.workspace && now.values == g->baked.values &&
-        now.training == g->baked.training)
-        return true;
+    bool here = same_memory(g, input_bytes), collective = umt_hooks_collective(g->ctx);
+    if (collective && g->ctx->steps_begun != g->begun_at_launch) {
+        UMT_TRY(umt_hooks_graph_agree(g->ctx, &here));
+    } else if (collective && !here) {
+        /* Moved with no step run since the last launch: the other ranks cannot know, and a rank
+         * that ran its step eagerly while they replay would break NCCL's rule. */
+        return umt_fail(UMT_ERR_STATE, "step graph: memory it baked in moved with no step run since its last replay "
+                        "(a tensor of the activations pool made between steps?): with collectives in the graph every "
+                        "rank must capture again at the same step");
+    }
+    *fits = here;
+    if (here) return UMT_OK;
     if (!g->told_moved)
-        fprintf(stderr, "umtrain: step graph: memory it baked in moved (an evaluation ran since?): capturing again\n");
+        fprintf(stderr, "umtrain: step graph: memory it baked in moved%s (an evaluation ran since?): capturing again\n",
+                collective ? " on some rank" : "");
     g->told_moved = true;
     drop_graph(g);
-    return false;
+    return UMT_OK;
 }
 #endif
 
@@ -215,7 +271,9 @@ umt_status umt_step_graph_run(umt_step_graph *g, umt_step_fn step, void *user, c
         return umt_fail_null("umt_step_graph_run", !g ? "graph" : !step ? "step" : "input");
 #ifdef UMT_WITH_CUDA
     if (g->capture && !g->off_reason) {
-        if (g->exec && still_fits(g, input_bytes)) return replay(g, input);
+        bool fits = false;
+        if (g->exec) UMT_TRY(still_fits(g, input_bytes, &fits));
+        if (fits) return replay(g, input);
         if (!g->exec && g->warm_steps >= WARMUP_STEPS) {
             UMT_TRY(capture_and_launch(g, step, user, input, input_bytes));
             if (g->exec) return UMT_OK;
@@ -229,8 +287,18 @@ umt_status umt_step_graph_run(umt_step_graph *g, umt_step_fn step, void *user, c
 /* ----------------------------------------------------------------------------------------- */
 /* Creation, reading, destruction */
 
+#ifdef UMT_WITH_CUDA
+/* The communicator whose collectives the graph may hold is about to go: the next capture (after
+ * the warm-up) holds none of them. */
+static void on_collectives_end(umt_context *ctx, void *self) {
+    (void)ctx;
+    drop_graph(self);
+}
+#endif
+
 static void release(void *object) {
     umt_step_graph *g = object;
+    umt_hooks_unregister(g->ctx, &g->hooks);
 #ifdef UMT_WITH_CUDA
     drop_graph(g);
 #endif
@@ -254,6 +322,10 @@ umt_status umt_step_graph_create(umt_context *ctx, bool capture, umt_step_graph 
     g->loss_sum = g->loss ? umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, 1, one) : NULL;
     umt_status st = g->loss_sum ? ctx->backend->f32.fill(g->loss_sum->data, 1, 0.0f) : umt_last_status();
     if (st == UMT_OK) st = ctx->backend->f32.fill(g->loss->data, 1, 0.0f);
+#ifdef UMT_WITH_CUDA
+    g->hooks = (umt_hooks){.name = "step graph", .collectives_end = on_collectives_end};
+    if (st == UMT_OK && g->capture) st = umt_hooks_register(ctx, &g->hooks, g);
+#endif
     if (st == UMT_OK) st = umt_context_own(ctx, g, release);
     if (st != UMT_OK) {
         release(g);

@@ -22,6 +22,10 @@
  * optimizer's doorbell without calling a wait; under stop the parameters are those from before
  * that step whatever the steps after it, under skip that step alone is left out, as in the same
  * run launched op by op.
+ * Data parallelism's path on one GPU (a one-rank communicator: umt_dist_options.always) is
+ * captured too: the buckets' all-reduces inside the graph, overlapping backward on their own
+ * branch, and the replays give the eager run's losses and parameters bit for bit, which in f32
+ * are the run's without data parallelism (the average of one rank is its gradient).
  *
  * Needs a GPU (tag "gpu"): bazel test --config=cuda //tests/gpu:test_step_graph
  */
@@ -38,6 +42,7 @@
 
 #include <cmocka.h>
 
+#include "dist/umt_dist.h"
 #include "examples/mnist_cnn_model.h"
 #include "tests/gpu/cuda_test_context.h"
 #include "umtrain.h"
@@ -58,6 +63,7 @@ typedef struct {
     float *parameters; /* every parameter, concatenated */
     int64_t parameter_count;
     umt_step_graph_stats stats;
+    umt_dist_stats dist;
     bool off_reason; /* the graph turned itself off */
     double accuracy;
 } run_result;
@@ -112,8 +118,12 @@ typedef struct {
     mnist_cnn model;
     umt_optimizer *opt;
     umt_dataset *data;
+    umt_dist *dist;  /* NULL: no data parallelism */
     bool reads_loss; /* the step reads its loss back (a wait no capture allows) */
 } trainer;
+
+/* How a run trains: the trainer's settings, and data parallelism on one rank (its NCCL path). */
+typedef enum { NO_DIST = 0, DIST_F32, DIST_BF16 } dist_mode;
 
 static umt_tensor *step(umt_context *ctx, void *user, const void *input, size_t input_bytes) {
     trainer *t = user;
@@ -123,7 +133,8 @@ static umt_tensor *step(umt_context *ctx, void *user, const void *input, size_t 
                           &labels))
         return NULL;
     umt_tensor *loss = mnist_cnn_loss(ctx, &t->model, images, labels);
-    if (!loss || umt_backward_scaled(ctx, loss, t->opt) || umt_optimizer_step(t->opt)) return NULL;
+    if (!loss || umt_backward_scaled(ctx, loss, t->opt)) return NULL;
+    if ((t->dist && umt_dist_finish_gradients(t->dist)) || umt_optimizer_step(t->opt)) return NULL;
     float value;
     if (t->reads_loss && umt_tensor_get_f32(loss, 0, &value)) return NULL;
     return loss;
@@ -163,7 +174,18 @@ static double evaluate(umt_context *ctx, trainer *t) {
     return 100.0 * (double)correct / SAMPLES;
 }
 
-static void train_with(umt_precision precision, bool fuse, bool graph, bool reads_loss, run_result *out) {
+/* One rank's NCCL path (umt_dist_options.always), its buckets sized by the model (two here). */
+static void start_dist(umt_context *ctx, dist_mode mode, trainer *t) {
+    if (mode == NO_DIST) return;
+    umt_dist_process single = {.bootstrap = UMT_DIST_SINGLE, .size = 1, .id_pipe = {-1, -1}};
+    umt_dist_options o = umt_dist_defaults();
+    o.always = true;
+    o.reduce_bf16 = mode == DIST_BF16;
+    EXPECT_OK(umt_dist_create(ctx, &single, &o, &t->dist));
+}
+
+static void train_dist(umt_precision precision, bool fuse, bool graph, bool reads_loss, dist_mode mode,
+                       run_result *out) {
     umt_context *ctx = cuda_test_context(5, precision);
     trainer t = {.reads_loss = reads_loss};
     char images_path[128], labels_path[128];
@@ -172,6 +194,7 @@ static void train_with(umt_precision precision, bool fuse, bool graph, bool read
     EXPECT_OK(umt_dataset_load_idx(ctx, images_path, labels_path, CLASSES, &t.data));
     if (mnist_cnn_build(ctx, &t.model)) fail_msg("mnist_cnn_build: %s", umt_last_error());
     t.model.fuse = fuse;
+    start_dist(ctx, mode, &t);
     umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_SGD);
     oo.momentum = 0.9f;
     oo.loss_scaling = precision == UMT_PRECISION_FP16;
@@ -194,7 +217,15 @@ static void train_with(umt_precision precision, bool fuse, bool graph, bool read
     out->stats = umt_step_graph_stats_get(g);
     out->off_reason = umt_step_graph_off_reason(g) != NULL;
     copy_parameters(ctx, out);
+    if (t.dist) out->dist = umt_dist_stats_get(t.dist);
+    /* With the graph alive: umt_dist_destroy makes it let go of the collectives it captured (NCCL's
+     * destroy would wait for it forever). */
+    umt_dist_destroy(t.dist);
     umt_context_destroy(ctx);
+}
+
+static void train_with(umt_precision precision, bool fuse, bool graph, bool reads_loss, run_result *out) {
+    train_dist(precision, fuse, graph, reads_loss, NO_DIST, out);
 }
 
 static void train(umt_precision precision, bool fuse, bool graph, run_result *out) {
@@ -287,6 +318,64 @@ static void test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_losse
     expect_same_run("fallback", &fallback, &eager, true);
     free(eager.parameters);
     free(fallback.parameters);
+}
+
+static void print_dist_run(const char *name, const run_result *r) {
+    printf("%s: graph: %lld captures, %lld replayed, %lld eager; %d buckets (%zu bytes a step), %lld all-reduces op by "
+           "op, %lld captured\n", name, (long long)r->stats.captures, (long long)r->stats.replayed_steps,
+           (long long)r->stats.eager_steps, r->dist.buckets, r->dist.reduce_bytes, (long long)r->dist.eager_collectives,
+           (long long)r->dist.captured_collectives);
+}
+
+/* The graph's capture, its replays, the evaluation that makes it capture again (agreed with the
+ * other ranks: here none) and the short batches run eagerly, with the all-reduces in the graph. */
+static void expect_captured_all_reduces(const run_result *graph, const run_result *eager) {
+    assert_false(graph->off_reason);
+    assert_true(graph->stats.captures >= 1);
+    assert_true(graph->stats.replayed_steps >= STEPS - 2 * (1 + 2 + 1));
+    assert_int_equal(graph->dist.buckets, 2); /* the last layers', then the convolutions' */
+    assert_int_equal(graph->dist.captured_collectives, graph->stats.captures * graph->dist.buckets);
+    assert_int_equal(graph->dist.eager_collectives, graph->stats.eager_steps * graph->dist.buckets);
+    assert_int_equal(eager->dist.captured_collectives, 0);
+    assert_int_equal(eager->dist.eager_collectives, STEPS * eager->dist.buckets);
+}
+
+static void test_graph_captures_the_all_reduce_of_one_rank_bit_for_bit(void **state) {
+    (void)state;
+    run_result plain = {0}, again = {0}, eager = {0}, graph = {0};
+    train(UMT_PRECISION_FP32, true, false, &plain);
+    train(UMT_PRECISION_FP32, true, false, &again);
+    train_dist(UMT_PRECISION_FP32, true, false, false, DIST_F32, &eager);
+    train_dist(UMT_PRECISION_FP32, true, true, false, DIST_F32, &graph);
+    bool deterministic = bitwise_same(&plain, &again);
+    printf("fp32, one rank's all-reduce: eager runs %s\n", deterministic ? "bit-identical" : "differ");
+    print_dist_run("fp32, --dist on, eager", &eager);
+    print_dist_run("fp32, --dist on, graph", &graph);
+    expect_same_run("--dist on, eager", &eager, &plain, deterministic);
+    expect_same_run("--dist on, graph", &graph, &plain, deterministic);
+    expect_captured_all_reduces(&graph, &eager);
+    free(plain.parameters);
+    free(again.parameters);
+    free(eager.parameters);
+    free(graph.parameters);
+}
+
+/* Reduced in bf16 the gradients are rounded (not the run without data parallelism), but the graph
+ * must still compute what the eager steps do. */
+static void test_graph_captures_the_bf16_all_reduce_of_one_rank_bit_for_bit(void **state) {
+    (void)state;
+    run_result eager = {0}, again = {0}, graph = {0};
+    train_dist(UMT_PRECISION_FP32, true, false, false, DIST_BF16, &eager);
+    train_dist(UMT_PRECISION_FP32, true, false, false, DIST_BF16, &again);
+    train_dist(UMT_PRECISION_FP32, true, true, false, DIST_BF16, &graph);
+    bool deterministic = bitwise_same(&eager, &again);
+    print_dist_run("fp32, --dist on --reduce bf16, graph", &graph);
+    expect_same_run("--dist on --reduce bf16, graph", &graph, &eager, deterministic);
+    expect_captured_all_reduces(&graph, &eager);
+    assert_true(eager.losses[STEPS - 1] < 0.8f * eager.losses[0]);
+    free(eager.parameters);
+    free(again.parameters);
+    free(graph.parameters);
 }
 
 /* The same API on the CPU: no capture, every step eager, same loss bookkeeping. */
@@ -475,6 +564,8 @@ int main(void) {
         cmocka_unit_test(test_graph_replays_give_the_eager_losses_op_by_op),
         cmocka_unit_test(test_graph_replays_follow_the_loss_scale_in_fp16),
         cmocka_unit_test(test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_losses),
+        cmocka_unit_test(test_graph_captures_the_all_reduce_of_one_rank_bit_for_bit),
+        cmocka_unit_test(test_graph_captures_the_bf16_all_reduce_of_one_rank_bit_for_bit),
         cmocka_unit_test(test_cpu_steps_run_eagerly),
         cmocka_unit_test(test_a_nonfinite_loss_in_a_replay_stops_the_run_in_fp32),
         cmocka_unit_test(test_a_nonfinite_gradient_in_a_replay_stops_the_run_naming_it_in_fp32),
