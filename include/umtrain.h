@@ -677,7 +677,8 @@ typedef struct {
     bool loss;          /* that step's loss was NaN or infinite, */
     float loss_value;   /* and this was its value (the loss of that step in any case; 0 if none was read) */
     const char *parameter; /* the first parameter (creation order) whose gradient held NaN or an
-                            * infinity in that step, or NULL: the loss alone was */
+                            * infinity in that step, or NULL: the loss alone was (its name, which
+                            * lives as long as the optimizer's context) */
     bool stopped;       /* UMT_NONFINITE_STOP: no update has been applied since first_step */
 } umt_nonfinite_report;
 

@@ -44,9 +44,11 @@
 #include "umtrain.h"
 
 /* With saved activations in host memory, the device holds a few at once: the op's inputs and
- * output, the one leaving, and in backward the ones back and two gradients (examples/big_mlp.c's
- * reserve, 8 tensors, is the same count). */
-#define UMT_FIT_ACTIVATION_WORKING_SET 8
+ * output, the one leaving, and in backward the ones back and two gradients; the first step, which
+ * the arena records before it can plan reuse, holds more. 8 (examples/big_mlp.c's reserve) was too
+ * few for a deep CNN: its first step held 16.7 times its largest tensor (tests/gpu/
+ * test_cuda_plan_offload.c, on an H100, 2026-11-24). 20 leaves room above that one measurement. */
+#define UMT_FIT_ACTIVATION_WORKING_SET 20
 
 /* A step measured at one micro-batch size. */
 typedef struct {

@@ -241,7 +241,8 @@ static void test_micro_batches_in_memory_come_before_the_tier(void **state) {
 static void test_one_sample_past_what_the_tier_leaves_offloads_saved_activations_too(void **state) {
     (void)state;
     /* A sample's step is 500 MiB, 550 with the fixed part: past the 502 MiB the tier leaves of 650.
-     * Offloaded, its activations take 8 largest tensors (12.5 MiB each) on the device: 4 fit. */
+     * Offloaded, its activations take UMT_FIT_ACTIVATION_WORKING_SET (20) largest tensors (12.5
+     * MiB each: 250 MiB a sample) on the device: 1 sample fits, 2 do not. */
     linear_step step = {50 * MIB, 500 * MIB, 1000, 0};
     umt_fit_inputs in = tiered(16, 650 * MIB);
     umt_fit_choice c;
@@ -249,11 +250,11 @@ static void test_one_sample_past_what_the_tier_leaves_offloads_saved_activations
     assert_int_equal(c.verdict, UMT_PLAN_OFFLOAD_ACTIVATIONS);
     assert_int_equal(c.arrangement, UMT_FIT_TIER_ACTIVATIONS);
     assert_true(c.fits);
-    assert_int_equal(c.micro_batch, 4);
-    assert_int_equal(c.k, 4);
-    assert_int_equal(c.reserve_bytes, 50 * MIB + 4 * UMT_FIT_ACTIVATION_WORKING_SET * (500 * MIB / 40));
+    assert_int_equal(c.micro_batch, 1);
+    assert_int_equal(c.k, 16);
+    assert_int_equal(c.reserve_bytes, 50 * MIB + 1 * UMT_FIT_ACTIVATION_WORKING_SET * (500 * MIB / 40));
     /* The host holds the state and every activation of a micro-batch. */
-    assert_int_equal(c.host_bytes, 1600 * MIB + 2 * 4 * 500 * MIB);
+    assert_int_equal(c.host_bytes, 1600 * MIB + 2 * 1 * 500 * MIB);
 }
 
 static void test_nothing_fits_even_offloaded_refused_naming_the_tier_and_one_sample(void **state) {

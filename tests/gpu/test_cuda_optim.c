@@ -373,7 +373,9 @@ static void test_the_decision_over_many_tensors_names_a_nonfinite_one_past_the_f
         on_gpu[i] = (umt_update_tensor){.grad = grads[i].device, .n = n};
     }
     umt_step_scalars initial = umt_step_scalars_initial(false, 1.0f);
-    twin scalars = twin_of(&initial, sizeof initial), partials = twin_random(COUNT * UMT_GRAD_SUMSQ_PARTIALS, 0, 1);
+    /* The partials are doubles: written by both backends before they are read. */
+    twin scalars = twin_of(&initial, sizeof initial);
+    twin partials = twin_poisoned((size_t)COUNT * UMT_GRAD_SUMSQ_PARTIALS * sizeof(double));
     umt_step_options options = {.growth_interval = 1, .nonfinite = UMT_NONFINITE_SKIP};
     for (int poisoned = 1; poisoned >= 0; poisoned--) {
         ((float *)grads[35].host)[600] = poisoned ? NAN : 0.5f;
@@ -569,7 +571,7 @@ static void check_multi(umt_update_rule rule, int variant) {
     /* Scalars decided once by step_decide from the gradients (a clean step), shared read-only by both paths. */
     umt_step_scalars initial = umt_step_scalars_initial(true, 1024.0f);
     twin scalars = twin_of(&initial, sizeof initial);
-    twin partials = twin_random(UMT_GRAD_SUMSQ_PARTIALS * MULTI_COUNT, 0, 1);
+    twin partials = twin_poisoned((size_t)UMT_GRAD_SUMSQ_PARTIALS * MULTI_COUNT * sizeof(double));
     umt_step_options options = {.loss_scaling = true, .growth_interval = 2000, .lr = rule.lr,
                                 .adam = rule.kind == UMT_OPT_ADAM || rule.kind == UMT_OPT_ADAMW,
                                 .beta1 = rule.beta1, .beta2 = rule.beta2};
