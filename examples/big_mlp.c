@@ -19,7 +19,8 @@
  *        searched step by step for the fastest)
  *        --reserve SIZE (device bytes kept for activations; default: what the batch needs)
  *        --offload-activations (saved activations may go to the offload tier too: the first step
- *        sends all, the plan then keeps what fits; the reserve shrinks to what that step needs)
+ *        sends all, the plan then keeps what fits; the reserve shrinks to what that step needs.
+ *        Turned on by itself, and said, when the batch's do not fit beside the tier's buffers)
  *        --no-offload (plain pools: fails past the budget) --bench N (N timed steps after warm-up)
  *        --dry-run (the memory plan alone: each pool's predicted peak, printed before step 1 in
  *        every run; nothing trained)
@@ -56,6 +57,7 @@ typedef struct {
     float lr, clip;
     umt_precision precision;
     bool offload, offload_activations, dry_run, dist;
+    bool reserve_given; /* --reserve: the caller's, never changed */
     size_t reserve;
     umt_offload_optimizer update_on;
 } options;
@@ -110,6 +112,7 @@ static int parse(int argc, char **argv, options *o) {
             if (umt_offload_optimizer_parse(v, &o->update_on)) return usage(umt_last_error(), NULL);
         } else if (!strcmp(a, "--reserve")) {
             if (umt_parse_bytes(v, &o->reserve)) return usage(umt_last_error(), NULL);
+            o->reserve_given = true;
         } else return usage("unknown flag", a);
     }
     if (o->width < 2 || o->depth < 1 || o->batch < 1 || o->steps < 1 || o->bench < 0 ||
@@ -178,12 +181,32 @@ static int make_batches(const options *o, model *m) {
     return st ? fail("batch") : 0;
 }
 
-static int build(const options *o, model *m) {
+/* Saved activations go to the offload tier too when the batch's, with the tier's two streaming
+ * buffers (a layer's weights, or their compute copy, and its f32 gradient each) and the update
+ * ring of updates in backward, would pass the device budget: the tier's plan would refuse at the
+ * first step what trains with them sent out (the reserve then shrinks to a few tensors). */
+static void activations_out_if_needed(options *o, umt_context *ctx) {
+    size_t budget = 0, used = 0;
+    umt_device_budget(ctx, &budget, &used);
+    if (!o->offload || o->offload_activations || o->reserve_given || !budget) return;
+    size_t copy = o->precision == UMT_PRECISION_FP32 ? 4 : 2, layer = (size_t)(o->width * o->width);
+    size_t slots = 2 * layer * (copy + 4), ring = o->update_on == UMT_OFFLOAD_OPTIM_BACKWARD ? (size_t)192 << 20 : 0;
+    if (used + o->reserve + slots + ring <= budget) return;
+    size_t held = o->reserve;
+    o->offload_activations = true;
+    o->reserve = 8 * (size_t)(o->batch * o->width) * 4 + ((size_t)64 << 20);
+    printf("big_mlp: the batch's saved activations (%.2f GiB held at the first step) do not fit beside the tier's "
+           "buffers (%.2f GiB) in the device budget (%.2f GiB): they go to the offload tier too\n",
+           (double)held / (1 << 30), (double)(slots + ring) / (1 << 30), (double)budget / (1 << 30));
+}
+
+static int build(options *o, model *m) {
     umt_context_options co = umt_context_defaults();
     co.device = UMT_DEVICE_CUDA;
     co.seed = o->seed;
     co.precision = o->precision;
     if (umt_context_create(&co, &m->ctx)) return fail("context");
+    activations_out_if_needed(o, m->ctx);
     /* The tier first: the layers below are then made in host memory, and planned at step 1. */
     umt_offload_options tier = umt_offload_defaults();
     tier.reserve_bytes = o->reserve;
