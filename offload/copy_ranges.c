@@ -17,10 +17,6 @@ size_t umt_offload_plan_bytes(umt_dtype compute, const umt_tensor *t) {
     return t->bytes + umt_compute_copy_bytes(compute, t);
 }
 
-size_t umt_offload_stream_bytes(umt_dtype compute, const umt_tensor *t) {
-    return umt_compute_copy_bytes(compute, t);
-}
-
 umt_status umt_offload_align_chunk(const umt_tensor *p, int64_t *chunk) {
     const umt_tensor *copy = p->lowp;
     if (!copy || !copy->nhwc) return UMT_OK;

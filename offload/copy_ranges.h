@@ -19,9 +19,6 @@ bool umt_offload_gets_compute_copy(umt_dtype compute, const umt_tensor *t);
 /* The bytes the plan counts for tensor t: its own, and for such a weight the copy's too, wherever
  * the plan puts the weight (on the GPU umt_weight_for_compute makes it in the weights pool). */
 size_t umt_offload_plan_bytes(umt_dtype compute, const umt_tensor *t);
-/* What a slot holds of t when it streams (umt_plan_item.stream_bytes): its compute copy alone when
- * it gets one, else 0 (all of t's bytes). */
-size_t umt_offload_stream_bytes(umt_dtype compute, const umt_tensor *t);
 /* Elements a chunk of p's update must be a multiple of: a conv weight's copy is K,R,S,C, so a
  * chunk of whole output channels (C R S elements) lands in one contiguous range of it; 1
  * otherwise. *chunk is rounded down to such a multiple (UMT_ERR_STATE if that leaves none). */

@@ -143,7 +143,8 @@ static umt_status collect_items(umt_context *ctx, umt_plan_item **items, umt_ten
         const umt_tensor *p = t->kind_pool == UMT_POOL_WEIGHTS ? t : t->owner;
         umt_dtype compute = umt_compute_dtype(ctx);
         (*items)[i] = (umt_plan_item){p && p->name ? p->name : "?", t->kind_pool, group_of(ctx, t),
-                                      umt_offload_plan_bytes(compute, t), false, umt_offload_stream_bytes(compute, t)};
+                                      umt_offload_plan_bytes(compute, t), false,
+                                      umt_compute_copy_bytes(compute, t)}; /* a slot holds the copy alone */
         (*tensors)[i++] = t;
     }
     *count = n;

@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "core/precision.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "memory/offload_plan.h"
@@ -419,10 +420,10 @@ static void test_half_precision_plans_count_a_matrix_weights_compute_copy(void *
     assert_int_equal(umt_offload_plan_bytes(UMT_BF16, &bias), 64);  /* read in f32: no copy */
     assert_int_equal(umt_offload_plan_bytes(UMT_BF16, &grad), 512); /* gradients stay f32 */
     /* Only the copy streams: a slot holds it, not the master. */
-    assert_int_equal(umt_offload_stream_bytes(UMT_BF16, &matrix), 256);
-    assert_int_equal(umt_offload_stream_bytes(UMT_F32, &matrix), 0);
-    assert_int_equal(umt_offload_stream_bytes(UMT_BF16, &bias), 0);
-    assert_int_equal(umt_offload_stream_bytes(UMT_BF16, &grad), 0);
+    assert_int_equal(umt_compute_copy_bytes(UMT_BF16, &matrix), 256);
+    assert_int_equal(umt_compute_copy_bytes(UMT_F32, &matrix), 0);
+    assert_int_equal(umt_compute_copy_bytes(UMT_BF16, &bias), 0);
+    assert_int_equal(umt_compute_copy_bytes(UMT_BF16, &grad), 0);
 }
 
 /* big_mlp in bf16 with updates in backward at 2 GiB, and 1.5 GiB held besides (the saved

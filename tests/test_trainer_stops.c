@@ -56,15 +56,20 @@ static void expect_no_text(const char *out, const char *text) {
     if (strstr(out, text)) fail_msg("expected no \"%s\" in the output", text);
 }
 
-/* binary on the CPU on the synthetic set with args, signalled as run_program_signalled says
- * (count 0: not at all); its output in out. */
-static int run(const char *binary, const char *args, const char *const *triggers, const int *signals, int count,
-               char *out, size_t size) {
+/* binary on the CPU on the synthetic set with args, signalled as run_program_signalled_after says
+ * (count 0: not at all; each signal delay_ms after its trigger); its output in out. */
+static int run_after(const char *binary, const char *args, const char *const *triggers, const int *signals,
+                     int count, int delay_ms, char *out, size_t size) {
     char command[2048];
     snprintf(command, sizeof command, "%s --device cpu --data-dir %s %s", binary, data, args);
-    int status = run_program_signalled(command, triggers, signals, count, out, size);
+    int status = run_program_signalled_after(command, triggers, signals, count, delay_ms, out, size);
     print_message("$ %s  (exit %d)\n%s", command, status, out);
     return status;
+}
+
+static int run(const char *binary, const char *args, const char *const *triggers, const int *signals, int count,
+               char *out, size_t size) {
+    return run_after(binary, args, triggers, signals, count, 0, out, size);
 }
 
 static void expect_same_file(const char *a, const char *b) {
@@ -191,11 +196,8 @@ static void test_a_second_ctrl_c_ends_the_run_at_once(void **state) {
     const int sigints[] = {SIGINT, SIGINT};
     /* Each Ctrl-C 20 ms after its line: the first after the check that follows step 1's line (so
      * that it lands inside step 2, of about 170 ms here), the second inside that step too. */
-    char command[2048];
-    snprintf(command, sizeof command, "%s --device cpu --data-dir %s --hidden 4096 --batch-size 320 --log-every 1",
-             mlp_binary, data);
-    int status = run_program_signalled_after(command, triggers, sigints, 2, 20, out, sizeof out);
-    print_message("$ %s  (exit %d)\n%s", command, status, out);
+    int status = run_after(mlp_binary, "--hidden 4096 --batch-size 320 --log-every 1", triggers, sigints, 2, 20, out,
+                           sizeof out);
     assert_int_equal(status, 130);
     expect_no_text(out, "stopped by SIGINT"); /* no orderly stop after the step: the second ended it */
     expect_no_text(out, "epoch 1 step 2/");

@@ -45,6 +45,7 @@
 #include "dist/umt_dist.h"
 #include "examples/mnist_cnn_model.h"
 #include "tests/gpu/cuda_test_context.h"
+#include "tests/gpu/prototype_idx.h"
 #include "umtrain.h"
 
 enum { SIDE = 28, PIXELS = SIDE * SIDE, CLASSES = 10, SAMPLES = 1000, BATCH = 64, EPOCHS = 2 };
@@ -71,44 +72,10 @@ typedef struct {
 /* ------------------------------------------------------------------------------------------ */
 /* A synthetic IDX dataset: noisy copies of ten random prototypes                              */
 
-static uint32_t next_random(uint64_t *s) {
-    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (uint32_t)(*s >> 33);
-}
-
-static void write_be32(FILE *f, uint32_t v) {
-    unsigned char b[4] = {(unsigned char)(v >> 24), (unsigned char)(v >> 16), (unsigned char)(v >> 8), (unsigned char)v};
-    fwrite(b, 1, 4, f);
-}
-
 static int write_dataset(void **state) {
     (void)state;
     snprintf(dir, sizeof dir, "/tmp/umt_graph_XXXXXX");
-    if (!mkdtemp(dir)) return -1;
-    char path[128];
-    snprintf(path, sizeof path, "%s/images", dir);
-    FILE *images = fopen(path, "wb");
-    snprintf(path, sizeof path, "%s/labels", dir);
-    FILE *labels = fopen(path, "wb");
-    if (!images || !labels) return -1;
-    uint64_t seed = 11;
-    uint8_t prototypes[CLASSES][PIXELS], pixels[PIXELS];
-    for (int c = 0; c < CLASSES; ++c)
-        for (int p = 0; p < PIXELS; ++p) prototypes[c][p] = (uint8_t)(next_random(&seed) % 256);
-    write_be32(images, 0x803), write_be32(images, SAMPLES), write_be32(images, SIDE), write_be32(images, SIDE);
-    write_be32(labels, 0x801), write_be32(labels, SAMPLES);
-    for (int i = 0; i < SAMPLES; ++i) {
-        uint8_t label = (uint8_t)(next_random(&seed) % CLASSES);
-        for (int p = 0; p < PIXELS; ++p) {
-            int v = prototypes[label][p] + (int)(next_random(&seed) % 161) - 80;
-            pixels[p] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
-        }
-        fwrite(pixels, 1, PIXELS, images);
-        fwrite(&label, 1, 1, labels);
-    }
-    fclose(images);
-    fclose(labels);
-    return 0;
+    return prototype_idx_write(dir, SAMPLES, 11, 80);
 }
 
 /* ------------------------------------------------------------------------------------------ */
