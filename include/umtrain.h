@@ -342,6 +342,12 @@ typedef struct {
      * (their sizes are unknown before a forward pass); from the second the plan keeps on the GPU
      * those that fit. */
     bool activations;
+    /* Under bf16, a gradient that goes home for the CPU threads' update in backward crosses as bf16,
+     * rounded on the GPU: half the bytes over the link and through host memory, and the losses then
+     * differ from the in-memory run's within bf16 rounding. true keeps it f32, for losses equal to
+     * the in-memory run's bit for bit. (Updates after backward read every gradient in f32 for the
+     * step's decision; fp16 updates after backward, for its loss scale: both stay f32.) */
+    bool f32_gradients_home;
 } umt_offload_options;
 
 #define UMT_OFFLOAD_HOST_AUTO (-1)
@@ -380,6 +386,8 @@ typedef struct {
     /* UMT_OFFLOAD_OPTIM_BACKWARD: the streamed parameters CPU threads update each step (the
      * option's count, or auto's once its search has settled; -1 while it runs) */
     int host_updates;
+    uint64_t host_updated_elements; /* of which elements the CPU threads updated in backward, all steps */
+    double host_update_rate;        /* their rate timed alone when the tier planned, elements/s (0: not timed) */
 } umt_offload_stats;
 
 umt_status umt_offload_stats_get(const umt_context *ctx, umt_offload_stats *out);

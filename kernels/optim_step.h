@@ -103,13 +103,17 @@ typedef struct {
  *             the NHWC layout of core/precision.h: element i goes to umt_lowp_index;
  *   lr_on_device — NULL, or where the kernel reads the learning rate (in stream order) instead
  *             of its lr argument: a captured step replays with each step's rate. Adam takes it
- *             only with scalars (its step size is then the scalars'), and for AdamW's decay. */
+ *             only with scalars (its step size is then the scalars'), and for AdamW's decay;
+ *   grad_bf16 — NULL, or the gradient rounded to bf16, read instead of grad (which may then be
+ *             NULL): the offload tier's CPU threads under bf16 get gradients home at half the
+ *             bytes (offload/host.c). The CPU backend only; the CUDA one refuses it. */
 typedef struct {
     const umt_step_scalars *scalars;
     const float *lr_on_device;
     void *lowp;
     umt_dtype lowp_dtype;
     int64_t lowp_channels, lowp_pixels;
+    const uint16_t *grad_bf16;
 } umt_update_fusion;
 
 /* One parameter of a multi-tensor update: its buffers (state1 NULL for SGD, both state buffers

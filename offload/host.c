@@ -46,7 +46,7 @@ static umt_status host_rule(const void *user, const umt_backend *be, float *para
  * million elements per thread (the threads' work item), writing a compute copy of dtype `copy`
  * too under bf16/fp16 (a pass of its own over the masters, as the tier's jobs do): best of three,
  * the first touching the pages. */
-static umt_status cpu_rate(umt_dtype copy, double *rate) {
+static umt_status cpu_rate(umt_dtype copy, bool grad_bf16, double *rate) {
     long threads = sysconf(_SC_NPROCESSORS_ONLN) - SPARE_CORES;
     int64_t n = (int64_t)(threads < 1 ? 1 : threads) << 20;
     bool lowp = copy == UMT_BF16 || copy == UMT_F16;
@@ -55,7 +55,9 @@ static umt_status cpu_rate(umt_dtype copy, double *rate) {
                             (long long)n);
     umt_offload_host_rule rule = {umt_optimizer_defaults(UMT_OPT_ADAM), 1};
     umt_update_fusion fusion = {.lowp = lowp ? a + 4 * n : NULL, .lowp_dtype = lowp ? copy : UMT_F32};
-    umt_offload_cpu_job job = {host_rule, &rule, a, a + n, a + 2 * n, a + 3 * n, n, fusion, UMT_OFFLOAD_CPU_CHUNK};
+    if (lowp && grad_bf16) fusion.grad_bf16 = (uint16_t *)(a + 4 * n) + n; /* the fifth array's second half */
+    float *grad = fusion.grad_bf16 ? NULL : a + n;
+    umt_offload_cpu_job job = {host_rule, &rule, a, grad, a + 2 * n, a + 3 * n, n, fusion, UMT_OFFLOAD_CPU_CHUNK};
     *rate = 0;
     for (int r = 0; r < 3; ++r) {
         double start = umt_offload_seconds();
@@ -82,7 +84,8 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt
     if (!streamed) return UMT_OK;
     double rate = 0;
     umt_link_speed link;
-    umt_status st = cpu_rate(umt_compute_dtype(o->ctx), &rate);
+    umt_dtype compute = umt_compute_dtype(o->ctx);
+    umt_status st = cpu_rate(compute, compute == UMT_BF16 && !o->options.f32_gradients_home, &rate);
     if (st == UMT_OK) st = umt_link_measure(o->ctx, (size_t)16 << 20, &link);
     if (st != UMT_OK) {
         fprintf(stderr, "offload: updates in backward stay on the GPU: %s\n", umt_last_error());
@@ -91,6 +94,7 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt
     double per_way = link.both_ways_gbps / 2 * 1e9; /* backward sends and receives at once */
     double share = umt_plan_host_share(rate, per_way, o->plan.ring_arrays - 1);
     o->host_target_elements = (int64_t)(share * (double)streamed);
+    o->stats.host_update_rate = rate;
     o->stats.host_updates = -1; /* searched from the second step */
     const char *copy = umt_compute_dtype(o->ctx) == UMT_F32 ? "" : " and the compute copy";
     fprintf(stderr, "offload: CPU threads update %.2f G elements/s (Adam%s), the link moves %.1f GB/s each way at "
@@ -140,6 +144,12 @@ static bool takes(const umt_offload *o, const umt_tensor *p, umt_tensor *const s
 }
 
 static const char *label(const umt_tensor *p) { return p->name ? p->name : "a parameter"; }
+
+/* Whether p's gradient crosses home in bf16 (umt_offload_options.f32_gradients_home): under bf16,
+ * where its compute copy streams (the slot's weights part then has room for it). */
+static bool gradient_home_in_bf16(const umt_offload *o, const umt_tensor *p) {
+    return !o->options.f32_gradients_home && p->lowp && p->lowp->dtype == UMT_BF16;
+}
 
 static umt_offload_host_job *find_job(const umt_offload *o, const umt_tensor *p) {
     for (int j = 0; j < o->host_job_count; ++j)
@@ -191,11 +201,17 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
     /* The job is rewritten below: last step's host function must have run (the host is rarely a
      * whole step ahead of the GPU). */
     UMT_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)job->done));
-    UMT_TRY(umt_offload_gradient_out(o, s));
+    bool half = gradient_home_in_bf16(o, p);
+    if (half && !job->grad_bf16)
+        UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_OFFLOAD, (size_t)p->numel * sizeof *job->grad_bf16,
+                                 (void **)&job->grad_bf16));
+    UMT_TRY(half ? umt_offload_gradient_out_bf16(o, s, job->grad_bf16) : umt_offload_gradient_out(o, s));
     UMT_TRY(umt_offload_evict(o, s)); /* its weights there are the old ones now */
-    job->job = (umt_offload_cpu_job){host_rule, &job->rule, p->offload.home, p->grad->offload.home, state[0] ? state[0]->offload.home : NULL,
-                                     state[1] ? state[1]->offload.home : NULL, p->numel,
-                                     umt_offload_fusion(p, p->lowp ? p->lowp->offload.home : NULL, 0, NULL), 0};
+    umt_update_fusion fusion = umt_offload_fusion(p, p->lowp ? p->lowp->offload.home : NULL, 0, NULL);
+    fusion.grad_bf16 = half ? job->grad_bf16 : NULL;
+    job->job = (umt_offload_cpu_job){host_rule, &job->rule, p->offload.home, half ? NULL : p->grad->offload.home,
+                                     state[0] ? state[0]->offload.home : NULL,
+                                     state[1] ? state[1]->offload.home : NULL, p->numel, fusion, 0};
     UMT_TRY(umt_offload_cpu_chunk(p, &job->job.chunk));
     umt_optimizer_snapshot(o->attached, &job->rule.options, &job->rule.step);
     UMT_TRY(umt_offload_wait(o->host_update, o->slots[s].drained)); /* the gradient is home */
@@ -206,6 +222,7 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
     o->stats.updates_in_backward++;
     o->host_updates_this_step++;
     o->host_elements_this_step += p->numel;
+    o->stats.host_updated_elements += (uint64_t)p->numel;
     return UMT_OK;
 }
 
@@ -233,6 +250,7 @@ void umt_offload_host_destroy(umt_offload *o) {
     }
     for (int j = 0; j < o->host_job_count; ++j) {
         cudaEventDestroy((cudaEvent_t)o->host_jobs[j]->done);
+        umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, o->host_jobs[j]->grad_bf16);
         free(o->host_jobs[j]);
     }
     free(o->host_jobs);

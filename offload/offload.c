@@ -285,6 +285,22 @@ umt_status umt_offload_gradient_out(umt_offload *o, int s) {
     return UMT_OK;
 }
 
+umt_status umt_offload_gradient_out_bf16(umt_offload *o, int s, uint16_t *dst) {
+    umt_offload_slot *slot = &o->slots[s];
+    umt_tensor *p = slot->holder;
+    /* The slot's weights part holds p's old compute copy, bf16 like the rounded gradient and as
+     * long: the gradient goes there, since the caller gives the weights up next (evict). */
+    UMT_TRY(o->ctx->backend->f32.convert(slot->grads, UMT_F32, slot->base, UMT_BF16, p->numel));
+    UMT_TRY(umt_offload_record(slot->released, o->compute));
+    UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
+    const char *what = p->name ? p->name : "gradient";
+    UMT_TRY(umt_offload_copy(o, dst, slot->base, (size_t)p->numel * sizeof *dst, false, what));
+    UMT_TRY(umt_offload_record(slot->drained, o->copy_out));
+    slot->grads_live = false;
+    p->grad->data = p->grad->offload.home; /* not rewritten: the update consumes the bf16 one */
+    return UMT_OK;
+}
+
 umt_status umt_offload_evict(umt_offload *o, int s) {
     umt_offload_slot *slot = &o->slots[s];
     UMT_TRY(umt_offload_deferred_piece(o, SIZE_MAX));

@@ -86,6 +86,7 @@ typedef struct {
     umt_offload_host_rule rule;
     void *done; /* host-update stream event: this step's update has run */
     atomic_int failed;
+    uint16_t *grad_bf16; /* its gradient home in bf16 (offload pool), made at the first such update */
 } umt_offload_host_job;
 
 /* Where a saved activation is (offload/activations.c). */
@@ -218,8 +219,10 @@ double umt_offload_seconds(void);
 bool umt_offload_cpu_threads(const umt_offload_cpu_job *jobs, int count, int spare);
 /* The CPU threads' work item for p's update (umt_offload_cpu_job.chunk). */
 umt_status umt_offload_cpu_chunk(const umt_tensor *p, int64_t *chunk);
-/* Slot s's gradient, final, goes home on the copy-out stream (its drained event after). */
+/* Slot s's gradient, final, goes home on the copy-out stream (its drained event after); the same
+ * rounded to bf16 on the compute stream, to dst (n elements of pinned memory), for a CPU update. */
 umt_status umt_offload_gradient_out(umt_offload *o, int s);
+umt_status umt_offload_gradient_out_bf16(umt_offload *o, int s, uint16_t *dst);
 
 /* Updates in backward on the CPU (offload/host.c): at the plan, with UMT_OFFLOAD_HOST_AUTO,
  * the CPU's share from its measured rate and the link's (printed); slot s's parameter, its

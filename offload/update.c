@@ -207,7 +207,9 @@ static void *cpu_worker(void *arg) {
         float *s0 = job->state0 ? job->state0 + offset : NULL, *s1 = job->state1 ? job->state1 + offset : NULL;
         umt_update_fusion fusion = job->fusion;
         if (fusion.lowp) fusion.lowp = (char *)fusion.lowp + (size_t)offset * umt_dtype_size(fusion.lowp_dtype);
-        if (job->fn(job->user, cpu, job->param + offset, job->grad + offset, s0, s1, &fusion, n) != UMT_OK)
+        if (fusion.grad_bf16) fusion.grad_bf16 += offset;
+        const float *grad = job->grad ? job->grad + offset : NULL; /* NULL: read from grad_bf16 */
+        if (job->fn(job->user, cpu, job->param + offset, grad, s0, s1, &fusion, n) != UMT_OK)
             atomic_store(&w->failed, 1);
     }
 }

@@ -452,18 +452,33 @@ typedef struct {
     uint16_t lowp[FUSED_N];
 } update_result;
 
-static void run_kernel_steps(umt_optimizer_kind kind, umt_dtype lowp_dtype, bool fused, update_result *out) {
+/* How run_kernel_steps hands the kernels their gradients. */
+typedef enum {
+    GRADS_F32,         /* as drawn */
+    GRADS_BF16_AS_F32, /* rounded to bf16, handed over in f32 */
+    GRADS_BF16,        /* rounded to bf16, handed over as bf16 (umt_update_fusion.grad_bf16), grad NULL */
+} grads_given;
+
+static void run_kernel_steps_with(umt_optimizer_kind kind, umt_dtype lowp_dtype, bool fused, grads_given grads,
+                                  update_result *out) {
     uint32_t seed = 12345u;
-    float grad[FUSED_N];
+    float drawn[FUSED_N];
+    uint16_t grad_bf16[FUSED_N];
     for (int i = 0; i < FUSED_N; ++i) {
         out->param[i] = draw(&seed, -3.0f, 3.0f);
         out->s0[i] = 0.0f;
         out->s1[i] = 0.0f;
         out->lowp[i] = 0xffffu;
     }
-    umt_update_fusion fusion = {.lowp = fused ? out->lowp : NULL, .lowp_dtype = lowp_dtype};
+    umt_update_fusion fusion = {.lowp = fused ? out->lowp : NULL, .lowp_dtype = lowp_dtype,
+                                .grad_bf16 = grads == GRADS_BF16 ? grad_bf16 : NULL};
     for (int64_t step = 1; step <= 3; ++step) {
-        for (int i = 0; i < FUSED_N; ++i) grad[i] = draw(&seed, -1.0f, 1.0f);
+        for (int i = 0; i < FUSED_N; ++i) drawn[i] = draw(&seed, -1.0f, 1.0f);
+        if (grads != GRADS_F32) {
+            assert_int_equal(umt_cpu_convert(drawn, UMT_F32, grad_bf16, UMT_BF16, FUSED_N), UMT_OK);
+            assert_int_equal(umt_cpu_convert(grad_bf16, UMT_BF16, drawn, UMT_F32, FUSED_N), UMT_OK);
+        }
+        const float *grad = grads == GRADS_BF16 ? NULL : drawn;
         umt_status st = UMT_OK;
         switch (kind) {
         case UMT_OPT_SGD:
@@ -481,6 +496,10 @@ static void run_kernel_steps(umt_optimizer_kind kind, umt_dtype lowp_dtype, bool
         }
         assert_int_equal(st, UMT_OK);
     }
+}
+
+static void run_kernel_steps(umt_optimizer_kind kind, umt_dtype lowp_dtype, bool fused, update_result *out) {
+    run_kernel_steps_with(kind, lowp_dtype, fused, GRADS_F32, out);
 }
 
 static void test_fused_update_with_a_lowp_copy_equals_the_plain_update_then_a_convert(void **state) {
@@ -504,6 +523,29 @@ static void test_fused_update_with_a_lowp_copy_equals_the_plain_update_then_a_co
     umt_update_fusion bad = {.lowp = &g, .lowp_dtype = UMT_I32};
     assert_int_equal(umt_cpu_sgd_update_fused(&p, &g, NULL, 1, 0.1f, 0.0f, 0.0f, bad), UMT_ERR_UNSUPPORTED);
     assert_non_null(strstr(umt_last_error(), "i32"));
+    assert_float_equal(p, 1.0, 0.0);
+}
+
+/* The offload tier's CPU threads under bf16 read gradients that came home in bf16
+ * (umt_update_fusion.grad_bf16): the same bits as the same rounded gradients handed over in f32,
+ * in the plain loop and in the fused one, for every kind; neither gradient given is refused. */
+static void test_update_reading_bf16_gradients_equals_the_same_gradients_in_f32(void **state) {
+    (void)state;
+    for (int kind = UMT_OPT_SGD; kind <= UMT_OPT_ADADELTA; ++kind)
+        for (int fused = 0; fused < 2; ++fused) {
+            update_result as_f32, as_bf16;
+            run_kernel_steps_with((umt_optimizer_kind)kind, UMT_BF16, fused, GRADS_BF16_AS_F32, &as_f32);
+            run_kernel_steps_with((umt_optimizer_kind)kind, UMT_BF16, fused, GRADS_BF16, &as_bf16);
+            assert_memory_equal(as_bf16.param, as_f32.param, sizeof as_f32.param);
+            assert_memory_equal(as_bf16.s0, as_f32.s0, sizeof as_f32.s0);
+            assert_memory_equal(as_bf16.s1, as_f32.s1, sizeof as_f32.s1);
+            assert_memory_equal(as_bf16.lowp, as_f32.lowp, sizeof as_f32.lowp);
+        }
+    float p = 1.0f, m = 0.0f, v = 0.0f;
+    assert_int_equal(umt_cpu_adam_update_fused(&p, NULL, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, false, 1,
+                                               (umt_update_fusion){0}),
+                     UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "grad NULL"));
     assert_float_equal(p, 1.0, 0.0);
 }
 
@@ -791,6 +833,7 @@ int main(void) {
         cmocka_unit_test(test_optimizer_state_lives_in_the_optim_pool_sized_by_kind),
         cmocka_unit_test(test_context_destroy_frees_an_optimizer_left_alive),
         cmocka_unit_test(test_fused_update_with_a_lowp_copy_equals_the_plain_update_then_a_convert),
+        cmocka_unit_test(test_update_reading_bf16_gradients_equals_the_same_gradients_in_f32),
         cmocka_unit_test(test_optimizer_step_rewrites_the_parameters_bf16_copy),
         cmocka_unit_test(test_clipping_scales_every_gradient_by_max_norm_over_the_global_norm),
         cmocka_unit_test(test_loss_scaler_skips_a_step_with_an_inf_or_nan_gradient_and_halves_the_scale),

@@ -26,9 +26,16 @@ umt_status umt_cpu_fill(float *x, int64_t n, float value);
 umt_status umt_cpu_copy(void *dst, const void *src, size_t bytes);
 umt_status umt_cpu_zero(void *x, size_t bytes);
 umt_status umt_cpu_convert(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype, int64_t n);
-float umt_bf16_to_f32(uint16_t x);
 uint16_t umt_f32_to_f16(float x);
 float umt_f16_to_f32(uint16_t x);
+
+/* bf16 is f32's top 16 bits: exact. Inline, so that a loop reading bf16 gradients vectorizes. */
+static inline float umt_bf16_to_f32(uint16_t x) {
+    uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 /* x rounded to bf16, to nearest with ties to even. bf16 is f32's top 16 bits: adding 0x7fff, plus
  * one when the kept part is odd, carries exactly when the dropped half is above one half or a tie

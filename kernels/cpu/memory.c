@@ -37,8 +37,6 @@ static uint32_t shift_right_round_even(uint32_t value, int shift) {
     return kept;
 }
 
-float umt_bf16_to_f32(uint16_t x) { return f32_from_bits((uint32_t)x << 16); }
-
 /* |x| (the f32 bits without sign) that is finite and at least 2^-14, as f16 magnitude bits. */
 static uint16_t f16_normal_magnitude(uint32_t magnitude) {
     /* Rebias the exponent (127 -> 15) in place, then round 23 mantissa bits to 10. A carry from

@@ -21,9 +21,17 @@ umt_status umt_update_fusion_check(const char *op, umt_update_fusion fusion) {
     return UMT_OK;
 }
 
-/* grad[i], times the step's multiplier when there are step scalars (1 / loss scale, clipping). */
-static float gradient_at(const float *grad, int64_t i, const umt_step_scalars *scalars) {
-    return scalars ? grad[i] * scalars->multiplier : grad[i];
+/* The gradient's element i, from grad or its bf16 copy, times the step's multiplier when there
+ * are step scalars (1 / loss scale, clipping). */
+static float gradient_at(const float *grad, int64_t i, umt_update_fusion fusion) {
+    float g = fusion.grad_bf16 ? umt_bf16_to_f32(fusion.grad_bf16[i]) : grad[i];
+    return fusion.scalars ? g * fusion.scalars->multiplier : g;
+}
+
+/* A gradient neither given nor given in bf16 is the caller's mistake, named here. */
+static umt_status check_gradient(const char *op, const float *grad, umt_update_fusion fusion) {
+    if (!grad && !fusion.grad_bf16) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: grad NULL and no grad_bf16", op);
+    return UMT_OK;
 }
 
 /* The new masters param[0..n), rounded to nearest even into the low-precision copy: a loop of its
@@ -58,10 +66,11 @@ umt_status umt_cpu_sgd_update_fused(float *param, const float *grad, float *velo
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "sgd_update: momentum %g needs a velocity buffer (got NULL)",
                         momentum);
     UMT_TRY(umt_update_fusion_check("sgd_update", fusion));
+    UMT_TRY(check_gradient("sgd_update", grad, fusion));
     if (fusion.scalars && fusion.scalars->found_inf) return UMT_OK;
     if (fusion.lr_on_device) lr = *fusion.lr_on_device;
     for (int64_t i = 0; i < n; ++i) {
-        float g = gradient_at(grad, i, fusion.scalars);
+        float g = gradient_at(grad, i, fusion);
         g += weight_decay * param[i];
         if (momentum != 0.0f) {
             velocity[i] = momentum * velocity[i] + g;
@@ -109,6 +118,7 @@ umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, 
                                      int64_t step, umt_update_fusion fusion) {
     if (step < 1) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "adam_update: step %lld (expected >= 1)", (long long)step);
     UMT_TRY(umt_update_fusion_check("adam_update", fusion));
+    UMT_TRY(check_gradient("adam_update", grad, fusion));
     const umt_step_scalars *s = fusion.scalars;
     if (s && s->found_inf) return UMT_OK;
     if (fusion.lr_on_device) lr = *fusion.lr_on_device;
@@ -127,12 +137,16 @@ umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, 
      * every lane, so each element gets the same bits as in the general loop; a compute copy (bf16
      * or fp16 offloaded) is written after it, from the same new masters. */
     if (!s) {
-        for (int64_t i = 0; i < n; ++i) adam_element(param, grad[i], m, v, i, &k);
+        const uint16_t *g16 = fusion.grad_bf16;
+        if (g16)
+            for (int64_t i = 0; i < n; ++i) adam_element(param, umt_bf16_to_f32(g16[i]), m, v, i, &k);
+        else
+            for (int64_t i = 0; i < n; ++i) adam_element(param, grad[i], m, v, i, &k);
         if (fusion.lowp) store_lowp_all(fusion, param, n);
         return UMT_OK;
     }
     for (int64_t i = 0; i < n; ++i) {
-        adam_element(param, gradient_at(grad, i, s), m, v, i, &k);
+        adam_element(param, gradient_at(grad, i, fusion), m, v, i, &k);
         store_lowp(fusion, i, param[i]);
     }
     return UMT_OK;
@@ -155,10 +169,11 @@ umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float 
                                          int64_t n, float lr, float rho, float eps, float weight_decay,
                                          umt_update_fusion fusion) {
     UMT_TRY(umt_update_fusion_check("adadelta_update", fusion));
+    UMT_TRY(check_gradient("adadelta_update", grad, fusion));
     if (fusion.scalars && fusion.scalars->found_inf) return UMT_OK;
     if (fusion.lr_on_device) lr = *fusion.lr_on_device;
     for (int64_t i = 0; i < n; ++i) {
-        float g = gradient_at(grad, i, fusion.scalars);
+        float g = gradient_at(grad, i, fusion);
         g += weight_decay * param[i];
         square_avg[i] = rho * square_avg[i] + (1.0f - rho) * g * g;
         float std = sqrtf(square_avg[i] + eps);

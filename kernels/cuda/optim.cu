@@ -200,13 +200,22 @@ static adam_factors host_adam_factors(float lr, float beta1, float beta2, float 
     return f;
 }
 
+/* The shared checks, and what only the CPU backend reads: gradients in bf16 (offload/host.c). */
+static umt_status check_fusion(const char *op, umt_update_fusion fusion) {
+    UMT_TRY(umt_update_fusion_check(op, fusion));
+    if (fusion.grad_bf16)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "%s: grad_bf16 on the cuda backend (expected f32 gradients: only the "
+                        "CPU backend reads bf16 ones)", op);
+    return UMT_OK;
+}
+
 extern "C" umt_status umt_cuda_sgd_update_fused(float *param, const float *grad, float *velocity, int64_t n,
                                                 float lr, float momentum, float weight_decay,
                                                 umt_update_fusion fusion) {
     if (momentum != 0.0f && !velocity)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "sgd_update: momentum %g needs a velocity buffer (got NULL)",
                         momentum);
-    UMT_TRY(umt_update_fusion_check("sgd_update", fusion));
+    UMT_TRY(check_fusion("sgd_update", fusion));
     if (n <= 0) return UMT_OK;
     sgd_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(param, grad, velocity, n, lr, momentum,
                                                                  weight_decay, fusion);
@@ -218,7 +227,7 @@ extern "C" umt_status umt_cuda_adam_update_fused(float *param, const float *grad
                                                  float lr, float beta1, float beta2, float eps, float weight_decay,
                                                  bool decoupled, int64_t step, umt_update_fusion fusion) {
     if (step < 1) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "adam_update: step %lld (expected >= 1)", (long long)step);
-    UMT_TRY(umt_update_fusion_check("adam_update", fusion));
+    UMT_TRY(check_fusion("adam_update", fusion));
     if (n <= 0) return UMT_OK;
     adam_factors f = host_adam_factors(lr, beta1, beta2, weight_decay, decoupled, step);
     adam_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(param, grad, m, v, n, beta1, beta2, eps,
@@ -230,7 +239,7 @@ extern "C" umt_status umt_cuda_adam_update_fused(float *param, const float *grad
 extern "C" umt_status umt_cuda_adadelta_update_fused(float *param, const float *grad, float *square_avg,
                                                      float *delta_avg, int64_t n, float lr, float rho, float eps,
                                                      float weight_decay, umt_update_fusion fusion) {
-    UMT_TRY(umt_update_fusion_check("adadelta_update", fusion));
+    UMT_TRY(check_fusion("adadelta_update", fusion));
     if (n <= 0) return UMT_OK;
     adadelta_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(param, grad, square_avg, delta_avg, n, lr, rho,
                                                                       eps, weight_decay, fusion);
@@ -272,7 +281,7 @@ static umt_status check_multi(const umt_update_tensor *tensors, int count, umt_u
                             count);
         umt_update_fusion each = common;
         each.lowp = x->lowp;
-        UMT_TRY(umt_update_fusion_check("multi_update", each));
+        UMT_TRY(check_fusion("multi_update", each));
     }
     return UMT_OK;
 }

@@ -43,6 +43,7 @@ typedef struct {
     float clip;
     bool dist;                    /* the data-parallel path on one rank */
     size_t reserve;               /* the plan's device bytes for activations (0: 24 MiB) */
+    bool f32_gradients_home;      /* umt_offload_options.f32_gradients_home */
 } run_options;
 
 typedef struct {
@@ -89,6 +90,7 @@ static umt_context *context(const run_options *r, uint64_t seed) {
     tier.reserve_bytes = r->reserve ? r->reserve : (size_t)24 << 20;
     tier.optimizer = r->where;
     tier.host_updates = r->host_updates;
+    tier.f32_gradients_home = r->f32_gradients_home;
     if (r->budget && umt_offload_enable(ctx, &tier) != UMT_OK) fail_msg("offload: %s", umt_last_error());
     return ctx;
 }
@@ -203,7 +205,8 @@ static void expect_copies_home(const model *m) {
 /* ----------------------------------------------------------------------------------------- */
 /* bf16 and fp16 MLPs, offloaded against in memory */
 
-static void mlp_against_memory(run_options r, double tolerance) {
+/* The offloaded run's statistics come back for the caller's own checks. */
+static umt_offload_stats mlp_against_memory(run_options r, double tolerance) {
     run_options memory = {.precision = r.precision, .clip = r.clip};
     model m = {0};
     float reference[STEPS], losses[STEPS];
@@ -226,6 +229,7 @@ static void mlp_against_memory(run_options r, double tolerance) {
      * the clipping test asserts instead that clipping changed the run. */
     expect_close(losses, reference, STEPS, tolerance, umt_precision_name(r.precision), r.clip == 0);
     destroy(&m);
+    return st;
 }
 
 /* Half precision: the offloaded run takes the same kernels on the same values, but a CPU update's
@@ -252,6 +256,23 @@ static void test_bf16_updates_in_backward_on_cpu_threads_beside_the_ring(void **
     run_options r = offloaded(UMT_PRECISION_BF16, "240M", UMT_OFFLOAD_OPTIM_BACKWARD);
     r.host_updates = 2;
     mlp_against_memory(r, BF16_TOLERANCE);
+}
+
+/* Under bf16 the gradients the CPU threads update with come home in bf16 (the default): each such
+ * element sends 2 bytes fewer than with f32_gradients_home, and both runs stay within bf16's
+ * tolerance of the in-memory one. */
+static void test_bf16_gradients_home_for_cpu_updates_cross_at_half_the_bytes(void **state) {
+    (void)state;
+    run_options half = offloaded(UMT_PRECISION_BF16, "240M", UMT_OFFLOAD_OPTIM_BACKWARD), full = half;
+    half.host_updates = full.host_updates = 2;
+    full.f32_gradients_home = true;
+    umt_offload_stats a = mlp_against_memory(half, BF16_TOLERANCE), b = mlp_against_memory(full, BF16_TOLERANCE);
+    print_message("CPU-updated elements %llu; to the host: bf16 gradients %.3f MB, f32 %.3f MB\n",
+                  (unsigned long long)a.host_updated_elements, a.bytes_to_host / 1e6, b.bytes_to_host / 1e6);
+    assert_true(a.host_updated_elements > 0);
+    assert_int_equal(a.host_updated_elements, b.host_updated_elements);
+    assert_int_equal(b.bytes_to_host - a.bytes_to_host, 2 * a.host_updated_elements);
+    assert_int_equal(a.bytes_to_device, b.bytes_to_device);
 }
 
 static void test_fp16_offloaded_with_loss_scaling_matches_in_memory(void **state) {
@@ -460,6 +481,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_bf16_offloaded_matches_in_memory_with_cpu_updates, destroy_leftover),
         cmocka_unit_test_teardown(test_bf16_offloaded_matches_in_memory_with_updates_in_backward, destroy_leftover),
         cmocka_unit_test_teardown(test_bf16_updates_in_backward_on_cpu_threads_beside_the_ring, destroy_leftover),
+        cmocka_unit_test_teardown(test_bf16_gradients_home_for_cpu_updates_cross_at_half_the_bytes, destroy_leftover),
         cmocka_unit_test_teardown(test_fp16_offloaded_with_loss_scaling_matches_in_memory, destroy_leftover),
         cmocka_unit_test_teardown(test_fp16_updates_in_backward_fall_back_to_after_backward, destroy_leftover),
         cmocka_unit_test_teardown(test_bf16_clipping_by_global_norm_offloaded_matches_in_memory, destroy_leftover),
