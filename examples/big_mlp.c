@@ -17,10 +17,11 @@
  *        each backward are updated by CPU threads beside the GPU's, only their gradients crossing;
  *        auto: as many as balance the CPU's measured rate against the link's, then the count
  *        searched step by step for the fastest)
- *        --reserve SIZE (device bytes kept for activations; default: what the batch needs)
- *        --offload-activations (saved activations may go to the offload tier too: the first step
- *        sends all, the plan then keeps what fits; the reserve shrinks to what that step needs.
- *        Turned on by itself, and said, when the batch's do not fit beside the tier's buffers)
+ *        --reserve SIZE (device bytes kept for activations; default: the memory plan's, what its
+ *        dry step measured the batch to need) --offload-activations (saved activations may go to
+ *        the offload tier too: the first step sends all, the plan then keeps what fits; the reserve
+ *        shrinks to what that step needs. Turned on by the memory plan, and said, when the batch's
+ *        do not fit beside the tier's buffers)
  *        --no-offload (plain pools: fails past the budget) --bench N (N timed steps after warm-up)
  *        --dry-run (the memory plan alone: each pool's predicted peak, printed before step 1 in
  *        every run; nothing trained)
@@ -121,15 +122,11 @@ static int parse(int argc, char **argv, options *o) {
     if (o->width < 2 || o->depth < 1 || o->batch < 1 || o->steps < 1 || o->bench < 0 ||
         o->host_updates < UMT_OFFLOAD_HOST_AUTO || o->grad_accum < 1 || !(o->clip >= 0))
         return usage("sizes must be positive", NULL);
-    /* Activations: the first step, which the arena records before it can plan reuse, holds every
-     * saved output (linear and ReLU per layer, the loss's probabilities) and, the tier recycling
-     * ended gradients, about two of them at once: 2 depth + 2 tensors of batch x width f32; and
-     * 64 MiB of scratch. */
+    /* Otherwise the memory plan sets the reserve (plan_memory). --offload-activations asked for:
+     * the recorded first step holds a few at once: the op's input and output, the one leaving,
+     * the probabilities; in backward two gradients and the ones back; and 64 MiB of scratch. */
     size_t tensor = (size_t)(o->batch * o->width) * 4;
-    if (!o->reserve) o->reserve = (size_t)(2 * o->depth + 2) * tensor + ((size_t)64 << 20);
-    /* With activations sent out, the recorded first step holds a few at once: the op's input and
-     * output, the one leaving, the probabilities; in backward two gradients and the ones back. */
-    if (o->offload_activations) o->reserve = 8 * tensor + ((size_t)64 << 20);
+    if (o->offload_activations && !o->reserve_given) o->reserve = 8 * tensor + ((size_t)64 << 20);
     return 0;
 }
 
@@ -184,32 +181,12 @@ static int make_batches(const options *o, model *m) {
     return st ? fail("batch") : 0;
 }
 
-/* Saved activations go to the offload tier too when the batch's, with the tier's two streaming
- * buffers (a layer's weights, or their compute copy, and its f32 gradient each) and the update
- * ring of updates in backward, would pass the device budget: the tier's plan would refuse at the
- * first step what trains with them sent out (the reserve then shrinks to a few tensors). */
-static void activations_out_if_needed(options *o, umt_context *ctx) {
-    size_t budget = 0, used = 0;
-    umt_device_budget(ctx, &budget, &used);
-    if (!o->offload || o->offload_activations || o->reserve_given || !budget) return;
-    size_t copy = o->precision == UMT_PRECISION_FP32 ? 4 : 2, layer = (size_t)(o->width * o->width);
-    size_t slots = 2 * layer * (copy + 4), ring = o->update_on == UMT_OFFLOAD_OPTIM_BACKWARD ? (size_t)192 << 20 : 0;
-    if (used + o->reserve + slots + ring <= budget) return;
-    size_t held = o->reserve;
-    o->offload_activations = true;
-    o->reserve = 8 * (size_t)(o->batch * o->width) * 4 + ((size_t)64 << 20);
-    printf("big_mlp: the batch's saved activations (%.2f GiB held at the first step) do not fit beside the tier's "
-           "buffers (%.2f GiB) in the device budget (%.2f GiB): they go to the offload tier too\n",
-           (double)held / (1 << 30), (double)(slots + ring) / (1 << 30), (double)budget / (1 << 30));
-}
-
 static int build(options *o, model *m) {
     umt_context_options co = umt_context_defaults();
     co.device = UMT_DEVICE_CUDA;
     co.seed = o->seed;
     co.precision = o->precision;
     if (umt_context_create(&co, &m->ctx)) return fail("context");
-    activations_out_if_needed(o, m->ctx);
     /* The tier first: the layers below are then made in host memory, and planned at step 1. */
     umt_offload_options tier = umt_offload_defaults();
     tier.reserve_bytes = o->reserve;
@@ -236,8 +213,7 @@ static int build(options *o, model *m) {
         d.always = true;
         if (umt_dist_create(m->ctx, &one, &d, &m->dist)) return fail("dist");
     }
-    /* The batch is made in the dataset pool once; its values come from the same seeded RNG. */
-    return make_batches(o, m);
+    return 0;
 }
 
 static umt_tensor *forward(const options *o, model *m, int k) {
@@ -276,28 +252,37 @@ typedef struct {
     const model *m;
 } plan_user;
 
-/* The step's loss on the resident batch, or on fresh inputs of a micro-batch when the plan
- * splits the batch. */
+/* The step's loss on inputs of a micro-batch (recorded, not made: the batch comes after the plan,
+ * in the dataset pool, which the plan counts as held). */
 static umt_tensor *plan_forward(umt_context *ctx, void *user, int64_t batch) {
     const plan_user *p = user;
     model micro = *p->m;
-    umt_tensor *x = NULL, *labels = NULL;
-    if (batch != p->o->batch) {
-        x = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, batch, p->o->width);
-        labels = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, batch);
-        if (!x || !labels) return NULL;
-        micro.x = &x;
-        micro.labels = &labels;
-    }
+    umt_tensor *x = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, batch, p->o->width);
+    umt_tensor *labels = umt_tensor_new_1d(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, batch);
+    if (!x || !labels) return NULL;
+    micro.x = &x;
+    micro.labels = &labels;
     return forward(p->o, &micro, 0);
 }
 
-static int plan_memory(const options *o, const model *m) {
+/* The memory plan before step 1, printed. The batch is the caller's, as --batch and --grad-accum
+ * say: with weights streamed, each micro-batch streams every one of them again, which costs more
+ * than sending saved activations home (docs/PERF.md), so the plan chooses only where the state
+ * and the saved activations live, and the tier adopts that: its device reserve for a step, and
+ * whether saved activations go home. --reserve or --offload-activations keep the caller's choice. */
+static int plan_memory(options *o, const model *m) {
     plan_user user = {o, m};
-    umt_memory_plan_request rq = {.batch = o->batch};
+    umt_memory_plan_request rq = {.batch = o->grad_accum * o->batch, .micro_batches = o->grad_accum,
+                                  .updates_in_backward = o->update_on == UMT_OFFLOAD_OPTIM_BACKWARD,
+                                  .later_device_bytes = (size_t)(o->grad_accum * o->batch) * (size_t)(o->width * 4 + 4)};
     umt_memory_plan plan;
     if (umt_memory_plan_make(m->ctx, &rq, plan_forward, &user, &plan)) return fail("memory plan");
     umt_memory_plan_print(&plan, stdout);
+    if (!o->offload || o->reserve_given || o->offload_activations) return 0;
+    if (!plan.fits) return fprintf(stderr, "big_mlp: the memory plan finds no way to train: %s\n", plan.why), 1;
+    if (umt_offload_adopt_plan(m->ctx, &plan)) return fail("adopt the plan");
+    o->offload_activations = plan.offload.activations;
+    if (o->offload_activations) printf("big_mlp: the plan sends saved activations to the offload tier too\n");
     return 0;
 }
 
@@ -373,6 +358,8 @@ int main(int argc, char **argv) {
            o.grad_accum > 1 ? " per micro-batch" : "", umt_precision_name(o.precision), state_gib,
            (double)budget / (1 << 30), state_gib * (1 << 30) / (double)budget);
     rc = plan_memory(&o, &m);
+    /* The batch is made in the dataset pool once; its values come from the same seeded RNG. */
+    if (!rc && !o.dry_run) rc = make_batches(&o, &m);
     if (!rc && o.bench && !o.dry_run) rc = bench(&o, &m);
     example_progress progress; /* a run of steps: each line with the run's time and ETA */
     example_progress_start(&progress, stdout, 0, 0);

@@ -34,7 +34,7 @@ for t in $(bazel query 'kind(cc_test, //tests/gpu:all)' 2>/dev/null); do
 done
 cp bazel-bin/examples/mnist_mlp bazel-bin/examples/mnist_cnn bazel-bin/examples/mnist_cnn_minimal bazel-bin/examples/predict \
     bazel-bin/examples/image_folder bazel-bin/examples/mnist_to_png bazel-bin/examples/big_mlp \
-    bazel-bin/bench/mlp_mem_modes bazel-bin/bench/cpu_update "$bundle"/bin/
+    bazel-bin/bench/mlp_mem_modes bazel-bin/bench/cpu_update bazel-bin/bench/host_contention "$bundle"/bin/
 # cmocka is not on the GPU machine's image; CUDA, cuBLAS, cuDNN and zlib are (stb is compiled in).
 for lib in libcmocka.so.0; do
     cp -L "$(ldconfig -p | awk -v lib="$lib" '$1 == lib {print $NF; exit}')" "$bundle"/lib/

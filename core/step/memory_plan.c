@@ -153,7 +153,7 @@ static umt_fit_inputs fit_inputs(const umt_context *ctx, const umt_memory_plan_r
                          .state_bytes = {st->bytes[0], st->bytes[1], st->bytes[2]}, .tier = cuda};
     /* Only where a budget binds: the least is a search over the stages, and the host a file read. */
     if (cuda && in.budget_bytes) {
-        in.tier_bytes = umt_plan_least_device_bytes(st->items, st->count, false);
+        in.tier_bytes = umt_plan_least_device_bytes(st->items, st->count, rq->updates_in_backward);
         /* What the tier holds already (it makes the state at home before its first step) is its own. */
         size_t available = umt_host_available_bytes();
         in.host_available_bytes = available ? available + st->in_tier : 0;
@@ -190,12 +190,13 @@ static void fill_plan(const umt_context *ctx, const umt_fit_inputs *in, const um
 /* Where the tier takes part (needed, or enabled and planning the state's place at the first step),
  * the state's pools as its planner will place them with the plan's reserve: what stays in the
  * weights, grads and optim pools, what goes home (offload), its buffers (stream). */
-static void place_state(const umt_fit_inputs *in, const umt_fit_choice *choice, model_state *st,
-                        umt_memory_plan *out) {
+static void place_state(const umt_fit_inputs *in, const umt_fit_choice *choice, bool updates_in_backward,
+                        model_state *st, umt_memory_plan *out) {
     if (!(out->offload.needed || out->offload.enabled) || !in->budget_bytes || !choice->fits) return;
     umt_placement_plan placed;
     size_t fixed = in->held_bytes + choice->reserve_bytes;
-    if (umt_plan_placement(st->items, st->count, in->budget_bytes, fixed, false, &placed) != UMT_OK) return;
+    if (umt_plan_placement(st->items, st->count, in->budget_bytes, fixed, updates_in_backward, &placed) != UMT_OK)
+        return;
     size_t off_device = 0;
     for (int i = 0; i < 3; ++i) out->peak_bytes[state_pools[i]] = 0;
     for (int i = 0; i < st->count; ++i) {
@@ -247,7 +248,7 @@ umt_status umt_memory_plan_make(umt_context *ctx, const umt_memory_plan_request 
         /* What the caller adds later is in the inputs pool (a loader's ring) and on the device. */
         out->peak_bytes[UMT_POOL_INPUTS] += rq.later_device_bytes;
         out->device_peak_bytes += rq.later_device_bytes;
-        place_state(&in, &choice, &st, out);
+        place_state(&in, &choice, rq.updates_in_backward, &st, out);
         add_step_values(ctx, &rq, out);
     }
     free(st.items);
