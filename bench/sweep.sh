@@ -26,7 +26,8 @@ UMT_CONV_TIMING=0 UMT_MEM_REPORT=1 "$bin/sweep" "${common[@]}" --sweep "$n" --ep
     > "$logs/together.txt" 2>&1 || { tail -n 20 "$logs/together.txt"; exit 1; }
 printf '%-6s %12s %12s %s\n' seed "at once" alone "same parameters"
 for seed in $(seq 1 "$n"); do
-    UMT_CONV_TIMING=0 "$bin/sweep" "${common[@]}" --sweep-seeds "$seed" --epochs "$epochs" > "$logs/alone_$seed.txt" 2>&1
+    UMT_CONV_TIMING=0 "$bin/sweep" "${common[@]}" --sweep-seeds "$seed" --epochs "$epochs" \
+        > "$logs/alone_$seed.txt" 2>&1
     row_together=$(grep "^seed $seed lr " "$logs/together.txt")
     row_alone=$(grep "^seed $seed lr " "$logs/alone_$seed.txt")
     same=no

@@ -124,8 +124,10 @@ static int parse_sweep_list(const char *flag, const char *value, config lists[4]
 static int parse_flag(options *o, const char *flag, const char *value) {
     double v;
     int bad = 0;
-    if (!strcmp(flag, "--sweep")) bad = example_whole_number(program, flag, value, 1, MOST_RUNS, &v), o->runs = (int)v;
-    else if (!strcmp(flag, "--epochs")) bad = example_whole_number(program, flag, value, 0, 1e6, &v), o->epochs = (int)v;
+    if (!strcmp(flag, "--sweep"))
+        bad = example_whole_number(program, flag, value, 1, MOST_RUNS, &v), o->runs = (int)v;
+    else if (!strcmp(flag, "--epochs"))
+        bad = example_whole_number(program, flag, value, 0, 1e6, &v), o->epochs = (int)v;
     else if (!strcmp(flag, "--batch-size"))
         bad = example_whole_number(program, flag, value, 1, 1 << 20, &v), o->batch_size = (int64_t)v;
     else if (!strcmp(flag, "--gamma")) bad = example_number(program, flag, value, 1e-6, 1, &v), o->gamma = (float)v;
@@ -139,8 +141,10 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device));
     else if (!strcmp(flag, "--precision"))
         bad = example_check(program, umt_precision_parse(value, &o->precision)), o->precision_given = true;
-    else if (!strcmp(flag, "--graph") && (!strcmp(value, "on") || !strcmp(value, "off"))) o->graph = !strcmp(value, "on");
-    else if (!strcmp(flag, "--graph")) fprintf(stderr, "%s: --graph '%s': expected on or off\n", program, value), bad = 1;
+    else if (!strcmp(flag, "--graph") && (!strcmp(value, "on") || !strcmp(value, "off")))
+        o->graph = !strcmp(value, "on");
+    else if (!strcmp(flag, "--graph"))
+        fprintf(stderr, "%s: --graph '%s': expected on or off\n", program, value), bad = 1;
     else return 1;
     return bad ? -1 : 0;
 }

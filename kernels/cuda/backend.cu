@@ -29,6 +29,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <atomic>
+
 #include "core/base/cuda_check.h"
 #include "core/base/error.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -40,6 +42,7 @@
 enum { WORKSPACE_ALIGNMENT = 256 };
 
 struct umt_cuda_state {
+    uint64_t id; /* unique in the process: a state made where a freed one was is another state */
     int device;
     cudaStream_t stream;
     cublasHandle_t cublas;
@@ -49,8 +52,12 @@ struct umt_cuda_state {
     umt_cuda_scratch scratch;     /* the kernels' partials and the label report (scratch.h) */
 };
 
-/* The state of the context the calling thread works for now (umt_cuda_bind). */
+/* The state of the context the calling thread works for now (umt_cuda_bind), and its id: a
+ * thread that last worked for a state another thread destroyed keeps its address, which a new
+ * state may take again (on another device); the id tells them apart. */
 static thread_local umt_cuda_state *current;
+static thread_local uint64_t current_id;
+static std::atomic<uint64_t> states_made;
 
 /* ------------------------------------------------------------------------------------------ */
 /* The scratch: one block of the context's workspace pool, carved into regions                */
@@ -141,6 +148,7 @@ extern "C" umt_status umt_cuda_state_create(int device, void *cublas_workspace, 
     UMT_TRY(check_buffer("scratch", scratch, scratch_bytes, umt_cuda_scratch_bytes()));
     umt_cuda_state *s = (umt_cuda_state *)calloc(1, sizeof *s);
     if (!s) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "cuda backend: no host memory for a context's state");
+    s->id = ++states_made;
     s->device = device;
     carve_scratch((char *)scratch, &s->scratch);
     umt_status status = create_state(s, cublas_workspace, workspace_bytes);
@@ -149,6 +157,7 @@ extern "C" umt_status umt_cuda_state_create(int device, void *cublas_workspace, 
         return status;
     }
     current = s;
+    current_id = s->id;
     *out = s;
     return UMT_OK;
 }
@@ -161,8 +170,9 @@ extern "C" void umt_cuda_state_destroy(umt_cuda_state *s) {
 }
 
 extern "C" void umt_cuda_bind(umt_cuda_state *s) {
-    if (s == current) return;
+    if (s == current && (!s || s->id == current_id)) return;
     current = s;
+    current_id = s ? s->id : 0;
     int device = -1;
     /* A failure here shows at the first call on the device, with that call's name. */
     if (s && (cudaGetDevice(&device) != cudaSuccess || device != s->device)) cudaSetDevice(s->device);
