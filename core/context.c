@@ -122,6 +122,9 @@ void umt_memory_report(const umt_context *ctx) {
     if (a.planned_total_bytes)
         fprintf(stderr, "activations planned from the first training step: peak %zu bytes for %zu bytes of tensors (%.0f%%)\n",
                 a.planned_peak_bytes, a.planned_total_bytes, 100.0 * (double)a.planned_peak_bytes / (double)a.planned_total_bytes);
+    if (ctx->shared_dataset_bytes)
+        fprintf(stderr, "dataset      shared   %zu bytes read from another context's dataset pool (counted there)\n",
+                ctx->shared_dataset_bytes);
     if (ctx->options.device == UMT_DEVICE_CUDA)
         fprintf(stderr, "device budget %zu bytes, %zu held (%s memory)\n", ctx->memory.budget_bytes,
                 ctx->memory.device_bytes, umt_memory_mode_name(ctx->options.memory_mode));
@@ -188,7 +191,7 @@ umt_tensor *umt_parameter_new(umt_context *ctx, const char *name, int ndim, cons
     umt_tensor *p = named_weights(ctx, "umt_parameter_new", name, ndim, shape, true);
     umt_tensor *g = p ? umt_tensor_alloc_kind(ctx, UMT_POOL_GRADS, UMT_F32, ndim, shape) : NULL;
     if (g) g->owner = p;
-    if (!g || ctx->backend->f32.fill(g->data, g->numel, 0.0f) != UMT_OK ||
+    if (!g || umt_kernels(ctx)->f32.fill(g->data, g->numel, 0.0f) != UMT_OK ||
         register_named(&ctx->parameters, &ctx->parameter_count, &ctx->parameter_slots, p) != UMT_OK) {
         umt_tensor_free(g);
         umt_tensor_free(p);

@@ -24,7 +24,8 @@ typedef struct umt_owned {
 
 struct umt_context {
     umt_context_options options;
-    const umt_backend *backend;
+    const umt_backend *backend; /* call it through umt_kernels(ctx), which binds the context first */
+    struct umt_cuda_state *cuda; /* CUDA: the context's stream, handles and kernel scratch (kernels/cuda) */
     umt_memory memory;
     umt_rng rng;
     umt_tape tape;
@@ -43,6 +44,7 @@ struct umt_context {
     void *conv_workspace; /* one growing block of the workspace pool, shared by conv calls */
     size_t conv_workspace_bytes;
     umt_step_values values; /* the step's host values on their way to the kernels */
+    size_t shared_dataset_bytes; /* datasets this context reads from another's pool (umt_dataset_share) */
     umt_owned *owned;
     umt_hook_table hooks; /* the subsystems taking part in each step (core/hooks.h) */
     int64_t steps_begun;  /* umt_step_begin calls, for the trace's step marks */
@@ -59,6 +61,18 @@ struct umt_context {
     int64_t dry_largest_numel;
     size_t dry_largest_bytes;
 };
+
+/* Binds the context's device state to the calling thread (CUDA: its stream, handles and kernel
+ * scratch, kernels/cuda/backend.cu; the CPU has none). Every call into the kernel table goes
+ * through umt_kernels, which binds first, so that a context used from any thread computes on its
+ * own stream; code that uses the stream otherwise binds too. */
+void umt_device_bind(const umt_context *ctx);
+
+/* The context's kernel table, with the context bound to the calling thread. */
+static inline const umt_backend *umt_kernels(const umt_context *ctx) {
+    umt_device_bind(ctx);
+    return ctx->backend;
+}
 
 /* Scratch of at least bytes from the workspace pool, valid until the next call (ops run in
  * order on one stream, so one block serves them all). */

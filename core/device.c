@@ -41,10 +41,14 @@ static umt_status start_cuda(umt_context *ctx) {
     if (device < 0 || device >= count)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "cuda device %d: this machine has %d GPU(s)", device, count);
     UMT_TRY(umt_budget_measure(device, &ctx->memory.budget_bytes));
-    void *workspace = NULL;
+    /* The cuBLAS workspace and the kernels' scratch (their partial sums, the label report) are
+     * the context's own, so that contexts on other threads never share them. */
+    void *workspace = NULL, *scratch = NULL;
     UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_WORKSPACE, UMT_CUBLAS_WORKSPACE_BYTES, &workspace));
-    UMT_TRY(umt_cuda_backend_start(device, workspace, UMT_CUBLAS_WORKSPACE_BYTES));
-    ctx->memory.stream = umt_cuda_stream();
+    UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_WORKSPACE, umt_cuda_scratch_bytes(), &scratch));
+    UMT_TRY(umt_cuda_state_create(device, workspace, UMT_CUBLAS_WORKSPACE_BYTES, scratch, umt_cuda_scratch_bytes(),
+                                  &ctx->cuda));
+    ctx->memory.stream = umt_cuda_compute_stream();
     ctx->backend = umt_cuda_backend();
     return UMT_OK;
 }
@@ -67,7 +71,8 @@ umt_status umt_device_start(umt_context *ctx) {
 void umt_device_stop(umt_context *ctx) {
 #ifdef UMT_WITH_CUDA
     if (ctx->timer_start) cudaEventDestroy((cudaEvent_t)ctx->timer_start);
-    if (ctx->options.device == UMT_DEVICE_CUDA && ctx->backend) umt_cuda_backend_stop();
+    umt_cuda_state_destroy(ctx->cuda);
+    ctx->cuda = NULL;
 #else
     (void)ctx;
 #endif
@@ -76,9 +81,20 @@ void umt_device_stop(umt_context *ctx) {
 umt_status umt_synchronize(umt_context *ctx) {
     if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_synchronize: ctx is NULL");
 #ifdef UMT_WITH_CUDA
-    if (ctx->options.device == UMT_DEVICE_CUDA) return umt_cuda_synchronize();
+    if (ctx->options.device == UMT_DEVICE_CUDA) {
+        umt_device_bind(ctx);
+        return umt_cuda_synchronize();
+    }
 #endif
     return UMT_OK;
+}
+
+void umt_device_bind(const umt_context *ctx) {
+#ifdef UMT_WITH_CUDA
+    if (ctx->cuda) umt_cuda_bind(ctx->cuda);
+#else
+    (void)ctx;
+#endif
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -94,6 +110,7 @@ umt_status umt_timer_start(umt_context *ctx) {
     if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_timer_start: ctx is NULL");
 #ifdef UMT_WITH_CUDA
     if (ctx->options.device == UMT_DEVICE_CUDA) {
+        umt_device_bind(ctx);
         if (!ctx->timer_start) UMT_CUDA_TRY(cudaEventCreate((cudaEvent_t *)&ctx->timer_start));
         UMT_CUDA_TRY(cudaEventRecord((cudaEvent_t)ctx->timer_start, umt_cuda_stream()));
         return UMT_OK;
@@ -108,6 +125,7 @@ umt_status umt_timer_stop(umt_context *ctx, double *elapsed_ms) {
 #ifdef UMT_WITH_CUDA
     if (ctx->options.device == UMT_DEVICE_CUDA) {
         if (!ctx->timer_start) return umt_fail(UMT_ERR_STATE, "umt_timer_stop: umt_timer_start was not called");
+        umt_device_bind(ctx);
         cudaEvent_t stop;
         float ms = 0;
         UMT_CUDA_TRY(cudaEventCreate(&stop));

@@ -24,7 +24,7 @@ static umt_status step_loss(umt_context *ctx) {
     if (!m->loss) m->loss = umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, 1, (int64_t[]){1});
     if (!m->loss)
         return umt_fail(umt_last_status(), "umt_micro_batch_begin: no memory for the step loss: %s", umt_last_error());
-    return ctx->backend->f32.fill(m->loss->data, 1, 0.0f);
+    return umt_kernels(ctx)->f32.fill(m->loss->data, 1, 0.0f);
 }
 
 static umt_status check_range(const umt_micro_batch_state *m, int64_t first, int64_t samples, int64_t batch) {
@@ -86,7 +86,7 @@ bool umt_micro_batch_is_last(const umt_context *ctx) {
 
 umt_status umt_micro_batch_after_backward(umt_context *ctx, const umt_tensor *loss) {
     if (!ctx->micro.index) return UMT_OK;
-    return ctx->backend->f32.accumulate(ctx->micro.loss->data, loss->data, umt_micro_batch_weight(ctx), 1);
+    return umt_kernels(ctx)->f32.accumulate(ctx->micro.loss->data, loss->data, umt_micro_batch_weight(ctx), 1);
 }
 
 umt_status umt_micro_batch_dropout(umt_context *ctx, const umt_tensor *x, const char *op, int64_t *first,

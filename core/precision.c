@@ -49,9 +49,9 @@ umt_status umt_precision_check(const umt_context *ctx) {
     if ((unsigned)p >= (unsigned)PRECISION_COUNT)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: precision %d (expected 0..%d)", (int)p,
                         PRECISION_COUNT - 1);
-    if (p != UMT_PRECISION_FP32 && !ctx->backend->lowp.gemm)
+    if (p != UMT_PRECISION_FP32 && !umt_kernels(ctx)->lowp.gemm)
         return umt_fail(UMT_ERR_UNSUPPORTED, "umt_context_create: precision %s needs the CUDA backend (%s has fp32 only)",
-                        umt_precision_name(p), ctx->backend->name);
+                        umt_precision_name(p), umt_kernels(ctx)->name);
     return UMT_OK;
 }
 

@@ -45,11 +45,17 @@ static umt_status grow(umt_context *ctx, size_t bytes) {
 }
 
 #ifdef UMT_WITH_CUDA
+/* The context's compute stream, the context bound to the calling thread. */
+static cudaStream_t stream_of(const umt_context *ctx) {
+    umt_device_bind(ctx);
+    return umt_cuda_stream();
+}
+
 /* The slot's copies so far are the last to read it until the ring comes round again. */
-static umt_status mark_slot(umt_step_values *v) {
+static umt_status mark_slot(umt_context *ctx, umt_step_values *v) {
     if (!v->events[v->slot]) UMT_CUDA_TRY(cudaEventCreateWithFlags((cudaEvent_t *)&v->events[v->slot],
                                                                    cudaEventDisableTiming));
-    UMT_CUDA_TRY(cudaEventRecord((cudaEvent_t)v->events[v->slot], umt_cuda_stream()));
+    UMT_CUDA_TRY(cudaEventRecord((cudaEvent_t)v->events[v->slot], stream_of(ctx)));
     return UMT_OK;
 }
 #endif
@@ -59,7 +65,7 @@ umt_status umt_step_values_begin(umt_context *ctx) {
     /* Inside a capture the slot was chosen before it began; events cannot be waited on there. */
     if (v->recording) return UMT_OK;
 #ifdef UMT_WITH_CUDA
-    if (on_gpu(ctx) && v->used) UMT_TRY(mark_slot(v));
+    if (on_gpu(ctx) && v->used) UMT_TRY(mark_slot(ctx, v));
     v->slot = (v->slot + 1) % UMT_STEP_VALUE_SLOTS;
     /* Normally long finished: a wait here means the host is a whole ring of steps ahead. */
     if (on_gpu(ctx) && v->events[v->slot]) UMT_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)v->events[v->slot]));
@@ -122,7 +128,7 @@ umt_status umt_step_values_input(umt_context *ctx, const void *src, size_t bytes
 #ifdef UMT_WITH_CUDA
     /* From pinned memory: queued, the host goes on; the slot's event guards the buffer. */
     if (on_gpu(ctx)) UMT_CUDA_TRY(cudaMemcpyAsync(*device, slot_at(v, offset), bytes, cudaMemcpyHostToDevice,
-                                                  umt_cuda_stream()));
+                                                  stream_of(ctx)));
 #endif
     return UMT_OK;
 }
@@ -156,7 +162,7 @@ umt_status umt_step_values_flush(umt_context *ctx) {
     umt_step_values *v = &ctx->values;
     if (!v->used || !on_gpu(ctx)) return UMT_OK;
 #ifdef UMT_WITH_CUDA
-    UMT_CUDA_TRY(cudaMemcpyAsync(v->device, slot_at(v, 0), v->used, cudaMemcpyHostToDevice, umt_cuda_stream()));
+    UMT_CUDA_TRY(cudaMemcpyAsync(v->device, slot_at(v, 0), v->used, cudaMemcpyHostToDevice, stream_of(ctx)));
 #endif
     return UMT_OK;
 }

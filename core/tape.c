@@ -109,7 +109,7 @@ umt_status umt_zero_grad(umt_context *ctx) {
     for (int i = 0; i < ctx->parameter_count; ++i) {
         umt_tensor *g = ctx->parameters[i]->grad;
         if (umt_hooks_zero_grad(ctx, ctx->parameters[i])) continue; /* a subsystem's gradient, zeroed there */
-        UMT_TRY(ctx->backend->f32.fill(g->data, g->numel, 0.0f));
+        UMT_TRY(umt_kernels(ctx)->f32.fill(g->data, g->numel, 0.0f));
     }
     return UMT_OK;
 }
@@ -171,11 +171,11 @@ umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *se
     /* A micro-batch's mean loss counts samples / batch of the step's (core/micro_batch.h). */
     float weight = umt_micro_batch_weight(ctx);
     if (seed_on_device && weight != 1.0f)
-        UMT_TRY(ctx->backend->f32.accumulate(seed->data, seed_on_device, weight, 1)); /* seed is zeroed */
+        UMT_TRY(umt_kernels(ctx)->f32.accumulate(seed->data, seed_on_device, weight, 1)); /* seed is zeroed */
     else if (seed_on_device)
-        UMT_TRY(ctx->backend->f32.copy(seed->data, seed_on_device, sizeof(float)));
+        UMT_TRY(umt_kernels(ctx)->f32.copy(seed->data, seed_on_device, sizeof(float)));
     else
-        UMT_TRY(ctx->backend->f32.fill(seed->data, 1, weight));
+        UMT_TRY(umt_kernels(ctx)->f32.fill(seed->data, 1, weight));
 
     for (int n = ctx->tape.count - 1; n >= 0; --n) {
         umt_node *node = &ctx->tape.nodes[n];

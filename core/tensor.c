@@ -157,7 +157,7 @@ static umt_tensor *new_grad(umt_context *ctx, umt_tensor *t, bool zeroed) {
     if (t->grad) return t->grad;
     /* An activation's gradient has its dtype and layout (bf16 NHWC under bf16, say). */
     umt_tensor *g = umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, t->dtype, t->ndim, t->shape);
-    if (!g || (zeroed && ctx->backend->f32.zero(g->data, g->bytes) != UMT_OK)) return NULL;
+    if (!g || (zeroed && umt_kernels(ctx)->f32.zero(g->data, g->bytes) != UMT_OK)) return NULL;
     g->nhwc = t->nhwc;
     t->grad = g;
     return g;
@@ -242,9 +242,9 @@ umt_status umt_check_tensor(const char *op, const char *arg, const umt_tensor *t
             return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s (expected f32, bf16 or f16)", op, arg,
                             umt_dtype_name(t->dtype));
         /* Only the CUDA backend has kernels for half types (kernels/backend.h, mixed precision). */
-        if (t->dtype != UMT_F32 && !t->ctx->backend->lowp.gemm)
+        if (t->dtype != UMT_F32 && !umt_kernels(t->ctx)->lowp.gemm)
             return umt_fail(UMT_ERR_UNSUPPORTED, "%s: %s is %s, which the %s backend cannot compute on", op, arg,
-                            umt_dtype_name(t->dtype), t->ctx->backend->name);
+                            umt_dtype_name(t->dtype), umt_kernels(t->ctx)->name);
     } else if (t->dtype != dtype)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s (expected %s)", op, arg, umt_dtype_name(t->dtype),
                         umt_dtype_name(dtype));
@@ -269,18 +269,18 @@ static umt_status check_bytes(const char *op, const umt_tensor *t, const void *h
 umt_status umt_tensor_copy_from_host(umt_tensor *t, const void *src, size_t bytes) {
     UMT_TRY(check_bytes("umt_tensor_copy_from_host", t, src, "src", bytes));
     t->lowp_stale = true; /* a parameter's compute copy no longer matches (core/precision.c) */
-    return t->ctx->backend->f32.upload(t->data, src, bytes);
+    return umt_kernels(t->ctx)->f32.upload(t->data, src, bytes);
 }
 
 umt_status umt_tensor_copy_to_host(const umt_tensor *t, void *dst, size_t bytes) {
     UMT_TRY(check_bytes("umt_tensor_copy_to_host", t, dst, "dst", bytes));
-    return t->ctx->backend->f32.download(dst, t->data, bytes);
+    return umt_kernels(t->ctx)->f32.download(dst, t->data, bytes);
 }
 
 umt_status umt_tensor_fill(umt_tensor *t, float value) {
     UMT_TRY(umt_check_tensor("umt_tensor_fill", "t", t, UMT_F32, 0));
     t->lowp_stale = true;
-    return t->ctx->backend->f32.fill(t->data, t->numel, value);
+    return umt_kernels(t->ctx)->f32.fill(t->data, t->numel, value);
 }
 
 umt_status umt_tensor_get_f32(const umt_tensor *t, int64_t i, float *out) {
@@ -289,7 +289,7 @@ umt_status umt_tensor_get_f32(const umt_tensor *t, int64_t i, float *out) {
     if (i < 0 || i >= t->numel)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_get_f32: index %lld outside 0..%lld", (long long)i,
                         (long long)t->numel - 1);
-    return t->ctx->backend->f32.download(out, (const float *)t->data + i, sizeof *out);
+    return umt_kernels(t->ctx)->f32.download(out, (const float *)t->data + i, sizeof *out);
 }
 
 umt_status umt_tensor_convert(const umt_tensor *src, umt_tensor *dst) {
@@ -301,5 +301,5 @@ umt_status umt_tensor_convert(const umt_tensor *src, umt_tensor *dst) {
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_convert: src %s and dst %s differ in size",
                         umt_shape_string(src, a, sizeof a), umt_shape_string(dst, b, sizeof b));
     }
-    return src->ctx->backend->f32.convert(src->data, src->dtype, dst->data, dst->dtype, src->numel);
+    return umt_kernels(src->ctx)->f32.convert(src->data, src->dtype, dst->data, dst->dtype, src->numel);
 }

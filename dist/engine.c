@@ -144,7 +144,7 @@ static umt_status make_buckets(umt_engine *e, const umt_bucket_plan *plan) {
     if (e->reduce_op == ncclSum && e->bucket_count > 0) {
         e->inverse = umt_tensor_new_1d(e->ctx, UMT_POOL_GRADS, UMT_F32, INVERSE_ELEMENTS);
         if (!e->inverse) return umt_last_status();
-        UMT_TRY(e->ctx->backend->f32.fill(e->inverse->data, INVERSE_ELEMENTS, 1.0f / (float)e->size));
+        UMT_TRY(umt_kernels(e->ctx)->f32.fill(e->inverse->data, INVERSE_ELEMENTS, 1.0f / (float)e->size));
     }
     e->host_values = umt_tensor_new_1d(e->ctx, UMT_POOL_GRADS, UMT_U8, HOST_VALUES * (int64_t)sizeof(double));
     if (!e->host_values) return umt_last_status();
@@ -188,6 +188,7 @@ umt_status umt_engine_create(umt_context *ctx, const umt_dist_process *process, 
                         process->rank, process->size);
     umt_engine *e = calloc(1, sizeof *e);
     if (!e) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "rank %d: no memory for the NCCL engine", process->rank);
+    umt_device_bind(ctx); /* the compute stream below is the context's */
     *e = (umt_engine){.ctx = ctx, .rank = process->rank, .size = process->size, .compute = umt_cuda_stream(),
                       .reduce_dtype = options->reduce_bf16 ? UMT_BF16 : UMT_F32, .in_place = any_gradient_held(ctx)};
     /* 1/N is exact in bf16 when N is a power of two (1, 2, 4, ...): NCCL's average is then right. */
@@ -210,13 +211,13 @@ static umt_status divide(umt_engine *e, umt_tensor *grad) {
     float *g = grad->data;
     for (int64_t at = 0; at < grad->numel; at += INVERSE_ELEMENTS) {
         int64_t n = grad->numel - at < INVERSE_ELEMENTS ? grad->numel - at : INVERSE_ELEMENTS;
-        UMT_TRY(e->ctx->backend->f32.mul(g + at, e->inverse->data, g + at, n));
+        UMT_TRY(umt_kernels(e->ctx)->f32.mul(g + at, e->inverse->data, g + at, n));
     }
     return UMT_OK;
 }
 
 static umt_status pack(umt_engine *e, const umt_bucket_plan *plan, int b, bool into_buffer) {
-    const umt_backend *backend = e->ctx->backend;
+    const umt_backend *backend = umt_kernels(e->ctx);
     char *buffer = e->buckets[b].buffer->data;
     size_t element = umt_dtype_size(e->reduce_dtype);
     for (int i = plan->first[b]; i < plan->first[b + 1]; ++i) {
@@ -316,12 +317,12 @@ umt_status umt_engine_reduce_host(umt_engine *e, double *values, int count, bool
                         HOST_VALUES);
     UMT_TRY(umt_watchdog_check(e->watchdog));
     size_t bytes = (size_t)count * sizeof *values;
-    UMT_TRY(e->ctx->backend->f32.upload(e->host_values->data, values, bytes));
+    UMT_TRY(umt_kernels(e->ctx)->f32.upload(e->host_values->data, values, bytes));
     NCCL_TRY(e, ncclAllReduce(e->host_values->data, e->host_values->data, (size_t)count, ncclFloat64,
                               maximum ? ncclMax : ncclSum, e->comm, e->compute));
     UMT_CUDA_TRY(cudaEventRecord(e->host_done, e->compute));
     umt_watchdog_mark(e->watchdog, e->slot_host, e->host_done);
-    umt_status status = e->ctx->backend->f32.download(values, e->host_values->data, bytes);
+    umt_status status = umt_kernels(e->ctx)->f32.download(values, e->host_values->data, bytes);
     /* After an abort the wait ends with whatever the buffer held: the watchdog's word wins. */
     UMT_TRY(umt_watchdog_check(e->watchdog));
     return status;

@@ -1,12 +1,14 @@
 /* examples/mnist_cnn_model.c — the MNIST CNN (see the header for the architecture). */
 #include "examples/mnist_cnn_model.h"
 
-int mnist_cnn_build(umt_context *ctx, mnist_cnn *m) {
+int mnist_cnn_build(umt_context *ctx, mnist_cnn *m) { return mnist_cnn_build_width(ctx, m, 128); }
+
+int mnist_cnn_build_width(umt_context *ctx, mnist_cnn *m, int64_t hidden) {
     m->fuse = true;
     m->conv1 = umt_conv2d_layer_new(ctx, "conv1", 1, 32, 3, 1, 0, true);
     m->conv2 = m->conv1 ? umt_conv2d_layer_new(ctx, "conv2", 32, 64, 3, 1, 0, true) : NULL;
-    m->fc1 = m->conv2 ? umt_linear_layer_new(ctx, "fc1", 9216, 128, true) : NULL;
-    m->fc2 = m->fc1 ? umt_linear_layer_new(ctx, "fc2", 128, 10, true) : NULL;
+    m->fc1 = m->conv2 ? umt_linear_layer_new(ctx, "fc1", 9216, hidden, true) : NULL;
+    m->fc2 = m->fc1 ? umt_linear_layer_new(ctx, "fc2", hidden, 10, true) : NULL;
     return m->fc2 ? 0 : -1;
 }
 
@@ -22,7 +24,7 @@ static umt_tensor *logits(umt_context *ctx, const mnist_cnn *m, umt_tensor *imag
      * the ReLU are applied inside the pool, so only the pooled quarter is written. */
     x = m->fuse ? umt_layer_forward_relu_max_pool2d_dropout(ctx, m->conv2, x, 2, 2, 0.25f)
                 : umt_dropout(ctx, umt_max_pool2d(ctx, layer_relu(ctx, m, m->conv2, x), 2, 2), 0.25f);
-    x = layer_relu(ctx, m, m->fc1, umt_flatten(ctx, x));                    /* [N,128] */
+    x = layer_relu(ctx, m, m->fc1, umt_flatten(ctx, x));                    /* [N,128] (the width) */
     return umt_layer_forward(ctx, m->fc2, umt_dropout(ctx, x, 0.5f));       /* [N,10] */
 }
 

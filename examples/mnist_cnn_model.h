@@ -23,6 +23,8 @@ typedef struct {
 
 /* The layers, initialised as PyTorch does, with parameters conv1.weight ... fc2.bias; fuse on. */
 int mnist_cnn_build(umt_context *ctx, mnist_cnn *model);
+/* The same with fc1 of `hidden` units instead of 128 (a sweep's width). */
+int mnist_cnn_build_width(umt_context *ctx, mnist_cnn *model, int64_t hidden);
 /* images f32 [N,1,28,28] (normalised) -> log-probabilities [N,10]. */
 umt_tensor *mnist_cnn_forward(umt_context *ctx, const void *model, umt_tensor *images);
 /* The training loss: mean NLL of the log-probabilities for labels (i32 [N]). */

@@ -20,6 +20,19 @@
  * named where it is declared. Every tensor, layer, optimizer and dataset belongs to the context it
  * was made from: given one of another context than its ctx, a function refuses it with
  * "<function>: <argument> belongs to another context than ctx".
+ *
+ * Threads: a process may hold several contexts, on the CPU or on one GPU (each CUDA context has
+ * its own stream, cuBLAS and cuDNN handles, convolution plans and kernel scratch), and use them
+ * from several host threads at once:
+ *   - different contexts on different threads, concurrently: safe (a sweep trains N models so);
+ *   - one context (and everything made from it: tensors, layers, optimizers, datasets, step
+ *     graphs, loaders) from one thread at a time: the caller orders its uses; it may move from
+ *     thread to thread between calls;
+ *   - functions that take no context (parsing, names, umt_samples_*, umt_checkpoint_check_writable,
+ *     umt_cuda_device_count): safe from any thread;
+ *   - a dataset shared with umt_dataset_share is read by every context that shares it at once;
+ *   - umt_last_error and umt_last_status are per thread: a thread sees its own calls' failures.
+ * Environment variables (UMT_*) are read, never written: set them before the threads start.
  */
 #ifndef UMTRAIN_H
 #define UMTRAIN_H
@@ -837,6 +850,15 @@ int umt_dataset_num_classes(const umt_dataset *ds);
 /* Shape of one sample as a [C,H,W] image (C = 1 for [N,H,W] files; [D,1,1] for [N,D]); zeros for a
  * NULL ds. */
 void umt_dataset_sample_shape(const umt_dataset *ds, int64_t chw[3]);
+
+/* The samples of source (a dataset of another context of this process, on the same device), read
+ * by ctx without a copy: one dataset on the GPU gathered from by many contexts (a sweep), its
+ * bytes uploaded once and counted once, in the source context's dataset pool (UMT_MEM_REPORT
+ * shows the share as a line "dataset shared ... (counted there)" in ctx's report). The share
+ * belongs to ctx (freed with it, or by umt_dataset_destroy); the source's context must outlive
+ * it. Nothing writes a dataset's samples after its load, so contexts on several threads gather
+ * from one at once. */
+umt_status umt_dataset_share(umt_context *ctx, const umt_dataset *source, umt_dataset **out);
 
 /* Gathers samples indices[0..count) into a new batch: images f32 [count,C,H,W] normalised
  * as (pixel/255 - mean)/std, labels i32 [count]; both in the activations pool. */

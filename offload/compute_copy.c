@@ -25,7 +25,7 @@ static umt_status convert(umt_context *ctx, const umt_tensor *p) {
     /* As core/ops/recast.c reads a weight: a conv weight K,C,R,S as K images of C channels. */
     bool conv = p->ndim == 4;
     int64_t n = conv ? p->shape[0] : 1, c = conv ? p->shape[1] : 1, hw = conv ? p->shape[2] * p->shape[3] : p->numel;
-    umt_status st = ctx->backend->lowp.recast(p->offload.home, UMT_F32, false, p->lowp->data, p->lowp->dtype,
+    umt_status st = umt_kernels(ctx)->lowp.recast(p->offload.home, UMT_F32, false, p->lowp->data, p->lowp->dtype,
                                               p->lowp->nhwc, n, c, hw, false);
     if (st != UMT_OK)
         return umt_fail(st, "offload: compute copy of %s: %s", p->name ? p->name : "a parameter", umt_last_error());

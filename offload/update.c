@@ -136,7 +136,7 @@ static umt_status gpu_chunk(umt_offload *o, int s, const array_ref arrays[4], in
     UMT_TRY(umt_offload_record(slot->loaded, o->copy_in));
     UMT_TRY(umt_offload_wait(o->compute, slot->loaded));
     void *begin = umt_trace_begin(o->ctx->memory.trace, o->compute);
-    UMT_TRY(fn(user, o->ctx->backend, device[0], device[1], device[2], device[3], &fusion, n));
+    UMT_TRY(fn(user, umt_kernels(o->ctx), device[0], device[1], device[2], device[3], &fusion, n));
     umt_trace_end(o->ctx->memory.trace, o->compute, begin, "update", "optimizer", UMT_TRACE_COMPUTE, 0);
     UMT_TRY(umt_offload_record(slot->released, o->compute));
     UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
@@ -295,6 +295,7 @@ typedef struct {
 static umt_status update_and_keep(umt_offload *o, const ring_update *u, int64_t offset, float *weights,
                                   float *const state[2], float *kept, int64_t n) {
     umt_update_fusion fusion = umt_offload_fusion(u->parameter, u->lowp, offset, NULL);
+    umt_device_bind(o->ctx); /* the launch stream is the context's own choice */
     cudaStream_t previous = umt_cuda_launch_on((cudaStream_t)o->update);
     umt_status st = umt_optimizer_update_range(o->attached, weights, u->grad + offset, state[0], state[1], n, &fusion);
     umt_cuda_launch_on(previous);
@@ -427,7 +428,7 @@ umt_status umt_offload_update(umt_offload *o, umt_tensor *p, umt_tensor *state0,
         umt_update_fusion fusion = umt_offload_fusion(p, p->lowp ? p->lowp->data : NULL, 0, o->scalars);
         /* UMT_MEM_TRACE: the kernel reads the state across the link, a bar of the compute lane. */
         void *begin = umt_trace_begin(o->ctx->memory.trace, o->compute);
-        UMT_TRY(fn(user, o->ctx->backend, p->data, p->grad->data, s0, s1, &fusion, p->numel));
+        UMT_TRY(fn(user, umt_kernels(o->ctx), p->data, p->grad->data, s0, s1, &fusion, p->numel));
         umt_trace_end(o->ctx->memory.trace, o->compute, begin, p->name ? p->name : "update", "optimizer",
                       UMT_TRACE_COMPUTE, 0);
         return UMT_OK;

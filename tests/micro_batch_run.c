@@ -2,6 +2,7 @@
 #include "tests/micro_batch_run.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -84,12 +85,15 @@ static void build(model *m, const mb_run *run, const char *folder) {
     umt_context_options co = umt_context_defaults();
     co.device = run->device;
     co.precision = run->precision;
-    co.seed = 7;
+    co.seed = run->seed ? run->seed : 7;
     check(umt_context_create(&co, &m->ctx), "umt_context_create");
     char images[512], labels[512];
     snprintf(images, sizeof images, "%s/mb-images.idx", folder);
     snprintf(labels, sizeof labels, "%s/mb-labels.idx", folder);
-    check(umt_dataset_load_idx(m->ctx, images, labels, 10, &m->data), "umt_dataset_load_idx");
+    if (run->shared)
+        check(umt_dataset_share(m->ctx, run->shared, &m->data), "umt_dataset_share");
+    else
+        check(umt_dataset_load_idx(m->ctx, images, labels, 10, &m->data), "umt_dataset_load_idx");
     m->conv = umt_conv2d_layer_new(m->ctx, "conv", 1, 4, 3, 1, 1, true);
     m->bn = run->batch_norm ? umt_batchnorm_layer_new(m->ctx, "bn", 4) : NULL;
     m->fc1 = umt_linear_layer_new(m->ctx, "fc1", 4 * (SIDE / 2) * (SIDE / 2), 32, true);
@@ -98,6 +102,7 @@ static void build(model *m, const mb_run *run, const char *folder) {
     umt_optimizer_options oo = umt_optimizer_defaults(run->optimizer);
     oo.lr = run->optimizer == UMT_OPT_SGD ? 0.05f : 0.002f;
     if (run->optimizer == UMT_OPT_SGD) oo.momentum = 0.9f;
+    if (run->lr > 0) oo.lr = run->lr;
     oo.loss_scaling = run->precision == UMT_PRECISION_FP16;
     check(umt_optimizer_create(m->ctx, &oo, &m->opt), "umt_optimizer_create");
     /* A host hook is not replayed: a step graph would run every step eagerly beside it. */
@@ -138,8 +143,53 @@ void mb_train(const mb_run *run, const char *folder, mb_result *out) {
     }
     collect(&m, out);
     out->replayed_steps = umt_step_graph_stats_get(graph).replayed_steps;
+    umt_pool_stats dataset;
+    check(umt_pool_stats_get(m.ctx, UMT_POOL_DATASET, &dataset), "umt_pool_stats_get");
+    out->dataset_bytes = dataset.in_use_bytes;
     umt_step_graph_destroy(graph);
     umt_context_destroy(m.ctx);
+}
+
+typedef struct {
+    const mb_run *run;
+    const char *folder;
+    mb_result *out;
+    pthread_barrier_t *start;
+} thread_run;
+
+static void *train_on_thread(void *arg) {
+    thread_run *t = arg;
+    /* Every run builds and trains at the same time, so that their calls overlap as much as they can. */
+    pthread_barrier_wait(t->start);
+    mb_train(t->run, t->folder, t->out);
+    return NULL;
+}
+
+void mb_train_at_once(const mb_run *runs, int count, const char *folder, mb_result *out) {
+    enum { MOST = 16 };
+    assert_true(count >= 1 && count <= MOST);
+    pthread_t threads[MOST];
+    thread_run args[MOST];
+    pthread_barrier_t start;
+    assert_int_equal(pthread_barrier_init(&start, NULL, (unsigned)count), 0);
+    for (int i = 0; i < count; ++i) {
+        args[i] = (thread_run){&runs[i], folder, &out[i], &start};
+        assert_int_equal(pthread_create(&threads[i], NULL, train_on_thread, &args[i]), 0);
+    }
+    for (int i = 0; i < count; ++i) assert_int_equal(pthread_join(threads[i], NULL), 0);
+    pthread_barrier_destroy(&start);
+}
+
+void mb_expect_same_bits(const mb_result *a, const mb_result *b, const char *what) {
+    assert_int_equal(a->count, b->count);
+    for (int s = 0; s < MB_STEPS; ++s)
+        if (memcmp(&a->losses[s], &b->losses[s], sizeof a->losses[s]) != 0)
+            fail_msg("%s: the loss of step %d is %.17g, expected %.17g bit for bit", what, s + 1, b->losses[s],
+                     a->losses[s]);
+    for (int64_t i = 0; i < a->count; ++i)
+        if (memcmp(&a->params[i], &b->params[i], sizeof a->params[i]) != 0)
+            fail_msg("%s: parameter element %lld is %.9g, expected %.9g bit for bit", what, (long long)i,
+                     (double)b->params[i], (double)a->params[i]);
 }
 
 /* The largest |a - b| over n values, relative to the largest |a|. */

@@ -323,6 +323,7 @@ CALL(umt_checkpoint_load_with) {
 CALL(umt_dataset_load_idx) {
     STATUS(umt_dataset_load_idx(CTX(0), ARG(1, images_path), ARG(2, labels_path), 3, ARG(3, &s->dataset)));
 }
+CALL(umt_dataset_share) { STATUS(umt_dataset_share(CTX(0), ARG(1, s->w->ds), ARG(2, &s->dataset))); }
 CALL(umt_dataset_destroy) { VALUE(umt_dataset_destroy(ARG(0, s->w->ds))); }
 CALL(umt_dataset_size) { VALUE(umt_dataset_size(ARG(0, s->w->ds))); }
 CALL(umt_dataset_num_classes) { VALUE(umt_dataset_num_classes(ARG(0, s->w->ds))); }
@@ -516,6 +517,7 @@ static const row table[] = {
     ROW(umt_checkpoint_load, N("ctx"), AO("opt"), A("info"), N("path")),
     ROW(umt_checkpoint_load_with, N("ctx"), AO("opt"), A("info"), N("path"), A("options")),
     ROW(umt_dataset_load_idx, N("ctx"), N("images_path"), N("labels_path"), N("out")),
+    ROW(umt_dataset_share, N("ctx"), N("source"), N("out")),
     ROW(umt_dataset_destroy, A("ds")),
     ROW(umt_dataset_size, N("ds")),
     ROW(umt_dataset_num_classes, N("ds")),

@@ -23,7 +23,7 @@ if [[ -e /usr/include/x86_64-linux-gnu/mpi/mpi.h ]]; then
 fi
 
 gpu_targets=(//tests/gpu:all //examples:mnist_mlp //examples:mnist_cnn //examples:mnist_cnn_minimal //examples:predict
-             //examples:image_folder //examples:mnist_to_png //examples:big_mlp //bench:all)
+             //examples:image_folder //examples:mnist_to_png //examples:big_mlp //examples:sweep //bench:all)
 echo "gpu_bundle: bazel build --config=cuda ${gpu_targets[*]}"
 bazel build --config=cuda "${gpu_targets[@]}"
 
@@ -33,7 +33,7 @@ for t in $(bazel query 'kind(cc_test, //tests/gpu:all)' 2>/dev/null); do
     cp "bazel-bin/tests/gpu/${t##*:}" "$bundle"/bin/
 done
 cp bazel-bin/examples/mnist_mlp bazel-bin/examples/mnist_cnn bazel-bin/examples/mnist_cnn_minimal bazel-bin/examples/predict \
-    bazel-bin/examples/image_folder bazel-bin/examples/mnist_to_png bazel-bin/examples/big_mlp \
+    bazel-bin/examples/image_folder bazel-bin/examples/mnist_to_png bazel-bin/examples/big_mlp bazel-bin/examples/sweep \
     bazel-bin/bench/mlp_mem_modes bazel-bin/bench/cpu_update bazel-bin/bench/host_contention "$bundle"/bin/
 # cmocka is not on the GPU machine's image; CUDA, cuBLAS, cuDNN and zlib are (stb is compiled in).
 for lib in libcmocka.so.0; do
@@ -55,6 +55,6 @@ cp tools/gpu_run_dist.sh "$bundle"/run_dist.sh
 cp bench/torch_ddp.py "$bundle"/
 mkdir -p "$bundle/bench"
 cp bench/dist_bench.sh bench/speed.sh bench/speed_table.py bench/graph_speed.sh bench/common.sh bench/plan_accuracy.sh \
-    "$bundle"/bench/
+    bench/sweep.sh "$bundle"/bench/
 if [[ -n $mpi_binary ]]; then mv "$mpi_binary" "$bundle"/bin/mnist_cnn_mpi; chmod +x "$bundle"/bin/mnist_cnn_mpi; fi
 du -sh "$bundle"

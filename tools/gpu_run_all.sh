@@ -85,6 +85,13 @@ cat "$logs/speed_bf16.txt"
 bash bench/graph_speed.sh > "$logs/graph_speed.txt" 2>&1
 while read -r line; do row "graph off / on bf16 ${line%%|*}" "${line#*|}"; done < <(grep '^| [0-9]' "$logs/graph_speed.txt")
 
+# A sweep: 8 MNIST CNN trainings at once in one process against 1 alone, bf16 batch 64, and each
+# seed's 5-epoch accuracy at once and alone (bench/sweep.sh).
+bash bench/sweep.sh > "$logs/sweep.txt" 2>&1
+bench_line=$(grep '^bench:' "$logs/sweep.txt" | tail -n 1)
+row "sweep: 8 at once / 1 alone (bf16 b64)" "${bench_line#*: }"
+row "sweep: seeds with the same bits at once" "$(grep -c ' yes$' "$logs/sweep.txt") of 8"
+
 # A model that needs more than the budget must fail cleanly, naming pool, request and what is left.
 log="$logs/budget_refusal.log"
 UMT_DEVICE_BUDGET=64M bin/mnist_mlp --device cuda --data-dir data --epochs 1 > "$log" 2>&1

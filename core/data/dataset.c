@@ -6,6 +6,11 @@
  * with each other and with the number of classes, copies samples and labels into u8 tensors
  * of the dataset pool and drops the file buffers. A batch is then one backend call that
  * gathers and normalises rows on the device where the dataset lives.
+ *
+ * A share (umt_dataset_share) is the same samples seen from another context of the process on
+ * the same device: it points at the source's bytes, which nothing writes after the upload (the
+ * upload waits for its copy), so any number of contexts gather from them at once, on their own
+ * streams and threads, and the bytes are in one pool only: the source context's.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -18,8 +23,11 @@
 
 struct umt_dataset {
     umt_context *ctx;
-    umt_tensor *samples; /* u8 [N,H,W] or [N,D], as in the file */
-    umt_tensor *labels;  /* u8 [N] */
+    umt_tensor *samples; /* u8 [N,H,W] or [N,D], as in the file (NULL in a share) */
+    umt_tensor *labels;  /* u8 [N] (NULL in a share) */
+    const uint8_t *sample_bytes, *label_bytes; /* what batches gather from: these, or the source's */
+    size_t bytes;        /* samples and labels together */
+    bool shared;         /* a share: the bytes belong to another context's dataset pool */
     int64_t size;
     int64_t chw[3];
     int num_classes;
@@ -51,7 +59,7 @@ static umt_status upload_idx(umt_context *ctx, const umt_idx *idx, umt_tensor **
     /* The shape is valid (the reader checked it), so only the pool can have refused; it has
      * recorded the message. */
     if (!*out) return umt_last_status();
-    umt_status status = ctx->backend->f32.upload((*out)->data, idx->data, idx->data_bytes);
+    umt_status status = umt_kernels(ctx)->f32.upload((*out)->data, idx->data, idx->data_bytes);
     if (status != UMT_OK) {
         umt_tensor_free(*out);
         *out = NULL;
@@ -77,6 +85,11 @@ static umt_status make_dataset(umt_context *ctx, const umt_idx *images, const um
     umt_status status = upload_idx(ctx, images, &ds->samples);
     if (status == UMT_OK) status = upload_idx(ctx, labels, &ds->labels);
     if (status == UMT_OK) status = umt_context_own(ctx, ds, destroy_owned);
+    if (status == UMT_OK) {
+        ds->sample_bytes = ds->samples->data;
+        ds->label_bytes = ds->labels->data;
+        ds->bytes = ds->samples->bytes + ds->labels->bytes;
+    }
     if (status != UMT_OK) {
         umt_tensor_free(ds->labels);
         umt_tensor_free(ds->samples);
@@ -107,9 +120,37 @@ umt_status umt_dataset_load_idx(umt_context *ctx, const char *images_path, const
     return status;
 }
 
+/* The source's samples, read from ctx: a share on the same device, in ctx's list. */
+umt_status umt_dataset_share(umt_context *ctx, const umt_dataset *source, umt_dataset **out) {
+    if (out) *out = NULL;
+    if (!ctx || !source || !out) return umt_fail_null("umt_dataset_share", !ctx ? "ctx" : !source ? "source" : "out");
+    const umt_context_options *a = &ctx->options, *b = &source->ctx->options;
+    bool same_gpu = a->device != UMT_DEVICE_CUDA || a->cuda_device == b->cuda_device;
+    if (a->device != b->device || !same_gpu)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT,
+                        "umt_dataset_share: source lives on %s %d, ctx computes on %s %d: expected the same device",
+                        b->device == UMT_DEVICE_CUDA ? "cuda" : "cpu", b->cuda_device,
+                        a->device == UMT_DEVICE_CUDA ? "cuda" : "cpu", a->cuda_device);
+    umt_dataset *ds = malloc(sizeof *ds);
+    if (!ds) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_dataset_share: no memory for the share");
+    *ds = *source;
+    ds->ctx = ctx;
+    ds->samples = ds->labels = NULL;
+    ds->shared = true;
+    umt_status status = umt_context_own(ctx, ds, destroy_owned);
+    if (status != UMT_OK) {
+        free(ds);
+        return status;
+    }
+    ctx->shared_dataset_bytes += ds->bytes;
+    *out = ds;
+    return UMT_OK;
+}
+
 void umt_dataset_destroy(umt_dataset *ds) {
     if (!ds) return;
     umt_context_disown(ds->ctx, ds);
+    if (ds->shared) ds->ctx->shared_dataset_bytes -= ds->bytes;
     umt_tensor_free(ds->labels);
     umt_tensor_free(ds->samples);
     free(ds);
@@ -169,7 +210,7 @@ umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int6
      * copy from pinned memory (core/step_values.h), so the host does not wait for them. */
     void *device_indices = NULL;
     UMT_TRY(umt_step_values_input(ctx, indices, (size_t)count * sizeof *indices, &device_indices));
-    UMT_TRY(ctx->backend->f32.gather_batch(ds->samples->data, ds->labels->data, device_indices, count,
+    UMT_TRY(umt_kernels(ctx)->f32.gather_batch(ds->sample_bytes, ds->label_bytes, device_indices, count,
                                        ds->chw[0] * ds->chw[1] * ds->chw[2], mean, std, x->data, y->data));
     *images = x;
     *labels = y;

@@ -306,8 +306,8 @@ static umt_status take_slot(umt_loader *l, int slot, int64_t count, umt_tensor *
     if (!y) return umt_last_status();
     UMT_TRY(umt_staging_acquire(l->staging, slot));
     const char *device = umt_staging_device(l->staging, slot);
-    UMT_TRY(l->ctx->backend->f32.copy(x->data, device, x->bytes));
-    UMT_TRY(l->ctx->backend->f32.copy(y->data, device + l->labels_offset, y->bytes));
+    UMT_TRY(umt_kernels(l->ctx)->f32.copy(x->data, device, x->bytes));
+    UMT_TRY(umt_kernels(l->ctx)->f32.copy(y->data, device + l->labels_offset, y->bytes));
     UMT_TRY(umt_staging_release(l->staging, slot));
     *images = x;
     *labels = y;

@@ -26,7 +26,7 @@ static umt_status batchnorm_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *x = node->inputs[0], *gamma = node->inputs[1], *y = node->output;
     int64_t n = x->shape[0], c = x->shape[1], hw = x->numel / (n * c);
     const float *saved = node->saved->data;
-    return ctx->backend->f32.batchnorm_backward(x->data, y->grad->data, gamma->data, saved, saved + c,
+    return umt_kernels(ctx)->f32.batchnorm_backward(x->data, y->grad->data, gamma->data, saved, saved + c,
                                             umt_input_grad(node, 0), umt_input_grad(node, 1), umt_input_grad(node, 2),
                                             n, c, hw);
 }
@@ -49,14 +49,14 @@ umt_tensor *umt_batch_norm(umt_context *ctx, umt_tensor *x, umt_tensor *gamma, u
             umt_fail(UMT_ERR_UNSUPPORTED, "umt_batch_norm: evaluation mode with gradients enabled (disable grad to evaluate)");
             return NULL;
         }
-        umt_status st = ctx->backend->f32.batchnorm_forward_eval(x->data, gamma->data, beta->data, running_mean->data,
+        umt_status st = umt_kernels(ctx)->f32.batchnorm_forward_eval(x->data, gamma->data, beta->data, running_mean->data,
                                                              running_var->data, y->data, n, c, hw, eps);
         return umt_op_finish(ctx, st, "umt_batch_norm", NULL, y, NULL, NULL, NULL, NULL);
     }
     umt_tensor *saved = umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 2, (int64_t[]){2, c});
     if (!saved) return NULL;
     float *stats = saved->data;
-    umt_status st = ctx->backend->f32.batchnorm_forward_train(x->data, gamma->data, beta->data, y->data, running_mean->data,
+    umt_status st = umt_kernels(ctx)->f32.batchnorm_forward_train(x->data, gamma->data, beta->data, y->data, running_mean->data,
                                                           running_var->data, stats, stats + c, n, c, hw, momentum, eps);
     return umt_op_finish(ctx, st, "umt_batch_norm", batchnorm_backward, y, saved, x, gamma, beta);
 }

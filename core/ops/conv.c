@@ -43,7 +43,7 @@ static umt_status conv_backward_from(umt_context *ctx, const umt_node *node, boo
     umt_conv_shape s = conv_shape(x, w, node->params[0], node->params[1]);
     void *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1), *dy = y->grad->data;
     float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
-    const umt_backend *be = ctx->backend;
+    const umt_backend *be = umt_kernels(ctx);
     size_t bytes = 0;
     void *workspace = NULL;
     UMT_TRY(be->f32.conv2d_workspace_bytes(&s, &bytes));
@@ -77,11 +77,11 @@ static umt_status conv_relu_backward_fused(umt_context *ctx, const umt_node *nod
     float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     size_t bytes = 0;
     void *workspace = NULL;
-    UMT_TRY(ctx->backend->f32.conv2d_workspace_bytes(s, &bytes));
+    UMT_TRY(umt_kernels(ctx)->f32.conv2d_workspace_bytes(s, &bytes));
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
-    UMT_TRY(ctx->backend->fused.conv2d_relu_backward_filter(s, x->data, y->data, dy, dx != NULL, umt_input_grad(node, 1),
+    UMT_TRY(umt_kernels(ctx)->fused.conv2d_relu_backward_filter(s, x->data, y->data, dy, dx != NULL, umt_input_grad(node, 1),
                                                          dbias, workspace, bytes));
-    return dx ? ctx->backend->lowp.conv2d_backward_data(s, w->lowp->data, dy, dx, umt_input_grad_fresh(node, 0),
+    return dx ? umt_kernels(ctx)->lowp.conv2d_backward_data(s, w->lowp->data, dy, dx, umt_input_grad_fresh(node, 0),
                                                       workspace, bytes)
               : UMT_OK;
 }
@@ -92,9 +92,9 @@ static umt_status conv_relu_backward_fused(umt_context *ctx, const umt_node *nod
 static umt_status conv_relu_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
     umt_conv_shape s = conv_shape(node->inputs[0], node->inputs[1], node->params[0], node->params[1]);
-    if (fused_by_backend(ctx->backend, &s) && umt_input_grad(node, 1)) return conv_relu_backward_fused(ctx, node, &s);
+    if (fused_by_backend(umt_kernels(ctx), &s) && umt_input_grad(node, 1)) return conv_relu_backward_fused(ctx, node, &s);
     float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
-    UMT_TRY(ctx->backend->f32.bias_relu_backward(y->dtype, y->nhwc, y->data, y->grad->data, dbias, y->shape[0],
+    UMT_TRY(umt_kernels(ctx)->f32.bias_relu_backward(y->dtype, y->nhwc, y->data, y->grad->data, dbias, y->shape[0],
                                              y->shape[1], y->shape[2] * y->shape[3]));
     return conv_backward_from(ctx, node, false);
 }
@@ -129,10 +129,10 @@ static umt_tensor *conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, u
     if (!y) return NULL;
     size_t bytes = 0;
     void *workspace = NULL;
-    umt_status st = ctx->backend->f32.conv2d_workspace_bytes(&s, &bytes);
+    umt_status st = umt_kernels(ctx)->f32.conv2d_workspace_bytes(&s, &bytes);
     if (st == UMT_OK) st = umt_context_workspace(ctx, bytes, &workspace);
     if (st == UMT_OK)
-        st = forward_into(ctx->backend, &s, x->data, w->data, bias ? bias->data : NULL, relu, y->data, workspace,
+        st = forward_into(umt_kernels(ctx), &s, x->data, w->data, bias ? bias->data : NULL, relu, y->data, workspace,
                           bytes);
     /* The data gradient is written whole (cuDNN's beta 0) when it is the first (core/tape.h). */
     return umt_op_overwrites_input_grad(ctx,

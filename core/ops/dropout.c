@@ -6,9 +6,9 @@
 static umt_status dropout_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
     if (umt_dtype_is_lowp(y->dtype))
-        return ctx->backend->lowp.dropout_backward(y->dtype, node->saved->data, y->grad->data, umt_input_grad(node, 0),
+        return umt_kernels(ctx)->lowp.dropout_backward(y->dtype, node->saved->data, y->grad->data, umt_input_grad(node, 0),
                                                  y->numel, node->fparam);
-    return ctx->backend->f32.dropout_backward(node->saved->data, y->grad->data, umt_input_grad(node, 0), y->numel,
+    return umt_kernels(ctx)->f32.dropout_backward(node->saved->data, y->grad->data, umt_input_grad(node, 0), y->numel,
                                           node->fparam);
 }
 
@@ -54,9 +54,9 @@ umt_tensor *umt_dropout(umt_context *ctx, umt_tensor *x, float p) {
     /* The mask follows x's storage order; the draw depends only on the element's index. */
     if (st == UMT_OK)
         st = umt_dtype_is_lowp(x->dtype)
-                 ? ctx->backend->lowp.dropout_forward(x->dtype, x->data, y->data, mask->data, x->numel, first, p, seed,
+                 ? umt_kernels(ctx)->lowp.dropout_forward(x->dtype, x->data, y->data, mask->data, x->numel, first, p, seed,
                                                       seed_on_device)
-                 : ctx->backend->f32.dropout_forward(x->data, y->data, mask->data, x->numel, first, p, seed,
+                 : umt_kernels(ctx)->f32.dropout_forward(x->data, y->data, mask->data, x->numel, first, p, seed,
                                                      seed_on_device);
     return umt_op_finish_with(ctx, st, "umt_dropout", dropout_backward, y, mask, x, NULL, NULL, 0, 0, p);
 }

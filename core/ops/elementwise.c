@@ -20,10 +20,10 @@ static umt_status shape_mismatch(const char *op, const umt_tensor *a, const umt_
 static umt_status add_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *a = node->inputs[0], *b = node->inputs[1], *out = node->output;
     float *da = umt_input_grad(node, 0), *db = umt_input_grad(node, 1);
-    if (da) UMT_TRY(ctx->backend->f32.accumulate(da, out->grad->data, 1.0f, a->numel));
+    if (da) UMT_TRY(umt_kernels(ctx)->f32.accumulate(da, out->grad->data, 1.0f, a->numel));
     if (!db) return UMT_OK;
-    if (b->numel == a->numel) return ctx->backend->f32.accumulate(db, out->grad->data, 1.0f, b->numel);
-    return ctx->backend->f32.sum_rows(out->grad->data, db, a->numel / b->numel, b->numel);
+    if (b->numel == a->numel) return umt_kernels(ctx)->f32.accumulate(db, out->grad->data, 1.0f, b->numel);
+    return umt_kernels(ctx)->f32.sum_rows(out->grad->data, db, a->numel / b->numel, b->numel);
 }
 
 /* add and mul compute in f32 whatever the precision (bf16/fp16 inputs are converted first): they
@@ -46,8 +46,8 @@ umt_tensor *umt_add(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
     }
     umt_tensor *out = umt_op_output(ctx, a->ndim, a->shape);
     if (!out) return NULL;
-    umt_status st = broadcast ? ctx->backend->f32.add_rows(a->data, b->data, out->data, a->numel / b->numel, b->numel)
-                              : ctx->backend->f32.add(a->data, b->data, out->data, a->numel);
+    umt_status st = broadcast ? umt_kernels(ctx)->f32.add_rows(a->data, b->data, out->data, a->numel / b->numel, b->numel)
+                              : umt_kernels(ctx)->f32.add(a->data, b->data, out->data, a->numel);
     return umt_op_finish(ctx, st, "umt_add", add_backward, out, NULL, a, b, NULL);
 }
 
@@ -57,8 +57,8 @@ umt_tensor *umt_add(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
 static umt_status mul_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *a = node->inputs[0], *b = node->inputs[1], *out = node->output;
     float *da = umt_input_grad(node, 0), *db = umt_input_grad(node, 1);
-    if (da) UMT_TRY(ctx->backend->f32.accumulate_product(da, out->grad->data, b->data, a->numel));
-    if (db) UMT_TRY(ctx->backend->f32.accumulate_product(db, out->grad->data, a->data, b->numel));
+    if (da) UMT_TRY(umt_kernels(ctx)->f32.accumulate_product(da, out->grad->data, b->data, a->numel));
+    if (db) UMT_TRY(umt_kernels(ctx)->f32.accumulate_product(db, out->grad->data, a->data, b->numel));
     return UMT_OK;
 }
 
@@ -70,7 +70,7 @@ umt_tensor *umt_mul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
     }
     umt_tensor *out = umt_op_output(ctx, a->ndim, a->shape);
     if (!out) return NULL;
-    umt_status st = ctx->backend->f32.mul(a->data, b->data, out->data, a->numel);
+    umt_status st = umt_kernels(ctx)->f32.mul(a->data, b->data, out->data, a->numel);
     return umt_op_finish(ctx, st, "umt_mul", mul_backward, out, NULL, a, b, NULL);
 }
 
@@ -80,8 +80,8 @@ umt_tensor *umt_mul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
 static umt_status relu_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
     if (umt_dtype_is_lowp(y->dtype))
-        return ctx->backend->lowp.relu_backward(y->dtype, y->data, y->grad->data, umt_input_grad(node, 0), y->numel);
-    return ctx->backend->f32.relu_backward(y->data, y->grad->data, umt_input_grad(node, 0), y->numel);
+        return umt_kernels(ctx)->lowp.relu_backward(y->dtype, y->data, y->grad->data, umt_input_grad(node, 0), y->numel);
+    return umt_kernels(ctx)->f32.relu_backward(y->data, y->grad->data, umt_input_grad(node, 0), y->numel);
 }
 
 umt_tensor *umt_relu(umt_context *ctx, umt_tensor *x) {
@@ -89,8 +89,8 @@ umt_tensor *umt_relu(umt_context *ctx, umt_tensor *x) {
     if (umt_check_input(ctx, "umt_relu", "x", x, UMT_ANY_FLOAT, 0) != UMT_OK) return NULL;
     umt_tensor *y = umt_op_output_like(ctx, x);
     if (!y) return NULL;
-    umt_status st = umt_dtype_is_lowp(x->dtype) ? ctx->backend->lowp.relu(x->dtype, x->data, y->data, x->numel)
-                                                : ctx->backend->f32.relu(x->data, y->data, x->numel);
+    umt_status st = umt_dtype_is_lowp(x->dtype) ? umt_kernels(ctx)->lowp.relu(x->dtype, x->data, y->data, x->numel)
+                                                : umt_kernels(ctx)->f32.relu(x->data, y->data, x->numel);
     return umt_op_finish(ctx, st, "umt_relu", relu_backward, y, NULL, x, NULL, NULL);
 }
 
@@ -102,10 +102,10 @@ static umt_status reshape_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
     bool fresh = umt_input_grad_fresh(node, 0);
     if (umt_dtype_is_lowp(y->dtype))
-        return ctx->backend->lowp.recast(y->grad->data, y->dtype, false, umt_input_grad(node, 0), y->dtype, false, 1, 1,
+        return umt_kernels(ctx)->lowp.recast(y->grad->data, y->dtype, false, umt_input_grad(node, 0), y->dtype, false, 1, 1,
                                     y->numel, !fresh);
-    if (fresh) return ctx->backend->f32.copy(umt_input_grad(node, 0), y->grad->data, y->grad->bytes);
-    return ctx->backend->f32.accumulate(umt_input_grad(node, 0), y->grad->data, 1.0f, y->numel);
+    if (fresh) return umt_kernels(ctx)->f32.copy(umt_input_grad(node, 0), y->grad->data, y->grad->bytes);
+    return umt_kernels(ctx)->f32.accumulate(umt_input_grad(node, 0), y->grad->data, 1.0f, y->numel);
 }
 
 /* Shapes are NCHW whatever the storage, so an NHWC tensor's values are put in NCHW order: the
@@ -116,7 +116,7 @@ static umt_status reshape_nhwc_backward(umt_context *ctx, const umt_node *node) 
     const umt_tensor *x = node->inputs[0], *y = node->output;
     int64_t n, c, hw;
     umt_recast_dims(x, &n, &c, &hw);
-    return ctx->backend->lowp.recast(y->grad->data, y->dtype, false, x->grad->data, x->dtype, true, n, c, hw,
+    return umt_kernels(ctx)->lowp.recast(y->grad->data, y->dtype, false, x->grad->data, x->dtype, true, n, c, hw,
                                 !umt_input_grad_fresh(node, 0));
 }
 
@@ -132,7 +132,7 @@ static umt_tensor *reshape_nhwc(umt_context *ctx, umt_tensor *x, int ndim, const
     umt_tensor *y = umt_op_output_typed(ctx, x->dtype, false, ndim, shape);
     if (!y) return NULL;
     umt_recast_dims(x, &n, &c, &hw);
-    umt_status st = ctx->backend->lowp.recast(x->data, x->dtype, true, y->data, y->dtype, false, n, c, hw, false);
+    umt_status st = umt_kernels(ctx)->lowp.recast(x->data, x->dtype, true, y->data, y->dtype, false, n, c, hw, false);
     return umt_op_overwrites_input_grad(
         ctx, umt_op_finish(ctx, st, "umt_reshape", reshape_nhwc_backward, y, NULL, x, NULL, NULL), 0);
 }

@@ -7,7 +7,7 @@ static const int64_t scalar_shape[1] = {1};
 /* mean of all elements */
 
 static umt_status mean_backward(umt_context *ctx, const umt_node *node) {
-    return ctx->backend->f32.mean_backward(node->output->grad->data, umt_input_grad(node, 0), node->inputs[0]->numel);
+    return umt_kernels(ctx)->f32.mean_backward(node->output->grad->data, umt_input_grad(node, 0), node->inputs[0]->numel);
 }
 
 umt_tensor *umt_mean(umt_context *ctx, umt_tensor *x) {
@@ -17,7 +17,7 @@ umt_tensor *umt_mean(umt_context *ctx, umt_tensor *x) {
     if (!(x = umt_to_f32(ctx, x))) return NULL;
     umt_tensor *out = umt_op_output(ctx, 1, scalar_shape);
     if (!out) return NULL;
-    umt_status st = ctx->backend->f32.mean(x->data, out->data, x->numel);
+    umt_status st = umt_kernels(ctx)->f32.mean(x->data, out->data, x->numel);
     return umt_op_finish(ctx, st, "umt_mean", mean_backward, out, NULL, x, NULL, NULL);
 }
 
@@ -26,7 +26,7 @@ umt_tensor *umt_mean(umt_context *ctx, umt_tensor *x) {
 
 static umt_status log_softmax_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
-    return ctx->backend->f32.log_softmax_backward(y->data, y->grad->data, umt_input_grad(node, 0), y->shape[0], y->shape[1]);
+    return umt_kernels(ctx)->f32.log_softmax_backward(y->data, y->grad->data, umt_input_grad(node, 0), y->shape[0], y->shape[1]);
 }
 
 umt_tensor *umt_log_softmax(umt_context *ctx, umt_tensor *x) {
@@ -35,7 +35,7 @@ umt_tensor *umt_log_softmax(umt_context *ctx, umt_tensor *x) {
     if (!(x = umt_to_f32(ctx, x))) return NULL;
     umt_tensor *y = umt_op_output(ctx, 2, x->shape);
     if (!y) return NULL;
-    umt_status st = ctx->backend->f32.log_softmax(x->data, y->data, x->shape[0], x->shape[1]);
+    umt_status st = umt_kernels(ctx)->f32.log_softmax(x->data, y->data, x->shape[0], x->shape[1]);
     return umt_op_finish(ctx, st, "umt_log_softmax", log_softmax_backward, y, NULL, x, NULL, NULL);
 }
 
@@ -57,7 +57,7 @@ static umt_status check_scores_labels(const umt_context *ctx, const char *op, co
 
 static umt_status nll_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *logp = node->inputs[0];
-    return ctx->backend->f32.nll_loss_backward(node->output->grad->data, node->inputs[1]->data, umt_input_grad(node, 0),
+    return umt_kernels(ctx)->f32.nll_loss_backward(node->output->grad->data, node->inputs[1]->data, umt_input_grad(node, 0),
                                            logp->shape[0], logp->shape[1]);
 }
 
@@ -67,13 +67,13 @@ umt_tensor *umt_nll_loss(umt_context *ctx, umt_tensor *log_probs, umt_tensor *la
     if (!(log_probs = umt_to_f32(ctx, log_probs))) return NULL;
     umt_tensor *loss = umt_op_output(ctx, 1, scalar_shape);
     if (!loss) return NULL;
-    umt_status st = ctx->backend->f32.nll_loss(log_probs->data, labels->data, loss->data, log_probs->shape[0], log_probs->shape[1]);
+    umt_status st = umt_kernels(ctx)->f32.nll_loss(log_probs->data, labels->data, loss->data, log_probs->shape[0], log_probs->shape[1]);
     return umt_op_finish(ctx, st, "umt_nll_loss", nll_backward, loss, NULL, log_probs, labels, NULL);
 }
 
 static umt_status xent_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *probs = node->saved;
-    return ctx->backend->f32.softmax_xent_backward(probs->data, node->inputs[1]->data, node->output->grad->data,
+    return umt_kernels(ctx)->f32.softmax_xent_backward(probs->data, node->inputs[1]->data, node->output->grad->data,
                                                umt_input_grad(node, 0), probs->shape[0], probs->shape[1]);
 }
 
@@ -85,7 +85,7 @@ umt_tensor *umt_softmax_cross_entropy(umt_context *ctx, umt_tensor *logits, umt_
     umt_tensor *probs = umt_op_output(ctx, 2, logits->shape);
     umt_tensor *loss = probs ? umt_op_output(ctx, 1, scalar_shape) : NULL;
     if (!loss) return NULL;
-    umt_status st = ctx->backend->f32.softmax_xent(logits->data, labels->data, probs->data, loss->data, logits->shape[0],
+    umt_status st = umt_kernels(ctx)->f32.softmax_xent(logits->data, labels->data, probs->data, loss->data, logits->shape[0],
                                                logits->shape[1]);
     return umt_op_finish(ctx, st, "umt_softmax_cross_entropy", xent_backward, loss, probs, logits, labels, NULL);
 }
@@ -95,5 +95,5 @@ umt_status umt_count_correct(umt_context *ctx, const umt_tensor *scores, const u
     UMT_TRY(check_scores_labels(ctx, "umt_count_correct", "scores", scores, labels));
     /* Scores straight from a bf16/fp16 layer are widened first (a no-op for f32). */
     if (!(scores = umt_to_f32(ctx, (umt_tensor *)scores))) return umt_last_status();
-    return ctx->backend->f32.count_correct(scores->data, labels->data, scores->shape[0], scores->shape[1], correct);
+    return umt_kernels(ctx)->f32.count_correct(scores->data, labels->data, scores->shape[0], scores->shape[1], correct);
 }

@@ -15,10 +15,10 @@ static umt_status matmul_backward_lp(umt_context *ctx, const umt_node *node) {
     const void *dc = c->grad->data;
     void *da = umt_input_grad(node, 0), *db = umt_input_grad(node, 1);
     if (da)
-        UMT_TRY(ctx->backend->lowp.gemm(false, true, m, k, n, 1.0f, dc, n, operand(b), n, 1.0f, da, k, c->dtype,
+        UMT_TRY(umt_kernels(ctx)->lowp.gemm(false, true, m, k, n, 1.0f, dc, n, operand(b), n, 1.0f, da, k, c->dtype,
                                       a->grad->dtype));
     if (db)
-        UMT_TRY(ctx->backend->lowp.gemm(true, false, k, n, m, 1.0f, operand(a), k, dc, n, 1.0f, db, n, c->dtype,
+        UMT_TRY(umt_kernels(ctx)->lowp.gemm(true, false, k, n, m, 1.0f, operand(a), k, dc, n, 1.0f, db, n, c->dtype,
                                       b->grad->dtype));
     return UMT_OK;
 }
@@ -30,8 +30,8 @@ static umt_status matmul_backward(umt_context *ctx, const umt_node *node) {
     const float *dc = c->grad->data;
     float *da = umt_input_grad(node, 0), *db = umt_input_grad(node, 1);
     /* dA += dC Bᵀ ; dB += Aᵀ dC (beta = 1 accumulates) */
-    if (da) UMT_TRY(ctx->backend->f32.gemm(false, true, m, k, n, 1.0f, dc, n, b->data, n, 1.0f, da, k));
-    if (db) UMT_TRY(ctx->backend->f32.gemm(true, false, k, n, m, 1.0f, a->data, k, dc, n, 1.0f, db, n));
+    if (da) UMT_TRY(umt_kernels(ctx)->f32.gemm(false, true, m, k, n, 1.0f, dc, n, b->data, n, 1.0f, da, k));
+    if (db) UMT_TRY(umt_kernels(ctx)->f32.gemm(true, false, k, n, m, 1.0f, a->data, k, dc, n, 1.0f, db, n));
     return UMT_OK;
 }
 
@@ -59,9 +59,9 @@ umt_tensor *umt_matmul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
     umt_tensor *c = umt_op_output_typed(ctx, dtype, false, 2, (int64_t[]){m, n});
     if (!c) return NULL;
     umt_status st = umt_dtype_is_lowp(dtype)
-                        ? ctx->backend->lowp.gemm(false, false, m, n, k, 1.0f, operand(a), k, operand(b), n, 0.0f,
+                        ? umt_kernels(ctx)->lowp.gemm(false, false, m, n, k, 1.0f, operand(a), k, operand(b), n, 0.0f,
                                                 c->data, n, dtype, dtype)
-                        : ctx->backend->f32.gemm(false, false, m, n, k, 1.0f, a->data, k, b->data, n, 0.0f, c->data, n);
+                        : umt_kernels(ctx)->f32.gemm(false, false, m, n, k, 1.0f, a->data, k, b->data, n, 0.0f, c->data, n);
     return umt_op_finish(ctx, st, "umt_matmul", matmul_backward, c, NULL, a, b, NULL);
 }
 
@@ -76,12 +76,12 @@ static umt_status linear_backward_lp(umt_context *ctx, const umt_node *node, boo
     float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     float beta = umt_input_grad_fresh(node, 0) ? 0.0f : 1.0f; /* a fresh dx is written, not added to */
     if (dx)
-        UMT_TRY(ctx->backend->lowp.gemm(false, false, batch, in, out, 1.0f, dy, out, operand(w), in, beta, dx, in,
+        UMT_TRY(umt_kernels(ctx)->lowp.gemm(false, false, batch, in, out, 1.0f, dy, out, operand(w), in, beta, dx, in,
                                       y->dtype, x->grad->dtype));
     if (dw)
-        UMT_TRY(ctx->backend->lowp.gemm(true, false, out, in, batch, 1.0f, dy, out, operand(x), in, 1.0f, dw, in,
+        UMT_TRY(umt_kernels(ctx)->lowp.gemm(true, false, out, in, batch, 1.0f, dy, out, operand(x), in, 1.0f, dw, in,
                                       y->dtype, w->grad->dtype));
-    if (dbias) UMT_TRY(ctx->backend->lowp.sum_rows(y->dtype, dy, dbias, batch, out));
+    if (dbias) UMT_TRY(umt_kernels(ctx)->lowp.sum_rows(y->dtype, dy, dbias, batch, out));
     return UMT_OK;
 }
 
@@ -95,9 +95,9 @@ static umt_status linear_backward_from(umt_context *ctx, const umt_node *node, b
     float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     /* dx += dy W (dx = when fresh) ; dW += dyᵀ x ; dbias += column sums of dy */
     float beta = umt_input_grad_fresh(node, 0) ? 0.0f : 1.0f;
-    if (dx) UMT_TRY(ctx->backend->f32.gemm(false, false, batch, in, out, 1.0f, dy, out, w->data, in, beta, dx, in));
-    if (dw) UMT_TRY(ctx->backend->f32.gemm(true, false, out, in, batch, 1.0f, dy, out, x->data, in, 1.0f, dw, in));
-    if (dbias) UMT_TRY(ctx->backend->f32.sum_rows(dy, dbias, batch, out));
+    if (dx) UMT_TRY(umt_kernels(ctx)->f32.gemm(false, false, batch, in, out, 1.0f, dy, out, w->data, in, beta, dx, in));
+    if (dw) UMT_TRY(umt_kernels(ctx)->f32.gemm(true, false, out, in, batch, 1.0f, dy, out, x->data, in, 1.0f, dw, in));
+    if (dbias) UMT_TRY(umt_kernels(ctx)->f32.sum_rows(dy, dbias, batch, out));
     return UMT_OK;
 }
 
@@ -108,7 +108,7 @@ static umt_status linear_backward(umt_context *ctx, const umt_node *node) { retu
 static umt_status linear_relu_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
     float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
-    UMT_TRY(ctx->backend->f32.bias_relu_backward(y->dtype, false, y->data, y->grad->data, dbias, y->shape[0], y->shape[1],
+    UMT_TRY(umt_kernels(ctx)->f32.bias_relu_backward(y->dtype, false, y->data, y->grad->data, dbias, y->shape[0], y->shape[1],
                                              1));
     return linear_backward_from(ctx, node, false);
 }
@@ -144,16 +144,16 @@ static umt_tensor *linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, u
     bool lowp = umt_dtype_is_lowp(dtype);
     /* Under bf16/fp16 the bias stays f32 (a master read directly): adding it costs one pass. */
     if (lowp)
-        st = ctx->backend->lowp.gemm(false, true, batch, out, in, 1.0f, operand(x), in, operand(weight), in, 0.0f,
+        st = umt_kernels(ctx)->lowp.gemm(false, true, batch, out, in, 1.0f, operand(x), in, operand(weight), in, 0.0f,
                                    y->data, out, dtype, dtype);
     else
-        st = ctx->backend->f32.gemm(false, true, batch, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
+        st = umt_kernels(ctx)->f32.gemm(false, true, batch, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
     const float *b = bias ? bias->data : NULL;
     if (st == UMT_OK && relu)
-        st = ctx->backend->f32.bias_relu(dtype, false, y->data, b, y->data, batch, out, 1);
+        st = umt_kernels(ctx)->f32.bias_relu(dtype, false, y->data, b, y->data, batch, out, 1);
     else if (st == UMT_OK && bias)
-        st = lowp ? ctx->backend->lowp.add_rows(dtype, y->data, b, y->data, batch, out)
-                  : ctx->backend->f32.add_rows(y->data, b, y->data, batch, out);
+        st = lowp ? umt_kernels(ctx)->lowp.add_rows(dtype, y->data, b, y->data, batch, out)
+                  : umt_kernels(ctx)->f32.add_rows(y->data, b, y->data, batch, out);
     /* x's gradient is written whole (the product's beta 0) when it is the first (core/tape.h). */
     return umt_op_overwrites_input_grad(ctx,
                                         umt_op_finish(ctx, st, op, relu ? linear_relu_backward : linear_backward, y,

@@ -24,9 +24,9 @@ static umt_pool_shape pool_shape(const umt_tensor *x, int64_t window, int64_t st
 static umt_status max_pool_backward(umt_context *ctx, const umt_node *node) {
     umt_pool_shape s = pool_shape(node->inputs[0], node->params[0], node->params[1]);
     if (umt_dtype_is_lowp(s.dtype))
-        return ctx->backend->lowp.max_pool_backward(&s, node->saved->data, node->output->grad->data,
+        return umt_kernels(ctx)->lowp.max_pool_backward(&s, node->saved->data, node->output->grad->data,
                                                   umt_input_grad(node, 0));
-    return ctx->backend->f32.max_pool_backward(&s, node->saved->data, node->output->grad->data, umt_input_grad(node, 0));
+    return umt_kernels(ctx)->f32.max_pool_backward(&s, node->saved->data, node->output->grad->data, umt_input_grad(node, 0));
 }
 
 umt_tensor *umt_max_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int64_t stride) {
@@ -37,8 +37,8 @@ umt_tensor *umt_max_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int6
     umt_tensor *y = umt_op_output_typed(ctx, x->dtype, x->nhwc, 4, out_shape);
     umt_tensor *argmax = y ? umt_op_output_typed(ctx, UMT_I32, x->nhwc, 4, out_shape) : NULL;
     if (!argmax) return NULL;
-    umt_status st = umt_dtype_is_lowp(s.dtype) ? ctx->backend->lowp.max_pool_forward(&s, x->data, y->data, argmax->data)
-                                               : ctx->backend->f32.max_pool_forward(&s, x->data, y->data, argmax->data);
+    umt_status st = umt_dtype_is_lowp(s.dtype) ? umt_kernels(ctx)->lowp.max_pool_forward(&s, x->data, y->data, argmax->data)
+                                               : umt_kernels(ctx)->f32.max_pool_forward(&s, x->data, y->data, argmax->data);
     return umt_op_finish_with(ctx, st, "umt_max_pool2d", max_pool_backward, y, argmax, x, NULL, NULL, window, stride,
                               0.0f);
 }
@@ -49,8 +49,8 @@ umt_tensor *umt_max_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int6
 static umt_status avg_pool_backward(umt_context *ctx, const umt_node *node) {
     umt_pool_shape s = pool_shape(node->inputs[0], node->params[0], node->params[1]);
     if (umt_dtype_is_lowp(s.dtype))
-        return ctx->backend->lowp.avg_pool_backward(&s, node->output->grad->data, umt_input_grad(node, 0));
-    return ctx->backend->f32.avg_pool_backward(&s, node->output->grad->data, umt_input_grad(node, 0));
+        return umt_kernels(ctx)->lowp.avg_pool_backward(&s, node->output->grad->data, umt_input_grad(node, 0));
+    return umt_kernels(ctx)->f32.avg_pool_backward(&s, node->output->grad->data, umt_input_grad(node, 0));
 }
 
 umt_tensor *umt_avg_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int64_t stride) {
@@ -59,8 +59,8 @@ umt_tensor *umt_avg_pool2d(umt_context *ctx, umt_tensor *x, int64_t window, int6
     umt_pool_shape s = pool_shape(x, window, stride);
     umt_tensor *y = umt_op_output_typed(ctx, x->dtype, x->nhwc, 4, (int64_t[]){s.n, s.c, s.p, s.q});
     if (!y) return NULL;
-    umt_status st = umt_dtype_is_lowp(s.dtype) ? ctx->backend->lowp.avg_pool_forward(&s, x->data, y->data)
-                                               : ctx->backend->f32.avg_pool_forward(&s, x->data, y->data);
+    umt_status st = umt_dtype_is_lowp(s.dtype) ? umt_kernels(ctx)->lowp.avg_pool_forward(&s, x->data, y->data)
+                                               : umt_kernels(ctx)->f32.avg_pool_forward(&s, x->data, y->data);
     return umt_op_finish_with(ctx, st, "umt_avg_pool2d", avg_pool_backward, y, NULL, x, NULL, NULL, window, stride,
                               0.0f);
 }
@@ -75,7 +75,7 @@ static umt_status max_pool_dropout_backward(umt_context *ctx, const umt_node *no
     umt_pool_shape s = pool_shape(node->inputs[0], node->params[0], node->params[1]);
     const int32_t *argmax = node->saved->data;
     const uint8_t *mask = (const uint8_t *)(argmax + node->output->numel);
-    return ctx->backend->f32.max_pool_dropout_backward(&s, argmax, mask, node->output->grad->data, umt_input_grad(node, 0),
+    return umt_kernels(ctx)->f32.max_pool_dropout_backward(&s, argmax, mask, node->output->grad->data, umt_input_grad(node, 0),
                                                    node->fparam);
 }
 
@@ -101,7 +101,7 @@ umt_tensor *umt_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, int64_t wind
     void *seed_on_device;
     int64_t first;
     umt_status st = umt_dropout_seed(ctx, y, "umt_max_pool2d_dropout", &seed, &seed_on_device, &first);
-    const umt_backend *be = ctx->backend;
+    const umt_backend *be = umt_kernels(ctx);
     if (st == UMT_OK && umt_dtype_is_lowp(s.dtype)) {
         st = be->lowp.max_pool_forward(&s, x->data, y->data, argmax);
         if (st == UMT_OK)
@@ -122,7 +122,7 @@ umt_tensor *umt_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, int64_t wind
 static umt_status bias_relu_pool_dropout_backward(umt_context *ctx, const umt_node *node) {
     umt_pool_shape s = pool_shape(node->inputs[0], node->params[0], node->params[1]);
     const umt_tensor *y = node->output;
-    return ctx->backend->f32.bias_relu_max_pool_dropout_backward(&s, node->saved->data, y->data, y->grad->data,
+    return umt_kernels(ctx)->f32.bias_relu_max_pool_dropout_backward(&s, node->saved->data, y->data, y->grad->data,
                                                              umt_input_grad(node, 0), umt_input_grad_fresh(node, 0),
                                                              umt_input_grad(node, 1), node->fparam);
 }
@@ -158,7 +158,7 @@ umt_tensor *umt_bias_relu_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, um
     umt_tensor *saved = y ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_U8, 1, (int64_t[]){y->numel * 2}) : NULL;
     if (!saved) return NULL;
     uint8_t *pick = saved->data, *mask = pick + y->numel;
-    const umt_backend *be = ctx->backend;
+    const umt_backend *be = umt_kernels(ctx);
     umt_status st = be->f32.bias_relu_max_pool_forward(&s, x->data, bias->data, y->data, pick);
     /* Dropout as umt_dropout would draw it (in evaluation, or with p = 0, none). The backward
      * needs no mask: the output is 0 wherever the dropout or the ReLU zeroed it. */

@@ -20,7 +20,7 @@ static umt_status recast_backward(umt_context *ctx, const umt_node *node) {
     int64_t n, c, hw;
     umt_recast_dims(x, &n, &c, &hw);
     /* Added to x's gradient, or written over it when this is its first (core/tape.h). */
-    return ctx->backend->lowp.recast(y->grad->data, y->dtype, y->nhwc, x->grad->data, x->dtype, x->nhwc, n, c, hw,
+    return umt_kernels(ctx)->lowp.recast(y->grad->data, y->dtype, y->nhwc, x->grad->data, x->dtype, x->nhwc, n, c, hw,
                                 !umt_input_grad_fresh(node, 0));
 }
 
@@ -28,16 +28,16 @@ umt_tensor *umt_recast(umt_context *ctx, umt_tensor *x, umt_dtype dtype, bool nh
     if (!x) return NULL;
     nhwc = nhwc && x->ndim == 4;
     if (x->dtype == dtype && x->nhwc == nhwc) return x;
-    if (!ctx->backend->lowp.recast) {
+    if (!umt_kernels(ctx)->lowp.recast) {
         umt_fail(UMT_ERR_UNSUPPORTED, "recast %s -> %s: not on the %s backend", umt_dtype_name(x->dtype),
-                 umt_dtype_name(dtype), ctx->backend->name);
+                 umt_dtype_name(dtype), umt_kernels(ctx)->name);
         return NULL;
     }
     umt_tensor *y = umt_op_output_typed(ctx, dtype, nhwc, x->ndim, x->shape);
     if (!y) return NULL;
     int64_t n, c, hw;
     umt_recast_dims(x, &n, &c, &hw);
-    umt_status st = ctx->backend->lowp.recast(x->data, x->dtype, x->nhwc, y->data, dtype, nhwc, n, c, hw, false);
+    umt_status st = umt_kernels(ctx)->lowp.recast(x->data, x->dtype, x->nhwc, y->data, dtype, nhwc, n, c, hw, false);
     return umt_op_overwrites_input_grad(ctx, umt_op_finish(ctx, st, "recast", recast_backward, y, NULL, x, NULL, NULL),
                                         0);
 }
@@ -67,7 +67,7 @@ umt_tensor *umt_weight_for_compute(umt_context *ctx, umt_tensor *w) {
     if (w->lowp_stale) {
         int64_t n, c, hw;
         umt_recast_dims(w, &n, &c, &hw);
-        umt_status st = ctx->backend->lowp.recast(w->data, UMT_F32, false, w->lowp->data, dtype, w->lowp->nhwc, n, c, hw, false);
+        umt_status st = umt_kernels(ctx)->lowp.recast(w->data, UMT_F32, false, w->lowp->data, dtype, w->lowp->nhwc, n, c, hw, false);
         if (st != UMT_OK) {
             umt_fail(st, "compute copy of %s: %s", w->name ? w->name : "a parameter", umt_last_error());
             return NULL;

@@ -201,7 +201,7 @@ static umt_status alloc_state(umt_optimizer *opt) {
             if (!t) return umt_last_status();
             t->owner = p;
             opt->slots[i].state[s] = t;
-            UMT_TRY(ctx->backend->f32.fill(t->data, t->numel, 0.0f));
+            UMT_TRY(umt_kernels(ctx)->f32.fill(t->data, t->numel, 0.0f));
         }
     }
     return UMT_OK;
@@ -232,7 +232,7 @@ static umt_status alloc_step_scalars(umt_optimizer *opt) {
     if (!opt->partials) return umt_last_status();
     if (o->on_nonfinite != UMT_NONFINITE_OFF) UMT_TRY(alloc_doorbell(opt));
     umt_step_scalars initial = umt_step_scalars_initial(o->loss_scaling, o->loss_scale_init);
-    return opt->ctx->backend->f32.upload(opt->scalars->data, &initial, sizeof initial);
+    return umt_kernels(opt->ctx)->f32.upload(opt->scalars->data, &initial, sizeof initial);
 }
 
 umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *options, umt_optimizer **out) {
@@ -306,7 +306,7 @@ static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *sl
         fusion.lowp_channels = lowp->shape[1];
         fusion.lowp_pixels = lowp->shape[2] * lowp->shape[3];
     }
-    return update_arrays(&opt->options, opt->ctx->backend, slot->param->data, slot->param->grad->data, s0, s1,
+    return update_arrays(&opt->options, umt_kernels(opt->ctx), slot->param->data, slot->param->grad->data, s0, s1,
                          slot->param->numel, step, fusion);
 }
 
@@ -326,7 +326,7 @@ umt_status umt_optimizer_state_of(const umt_optimizer *opt, const umt_tensor *p,
 
 umt_status umt_optimizer_update_range(const umt_optimizer *opt, float *param, const float *grad, float *s0, float *s1,
                                       int64_t n, const umt_update_fusion *fusion) {
-    return update_arrays(&opt->options, opt->ctx->backend, param, grad, s0, s1, n, opt->steps + 1,
+    return update_arrays(&opt->options, umt_kernels(opt->ctx), param, grad, s0, s1, n, opt->steps + 1,
                          fusion ? *fusion : (umt_update_fusion){0});
 }
 
@@ -389,7 +389,7 @@ static umt_status update_all(const umt_optimizer *opt, int64_t step, const float
         .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .rho = o->rho,
         .decoupled = o->kind == UMT_OPT_ADAMW, .step = step,
     };
-    return opt->ctx->backend->f32.multi_update(opt->tensors, opt->slot_count, rule, common);
+    return umt_kernels(opt->ctx)->f32.multi_update(opt->tensors, opt->slot_count, rule, common);
 }
 
 /* On the device, in stream order: every gradient's share of the sum of squares, then the one
@@ -408,7 +408,7 @@ static umt_status decide_step(const umt_optimizer *opt, const float *lr_on_devic
         .doorbell = opt->doorbell ? opt->doorbell->data : NULL,
     };
     list_tensors(opt);
-    return opt->ctx->backend->f32.step_decide(opt->tensors, opt->slot_count, opt->partials->data, opt->scalars->data,
+    return umt_kernels(opt->ctx)->f32.step_decide(opt->tensors, opt->slot_count, opt->partials->data, opt->scalars->data,
                                               options);
 }
 
@@ -465,7 +465,7 @@ umt_status umt_optimizer_step(umt_optimizer *opt) {
     int64_t step = opt->steps + 1;
     /* One launch for every parameter, unless a subsystem updates some (the offload tier): the
      * others one by one, then the subsystems theirs (core/hooks.h). */
-    if (opt->ctx->backend->f32.multi_update && opt->options.multi_tensor && !umt_hooks_update_parameters(opt->ctx)) {
+    if (umt_kernels(opt->ctx)->f32.multi_update && opt->options.multi_tensor && !umt_hooks_update_parameters(opt->ctx)) {
         UMT_TRY(update_all(opt, step, lr_on_device));
     } else {
         /* UMT_MEM_TRACE: the updates queued here (the host's, and the device's on the compute
@@ -514,7 +514,7 @@ umt_status umt_optimizer_read_scalars(const umt_optimizer *opt, umt_step_scalars
         out->applied_steps = opt->steps;
         return UMT_OK;
     }
-    return opt->ctx->backend->f32.download(out, opt->scalars->data, sizeof *out);
+    return umt_kernels(opt->ctx)->f32.download(out, opt->scalars->data, sizeof *out);
 }
 
 int64_t umt_optimizer_skipped_steps(const umt_optimizer *opt) {
@@ -595,6 +595,6 @@ umt_status umt_optimizer_set_steps(umt_optimizer *opt, int64_t steps) {
     /* Adam's bias correction counts the device's applied steps, and the non-finite check names a
      * step by the device's count of steps: both restart from here. */
     umt_step_scalars *device = opt->scalars->data;
-    UMT_TRY(opt->ctx->backend->f32.upload(&device->applied_steps, &steps, sizeof steps));
-    return opt->ctx->backend->f32.upload(&device->steps, &steps, sizeof steps);
+    UMT_TRY(umt_kernels(opt->ctx)->f32.upload(&device->applied_steps, &steps, sizeof steps));
+    return umt_kernels(opt->ctx)->f32.upload(&device->steps, &steps, sizeof steps);
 }

@@ -81,7 +81,7 @@ static umt_status keep_loss(umt_step_graph *g, const umt_tensor *loss) {
     if (loss->numel != 1 || loss->dtype != UMT_F32)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_run: the step returned %lld elements of %s "
                         "(expected one f32 loss)", (long long)loss->numel, umt_dtype_name(loss->dtype));
-    const umt_backend *be = g->ctx->backend;
+    const umt_backend *be = umt_kernels(g->ctx);
     UMT_TRY(be->f32.copy(g->loss->data, loss->data, sizeof(float)));
     return be->f32.accumulate(g->loss_sum->data, loss->data, 1.0f, 1);
 }
@@ -128,6 +128,7 @@ static void drop_graph(umt_step_graph *g) {
 static umt_status record(umt_step_graph *g, umt_step_fn step, void *user, const void *input, size_t input_bytes,
                          cudaGraph_t *graph) {
     umt_context *ctx = g->ctx;
+    umt_device_bind(ctx);
     cudaStream_t stream = umt_cuda_stream();
     *graph = NULL;
     UMT_TRY(umt_step_values_record_begin(ctx, input, input_bytes));
@@ -174,6 +175,7 @@ static cudaGraphExec_t capture(umt_step_graph *g, umt_step_fn step, void *user, 
 /* One launch of the captured step, between the subsystems' two launch events. */
 static umt_status launch(umt_step_graph *g) {
     UMT_TRY(umt_hooks_before_graph_launch(g->ctx));
+    umt_device_bind(g->ctx);
     UMT_CUDA_TRY(cudaGraphLaunch((cudaGraphExec_t)g->exec, umt_cuda_stream()));
     g->begun_at_launch = g->ctx->steps_begun;
     g->stats.replayed_steps++;
@@ -320,8 +322,8 @@ umt_status umt_step_graph_create(umt_context *ctx, bool capture, umt_step_graph 
     /* Next to the optimizer's step scalars: small state the step leaves for the host. */
     g->loss = umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, 1, one);
     g->loss_sum = g->loss ? umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, 1, one) : NULL;
-    umt_status st = g->loss_sum ? ctx->backend->f32.fill(g->loss_sum->data, 1, 0.0f) : umt_last_status();
-    if (st == UMT_OK) st = ctx->backend->f32.fill(g->loss->data, 1, 0.0f);
+    umt_status st = g->loss_sum ? umt_kernels(ctx)->f32.fill(g->loss_sum->data, 1, 0.0f) : umt_last_status();
+    if (st == UMT_OK) st = umt_kernels(ctx)->f32.fill(g->loss->data, 1, 0.0f);
 #ifdef UMT_WITH_CUDA
     g->hooks = (umt_hooks){.name = "step graph", .collectives_end = on_collectives_end};
     if (st == UMT_OK && g->capture) st = umt_hooks_register(ctx, &g->hooks, g);
@@ -348,7 +350,7 @@ umt_status umt_step_graph_take_mean_loss(umt_step_graph *g, double *mean, int64_
     *steps = g->loss_count;
     *mean = g->loss_count ? (double)sum / (double)g->loss_count : 0.0;
     g->loss_count = 0;
-    return g->ctx->backend->f32.fill(g->loss_sum->data, 1, 0.0f);
+    return umt_kernels(g->ctx)->f32.fill(g->loss_sum->data, 1, 0.0f);
 }
 
 umt_step_graph_stats umt_step_graph_stats_get(const umt_step_graph *g) {

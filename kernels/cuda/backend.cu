@@ -1,107 +1,212 @@
 /*
- * kernels/cuda/backend.cu — the CUDA backend's process-wide state and its slot table.
+ * kernels/cuda/backend.cu — the CUDA backend's state, one per context, and its slot table.
  *
- * One process drives one GPU, so the state is one compute stream with one cuBLAS handle and one
- * cuDNN handle bound to it. Every kernel of this folder is launched on that stream, in call
- * order; nothing here runs on the legacy default stream, which would serialise against every
- * other stream of the process.
+ * Each context that runs on a GPU owns one umt_cuda_state: its compute stream with a cuBLAS
+ * handle and a cuDNN handle bound to it, the stream its own kernels go to instead while the
+ * offload tier asks (umt_cuda_launch_on), its convolution plans (conv.cu) and its kernels'
+ * device scratch (scratch.h). Every kernel of this folder is launched on the stream of the state
+ * bound to the calling thread, in call order; nothing here runs on the legacy default stream,
+ * which would serialise against every other stream of the process.
+ *
+ * The kernels' signatures name no context, so they find their state through a thread-local
+ * pointer: core binds the context's state (umt_cuda_bind) at every call into the kernel table
+ * (core/context.h: umt_kernels) and at its other uses of the stream. Two contexts on two host
+ * threads therefore each see their own state, and one thread may take turns with several.
+ *
+ * What stays process-wide, and why that is safe without a lock of ours:
+ *   - the device a host thread computes on: the CUDA runtime keeps it per thread; binding a state
+ *     sets it (cudaSetDevice) when the thread was on another device;
+ *   - the loaded modules (our kernels, cuBLAS's, cuDNN's): the CUDA runtime and the libraries load
+ *     them lazily under their own locks, and are documented thread-safe with one handle per
+ *     stream, which is what each state has;
+ *   - nothing else: the per-kernel module globals that two streams would race on (the losses'
+ *     partials and label report, the fused, low-precision and bias partials) are now in each
+ *     state's scratch, and the convolution plans are per state, because a plan is bound to the
+ *     cuDNN handle it was made with and a half-precision plan rewrites its variant pack (the
+ *     call's addresses) and times its engines on its first runs (conv_engines.cu): sharing one
+ *     would need a lock around every convolution.
  */
 #include <stdint.h>
+#include <stdlib.h>
+
+#include <atomic>
 
 #include "core/base/cuda_check.h"
 #include "core/base/error.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cudnn_handle.h"
+#include "kernels/cuda/scratch.h"
 
-/* cuBLAS needs its workspace aligned to 256 bytes, and says only "invalid value" otherwise. */
+/* cuBLAS needs its workspace aligned to 256 bytes, and says only "invalid value" otherwise; the
+ * scratch regions keep the same alignment. */
 enum { WORKSPACE_ALIGNMENT = 256 };
 
-static struct {
-    bool started;
+struct umt_cuda_state {
+    uint64_t id; /* unique in the process: a state made where a freed one was is another state */
     int device;
     cudaStream_t stream;
     cublasHandle_t cublas;
     cudnnHandle_t cudnn;
     cudaStream_t launch_override; /* umt_cuda_launch_on: where our own kernels go instead, or NULL */
-} state;
+    umt_conv_plans *plans;        /* conv.cu's plans, made with this state's cuDNN handle */
+    umt_cuda_scratch scratch;     /* the kernels' partials and the label report (scratch.h) */
+};
 
-/* The handle for gemm.cu (declared there: cuda_kernels.h stays free of cuBLAS types). */
-extern "C" cublasHandle_t umt_cuda_cublas_handle(void) { return state.cublas; }
+/* The state of the context the calling thread works for now (umt_cuda_bind), and its id: a
+ * thread that last worked for a state another thread destroyed keeps its address, which a new
+ * state may take again (on another device); the id tells them apart. */
+static thread_local umt_cuda_state *current;
+static thread_local uint64_t current_id;
+static std::atomic<uint64_t> states_made;
 
-extern "C" cudnnHandle_t umt_cuda_cudnn_handle(void) { return state.cudnn; }
+/* ------------------------------------------------------------------------------------------ */
+/* The scratch: one block of the context's workspace pool, carved into regions                */
 
-/* Destroys whatever start made, in reverse order; errors are ignored because this also cleans
- * up after a failed start, whose error is the one the caller needs to see. */
-static void release_state(void) {
-    /* The plans hold cuDNN descriptors and algorithms chosen for this device. */
-    umt_cuda_conv_forget_plans();
-    if (state.cudnn) cudnnDestroy(state.cudnn);
-    if (state.cublas) cublasDestroy(state.cublas);
-    if (state.stream) cudaStreamDestroy(state.stream);
-    state.cudnn = NULL;
-    state.cublas = NULL;
-    state.stream = NULL;
-    state.started = false;
+static size_t aligned(size_t bytes) {
+    return (bytes + WORKSPACE_ALIGNMENT - 1) / WORKSPACE_ALIGNMENT * WORKSPACE_ALIGNMENT;
 }
 
-static umt_status create_state(int device, void *cublas_workspace, size_t workspace_bytes) {
-    UMT_CUDA_TRY(cudaSetDevice(device));
+/* The regions' sizes in bytes, in the order of umt_cuda_scratch. */
+static const size_t region_bytes[] = {
+    UMT_LOSS_PARTIALS * sizeof(double),
+    UMT_LABEL_SLOT_BYTES,
+    UMT_LABEL_SLOT_BYTES,
+    UMT_FUSED_PARTIALS * sizeof(float),
+    UMT_FUSED_PARTIALS * sizeof(double),
+    (size_t)UMT_LOWP_ROW_CHUNKS * UMT_LOWP_MAX_CHUNKED_COLUMNS * sizeof(float),
+    UMT_BIAS_PARTIALS * sizeof(double),
+};
+enum { REGIONS = sizeof region_bytes / sizeof region_bytes[0] };
+
+extern "C" size_t umt_cuda_scratch_bytes(void) {
+    size_t total = 0;
+    for (int i = 0; i < REGIONS; i++) total += aligned(region_bytes[i]);
+    return total;
+}
+
+static void carve_scratch(char *base, umt_cuda_scratch *s) {
+    void *at[REGIONS];
+    for (int i = 0; i < REGIONS; i++) {
+        at[i] = base;
+        base += aligned(region_bytes[i]);
+    }
+    *s = (umt_cuda_scratch){(double *)at[0], at[1], at[2], (float *)at[3], (double *)at[4], (float *)at[5],
+                            (double *)at[6]};
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* A context's state                                                                           */
+
+/* Destroys whatever create made, in reverse order; errors are ignored because this also cleans
+ * up after a failed create, whose error is the one the caller needs to see. */
+static void release_state(umt_cuda_state *s) {
+    /* The plans hold cuDNN descriptors and algorithms chosen for this device and handle. */
+    umt_cuda_conv_plans_free(s->plans);
+    if (s->cudnn) cudnnDestroy(s->cudnn);
+    if (s->cublas) cublasDestroy(s->cublas);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    if (current == s) current = NULL;
+    free(s);
+}
+
+static umt_status create_state(umt_cuda_state *s, void *cublas_workspace, size_t workspace_bytes) {
+    UMT_CUDA_TRY(cudaSetDevice(s->device));
     /* Non-blocking: the stream never waits for (or holds up) the legacy default stream. */
-    UMT_CUDA_TRY(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
-    UMT_CUBLAS_TRY(cublasCreate(&state.cublas));
+    UMT_CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    UMT_CUBLAS_TRY(cublasCreate(&s->cublas));
     /* cublasSetStream resets the workspace to cuBLAS's own pool, so the workspace comes after. */
-    UMT_CUBLAS_TRY(cublasSetStream(state.cublas, state.stream));
-    UMT_CUBLAS_TRY(cublasSetWorkspace(state.cublas, cublas_workspace, workspace_bytes));
+    UMT_CUBLAS_TRY(cublasSetStream(s->cublas, s->stream));
+    UMT_CUBLAS_TRY(cublasSetWorkspace(s->cublas, cublas_workspace, workspace_bytes));
     /* Default math with CUBLAS_COMPUTE_32F (gemm.cu) is true fp32: TF32 tensor cores are used
      * only when asked for with CUBLAS_TF32_TENSOR_OP_MATH, and the CPU reference is fp32. */
-    UMT_CUBLAS_TRY(cublasSetMathMode(state.cublas, CUBLAS_DEFAULT_MATH));
+    UMT_CUBLAS_TRY(cublasSetMathMode(s->cublas, CUBLAS_DEFAULT_MATH));
     /* cuDNN takes its workspace per call (conv.cu), from the caller's workspace pool. */
-    UMT_CUDNN_TRY(cudnnCreate(&state.cudnn));
-    UMT_CUDNN_TRY(cudnnSetStream(state.cudnn, state.stream));
+    UMT_CUDNN_TRY(cudnnCreate(&s->cudnn));
+    UMT_CUDNN_TRY(cudnnSetStream(s->cudnn, s->stream));
+    UMT_TRY(umt_cuda_conv_plans_new(&s->plans));
+    UMT_TRY(umt_cuda_label_scratch_clear(&s->scratch, s->stream));
+    UMT_CUDA_TRY(cudaStreamSynchronize(s->stream));
     return UMT_OK;
 }
 
-extern "C" umt_status umt_cuda_backend_start(int device, void *cublas_workspace, size_t workspace_bytes) {
-    if (state.started) {
-        return umt_fail(UMT_ERR_STATE, "cuda backend: already started on device %d, expected a stop first",
-                        state.device);
+static umt_status check_buffer(const char *what, const void *buffer, size_t bytes, size_t least) {
+    if (bytes < least || (bytes > 0 && !buffer)) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "cuda backend: %s %p of %zu bytes, expected a buffer of at least %zu",
+                        what, buffer, bytes, least);
     }
-    if (workspace_bytes > 0 && !cublas_workspace) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "cuda backend: workspace NULL with %zu bytes, expected a buffer",
-                        workspace_bytes);
+    if ((uintptr_t)buffer % WORKSPACE_ALIGNMENT != 0) {
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "cuda backend: %s %p, expected %d-byte alignment", what, buffer,
+                        WORKSPACE_ALIGNMENT);
     }
-    if ((uintptr_t)cublas_workspace % WORKSPACE_ALIGNMENT != 0) {
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "cuda backend: workspace %p, expected %d-byte alignment",
-                        cublas_workspace, WORKSPACE_ALIGNMENT);
-    }
-    umt_status status = create_state(device, cublas_workspace, workspace_bytes);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_state_create(int device, void *cublas_workspace, size_t workspace_bytes, void *scratch,
+                                            size_t scratch_bytes, umt_cuda_state **out) {
+    *out = NULL;
+    UMT_TRY(check_buffer("workspace", cublas_workspace, workspace_bytes, 0));
+    UMT_TRY(check_buffer("scratch", scratch, scratch_bytes, umt_cuda_scratch_bytes()));
+    umt_cuda_state *s = (umt_cuda_state *)calloc(1, sizeof *s);
+    if (!s) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "cuda backend: no host memory for a context's state");
+    s->id = ++states_made;
+    s->device = device;
+    carve_scratch((char *)scratch, &s->scratch);
+    umt_status status = create_state(s, cublas_workspace, workspace_bytes);
     if (status != UMT_OK) {
-        release_state();
+        release_state(s);
         return status;
     }
-    state.started = true;
-    state.device = device;
+    current = s;
+    current_id = s->id;
+    *out = s;
     return UMT_OK;
 }
 
-extern "C" void umt_cuda_backend_stop(void) {
-    if (!state.started) return;
+extern "C" void umt_cuda_state_destroy(umt_cuda_state *s) {
+    if (!s) return;
     /* Queued kernels may still use the handles' workspaces: let them finish first. */
-    cudaStreamSynchronize(state.stream);
-    release_state();
+    cudaStreamSynchronize(s->stream);
+    release_state(s);
 }
 
-extern "C" cudaStream_t umt_cuda_stream(void) { return state.launch_override ? state.launch_override : state.stream; }
+extern "C" void umt_cuda_bind(umt_cuda_state *s) {
+    if (s == current && (!s || s->id == current_id)) return;
+    current = s;
+    current_id = s ? s->id : 0;
+    int device = -1;
+    /* A failure here shows at the first call on the device, with that call's name. */
+    if (s && (cudaGetDevice(&device) != cudaSuccess || device != s->device)) cudaSetDevice(s->device);
+}
+
+extern "C" cublasHandle_t umt_cuda_cublas_handle(void) { return current ? current->cublas : NULL; }
+
+extern "C" cudnnHandle_t umt_cuda_cudnn_handle(void) { return current ? current->cudnn : NULL; }
+
+extern "C" umt_conv_plans *umt_cuda_conv_plans(void) { return current ? current->plans : NULL; }
+
+extern "C" umt_status umt_cuda_scratch_get(const char *op, const umt_cuda_scratch **out) {
+    if (!current) return umt_fail(UMT_ERR_STATE, "%s: no CUDA context is bound to this thread", op);
+    *out = &current->scratch;
+    return UMT_OK;
+}
+
+extern "C" cudaStream_t umt_cuda_stream(void) {
+    if (!current) return NULL;
+    return current->launch_override ? current->launch_override : current->stream;
+}
+
+extern "C" cudaStream_t umt_cuda_compute_stream(void) { return current ? current->stream : NULL; }
 
 extern "C" cudaStream_t umt_cuda_launch_on(cudaStream_t stream) {
-    cudaStream_t previous = state.launch_override;
-    state.launch_override = stream;
+    if (!current) return NULL;
+    cudaStream_t previous = current->launch_override;
+    current->launch_override = stream;
     return previous;
 }
 
 extern "C" umt_status umt_cuda_synchronize(void) {
-    if (!state.started) return umt_fail(UMT_ERR_STATE, "cuda synchronize: backend not started");
-    UMT_CUDA_TRY(cudaStreamSynchronize(state.stream));
+    if (!current) return umt_fail(UMT_ERR_STATE, "cuda synchronize: no context bound to this thread");
+    UMT_CUDA_TRY(cudaStreamSynchronize(current->stream));
     /* A loss's label check reports here or at the next download (loss.cu). */
     return umt_cuda_take_label_verdict();
 }

@@ -18,9 +18,10 @@
  * conv2d_workspace_bytes reports the largest workspace any of them may need, so the one buffer
  * the op takes from the workspace pool serves forward and both backwards.
  *
- * Plans are kept in a table of PLAN_SLOTS: a network has a handful of shapes (each layer, at the
- * training and the evaluation batch size); a full table gives its slots up in turn. The
- * descriptors live as long as their plan, and the backend's stop destroys every plan.
+ * Plans are kept in a table of PLAN_SLOTS per context (its CUDA state's, backend.cu says why): a
+ * network has a handful of shapes (each layer, at the training and the evaluation batch size); a
+ * full table gives its slots up in turn. The descriptors live as long as their plan, and the
+ * state's destruction destroys every plan.
  *
  * Forward overwrites y (cuDNN beta 0: y is not read); both backwards accumulate (beta 1).
  *
@@ -36,6 +37,7 @@
  * workspace holds those kernels' partials too.
  */
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/base/cuda_check.h"
@@ -47,6 +49,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cudnn_handle.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/scratch.h"
 
 /* BIAS_THREADS must be a power of two (block_sum halves it). */
 enum { PLAN_SLOTS = 32, BIAS_THREADS = 256, SCRATCH_ALIGNMENT = 256 };
@@ -71,8 +74,10 @@ typedef struct {
     size_t workspace_bytes; /* that, and under mixed precision the dw scratch behind it */
 } conv_plan;
 
-static conv_plan plans[PLAN_SLOTS];
-static int next_given_up; /* the slot a full table reuses next */
+struct umt_conv_plans {
+    conv_plan slots[PLAN_SLOTS];
+    int next_given_up; /* the slot a full table reuses next */
+};
 
 /* ------------------------------------------------------------------------------------------ */
 /* Shape checks (the CPU's, kernels/cpu/conv.c, and cuDNN's limits)                           */
@@ -102,9 +107,15 @@ static void release_plan(conv_plan *plan) {
     memset(plan, 0, sizeof *plan);
 }
 
-extern "C" void umt_cuda_conv_forget_plans(void) {
-    for (int i = 0; i < PLAN_SLOTS; i++) release_plan(&plans[i]);
-    next_given_up = 0;
+extern "C" umt_status umt_cuda_conv_plans_new(umt_conv_plans **out) {
+    *out = (umt_conv_plans *)calloc(1, sizeof **out);
+    return *out ? UMT_OK : umt_fail(UMT_ERR_OUT_OF_MEMORY, "conv2d: no host memory for a table of plans");
+}
+
+extern "C" void umt_cuda_conv_plans_free(umt_conv_plans *plans) {
+    if (!plans) return;
+    for (int i = 0; i < PLAN_SLOTS; i++) release_plan(&plans->slots[i]);
+    free(plans);
 }
 
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
@@ -259,12 +270,12 @@ static bool same_shape(const umt_conv_shape *a, const umt_conv_shape *b) {
 }
 
 /* An empty slot, or else the next one in turn, given up. */
-static conv_plan *free_slot(void) {
+static conv_plan *free_slot(umt_conv_plans *plans) {
     for (int i = 0; i < PLAN_SLOTS; i++) {
-        if (!plans[i].used) return &plans[i];
+        if (!plans->slots[i].used) return &plans->slots[i];
     }
-    conv_plan *slot = &plans[next_given_up];
-    next_given_up = (next_given_up + 1) % PLAN_SLOTS;
+    conv_plan *slot = &plans->slots[plans->next_given_up];
+    plans->next_given_up = (plans->next_given_up + 1) % PLAN_SLOTS;
     release_plan(slot);
     return slot;
 }
@@ -273,15 +284,16 @@ static conv_plan *free_slot(void) {
 static umt_status plan_for(const char *op, const umt_conv_shape *s, const conv_plan **out) {
     UMT_TRY(umt_conv_check_shape(op, s));
     UMT_TRY(check_cudnn_limits(op, s));
+    umt_conv_plans *plans = umt_cuda_conv_plans();
+    cudnnHandle_t handle = umt_cuda_cudnn_handle();
+    if (!plans || !handle) return umt_fail(UMT_ERR_STATE, "%s: no CUDA context is bound to this thread", op);
     for (int i = 0; i < PLAN_SLOTS; i++) {
-        if (plans[i].used && same_shape(&plans[i].shape, s)) {
-            *out = &plans[i];
+        if (plans->slots[i].used && same_shape(&plans->slots[i].shape, s)) {
+            *out = &plans->slots[i];
             return UMT_OK;
         }
     }
-    cudnnHandle_t handle = umt_cuda_cudnn_handle();
-    if (!handle) return umt_fail(UMT_ERR_STATE, "%s: the cuda backend is not started", op);
-    conv_plan *plan = free_slot();
+    conv_plan *plan = free_slot(plans);
     umt_status status = make_plan(handle, s, plan);
     if (status != UMT_OK) {
         release_plan(plan);
@@ -450,16 +462,15 @@ static __device__ double block_sum(double v) {
  * A batch's planes of one channel lie hw apart in k-strided runs, so one block per channel
  * (k blocks: 32 or 64 here) would leave most of the GPU idle; cutting the images into chunks
  * fills it, and the fixed split keeps the result the same bits on every run (no atomics).
- * One stream runs every kernel in order, so one static buffer (module memory, 512 KiB, not a
- * pool) serves every call; shapes with more channels than it holds take one chunk. */
-enum { BIAS_PARTIALS = 1 << 16, BIAS_TARGET_BLOCKS = 1024 };
-static __device__ double bias_partials[BIAS_PARTIALS];
+ * A context's stream runs its kernels in order, so one buffer of the context's scratch
+ * (scratch.h, 512 KiB) serves every call; shapes with more channels than it holds take one chunk. */
+enum { BIAS_PARTIALS = UMT_BIAS_PARTIALS, BIAS_TARGET_BLOCKS = 1024 };
 
 /* Block (channel, chunk): the chunk's images of the channel, each plane read contiguously (no
  * division per element), summed in double as on the CPU. With one chunk, the block adds its
  * total to dbias itself. */
-static __global__ void sum_channel_chunks_kernel(const float *dy, float *dbias, int64_t n, int64_t k, int64_t hw,
-                                                 int64_t images_per_chunk) {
+static __global__ void sum_channel_chunks_kernel(const float *dy, float *dbias, double *bias_partials, int64_t n,
+                                                 int64_t k, int64_t hw, int64_t images_per_chunk) {
     int64_t channel = blockIdx.x, chunk = blockIdx.y, first = chunk * images_per_chunk;
     int64_t last = first + images_per_chunk < n ? first + images_per_chunk : n;
     double sum = 0.0;
@@ -475,7 +486,7 @@ static __global__ void sum_channel_chunks_kernel(const float *dy, float *dbias, 
         bias_partials[chunk * k + channel] = sum;
 }
 
-static __global__ void add_channel_chunks_kernel(float *dbias, int64_t k, int chunks) {
+static __global__ void add_channel_chunks_kernel(const double *bias_partials, float *dbias, int64_t k, int chunks) {
     umt_dev_add_chunk_partials(bias_partials, dbias, k, chunks);
 }
 
@@ -502,10 +513,15 @@ extern "C" umt_status umt_cuda_sum_channel_bias(const float *dy, float *dbias, i
     if (images_per_chunk > 0) chunks = (n + images_per_chunk - 1) / images_per_chunk;
     if (chunks < 1) chunks = 1;
     dim3 grid((unsigned int)k, (unsigned int)chunks);
-    sum_channel_chunks_kernel<<<grid, BIAS_THREADS, 0, umt_cuda_stream()>>>(dy, dbias, n, k, hw, images_per_chunk);
+    const umt_cuda_scratch *scratch;
+    UMT_TRY(umt_cuda_scratch_get("sum_channel_bias", &scratch));
+    double *partials = scratch->bias_partials;
+    sum_channel_chunks_kernel<<<grid, BIAS_THREADS, 0, umt_cuda_stream()>>>(dy, dbias, partials, n, k, hw,
+                                                                            images_per_chunk);
     UMT_CUDA_LAUNCHED();
     if (chunks > 1) {
-        add_channel_chunks_kernel<<<umt_chunk_sum_blocks(k), THREADS, 0, umt_cuda_stream()>>>(dbias, k, (int)chunks);
+        add_channel_chunks_kernel<<<umt_chunk_sum_blocks(k), THREADS, 0, umt_cuda_stream()>>>(partials, dbias, k,
+                                                                                              (int)chunks);
         UMT_CUDA_LAUNCHED();
     }
     return UMT_OK;

@@ -2,9 +2,10 @@
  * kernels/cuda/cuda_kernels.h — the CUDA backend: our kernels and cuBLAS behind the same
  * umt_backend slots as kernels/cpu/ (kernels/backend.h documents each slot).
  *
- * One process drives one GPU (data parallelism runs one process per GPU), so the backend's
- * state is one compute stream, one cuBLAS handle and one cuDNN handle for the process, made by
- * umt_cuda_backend_start. Every kernel runs on that stream, in order; functions that return a
+ * Each context on a GPU has its own state (backend.cu): a compute stream, a cuBLAS handle and a
+ * cuDNN handle, its convolution plans and its kernels' scratch, made by umt_cuda_state_create.
+ * The kernels find it through the calling thread's binding (umt_cuda_bind): every kernel runs
+ * on the bound state's stream, in order; functions that return a
  * host value (download, count_correct) wait for it. Pointers handed to the slots are device or
  * managed memory, except where a slot says host.
  */
@@ -24,21 +25,36 @@
 extern "C" {
 #endif
 
-/* Selects the device, creates the compute stream and the cuBLAS handle, and gives cuBLAS the
- * caller's workspace (from the workspace pool) so that cuBLAS allocates nothing itself. */
-umt_status umt_cuda_backend_start(int device, void *cublas_workspace, size_t workspace_bytes);
-/* Waits for the stream, then destroys the handle and the stream. */
-void umt_cuda_backend_stop(void);
+/* One context's CUDA state (backend.cu). */
+typedef struct umt_cuda_state umt_cuda_state;
+
+/* Device bytes of scratch a state needs: its kernels' partial sums and the label report. */
+size_t umt_cuda_scratch_bytes(void);
+/* Selects the device, creates the compute stream and the cuBLAS and cuDNN handles, gives cuBLAS
+ * the caller's workspace (from the workspace pool) so that cuBLAS allocates nothing itself, and
+ * the kernels the caller's scratch (umt_cuda_scratch_bytes, from the same pool; both 256-byte
+ * aligned). Binds the new state to the calling thread. */
+umt_status umt_cuda_state_create(int device, void *cublas_workspace, size_t workspace_bytes, void *scratch,
+                                 size_t scratch_bytes, umt_cuda_state **out);
+/* Waits for the stream, then destroys the plans, the handles and the stream. NULL is a no-op. */
+void umt_cuda_state_destroy(umt_cuda_state *state);
+/* Makes state the calling thread's: the kernels called from this thread from now on run on its
+ * stream, handles and scratch (and on its device). A state is used by one thread at a time. */
+void umt_cuda_bind(umt_cuda_state *state);
 const umt_backend *umt_cuda_backend(void);
-/* The compute stream (memory/ prefetches on it, so prefetch and use stay in order). */
+/* The bound state's stream for our own kernels: the compute stream, or umt_cuda_launch_on's
+ * (NULL when no state is bound). */
 cudaStream_t umt_cuda_stream(void);
+/* The bound state's compute stream, whatever umt_cuda_launch_on chose (memory/ prefetches on it,
+ * so prefetch and use stay in order). */
+cudaStream_t umt_cuda_compute_stream(void);
 /* Our own kernels (not cuBLAS or cuDNN, which stay on the compute stream) launch on stream from
  * now on, NULL for the compute stream again; returns the previous choice. The offload tier runs
- * its updates during backward beside the compute stream this way (offload/offload.c). */
+ * its updates during backward beside the compute stream this way (offload/offload.c). Per state. */
 cudaStream_t umt_cuda_launch_on(cudaStream_t stream);
-/* The cuBLAS handle bound to the compute stream (gemm.cu). */
+/* The bound state's cuBLAS handle, bound to its compute stream (gemm.cu). */
 cublasHandle_t umt_cuda_cublas_handle(void);
-/* Waits until all work queued on the compute stream has finished. */
+/* Waits until all work queued on the bound state's compute stream has finished. */
 umt_status umt_cuda_synchronize(void);
 
 /* memory.cu */

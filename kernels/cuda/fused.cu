@@ -27,14 +27,13 @@
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/pool_scatter.h"
+#include "kernels/cuda/scratch.h"
 
-/* Chunk partials of the bias sums: [chunk * k + channel]. One stream runs every kernel in
- * order, so one static buffer per layout (module memory, not a pool) serves every call; a
+/* Chunk partials of the bias sums: [chunk * k + channel]. A context's stream runs its kernels
+ * in order, so one buffer per layout of the context's scratch (scratch.h) serves every call; a
  * shape with more channels than a buffer holds takes one chunk (no partials). */
-enum { PARTIALS = 1 << 16, TARGET_BLOCKS = 1024, SUM_COLUMNS = 32, SUM_ROW_GROUPS = 16 };
+enum { PARTIALS = UMT_FUSED_PARTIALS, TARGET_BLOCKS = 1024, SUM_COLUMNS = 32, SUM_ROW_GROUPS = 16 };
 enum { VECTOR = UMT_HALVES_PER_VECTOR }; /* halves in one umt_halves8 (kernels/cuda/float16.h) */
-static __device__ float row_partials[PARTIALS];
-static __device__ double plane_partials[PARTIALS];
 
 template <umt_dtype D> static __device__ float load(const void *p, int64_t i) { return umt_dev_load_as_f32(p, D, i); }
 template <umt_dtype D> static __device__ void store(void *p, int64_t i, float v) { umt_dev_store_from_f32(p, D, i, v); }
@@ -136,8 +135,8 @@ template <typename T> static __device__ void put_sum(float *dbias, T *partials, 
 /* Channels last, any dtype and k: block (column tile, chunk) is 32 channels by 16 row groups
  * over its chunk's rows; the 16 groups' sums are added in group order. */
 template <umt_dtype D>
-static __global__ void mask_rows_kernel(const void *y, void *dy, float *dbias, int64_t rows, int64_t k,
-                                        int64_t rows_per_chunk, bool chunked, float scale) {
+static __global__ void mask_rows_kernel(const void *y, void *dy, float *dbias, float *row_partials, int64_t rows,
+                                        int64_t k, int64_t rows_per_chunk, bool chunked, float scale) {
     __shared__ float partial[SUM_ROW_GROUPS][SUM_COLUMNS];
     int64_t c = (int64_t)blockIdx.x * SUM_COLUMNS + threadIdx.x, chunk = blockIdx.y;
     int64_t first = chunk * rows_per_chunk, last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
@@ -160,8 +159,9 @@ static __global__ void mask_rows_kernel(const void *y, void *dy, float *dbias, i
  * cover a row with 16-byte loads, THREADS / lanes rows at a time; thread t always holds the
  * eight channels of lane t % lanes, and the block adds its lanes' sums in thread order. */
 template <umt_dtype D>
-static __global__ void mask_rows_vector_kernel(const uint4 *y, uint4 *dy, float *dbias, int64_t rows, int64_t k,
-                                               int64_t rows_per_chunk, bool chunked, float scale) {
+static __global__ void mask_rows_vector_kernel(const uint4 *y, uint4 *dy, float *dbias, float *row_partials,
+                                               int64_t rows, int64_t k, int64_t rows_per_chunk, bool chunked,
+                                               float scale) {
     __shared__ float sums[THREADS][VECTOR];
     int lanes = (int)(k / VECTOR), lane = threadIdx.x % lanes, rows_at_once = THREADS / lanes;
     int64_t chunk = blockIdx.x, first = chunk * rows_per_chunk;
@@ -193,8 +193,8 @@ static __global__ void mask_rows_vector_kernel(const uint4 *y, uint4 *dy, float 
 /* NCHW: block (channel, chunk) walks its chunk's planes of the channel contiguously and sums in
  * double, as kernels/cuda/conv.cu's sum_channel_bias does. */
 template <umt_dtype D>
-static __global__ void mask_planes_kernel(const void *y, void *dy, float *dbias, int64_t n, int64_t k, int64_t hw,
-                                          int64_t images_per_chunk, bool chunked, float scale) {
+static __global__ void mask_planes_kernel(const void *y, void *dy, float *dbias, double *plane_partials, int64_t n,
+                                          int64_t k, int64_t hw, int64_t images_per_chunk, bool chunked, float scale) {
     __shared__ double partial[THREADS];
     int64_t channel = blockIdx.x, chunk = blockIdx.y, first = chunk * images_per_chunk;
     int64_t last = first + images_per_chunk < n ? first + images_per_chunk : n;
@@ -214,14 +214,10 @@ static __global__ void mask_planes_kernel(const void *y, void *dy, float *dbias,
     if (threadIdx.x == 0 && dbias) put_sum<double>(dbias, plane_partials, chunk, k, channel, partial[0], chunked);
 }
 
-/* The partials of T's sums: float for rows, double for planes. (A __device__ array is named
- * in device code: its name in host code is the host's shadow, not the device address.) */
-template <typename T> static __device__ T *partial_buffer();
-template <> __device__ float *partial_buffer<float>() { return row_partials; }
-template <> __device__ double *partial_buffer<double>() { return plane_partials; }
-
-template <typename T> static __global__ void add_partials_kernel(float *dbias, int64_t k, int chunks) {
-    umt_dev_add_chunk_partials(partial_buffer<T>(), dbias, k, chunks);
+/* The partials of T's sums: float for rows, double for planes. */
+template <typename T>
+static __global__ void add_partials_kernel(const T *partials, float *dbias, int64_t k, int chunks) {
+    umt_dev_add_chunk_partials(partials, dbias, k, chunks);
 }
 
 /* How many chunks (at least 1) cut `items` so that `tiles` blocks per chunk give the GPU about
@@ -237,10 +233,11 @@ static int64_t chunks_for(int64_t items, int64_t tiles, int64_t k, int64_t *per_
 
 /* After a first stage's launch (checked here): with several chunks, the second stage adds the
  * chunks' partials of T into dbias; one chunk wrote dbias itself. */
-template <typename T> static umt_status finish_sums(float *dbias, int64_t k, int64_t chunks) {
+template <typename T> static umt_status finish_sums(const T *partials, float *dbias, int64_t k, int64_t chunks) {
     UMT_CUDA_LAUNCHED();
     if (chunks > 1 && dbias) {
-        add_partials_kernel<T><<<umt_chunk_sum_blocks(k), THREADS, 0, umt_cuda_stream()>>>(dbias, k, (int)chunks);
+        add_partials_kernel<T><<<umt_chunk_sum_blocks(k), THREADS, 0, umt_cuda_stream()>>>(partials, dbias, k,
+                                                                                           (int)chunks);
         UMT_CUDA_LAUNCHED();
     }
     return UMT_OK;
@@ -248,6 +245,9 @@ template <typename T> static umt_status finish_sums(float *dbias, int64_t k, int
 
 template <umt_dtype D>
 static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows, int64_t k, float scale) {
+    const umt_cuda_scratch *scratch;
+    UMT_TRY(umt_cuda_scratch_get("bias_relu_backward", &scratch));
+    float *partials = scratch->fused_row_partials;
     cudaStream_t stream = umt_cuda_stream();
     int64_t per_chunk = 0, chunks = 0;
     bool vector = false;
@@ -256,7 +256,7 @@ static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows,
         if (vector) {
             chunks = chunks_for(rows, 1, k, &per_chunk);
             mask_rows_vector_kernel<D><<<(unsigned int)chunks, THREADS, 0, stream>>>(
-                (const uint4 *)y, (uint4 *)dy, dbias, rows, k, per_chunk, chunks > 1, scale);
+                (const uint4 *)y, (uint4 *)dy, dbias, partials, rows, k, per_chunk, chunks > 1, scale);
         }
     }
     if (!vector) {
@@ -266,20 +266,23 @@ static umt_status mask_rows(const void *y, void *dy, float *dbias, int64_t rows,
                             (long long)MAX_BLOCKS * SUM_COLUMNS);
         chunks = chunks_for(rows, tiles, k, &per_chunk);
         mask_rows_kernel<D><<<dim3((unsigned int)tiles, (unsigned int)chunks), dim3(SUM_COLUMNS, SUM_ROW_GROUPS), 0,
-                              stream>>>(y, dy, dbias, rows, k, per_chunk, chunks > 1, scale);
+                              stream>>>(y, dy, dbias, partials, rows, k, per_chunk, chunks > 1, scale);
     }
-    return finish_sums<float>(dbias, k, chunks);
+    return finish_sums<float>(partials, dbias, k, chunks);
 }
 
 template <umt_dtype D>
 static umt_status mask_planes(const void *y, void *dy, float *dbias, int64_t n, int64_t k, int64_t hw, float scale) {
     if (k > MAX_BLOCKS)
         return umt_fail(UMT_ERR_UNSUPPORTED, "bias_relu_backward: %lld channels (at most %d)", (long long)k, MAX_BLOCKS);
+    const umt_cuda_scratch *scratch;
+    UMT_TRY(umt_cuda_scratch_get("bias_relu_backward", &scratch));
+    double *partials = scratch->fused_plane_partials;
     cudaStream_t stream = umt_cuda_stream();
     int64_t per_chunk = 0, chunks = chunks_for(n, k, k, &per_chunk);
     mask_planes_kernel<D><<<dim3((unsigned int)k, (unsigned int)chunks), THREADS, 0, stream>>>(
-        y, dy, dbias, n, k, hw, per_chunk, chunks > 1, scale);
-    return finish_sums<double>(dbias, k, chunks);
+        y, dy, dbias, partials, n, k, hw, per_chunk, chunks > 1, scale);
+    return finish_sums<double>(partials, dbias, k, chunks);
 }
 
 /* scale 0: bias_relu_backward; else the gradient after a dropout (passed() above). */

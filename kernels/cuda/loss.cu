@@ -18,8 +18,9 @@
  * training step queues without a single host wait, and can be captured into a CUDA graph.
  * count_correct returns a host count anyway, so it waits and reports at once.
  *
- * `partials`, `report` and `verdict` are single device globals: every call runs on the one compute stream,
- * so calls never overlap on the device, and the backend is driven from one host thread.
+ * `partials`, `report` and `verdict` are the context's own (its scratch, kernels/cuda/scratch.h): a
+ * context's calls run in order on its stream, so they never overlap on the device, and two
+ * contexts on two streams never share them.
  */
 #include <math.h>
 
@@ -27,9 +28,10 @@
 #include "core/base/error.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/scratch.h"
 
 /* THREADS must be a multiple of the warp size (32) for block_reduce. */
-enum { MAX_PARTIALS = 1024 };
+enum { MAX_PARTIALS = UMT_LOSS_PARTIALS };
 
 #define NO_BAD_ROW 0xffffffffffffffffull
 
@@ -49,9 +51,33 @@ typedef struct {
     long long row, cols;
 } label_verdict;
 
-static __device__ double partials[MAX_PARTIALS];
-static __device__ label_report report = {NO_BAD_ROW, 0};
-static __device__ label_verdict verdict = {-1, 0, 0, 0};
+static_assert(sizeof(label_report) <= UMT_LABEL_SLOT_BYTES && sizeof(label_verdict) <= UMT_LABEL_SLOT_BYTES,
+              "the label slots of scratch.h hold a report and a verdict");
+
+/* The context's partials, label report and verdict (its scratch), handed to each kernel. */
+typedef struct {
+    double *partials; /* MAX_PARTIALS */
+    label_report *report;
+    label_verdict *verdict;
+} loss_scratch;
+
+static umt_status scratch_for(const char *op, loss_scratch *out) {
+    const umt_cuda_scratch *scratch;
+    UMT_TRY(umt_cuda_scratch_get(op, &scratch));
+    *out = loss_scratch{scratch->loss_partials, (label_report *)scratch->label_report,
+                        (label_verdict *)scratch->label_verdict};
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_label_scratch_clear(const umt_cuda_scratch *scratch, cudaStream_t stream) {
+    static const label_report clear_report = {NO_BAD_ROW, 0};
+    static const label_verdict no_verdict = {-1, 0, 0, 0};
+    UMT_CUDA_TRY(cudaMemcpyAsync(scratch->label_report, &clear_report, sizeof clear_report, cudaMemcpyHostToDevice,
+                                 stream));
+    UMT_CUDA_TRY(cudaMemcpyAsync(scratch->label_verdict, &no_verdict, sizeof no_verdict, cudaMemcpyHostToDevice,
+                                 stream));
+    return UMT_OK;
+}
 
 /* Blocks for a kernel that writes one partial sum per block. */
 static unsigned int partial_blocks_for(int64_t n, int64_t per_block) {
@@ -106,10 +132,11 @@ static __device__ double shifted_log_sum_exp(const float *x, int64_t cols, float
 
 /* out[0] = sign * (sum of partials[0, count)) / divisor, unless labelled and a bad label was
  * reported. */
-static __global__ void finish_mean_kernel(int count, double sign, double divisor, bool labelled, float *out) {
-    if (labelled && report.first_bad_row != NO_BAD_ROW) return;
+static __global__ void finish_mean_kernel(loss_scratch s,
+                                          int count, double sign, double divisor, bool labelled, float *out) {
+    if (labelled && s.report->first_bad_row != NO_BAD_ROW) return;
     double sum = 0.0;
-    for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
+    for (int i = threadIdx.x; i < count; i += blockDim.x) sum += s.partials[i];
     sum = block_reduce(sum, false);
     if (threadIdx.x == 0) out[0] = (float)(sign * sum / divisor);
 }
@@ -117,37 +144,38 @@ static __global__ void finish_mean_kernel(int count, double sign, double divisor
 /* ------------------------------------------------------------------------------------------ */
 /* Label checks                                                                                */
 
-static __global__ void reset_report_kernel(void) {
-    report.first_bad_row = NO_BAD_ROW;
-    report.correct = 0;
+static __global__ void reset_report_kernel(loss_scratch s) {
+    s.report->first_bad_row = NO_BAD_ROW;
+    s.report->correct = 0;
 }
 
-static __global__ void check_labels_kernel(const int32_t *labels, int64_t rows, int64_t cols) {
+static __global__ void check_labels_kernel(loss_scratch s, const int32_t *labels, int64_t rows, int64_t cols) {
     FOR_EACH_INDEX(r, rows) {
-        if (labels[r] < 0 || labels[r] >= cols) atomicMin(&report.first_bad_row, (unsigned long long)r);
+        if (labels[r] < 0 || labels[r] >= cols) atomicMin(&s.report->first_bad_row, (unsigned long long)r);
     }
 }
 
 /* One thread, after a deferred call's kernels: keeps the first bad label for the host (a later
  * one does not overwrite it) and clears the report for the next call. */
-static __global__ void latch_verdict_kernel(int op, const int32_t *labels, int64_t cols) {
-    if (report.first_bad_row != NO_BAD_ROW && verdict.op < 0)
-        verdict = label_verdict{op, labels[report.first_bad_row], (long long)report.first_bad_row, (long long)cols};
-    report.first_bad_row = NO_BAD_ROW;
-    report.correct = 0;
+static __global__ void latch_verdict_kernel(loss_scratch s, int op, const int32_t *labels, int64_t cols) {
+    if (s.report->first_bad_row != NO_BAD_ROW && s.verdict->op < 0)
+        *s.verdict = label_verdict{op, labels[s.report->first_bad_row], (long long)s.report->first_bad_row,
+                                   (long long)cols};
+    s.report->first_bad_row = NO_BAD_ROW;
+    s.report->correct = 0;
 }
 
 /* Queues the check of every label; the kernels that follow look at its verdict. The report is
  * clear here: it starts clear, and every call clears it when done. */
-static umt_status start_label_check(const int32_t *labels, int64_t rows, int64_t cols) {
-    check_labels_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(labels, rows, cols);
+static umt_status start_label_check(loss_scratch s, const int32_t *labels, int64_t rows, int64_t cols) {
+    check_labels_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(s, labels, rows, cols);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
 
 /* Ends a deferred call: the verdict waits on the device for the next host read. */
-static umt_status defer_label_check(int op, const int32_t *labels, int64_t cols) {
-    latch_verdict_kernel<<<1, 1, 0, umt_cuda_stream()>>>(op, labels, cols);
+static umt_status defer_label_check(loss_scratch s, int op, const int32_t *labels, int64_t cols) {
+    latch_verdict_kernel<<<1, 1, 0, umt_cuda_stream()>>>(s, op, labels, cols);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
@@ -155,12 +183,14 @@ static umt_status defer_label_check(int op, const int32_t *labels, int64_t cols)
 /* Called by the host reads after their wait (the stream is idle): the CPU's error for the first
  * bad label a loss met since the last read, and the verdict cleared. */
 extern "C" umt_status umt_cuda_take_label_verdict(void) {
+    loss_scratch s;
+    UMT_TRY(scratch_for("label check", &s));
     label_verdict host;
-    UMT_CUDA_TRY(cudaMemcpyFromSymbolAsync(&host, verdict, sizeof host, 0, cudaMemcpyDeviceToHost, umt_cuda_stream()));
+    UMT_CUDA_TRY(cudaMemcpyAsync(&host, s.verdict, sizeof host, cudaMemcpyDeviceToHost, umt_cuda_stream()));
     UMT_CUDA_TRY(cudaStreamSynchronize(umt_cuda_stream()));
     if (host.op < 0) return UMT_OK;
     const label_verdict none = {-1, 0, 0, 0};
-    UMT_CUDA_TRY(cudaMemcpyToSymbolAsync(verdict, &none, sizeof none, 0, cudaMemcpyHostToDevice, umt_cuda_stream()));
+    UMT_CUDA_TRY(cudaMemcpyAsync(s.verdict, &none, sizeof none, cudaMemcpyHostToDevice, umt_cuda_stream()));
     UMT_CUDA_TRY(cudaStreamSynchronize(umt_cuda_stream()));
     return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: row %lld has label %d, expected 0 <= label < %lld",
                     deferred_ops[host.op], host.row, host.label, host.cols);
@@ -168,10 +198,11 @@ extern "C" umt_status umt_cuda_take_label_verdict(void) {
 
 /* Waits for count_correct's kernels and turns a reported label into the CPU's error message
  * (the lowest bad row, as the CPU's first-to-last scan finds), leaving the report clear. */
-static umt_status finish_label_check(const char *op, const int32_t *labels, int64_t cols, int64_t *correct) {
+static umt_status finish_label_check(loss_scratch s, const char *op, const int32_t *labels, int64_t cols,
+                                     int64_t *correct) {
     label_report host;
-    UMT_CUDA_TRY(cudaMemcpyFromSymbolAsync(&host, report, sizeof host, 0, cudaMemcpyDeviceToHost, umt_cuda_stream()));
-    reset_report_kernel<<<1, 1, 0, umt_cuda_stream()>>>();
+    UMT_CUDA_TRY(cudaMemcpyAsync(&host, s.report, sizeof host, cudaMemcpyDeviceToHost, umt_cuda_stream()));
+    reset_report_kernel<<<1, 1, 0, umt_cuda_stream()>>>(s);
     UMT_CUDA_LAUNCHED();
     UMT_CUDA_TRY(cudaStreamSynchronize(umt_cuda_stream()));
     if (host.first_bad_row != NO_BAD_ROW) {
@@ -189,11 +220,11 @@ static umt_status finish_label_check(const char *op, const int32_t *labels, int6
 /* ------------------------------------------------------------------------------------------ */
 /* Mean                                                                                        */
 
-static __global__ void sum_partials_kernel(const float *x, int64_t n) {
+static __global__ void sum_partials_kernel(loss_scratch s, const float *x, int64_t n) {
     double sum = 0.0;
     FOR_EACH_INDEX(i, n) sum += x[i];
     sum = block_reduce(sum, false);
-    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+    if (threadIdx.x == 0) s.partials[blockIdx.x] = sum;
 }
 
 static __global__ void mean_backward_kernel(const float *dout, float *dx, int64_t n) {
@@ -202,11 +233,13 @@ static __global__ void mean_backward_kernel(const float *dout, float *dx, int64_
 }
 
 extern "C" umt_status umt_cuda_mean(const float *x, float *out, int64_t n) {
+    loss_scratch s;
+    UMT_TRY(scratch_for("mean", &s));
     /* The grid depends on n only, so the summation order (and the result) is reproducible. */
     unsigned int blocks = partial_blocks_for(n, THREADS);
-    sum_partials_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(x, n);
+    sum_partials_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(s, x, n);
     UMT_CUDA_LAUNCHED();
-    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>((int)blocks, 1.0, (double)n, false, out);
+    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>(s, (int)blocks, 1.0, (double)n, false, out);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
@@ -271,38 +304,44 @@ extern "C" umt_status umt_cuda_log_softmax_backward(const float *y, const float 
 /* ------------------------------------------------------------------------------------------ */
 /* Negative log-likelihood                                                                     */
 
-static __global__ void nll_partials_kernel(const float *logp, const int32_t *labels, int64_t rows, int64_t cols) {
-    if (report.first_bad_row != NO_BAD_ROW) return;
+static __global__ void nll_partials_kernel(loss_scratch s,
+                                           const float *logp, const int32_t *labels, int64_t rows, int64_t cols) {
+    if (s.report->first_bad_row != NO_BAD_ROW) return;
     double sum = 0.0;
     FOR_EACH_INDEX(r, rows) sum += logp[r * cols + labels[r]];
     sum = block_reduce(sum, false);
-    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+    if (threadIdx.x == 0) s.partials[blockIdx.x] = sum;
 }
 
-static __global__ void nll_loss_backward_kernel(const float *dloss, const int32_t *labels, float *dlogp, int64_t rows,
+static __global__ void nll_loss_backward_kernel(loss_scratch s,
+                                                const float *dloss, const int32_t *labels, float *dlogp, int64_t rows,
                                                 int64_t cols) {
-    if (report.first_bad_row != NO_BAD_ROW) return;
+    if (s.report->first_bad_row != NO_BAD_ROW) return;
     float share = (float)(-(double)dloss[0] / (double)rows);
     FOR_EACH_INDEX(r, rows) dlogp[r * cols + labels[r]] += share;
 }
 
 extern "C" umt_status umt_cuda_nll_loss(const float *logp, const int32_t *labels, float *loss, int64_t rows,
                                         int64_t cols) {
-    UMT_TRY(start_label_check(labels, rows, cols));
+    loss_scratch s;
+    UMT_TRY(scratch_for("nll_loss", &s));
+    UMT_TRY(start_label_check(s, labels, rows, cols));
     unsigned int blocks = partial_blocks_for(rows, THREADS);
-    nll_partials_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(logp, labels, rows, cols);
+    nll_partials_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(s, logp, labels, rows, cols);
     UMT_CUDA_LAUNCHED();
-    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>((int)blocks, -1.0, (double)rows, true, loss);
+    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>(s, (int)blocks, -1.0, (double)rows, true, loss);
     UMT_CUDA_LAUNCHED();
-    return defer_label_check(NLL_LOSS, labels, cols);
+    return defer_label_check(s, NLL_LOSS, labels, cols);
 }
 
 extern "C" umt_status umt_cuda_nll_loss_backward(const float *dloss, const int32_t *labels, float *dlogp,
                                                  int64_t rows, int64_t cols) {
-    UMT_TRY(start_label_check(labels, rows, cols));
-    nll_loss_backward_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(dloss, labels, dlogp, rows, cols);
+    loss_scratch s;
+    UMT_TRY(scratch_for("nll_loss_backward", &s));
+    UMT_TRY(start_label_check(s, labels, rows, cols));
+    nll_loss_backward_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(s, dloss, labels, dlogp, rows, cols);
     UMT_CUDA_LAUNCHED();
-    return defer_label_check(NLL_LOSS_BACKWARD, labels, cols);
+    return defer_label_check(s, NLL_LOSS_BACKWARD, labels, cols);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -311,9 +350,10 @@ extern "C" umt_status umt_cuda_nll_loss_backward(const float *dloss, const int32
 /* One block per row: probs = softmax(row), and the row's -log p[label] added to the block's
  * partial sum. The loss is taken from the logits, not from probs: a probability that underflowed
  * to 0 would give an infinite loss where the true one is merely large. */
-static __global__ void softmax_xent_kernel(const float *logits, const int32_t *labels, float *probs, int64_t rows,
+static __global__ void softmax_xent_kernel(loss_scratch s,
+                                           const float *logits, const int32_t *labels, float *probs, int64_t rows,
                                            int64_t cols) {
-    if (report.first_bad_row != NO_BAD_ROW) return;
+    if (s.report->first_bad_row != NO_BAD_ROW) return;
     double block_loss = 0.0;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *x_row = logits + r * cols;
@@ -325,13 +365,14 @@ static __global__ void softmax_xent_kernel(const float *logits, const int32_t *l
         }
         block_loss += log_sum - ((double)x_row[labels[r]] - max);
     }
-    if (threadIdx.x == 0) partials[blockIdx.x] = block_loss;
+    if (threadIdx.x == 0) s.partials[blockIdx.x] = block_loss;
 }
 
 /* dlogits += dloss[0] / rows * (probs - onehot(labels)) */
-static __global__ void softmax_xent_backward_kernel(const float *probs, const int32_t *labels, const float *dloss,
+static __global__ void softmax_xent_backward_kernel(loss_scratch s,
+                                                    const float *probs, const int32_t *labels, const float *dloss,
                                                     float *dlogits, int64_t rows, int64_t cols) {
-    if (report.first_bad_row != NO_BAD_ROW) return;
+    if (s.report->first_bad_row != NO_BAD_ROW) return;
     float scale = (float)((double)dloss[0] / (double)rows);
     FOR_EACH_INDEX(i, rows * cols) {
         float onehot = i % cols == labels[i / cols] ? 1.0f : 0.0f;
@@ -341,45 +382,52 @@ static __global__ void softmax_xent_backward_kernel(const float *probs, const in
 
 extern "C" umt_status umt_cuda_softmax_xent(const float *logits, const int32_t *labels, float *probs, float *loss,
                                             int64_t rows, int64_t cols) {
-    UMT_TRY(start_label_check(labels, rows, cols));
+    loss_scratch s;
+    UMT_TRY(scratch_for("softmax_xent", &s));
+    UMT_TRY(start_label_check(s, labels, rows, cols));
     unsigned int blocks = partial_blocks_for(rows, 1);
-    softmax_xent_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(logits, labels, probs, rows, cols);
+    softmax_xent_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(s, logits, labels, probs, rows, cols);
     UMT_CUDA_LAUNCHED();
-    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>((int)blocks, 1.0, (double)rows, true, loss);
+    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>(s, (int)blocks, 1.0, (double)rows, true, loss);
     UMT_CUDA_LAUNCHED();
-    return defer_label_check(SOFTMAX_XENT, labels, cols);
+    return defer_label_check(s, SOFTMAX_XENT, labels, cols);
 }
 
 extern "C" umt_status umt_cuda_softmax_xent_backward(const float *probs, const int32_t *labels, const float *dloss,
                                                      float *dlogits, int64_t rows, int64_t cols) {
-    UMT_TRY(start_label_check(labels, rows, cols));
+    loss_scratch s;
+    UMT_TRY(scratch_for("softmax_xent_backward", &s));
+    UMT_TRY(start_label_check(s, labels, rows, cols));
     int64_t n = rows * cols;
-    softmax_xent_backward_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(probs, labels, dloss, dlogits,
+    softmax_xent_backward_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(s, probs, labels, dloss, dlogits,
                                                                                     rows, cols);
     UMT_CUDA_LAUNCHED();
-    return defer_label_check(SOFTMAX_XENT_BACKWARD, labels, cols);
+    return defer_label_check(s, SOFTMAX_XENT_BACKWARD, labels, cols);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Accuracy                                                                                    */
 
 /* One thread per row. Strictly greater: on a tie the lowest index wins, as in PyTorch's argmax. */
-static __global__ void count_correct_kernel(const float *scores, const int32_t *labels, int64_t rows, int64_t cols) {
-    if (report.first_bad_row != NO_BAD_ROW) return;
+static __global__ void count_correct_kernel(loss_scratch s,
+                                            const float *scores, const int32_t *labels, int64_t rows, int64_t cols) {
+    if (s.report->first_bad_row != NO_BAD_ROW) return;
     FOR_EACH_INDEX(r, rows) {
         const float *row = scores + r * cols;
         int64_t best = 0;
         for (int64_t c = 1; c < cols; c++) {
             if (row[c] > row[best]) best = c;
         }
-        if (best == labels[r]) atomicAdd(&report.correct, 1ull);
+        if (best == labels[r]) atomicAdd(&s.report->correct, 1ull);
     }
 }
 
 extern "C" umt_status umt_cuda_count_correct(const float *scores, const int32_t *labels, int64_t rows, int64_t cols,
                                              int64_t *correct) {
-    UMT_TRY(start_label_check(labels, rows, cols));
-    count_correct_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(scores, labels, rows, cols);
+    loss_scratch s;
+    UMT_TRY(scratch_for("count_correct", &s));
+    UMT_TRY(start_label_check(s, labels, rows, cols));
+    count_correct_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(s, scores, labels, rows, cols);
     UMT_CUDA_LAUNCHED();
-    return finish_label_check("count_correct", labels, cols, correct);
+    return finish_label_check(s, "count_correct", labels, cols, correct);
 }

@@ -15,18 +15,23 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/scratch.h"
 
 /* sum_rows_lp's block: 32 columns by 16 row groups, as sum_rows in elementwise.cu; and its grid's
  * second dimension: up to ROW_CHUNKS blocks share a column tile when there are many rows. */
-enum { SUM_COLUMNS = 32, SUM_ROW_GROUPS = 16, ROW_CHUNKS = 128, MAX_CHUNKED_COLUMNS = 1024 };
+enum {
+    SUM_COLUMNS = 32,
+    SUM_ROW_GROUPS = 16,
+    ROW_CHUNKS = UMT_LOWP_ROW_CHUNKS,
+    MAX_CHUNKED_COLUMNS = UMT_LOWP_MAX_CHUNKED_COLUMNS
+};
 
 /* The chunks' partial sums. A bias gradient under NHWC is a sum over n*h*w rows (millions) of
  * few columns (the channels): one block per column tile would leave the GPU idle, so the rows
  * are cut into chunks summed by separate blocks, and a second kernel adds the chunks' partials
- * in a fixed order (kernels/cuda/chunk_sums.h) — deterministic, without atomics. One stream
- * runs every kernel in order, so one static buffer (512 KiB of module memory, not a pool)
+ * in a fixed order (kernels/cuda/chunk_sums.h) — deterministic, without atomics. A context's
+ * stream runs its kernels in order, so one buffer of the context's scratch (scratch.h, 512 KiB)
  * serves every call. */
-static __device__ float row_chunk_partials[ROW_CHUNKS * MAX_CHUNKED_COLUMNS];
 
 #define LAUNCH_OVER(n, kernel, ...)                                                                                \
     do {                                                                                                           \
@@ -327,8 +332,8 @@ static __global__ void sum_rows_lp_kernel(umt_dtype dtype, const void *dy, float
 }
 
 /* Block (tile, chunk) sums rows [chunk * rows_per_chunk, +rows_per_chunk) of its 32 columns. */
-static __global__ void sum_row_chunks_lp_kernel(umt_dtype dtype, const void *dy, int64_t rows, int64_t cols,
-                                                int64_t rows_per_chunk) {
+static __global__ void sum_row_chunks_lp_kernel(umt_dtype dtype, const void *dy, float *row_chunk_partials,
+                                                int64_t rows, int64_t cols, int64_t rows_per_chunk) {
     __shared__ float partial[SUM_ROW_GROUPS][SUM_COLUMNS];
     int64_t c = (int64_t)blockIdx.x * SUM_COLUMNS + threadIdx.x;
     int64_t first = (int64_t)blockIdx.y * rows_per_chunk;
@@ -345,7 +350,8 @@ static __global__ void sum_row_chunks_lp_kernel(umt_dtype dtype, const void *dy,
     }
 }
 
-static __global__ void add_row_chunks_kernel(float *dbias, int64_t cols, int chunks) {
+static __global__ void add_row_chunks_kernel(const float *row_chunk_partials, float *dbias, int64_t cols,
+                                             int chunks) {
     umt_dev_add_chunk_partials(row_chunk_partials, dbias, cols, chunks);
 }
 
@@ -370,10 +376,14 @@ extern "C" umt_status umt_cuda_sum_rows_lp(umt_dtype dtype, const void *dy, floa
     if (tiles < 64 && cols <= MAX_CHUNKED_COLUMNS && rows >= 4 * ROW_CHUNKS * SUM_ROW_GROUPS) {
         int64_t rows_per_chunk = (rows + ROW_CHUNKS - 1) / ROW_CHUNKS;
         int chunks = (int)((rows + rows_per_chunk - 1) / rows_per_chunk);
+        const umt_cuda_scratch *scratch;
+        UMT_TRY(umt_cuda_scratch_get("sum_rows_lp", &scratch));
+        float *partials = scratch->lowp_row_chunk_partials;
         sum_row_chunks_lp_kernel<<<dim3((unsigned int)tiles, (unsigned int)chunks), dim3(SUM_COLUMNS, SUM_ROW_GROUPS),
-                                   0, umt_cuda_stream()>>>(dtype, dy, rows, cols, rows_per_chunk);
+                                   0, umt_cuda_stream()>>>(dtype, dy, partials, rows, cols, rows_per_chunk);
         UMT_CUDA_LAUNCHED();
-        add_row_chunks_kernel<<<umt_chunk_sum_blocks(cols), THREADS, 0, umt_cuda_stream()>>>(dbias, cols, chunks);
+        add_row_chunks_kernel<<<umt_chunk_sum_blocks(cols), THREADS, 0, umt_cuda_stream()>>>(partials, dbias, cols,
+                                                                                             chunks);
         UMT_CUDA_LAUNCHED();
         return UMT_OK;
     }

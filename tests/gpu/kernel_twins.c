@@ -17,7 +17,8 @@ const umt_backend *cpu, *gpu;
 uint32_t run_seed;
 bool on_device;
 static uint32_t rng_state;
-static void *cublas_workspace;
+static void *cublas_workspace, *scratch;
+static umt_cuda_state *backend_state;
 static void **host_blocks, **device_blocks;
 static size_t host_count, device_count;
 
@@ -36,16 +37,28 @@ int start_backends(void **state) {
     (void)state;
     choose_run_seed();
     if (cudaMalloc(&cublas_workspace, CUBLAS_WORKSPACE_BYTES) != cudaSuccess) return -1;
-    if (umt_cuda_backend_start(0, cublas_workspace, CUBLAS_WORKSPACE_BYTES) != UMT_OK) {
-        print_message("umt_cuda_backend_start: %s\n", umt_last_error());
+    if (cudaMalloc(&scratch, umt_cuda_scratch_bytes()) != cudaSuccess) return -1;
+    return restart_backends();
+}
+
+int restart_backends(void) {
+    umt_cuda_state_destroy(backend_state);
+    backend_state = NULL;
+    if (umt_cuda_state_create(0, cublas_workspace, CUBLAS_WORKSPACE_BYTES, scratch, umt_cuda_scratch_bytes(),
+                              &backend_state) != UMT_OK) {
+        print_message("umt_cuda_state_create: %s\n", umt_last_error());
         return -1;
     }
     return 0;
 }
 
+umt_cuda_state *twin_backend_state(void) { return backend_state; }
+
 int stop_backends(void **state) {
     (void)state;
-    umt_cuda_backend_stop();
+    umt_cuda_state_destroy(backend_state);
+    backend_state = NULL;
+    cudaFree(scratch);
     cudaFree(cublas_workspace);
     free(host_blocks);
     free(device_blocks);

@@ -42,6 +42,10 @@ void choose_run_seed(void);
  * teardown. */
 int start_backends(void **state);
 int stop_backends(void **state);
+/* The CUDA state made again (fresh convolution plans, a clear label report); 0 or -1. */
+int restart_backends(void);
+/* The state start_backends made (the tests' kernels run on it). */
+umt_cuda_state *twin_backend_state(void);
 /* Each test's setup (its place in the random stream) and teardown (its buffers freed). */
 int seed_next_test(void **state);
 int release_buffers(void **state);

@@ -80,13 +80,27 @@ static void test_every_slot_of_the_cuda_table_is_filled(void **state) {
     }
 }
 
-static void test_starting_twice_is_refused_and_the_backend_keeps_working(void **state) {
+/* Several contexts in one process: a second state has its own stream and scratch, computes
+ * while it is bound, and the first works on after the second is gone. */
+static void test_a_second_state_has_its_own_stream_and_the_first_keeps_working(void **state) {
     (void)state;
-    size_t bytes = (size_t)32 << 20; /* a workspace as large as the one it started with */
-    assert_int_equal(umt_cuda_backend_start(0, device_alloc(bytes), bytes), UMT_ERR_STATE);
-    assert_non_null(strstr(umt_last_error(), "already started"));
+    cudaStream_t first = umt_cuda_stream();
+    size_t bytes = (size_t)32 << 20;
+    umt_cuda_state *second = NULL;
+    EXPECT_OK(umt_cuda_state_create(0, device_alloc(bytes), bytes, device_alloc(umt_cuda_scratch_bytes()),
+                                    umt_cuda_scratch_bytes(), &second));
     assert_non_null(umt_cuda_stream());
+    assert_ptr_not_equal(umt_cuda_stream(), first);
+    twin x = twin_random(4096, -1, 1), mean = twin_poisoned(sizeof(float));
+    EXPECT_OK(gpu->f32.mean(x.device, mean.device, 4096));
     EXPECT_OK(umt_cuda_synchronize());
+    umt_cuda_state_destroy(second);
+    umt_cuda_bind(twin_backend_state());
+    assert_ptr_equal(umt_cuda_stream(), first);
+    twin again = twin_poisoned(sizeof(float));
+    EXPECT_OK(gpu->f32.mean(x.device, again.device, 4096));
+    EXPECT_OK(umt_cuda_synchronize());
+    assert_memory_equal(downloaded(mean), downloaded(again), sizeof(float));
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -450,7 +464,7 @@ static void test_bad_arguments_fail_with_the_cpu_status_and_message(void **state
 int main(void) {
     const struct CMUnitTest tests[] = {
         TEST(test_every_slot_of_the_cuda_table_is_filled),
-        TEST(test_starting_twice_is_refused_and_the_backend_keeps_working),
+        TEST(test_a_second_state_has_its_own_stream_and_the_first_keeps_working),
         TEST(test_fill_copy_upload_and_download_match_the_cpu),
         TEST(test_convert_matches_the_cpu_bit_for_bit_between_every_pair_of_dtypes),
         TEST(test_gemm_matches_the_cpu_for_all_transposes_sizes_and_padded_strides),

@@ -531,11 +531,11 @@ static void test_conv2d_lp_matches_the_cpu_with_every_engine_timed_and_with_none
     const char *settings[2] = {"all", "0"};
     for (int i = 0; i < 2; i++) {
         assert_int_equal(setenv("UMT_CONV_TIMING", settings[i], 1), 0);
-        umt_cuda_conv_forget_plans();
+        assert_int_equal(restart_backends(), 0);
         check_conv_shapes();
     }
     assert_int_equal(unsetenv("UMT_CONV_TIMING"), 0);
-    umt_cuda_conv_forget_plans();
+    assert_int_equal(restart_backends(), 0);
 }
 
 /* ------------------------------------------------------------------------------------------ */
