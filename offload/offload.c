@@ -290,7 +290,7 @@ umt_status umt_offload_gradient_out_bf16(umt_offload *o, int s, uint16_t *dst) {
     umt_tensor *p = slot->holder;
     /* The slot's weights part holds p's old compute copy, bf16 like the rounded gradient and as
      * long: the gradient goes there, since the caller gives the weights up next (evict). */
-    UMT_TRY(o->ctx->backend->f32.convert(slot->grads, UMT_F32, slot->base, UMT_BF16, p->numel));
+    UMT_TRY(umt_kernels(o->ctx)->f32.convert(slot->grads, UMT_F32, slot->base, UMT_BF16, p->numel));
     UMT_TRY(umt_offload_record(slot->released, o->compute));
     UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
     const char *what = p->name ? p->name : "gradient";
