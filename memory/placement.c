@@ -6,6 +6,7 @@
 #include "core/base/error.h"
 
 #ifdef UMT_WITH_CUDA
+#include "core/base/capture_lock.h"
 #include "core/base/cuda_check.h"
 #endif
 
@@ -18,8 +19,9 @@ static umt_status host_alloc(size_t bytes, size_t align, void **out) {
 
 #ifdef UMT_WITH_CUDA
 
-/* CUDA's allocators align to at least 256 bytes (UMT_POOL_ALIGN), so align needs no work. */
-static umt_status cuda_alloc(umt_placement placement, size_t bytes, void **out) {
+/* CUDA's allocators align to at least 256 bytes (UMT_POOL_ALIGN), so align needs no work. Under the
+ * capture lock: another thread's stream capture would not survive them (core/base/capture_lock.h). */
+static umt_status cuda_alloc_unlocked(umt_placement placement, size_t bytes, void **out) {
     switch (placement) {
     case UMT_PLACE_MANAGED: UMT_CUDA_TRY(cudaMallocManaged(out, bytes, cudaMemAttachGlobal)); return UMT_OK;
     case UMT_PLACE_DEVICE: UMT_CUDA_TRY(cudaMalloc(out, bytes)); return UMT_OK;
@@ -29,8 +31,15 @@ static umt_status cuda_alloc(umt_placement placement, size_t bytes, void **out) 
     return umt_fail(UMT_ERR_INVALID_ARGUMENT, "placement %s is not a CUDA placement", umt_placement_name(placement));
 }
 
-umt_status umt_placement_advise(void *ptr, size_t bytes, unsigned advice, bool prefetch, int cuda_device,
-                                void *stream) {
+static umt_status cuda_alloc(umt_placement placement, size_t bytes, void **out) {
+    umt_capture_lock();
+    umt_status st = cuda_alloc_unlocked(placement, bytes, out);
+    umt_capture_unlock();
+    return st;
+}
+
+static umt_status advise_unlocked(void *ptr, size_t bytes, unsigned advice, bool prefetch, int cuda_device,
+                                  void *stream) {
     struct cudaMemLocation gpu = {.type = cudaMemLocationTypeDevice, .id = cuda_device};
     struct cudaMemLocation cpu = {.type = cudaMemLocationTypeHost, .id = 0};
     if (advice & UMT_ADVISE_PREFER_GPU) UMT_CUDA_TRY(cudaMemAdvise(ptr, bytes, cudaMemAdviseSetPreferredLocation, gpu));
@@ -38,6 +47,14 @@ umt_status umt_placement_advise(void *ptr, size_t bytes, unsigned advice, bool p
     if (advice & UMT_ADVISE_READ_MOSTLY) UMT_CUDA_TRY(cudaMemAdvise(ptr, bytes, cudaMemAdviseSetReadMostly, gpu));
     if (prefetch) UMT_CUDA_TRY(cudaMemPrefetchAsync(ptr, bytes, gpu, 0, (cudaStream_t)stream));
     return UMT_OK;
+}
+
+umt_status umt_placement_advise(void *ptr, size_t bytes, unsigned advice, bool prefetch, int cuda_device,
+                                void *stream) {
+    umt_capture_lock();
+    umt_status st = advise_unlocked(ptr, bytes, advice, prefetch, cuda_device, stream);
+    umt_capture_unlock();
+    return st;
 }
 
 #else
@@ -64,9 +81,12 @@ umt_status umt_placement_alloc(umt_placement placement, size_t bytes, size_t ali
 void umt_placement_free(umt_placement placement, void *ptr) {
     if (!ptr) return;
 #ifdef UMT_WITH_CUDA
-    /* Errors on free are not recoverable and leave nothing to undo: they are ignored. */
+    /* Errors on free are not recoverable and leave nothing to undo: they are ignored. Both
+     * synchronize the device: not while another thread captures (core/base/capture_lock.h). */
+    umt_capture_lock();
     if (placement == UMT_PLACE_MANAGED || placement == UMT_PLACE_DEVICE) cudaFree(ptr);
     if (placement == UMT_PLACE_PINNED) cudaFreeHost(ptr);
+    umt_capture_unlock();
 #endif
     if (placement == UMT_PLACE_HOST) free(ptr);
 }

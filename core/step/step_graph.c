@@ -43,6 +43,7 @@
 #include "core/tensor.h"
 
 #ifdef UMT_WITH_CUDA
+#include "core/base/capture_lock.h"
 #include "core/base/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #endif
@@ -118,7 +119,9 @@ static void turn_off(umt_step_graph *g, const char *why) {
 }
 
 static void drop_graph(umt_step_graph *g) {
+    umt_capture_lock(); /* it frees the graph's device memory (core/base/capture_lock.h) */
     if (g->exec) cudaGraphExecDestroy((cudaGraphExec_t)g->exec);
+    umt_capture_unlock();
     g->exec = NULL;
     g->warm_steps = 0;
 }
@@ -153,10 +156,13 @@ static umt_status record(umt_step_graph *g, umt_step_fn step, void *user, const 
     return status;
 }
 
-/* The captured graph, ready to launch; NULL (and the reason recorded) when it is not. */
+/* The captured graph, ready to launch; NULL (and the reason recorded) when it is not. From the
+ * capture's start to the graph's instantiation, no other thread's allocation, free or new handle
+ * may act on the device: the capture lock (core/base/capture_lock.h). */
 static cudaGraphExec_t capture(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
                                size_t input_bytes) {
     cudaGraph_t graph;
+    umt_capture_lock();
     umt_status status = record(g, step, user, input, input_bytes, &graph);
     if (status == UMT_OK && g->ctx->values.unreplayable)
         status = umt_fail(UMT_ERR_UNSUPPORTED, "%s", g->ctx->values.unreplayable);
@@ -169,6 +175,7 @@ static cudaGraphExec_t capture(umt_step_graph *g, umt_step_fn step, void *user, 
         }
     }
     if (graph) cudaGraphDestroy(graph);
+    umt_capture_unlock();
     return exec;
 }
 

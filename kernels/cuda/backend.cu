@@ -31,6 +31,7 @@
 
 #include <atomic>
 
+#include "core/base/capture_lock.h"
 #include "core/base/cuda_check.h"
 #include "core/base/error.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -151,11 +152,13 @@ extern "C" umt_status umt_cuda_state_create(int device, void *cublas_workspace, 
     s->id = ++states_made;
     s->device = device;
     carve_scratch((char *)scratch, &s->scratch);
+    /* Streams and library handles are made and destroyed under the capture lock: another thread's
+     * stream capture would not survive what they do to the device (core/base/capture_lock.h). */
+    umt_capture_lock();
     umt_status status = create_state(s, cublas_workspace, workspace_bytes);
-    if (status != UMT_OK) {
-        release_state(s);
-        return status;
-    }
+    if (status != UMT_OK) release_state(s);
+    umt_capture_unlock();
+    if (status != UMT_OK) return status;
     current = s;
     current_id = s->id;
     *out = s;
@@ -166,7 +169,9 @@ extern "C" void umt_cuda_state_destroy(umt_cuda_state *s) {
     if (!s) return;
     /* Queued kernels may still use the handles' workspaces: let them finish first. */
     cudaStreamSynchronize(s->stream);
+    umt_capture_lock();
     release_state(s);
+    umt_capture_unlock();
 }
 
 extern "C" void umt_cuda_bind(umt_cuda_state *s) {
