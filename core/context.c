@@ -9,6 +9,7 @@
 #include "core/device.h"
 #include "core/precision.h"
 #include "core/tensor.h"
+#include "memory/ledger.h"
 #include "memory/trace.h"
 
 umt_context_options umt_context_defaults(void) {
@@ -128,6 +129,7 @@ void umt_memory_report(const umt_context *ctx) {
     if (ctx->options.device == UMT_DEVICE_CUDA)
         fprintf(stderr, "device budget %zu bytes, %zu held (%s memory)\n", ctx->memory.budget_bytes,
                 ctx->memory.device_bytes, umt_memory_mode_name(ctx->options.memory_mode));
+    if (ctx->memory.ledger) umt_ledger_print(ctx->memory.ledger, stderr); /* the GPU's other umtrain holders */
     umt_hooks_report(ctx, stderr);
 }
 

@@ -40,7 +40,7 @@ static umt_status start_cuda(umt_context *ctx) {
     int count = umt_cuda_device_count(), device = ctx->options.cuda_device;
     if (device < 0 || device >= count)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "cuda device %d: this machine has %d GPU(s)", device, count);
-    UMT_TRY(umt_budget_measure(device, &ctx->memory.budget_bytes));
+    UMT_TRY(umt_budget_measure(device, &ctx->memory));
     /* The cuBLAS workspace and the kernels' scratch (their partial sums, the label report) are
      * the context's own, so that contexts on other threads never share them. */
     void *workspace = NULL, *scratch = NULL;

@@ -159,9 +159,12 @@ typedef struct {
 umt_context_options umt_context_defaults(void);
 
 /* On CUDA, the device budget is set here: the GPU's free memory (cudaMemGetInfo) less a
- * headroom, or UMT_DEVICE_BUDGET (e.g. "2G") if that is lower. Every managed or device
- * allocation counts against it; one that would pass it is refused with UMT_ERR_BUDGET and
- * nothing is allocated. options NULL: umt_context_defaults(). */
+ * headroom, or UMT_DEVICE_BUDGET (e.g. "2G") if that is lower, or what other umtrain processes
+ * on the same GPU leave of its capacity (the GPU's ledger, a file in $UMT_LEDGER_DIR or /dev/shm:
+ * memory/README.md). Every managed or device allocation counts against it, and against what the
+ * other processes leave and the GPU has free at that moment; one that would pass either is
+ * refused with UMT_ERR_BUDGET, naming the other processes, and nothing is allocated. options
+ * NULL: umt_context_defaults(). */
 umt_status umt_context_create(const umt_context_options *options, umt_context **out);
 /* Frees every tensor, layer and optimizer made from the context, and its pools. With
  * UMT_MEM_REPORT=1 in the environment, prints the pool report first. NULL is ok. */
@@ -193,8 +196,9 @@ typedef struct {
 } umt_pool_stats;
 
 umt_status umt_pool_stats_get(const umt_context *ctx, umt_pool pool, umt_pool_stats *out);
-/* Prints one line per pool (placement, capacity, peak, allocations) and the budget to stderr;
- * nothing for a NULL ctx. */
+/* Prints one line per pool (placement, capacity, peak, allocations) and the budget to stderr,
+ * and on CUDA the GPU's ledger: its capacity and the other umtrain processes holding memory on
+ * the GPU; nothing for a NULL ctx. */
 void umt_memory_report(const umt_context *ctx);
 
 /* ----------------------------------------------------------------------------------------- */

@@ -1,4 +1,5 @@
-/* memory/budget.c — measuring the device budget and the host's available memory, and parsing "2G"-style sizes. */
+/* memory/budget.c — measuring the device budget (with the GPU's ledger) and the host's available memory, and
+ * parsing "2G"-style sizes. */
 #include "memory/budget.h"
 
 #include <ctype.h>
@@ -12,6 +13,8 @@
 
 #ifdef UMT_WITH_CUDA
 #include "core/base/cuda_check.h"
+#include "memory/ledger.h"
+#include "memory/pool.h"
 #endif
 
 umt_status umt_parse_bytes(const char *text, size_t *out) {
@@ -54,6 +57,13 @@ umt_status umt_budget_compute(size_t free_bytes, size_t total_bytes, const char 
     return UMT_OK;
 }
 
+size_t umt_budget_guard(size_t total_bytes) { return umt_budget_headroom(total_bytes) / 4; }
+
+size_t umt_budget_shared(size_t budget, size_t capacity_bytes, size_t others_bytes) {
+    size_t left = capacity_bytes > others_bytes ? capacity_bytes - others_bytes : 0;
+    return left < budget ? left : budget;
+}
+
 size_t umt_meminfo_available_bytes(const char *meminfo) {
     const char *line = meminfo ? strstr(meminfo, "MemAvailable:") : NULL;
     if (!line) return 0;
@@ -73,10 +83,39 @@ size_t umt_host_available_bytes(void) {
 }
 
 #ifdef UMT_WITH_CUDA
-umt_status umt_budget_measure(int cuda_device, size_t *budget) {
+/* Rule (c)'s measure: the GPU's free memory now (the current device is set for a thread that has
+ * not used this GPU yet). */
+static umt_status measure_free(int cuda_device, size_t *free_bytes) {
+    size_t total_bytes = 0;
+    UMT_CUDA_TRY(cudaSetDevice(cuda_device));
+    UMT_CUDA_TRY(cudaMemGetInfo(free_bytes, &total_bytes));
+    return UMT_OK;
+}
+
+/* The ledger's key: the GPU's UUID as nvidia-smi -L writes it, so that every process names the
+ * same GPU alike whatever CUDA_VISIBLE_DEVICES numbers it. */
+static umt_status ledger_key(int cuda_device, char *key, size_t size) {
+    struct cudaDeviceProp prop;
+    UMT_CUDA_TRY(cudaGetDeviceProperties(&prop, cuda_device));
+    const unsigned char *u = (const unsigned char *)prop.uuid.bytes;
+    snprintf(key, size, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+             u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    return UMT_OK;
+}
+
+umt_status umt_budget_measure(int cuda_device, umt_memory *mem) {
     size_t free_bytes = 0, total_bytes = 0;
     UMT_CUDA_TRY(cudaSetDevice(cuda_device));
     UMT_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
-    return umt_budget_compute(free_bytes, total_bytes, getenv("UMT_DEVICE_BUDGET"), budget);
+    UMT_TRY(umt_budget_compute(free_bytes, total_bytes, getenv("UMT_DEVICE_BUDGET"), &mem->budget_bytes));
+    char key[64];
+    UMT_TRY(ledger_key(cuda_device, key, sizeof key));
+    umt_ledger_view view;
+    UMT_TRY(umt_ledger_open(umt_ledger_dir(), key, free_bytes, umt_budget_headroom(total_bytes), &mem->ledger, &view));
+    /* Alone on the GPU, the capacity was just recorded from this measure: the budget is as it was. */
+    mem->budget_bytes = umt_budget_shared(mem->budget_bytes, view.capacity_bytes, view.others_bytes);
+    mem->guard_bytes = umt_budget_guard(total_bytes);
+    mem->measure_free = measure_free;
+    return UMT_OK;
 }
 #endif

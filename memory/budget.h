@@ -3,8 +3,10 @@
  *
  * The budget is measured once, at context creation: the GPU's free memory less a headroom
  * (for the CUDA context, libraries and other processes' growth), lowered further by
- * UMT_DEVICE_BUDGET if that is set. memory/pool.c refuses any request past it. The host's
- * available memory, read when a plan is made, bounds what the offload tier may pin.
+ * UMT_DEVICE_BUDGET if that is set, and by what other umtrain processes on the same GPU hold of
+ * its capacity (memory/ledger.h), so that a second process plans against what is left. memory/
+ * pool.c refuses any request past it, and any the GPU's ledger refuses. The host's available
+ * memory, read when a plan is made, bounds what the offload tier may pin.
  */
 #ifndef UMT_MEMORY_BUDGET_H
 #define UMT_MEMORY_BUDGET_H
@@ -27,9 +29,22 @@ size_t umt_meminfo_available_bytes(const char *meminfo);
  * memory plan holds the offload tier's pinned copies against (memory/fit.h). */
 size_t umt_host_available_bytes(void);
 
+/* What the ledger's rule (c) keeps free of the GPU's free memory measured at each new block: a
+ * quarter of the headroom. Not the whole headroom: the headroom is there for this process's own
+ * libraries (cuBLAS, cuDNN, CUDA graphs), whose memory the free memory measured now already
+ * leaves out; counted again, a run that fits its budget today would be refused. */
+size_t umt_budget_guard(size_t total_bytes);
+
+/* The budget lowered to what other live holders leave of the GPU's capacity for umtrain
+ * (memory/ledger.h: its view's capacity_bytes and others_bytes). */
+size_t umt_budget_shared(size_t budget, size_t capacity_bytes, size_t others_bytes);
+
 #ifdef UMT_WITH_CUDA
-/* Measures cuda_device's free memory now and computes its budget. */
-umt_status umt_budget_measure(int cuda_device, size_t *budget);
+struct umt_memory;
+/* Measures cuda_device's free memory now, joins its ledger (the file named by the GPU's UUID in
+ * umt_ledger_dir()) and sets mem's budget from both, and what the pools need for the ledger's
+ * rule (c): the measure of free memory and its guard. */
+umt_status umt_budget_measure(int cuda_device, struct umt_memory *mem);
 #endif
 
 #endif /* UMT_MEMORY_BUDGET_H */

@@ -30,10 +30,17 @@ bool umt_placement_uses_device(umt_placement placement) {
     return placement == UMT_PLACE_MANAGED || placement == UMT_PLACE_DEVICE;
 }
 
+/* The GPU's ledger (memory/ledger.h) gives back bytes this context freed; a dry step's bytes were
+ * never in it. */
+static void release_shared(umt_memory *mem, umt_placement placement, size_t bytes) {
+    if (mem->ledger && !mem->dry && umt_placement_uses_device(placement)) umt_ledger_release(mem->ledger, bytes);
+}
+
 static void release_blocks(umt_memory *mem, umt_pool_state *s) {
     /* In a dry step an arena's blocks are addresses only (memory/dry.h). */
     for (int i = 0; i < s->block_count && !mem->dry; ++i) umt_placement_free(s->placement, s->blocks[i].ptr);
     if (umt_placement_uses_device(s->placement)) mem->device_bytes -= s->capacity_bytes;
+    release_shared(mem, s->placement, s->capacity_bytes);
     s->block_count = 0;
     s->capacity_bytes = 0;
 }
@@ -49,6 +56,8 @@ void umt_memory_release(umt_memory *mem) {
         mem->pools[p].blocks = NULL;
         mem->pools[p].block_slots = 0;
     }
+    umt_ledger_close(mem->ledger);
+    mem->ledger = NULL;
 }
 
 /* The trace's counter track: every pool's bytes in use, after each change. */
@@ -93,16 +102,50 @@ static size_t budget_left(const umt_memory *mem) {
     return mem->budget_bytes > mem->device_bytes ? mem->budget_bytes - mem->device_bytes : 0;
 }
 
-/* The hard rule: GPU memory past the budget is never asked for (it can hang a shared card). */
-static umt_status check_budget(const umt_memory *mem, const umt_pool_state *s, size_t bytes) {
-    if (!umt_placement_uses_device(s->placement) || bytes <= budget_left(mem)) return UMT_OK;
-    /* A dry step asks nothing of the GPU: its device peak (memory/dry.h) shows how far past it went. */
-    if (mem->dry) return UMT_OK;
+/* What the GPU's ledger leaves this context now, where there is one (SIZE_MAX otherwise). */
+static size_t shared_left(const umt_memory *mem) {
+    umt_ledger_view v;
+    if (!mem->ledger || mem->dry || umt_ledger_look(mem->ledger, &v) != UMT_OK) return SIZE_MAX;
+    size_t held = v.others_bytes + v.own_bytes;
+    if (held < v.others_bytes) return 0; /* the others' count is hostile: nothing is left */
+    return v.capacity_bytes > held ? v.capacity_bytes - held : 0;
+}
+
+/* The other umtrain holders of the GPU, for a refusal: "; beside this context on the GPU (ledger
+ * PATH): pid 12: 300 bytes", or nothing where there is no ledger or no other holder. */
+static void note_others(const umt_memory *mem, char *text, size_t size) {
+    umt_ledger_view view;
+    text[0] = 0;
+    if (!mem->ledger || umt_ledger_look(mem->ledger, &view) != UMT_OK || !view.other_count) return;
+    char others[448];
+    umt_ledger_describe_others(&view, others, sizeof others);
+    snprintf(text, size, "; beside this context on the GPU (ledger %s): %s", umt_ledger_path(mem->ledger), others);
+}
+
+/* This context's entry in the GPU's ledger grows by bytes where the other holders and the GPU's
+ * free memory allow it (memory/ledger.h, rules (b) and (c)). */
+static umt_status reserve_shared(umt_memory *mem, const umt_pool_state *s, size_t bytes) {
+    if (!mem->ledger) return UMT_OK;
+    size_t free_bytes = SIZE_MAX;
+    if (mem->measure_free) UMT_TRY(mem->measure_free(mem->cuda_device, &free_bytes));
+    if (umt_ledger_reserve(mem->ledger, bytes, free_bytes, mem->guard_bytes) == UMT_OK) return UMT_OK;
     umt_memory_print_contents(mem, stderr);
+    return umt_fail(umt_last_status(), "pool %s: %s", s->policy->name, umt_last_error());
+}
+
+/* The hard rule: GPU memory past the budget, or past what the other processes on the GPU leave,
+ * is never asked for (it can hang a shared card). */
+static umt_status check_budget(umt_memory *mem, const umt_pool_state *s, size_t bytes) {
+    /* A dry step asks nothing of the GPU: its device peak (memory/dry.h) shows how far past it went. */
+    if (!umt_placement_uses_device(s->placement) || mem->dry) return UMT_OK;
+    if (bytes <= budget_left(mem)) return reserve_shared(mem, s, bytes);
+    umt_memory_print_contents(mem, stderr);
+    char others[640];
+    note_others(mem, others, sizeof others);
     return umt_fail(UMT_ERR_BUDGET,
                     "pool %s: request of %zu bytes refused: device budget %zu bytes, %zu in use, %zu left "
-                    "(UMT_DEVICE_BUDGET lowers the budget, never raises it past the GPU's free memory)",
-                    s->policy->name, bytes, mem->budget_bytes, mem->device_bytes, mem->budget_bytes - mem->device_bytes);
+                    "(UMT_DEVICE_BUDGET lowers the budget, never raises it past the GPU's free memory)%s",
+                    s->policy->name, bytes, mem->budget_bytes, mem->device_bytes, budget_left(mem), others);
 }
 
 /* Device bytes held grow by bytes (a dry step also keeps their high-water mark). */
@@ -144,7 +187,11 @@ static umt_status push_block(umt_memory *mem, umt_pool_state *s, size_t bytes) {
     }
     UMT_TRY(check_budget(mem, s, bytes));
     void *ptr = NULL;
-    UMT_TRY(place_block(mem, s, bytes, &ptr));
+    umt_status st = place_block(mem, s, bytes, &ptr);
+    if (st != UMT_OK) {
+        release_shared(mem, s->placement, bytes); /* reserved by check_budget, never allocated */
+        return st;
+    }
     s->blocks[s->block_count++] = (umt_block){ptr, bytes};
     s->capacity_bytes += bytes;
     hold_device(mem, s, bytes);
@@ -204,10 +251,11 @@ static umt_status arena_alloc(umt_memory *mem, umt_pool_state *s, size_t bytes, 
     if (!top || s->arena_offset + bytes > top->bytes) {
         /* Overflow: a new block at least as large as all before it, so overflows stay rare, but
          * never more than the request where that would pass the device budget (the first step
-         * of a model tight in its budget needs every byte). */
+         * of a model tight in its budget needs every byte), or past what the other processes on
+         * the GPU leave (memory/ledger.h). */
         size_t want = bytes > s->capacity_bytes ? bytes : s->capacity_bytes;
         bool device = umt_placement_uses_device(s->placement);
-        if (device && want > bytes && want > budget_left(mem)) want = bytes;
+        if (device && want > bytes && (want > budget_left(mem) || want > shared_left(mem))) want = bytes;
         UMT_TRY(push_block(mem, s, want > UMT_ARENA_MIN_BYTES ? want : UMT_ARENA_MIN_BYTES));
         top = &s->blocks[s->block_count - 1];
         s->arena_offset = 0;
@@ -298,6 +346,7 @@ void umt_memory_free(umt_memory *mem, umt_pool pool, void *ptr) {
         s->in_use_bytes -= s->blocks[i].bytes;
         s->capacity_bytes -= s->blocks[i].bytes;
         if (umt_placement_uses_device(s->placement)) mem->device_bytes -= s->blocks[i].bytes;
+        release_shared(mem, s->placement, s->blocks[i].bytes);
         umt_trace_alloc(mem->trace, s->pool, s->blocks[i].bytes, true);
         s->blocks[i] = s->blocks[--s->block_count];
         trace_pools(mem);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 
 #include "memory/dry.h"
+#include "memory/ledger.h"
 #include "memory/plan.h"
 #include "memory/policy.h"
 
@@ -59,18 +60,25 @@ typedef struct umt_memory {
     void *stream;        /* CUDA: the compute stream prefetches are queued on */
     size_t budget_bytes; /* CUDA: the most managed + device memory this context may hold */
     size_t device_bytes; /* CUDA: managed + device memory held now, all pools together */
+    /* CUDA: this context's entry in its GPU's ledger (memory/ledger.h), which every device block
+     * is reserved in first and which holds device_bytes; and what the ledger's rule (c) needs: the
+     * GPU's free memory measured now, less guard_bytes. NULL on the CPU. */
+    umt_ledger *ledger;
+    umt_status (*measure_free)(int cuda_device, size_t *free_bytes);
+    size_t guard_bytes;
     struct umt_trace *trace; /* UMT_MEM_TRACE: where allocations and pool bytes are written, or NULL */
     umt_memory_dry *dry;     /* set only during a dry step (memory/dry.h): allocations recorded, not backed */
 } umt_memory;
 
 /* Resolves each pool's placement from the policy table for the device and memory mode. */
 void umt_memory_init(umt_memory *mem, umt_device device, umt_memory_mode mode, int cuda_device);
-/* Frees every block of every pool. */
+/* Frees every block of every pool, and leaves the GPU's ledger. */
 void umt_memory_release(umt_memory *mem);
 
 /* bytes (> 0) from the pool, aligned to UMT_POOL_ALIGN. On failure nothing is allocated and
- * the message names the pool and the request; past the device budget the status is
- * UMT_ERR_BUDGET and the message also says what is left. */
+ * the message names the pool and the request; past the device budget, or refused by the GPU's
+ * ledger, the status is UMT_ERR_BUDGET and the message also says what is left and names the
+ * other holders of the GPU. */
 umt_status umt_memory_alloc(umt_memory *mem, umt_pool pool, size_t bytes, void **out);
 /* The same, and for STEP pools *slot names the allocation in the arena's plan (for
  * umt_memory_end_of_life); UMT_PLAN_NO_SLOT otherwise. */
