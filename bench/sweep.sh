@@ -38,7 +38,7 @@ done
 grep "trainings at once" "$logs/together.txt"
 
 echo "== the dataset in the memory reports ($n contexts and the data context)"
-held=$(awk '$1 == "dataset" && $3 ~ /^[0-9]+$/ && $3 > 0' "$logs/together.txt")
+held=$(awk '$1 == "dataset" && $2 != "shared" && $3 ~ /^[0-9]+$/ && $3 > 0' "$logs/together.txt")
 echo "dataset pools holding bytes: $(grep -c . <<< "$held") (expected 1: the data context's)"
 echo "$held"
 echo "contexts reading it through a share: $(grep -c '^dataset      shared' "$logs/together.txt") (expected $n)"
