@@ -34,14 +34,18 @@ static umt_status check_gradient(const char *op, const float *grad, umt_update_f
     return UMT_OK;
 }
 
-/* The new masters param[0..n), rounded to nearest even into the low-precision copy: a loop of its
- * own after the update's, so that the update's loop stays free of calls (and vectorized). */
-static void store_lowp_all(umt_update_fusion fusion, const float *param, int64_t n) {
+/* Elements of the plain Adam update per block: the block's masters (16 KiB) are still in the
+ * level-1 cache when its compute copy is written. */
+#define ADAM_BLOCK 4096
+
+/* The new masters param[first..end), rounded to nearest even into the low-precision copy: a loop
+ * of its own after the update's, so that the update's loop stays free of calls (and vectorized). */
+static void store_lowp_range(umt_update_fusion fusion, const float *param, int64_t first, int64_t end) {
     uint16_t *lowp = fusion.lowp;
     if (fusion.lowp_channels == 0 && fusion.lowp_dtype == UMT_BF16)
-        for (int64_t i = 0; i < n; ++i) lowp[i] = umt_f32_to_bf16(param[i]);
+        for (int64_t i = first; i < end; ++i) lowp[i] = umt_f32_to_bf16(param[i]);
     else
-        for (int64_t i = 0; i < n; ++i) {
+        for (int64_t i = first; i < end; ++i) {
             int64_t at = umt_lowp_index(i, fusion.lowp_channels, fusion.lowp_pixels);
             lowp[at] = fusion.lowp_dtype == UMT_BF16 ? umt_f32_to_bf16(param[i]) : umt_f32_to_f16(param[i]);
         }
@@ -134,15 +138,20 @@ umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, 
     };
     /* The plain update (the offload tier's CPU threads run it on whole layers) gets a loop with
      * no call in it, which the compiler vectorizes (.bazelrc): sqrt and division are exact in
-     * every lane, so each element gets the same bits as in the general loop; a compute copy (bf16
-     * or fp16 offloaded) is written after it, from the same new masters. */
+     * every lane, so each element gets the same bits as in the general loop. A compute copy (bf16
+     * or fp16 offloaded) is written by a loop of its own from the same new masters (one loop doing
+     * both does not vectorize), a block at a time, so that it reads the masters from the cache the
+     * update left them in rather than from memory. */
     if (!s) {
         const uint16_t *g16 = fusion.grad_bf16;
-        if (g16)
-            for (int64_t i = 0; i < n; ++i) adam_element(param, umt_bf16_to_f32(g16[i]), m, v, i, &k);
-        else
-            for (int64_t i = 0; i < n; ++i) adam_element(param, grad[i], m, v, i, &k);
-        if (fusion.lowp) store_lowp_all(fusion, param, n);
+        for (int64_t first = 0; first < n; first += ADAM_BLOCK) {
+            int64_t end = n - first < ADAM_BLOCK ? n : first + ADAM_BLOCK;
+            if (g16)
+                for (int64_t i = first; i < end; ++i) adam_element(param, umt_bf16_to_f32(g16[i]), m, v, i, &k);
+            else
+                for (int64_t i = first; i < end; ++i) adam_element(param, grad[i], m, v, i, &k);
+            if (fusion.lowp) store_lowp_range(fusion, param, first, end);
+        }
         return UMT_OK;
     }
     for (int64_t i = 0; i < n; ++i) {
