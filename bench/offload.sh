@@ -48,11 +48,11 @@ lowp_section() {
         row "big_mlp $precision 2G offloaded (backward) vs memory" \
             "$(compare "$log/${precision}_backward.log" "$log/${precision}_memory.log") (exit $r2)"
     done
-    UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --precision bf16 --steps 10 --f32-gradients-home \
-        > "$log/bf16_f32_gradients.log" 2>&1
+    UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --precision bf16 --steps 10 --bf16-gradients-home \
+        > "$log/bf16_bf16_gradients.log" 2>&1
     rc=$?
-    row "big_mlp bf16 2G --f32-gradients-home vs memory" \
-        "$(compare "$log/bf16_f32_gradients.log" "$log/bf16_memory.log") (exit $rc)"
+    row "big_mlp bf16 2G --bf16-gradients-home vs memory" \
+        "$(compare "$log/bf16_bf16_gradients.log" "$log/bf16_memory.log") (exit $rc)"
     grep -h '^offload:' "$log/fp16_backward.log" | head -n 2
     UMT_DEVICE_BUDGET=2G timeout 100 bin/big_mlp --precision bf16 --steps 10 --batch 256 --grad-accum 2 \
         > "$log/bf16_accum.log" 2>&1

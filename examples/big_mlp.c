@@ -30,8 +30,9 @@
  *        --clip-grad-norm X (0: off) --grad-accum N (1: each step runs N micro-batches of --batch,
  *        core/micro_batch.h) --dist auto|on (on: the data-parallel path on this one GPU too, its
  *        all-reduce of each gradient before it goes home: dist/umt_dist.h)
- *        --f32-gradients-home (bf16: the gradients the CPU threads update with cross in f32, not
- *        bf16, so that the losses equal the in-memory run's bit for bit; umt_offload_options)
+ *        --bf16-gradients-home (bf16: the gradients the CPU threads update with cross in bf16, half
+ *        the bytes; the losses then differ from the in-memory run's within bf16 rounding, and from
+ *        run to run with the CPU's searched count; umt_offload_options)
  *
  *   UMT_DEVICE_BUDGET=2G bazel-bin/examples/big_mlp --batch 2048 --offload-activations
  *                                             # activations (2.1 GiB) alone past what 2G leaves
@@ -59,7 +60,7 @@ typedef struct {
     uint64_t seed;
     float lr, clip;
     umt_precision precision;
-    bool offload, offload_activations, dry_run, dist, f32_gradients_home;
+    bool offload, offload_activations, dry_run, dist, bf16_gradients_home;
     bool reserve_given; /* --reserve: the caller's, never changed */
     size_t reserve;
     umt_offload_optimizer update_on;
@@ -69,7 +70,7 @@ static void print_usage(FILE *out) {
     fprintf(out, "usage: big_mlp [--width N] [--depth N] [--batch N] [--steps N] [--seed N] [--lr X]\n"
             "               [--update-on backward|auto|gpu|cpu] [--reserve SIZE] [--offload-activations] [--no-offload]\n"
             "               [--host-updates N|auto] [--bench N] [--dry-run] [--precision fp32|bf16|fp16]\n"
-            "               [--clip-grad-norm X] [--grad-accum N] [--dist auto|on] [--f32-gradients-home]\n");
+            "               [--clip-grad-norm X] [--grad-accum N] [--dist auto|on] [--bf16-gradients-home]\n");
 }
 
 static int usage(const char *why, const char *what) {
@@ -93,7 +94,7 @@ static int parse(int argc, char **argv, options *o) {
         if (!strcmp(a, "--no-offload")) { o->offload = false; continue; }
         if (!strcmp(a, "--offload-activations")) { o->offload_activations = true; continue; }
         if (!strcmp(a, "--dry-run")) { o->dry_run = true; continue; }
-        if (!strcmp(a, "--f32-gradients-home")) { o->f32_gradients_home = true; continue; }
+        if (!strcmp(a, "--bf16-gradients-home")) { o->bf16_gradients_home = true; continue; }
         if (!v) return example_missing_value("big_mlp", a, print_usage), 2;
         i++;
         if (!strcmp(a, "--width")) o->width = atoll(v);
@@ -193,7 +194,7 @@ static int build(options *o, model *m) {
     tier.optimizer = o->update_on;
     tier.host_updates = o->host_updates;
     tier.activations = o->offload_activations;
-    tier.f32_gradients_home = o->f32_gradients_home;
+    tier.bf16_gradients_home = o->bf16_gradients_home;
     if (o->offload && umt_offload_enable(m->ctx, &tier)) return fail("offload");
     m->layers = calloc((size_t)o->depth, sizeof *m->layers);
     for (int64_t l = 0; l < o->depth; ++l) {

@@ -361,12 +361,14 @@ typedef struct {
      * (their sizes are unknown before a forward pass); from the second the plan keeps on the GPU
      * those that fit. */
     bool activations;
-    /* Under bf16, a gradient that goes home for the CPU threads' update in backward crosses as bf16,
-     * rounded on the GPU: half the bytes over the link and through host memory, and the losses then
-     * differ from the in-memory run's within bf16 rounding. true keeps it f32, for losses equal to
-     * the in-memory run's bit for bit. (Updates after backward read every gradient in f32 for the
-     * step's decision; fp16 updates after backward, for its loss scale: both stay f32.) */
-    bool f32_gradients_home;
+    /* Under bf16, true: a gradient that goes home for the CPU threads' update in backward crosses as
+     * bf16, rounded on the GPU: half the bytes over the link and through host memory. The losses
+     * then differ from the in-memory run's within bf16 rounding, and, since which parameters the
+     * CPU takes is searched on measured step times, from one run to the next. false (the default):
+     * f32, the losses equal to the in-memory run's bit for bit whatever the CPU takes. (Updates
+     * after backward read every gradient in f32 for the step's decision; fp16 updates after
+     * backward, for its loss scale: both stay f32.) */
+    bool bf16_gradients_home;
 } umt_offload_options;
 
 #define UMT_OFFLOAD_HOST_AUTO (-1)

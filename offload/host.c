@@ -85,7 +85,7 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt
     double rate = 0;
     umt_link_speed link;
     umt_dtype compute = umt_compute_dtype(o->ctx);
-    umt_status st = cpu_rate(compute, compute == UMT_BF16 && !o->options.f32_gradients_home, &rate);
+    umt_status st = cpu_rate(compute, compute == UMT_BF16 && o->options.bf16_gradients_home, &rate);
     if (st == UMT_OK) st = umt_link_measure(o->ctx, (size_t)16 << 20, &link);
     if (st != UMT_OK) {
         fprintf(stderr, "offload: updates in backward stay on the GPU: %s\n", umt_last_error());
@@ -145,10 +145,10 @@ static bool takes(const umt_offload *o, const umt_tensor *p, umt_tensor *const s
 
 static const char *label(const umt_tensor *p) { return p->name ? p->name : "a parameter"; }
 
-/* Whether p's gradient crosses home in bf16 (umt_offload_options.f32_gradients_home): under bf16,
+/* Whether p's gradient crosses home in bf16 (umt_offload_options.bf16_gradients_home): under bf16,
  * where its compute copy streams (the slot's weights part then has room for it). */
 static bool gradient_home_in_bf16(const umt_offload *o, const umt_tensor *p) {
-    return !o->options.f32_gradients_home && p->lowp && p->lowp->dtype == UMT_BF16;
+    return o->options.bf16_gradients_home && p->lowp && p->lowp->dtype == UMT_BF16;
 }
 
 static umt_offload_host_job *find_job(const umt_offload *o, const umt_tensor *p) {

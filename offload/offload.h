@@ -37,8 +37,8 @@
  * offloaded weight's compute copy (tensor->lowp, half its bytes) is made home too, at the plan,
  * and only it crosses into the slot for forward and backward. Gradients are fp32 on the GPU
  * (umtrain keeps parameter gradients in f32 under every precision) and cross at 4 bytes an
- * element, except under bf16 for the CPU threads' updates in backward: rounded to bf16 in the
- * slot, 2 bytes (umt_offload_options.f32_gradients_home; offload/README.md). Every
+ * element; under bf16 with umt_offload_options.bf16_gradients_home, the CPU threads' updates in
+ * backward take theirs rounded to bf16 in the slot, 2 bytes (offload/README.md). Every
  * update of a master rewrites the copy where it lives, with the same rounding (to nearest even)
  * and layout (NHWC for conv weights) as the in-memory fused update: the GPU's chunks write it
  * beside the master, the ring writes it in the slot and sends it home, the CPU threads write it

@@ -43,7 +43,7 @@ typedef struct {
     float clip;
     bool dist;                    /* the data-parallel path on one rank */
     size_t reserve;               /* the plan's device bytes for activations (0: 24 MiB) */
-    bool f32_gradients_home;      /* umt_offload_options.f32_gradients_home */
+    bool bf16_gradients_home;     /* umt_offload_options.bf16_gradients_home */
 } run_options;
 
 typedef struct {
@@ -90,7 +90,7 @@ static umt_context *context(const run_options *r, uint64_t seed) {
     tier.reserve_bytes = r->reserve ? r->reserve : (size_t)24 << 20;
     tier.optimizer = r->where;
     tier.host_updates = r->host_updates;
-    tier.f32_gradients_home = r->f32_gradients_home;
+    tier.bf16_gradients_home = r->bf16_gradients_home;
     if (r->budget && umt_offload_enable(ctx, &tier) != UMT_OK) fail_msg("offload: %s", umt_last_error());
     return ctx;
 }
@@ -258,14 +258,14 @@ static void test_bf16_updates_in_backward_on_cpu_threads_beside_the_ring(void **
     mlp_against_memory(r, BF16_TOLERANCE);
 }
 
-/* Under bf16 the gradients the CPU threads update with come home in bf16 (the default): each such
- * element sends 2 bytes fewer than with f32_gradients_home, and both runs stay within bf16's
- * tolerance of the in-memory one. */
+/* Under bf16 with bf16_gradients_home, the gradients the CPU threads update with come home in
+ * bf16: each such element sends 2 bytes fewer than in f32 (the default), and both runs stay within
+ * bf16's tolerance of the in-memory one. */
 static void test_bf16_gradients_home_for_cpu_updates_cross_at_half_the_bytes(void **state) {
     (void)state;
     run_options half = offloaded(UMT_PRECISION_BF16, "240M", UMT_OFFLOAD_OPTIM_BACKWARD), full = half;
     half.host_updates = full.host_updates = 2;
-    full.f32_gradients_home = true;
+    half.bf16_gradients_home = true;
     umt_offload_stats a = mlp_against_memory(half, BF16_TOLERANCE), b = mlp_against_memory(full, BF16_TOLERANCE);
     print_message("CPU-updated elements %llu; to the host: bf16 gradients %.3f MB, f32 %.3f MB\n",
                   (unsigned long long)a.host_updated_elements, a.bytes_to_host / 1e6, b.bytes_to_host / 1e6);
