@@ -35,7 +35,7 @@
  *        run to run with the CPU's searched count; umt_offload_options)
  *
  *   UMT_DEVICE_BUDGET=2G bazel-bin/examples/big_mlp --batch 2048 --offload-activations
- *                                             # activations (2.1 GiB) alone past what 2G leaves
+ *                                             # saved activations home as asked (the plan keeps them at 2G)
  *
  * The task is synthetic and fixed: one random batch of `batch` inputs with random labels among
  * `width` classes, which the network learns to fit, so the loss falls step after step and two
@@ -254,7 +254,7 @@ typedef struct {
 } plan_user;
 
 /* The step's loss on inputs of a micro-batch (recorded, not made: the batch comes after the plan,
- * in the dataset pool, which the plan counts as held). */
+ * in the dataset pool, and the plan adds its bytes as later_device_bytes). */
 static umt_tensor *plan_forward(umt_context *ctx, void *user, int64_t batch) {
     const plan_user *p = user;
     model micro = *p->m;
