@@ -271,16 +271,25 @@ static int slot_holding(const umt_offload *o, const umt_tensor *p) {
     return -1;
 }
 
+/* bytes from src in slot s to dst home, on the copy-out stream once queued compute is done with
+ * the slot; the slot's gradient is no longer live, and the gradient tensor points home. */
+static umt_status send_home(umt_offload *o, int s, void *dst, const void *src, size_t bytes) {
+    umt_offload_slot *slot = &o->slots[s];
+    umt_tensor *p = slot->holder;
+    UMT_TRY(umt_offload_record(slot->released, o->compute));
+    UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
+    UMT_TRY(umt_offload_copy(o, dst, src, bytes, false, p->name ? p->name : "gradient"));
+    UMT_TRY(umt_offload_record(slot->drained, o->copy_out));
+    slot->grads_live = false;
+    p->grad->data = p->grad->offload.home;
+    return UMT_OK;
+}
+
 /* The slot's gradient goes home on the copy-out stream once queued compute is done with it. */
 umt_status umt_offload_gradient_out(umt_offload *o, int s) {
     umt_offload_slot *slot = &o->slots[s];
     umt_tensor *g = slot->holder->grad;
-    UMT_TRY(umt_offload_record(slot->released, o->compute));
-    UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
-    UMT_TRY(umt_offload_copy(o, g->offload.home, slot->grads, g->bytes, false, slot->holder->name ? slot->holder->name : "gradient"));
-    UMT_TRY(umt_offload_record(slot->drained, o->copy_out));
-    slot->grads_live = false;
-    g->data = g->offload.home;
+    UMT_TRY(send_home(o, s, g->offload.home, slot->grads, g->bytes));
     slot->holder->offload.grad_zero = false;
     return UMT_OK;
 }
@@ -289,16 +298,10 @@ umt_status umt_offload_gradient_out_bf16(umt_offload *o, int s, uint16_t *dst) {
     umt_offload_slot *slot = &o->slots[s];
     umt_tensor *p = slot->holder;
     /* The slot's weights part holds p's old compute copy, bf16 like the rounded gradient and as
-     * long: the gradient goes there, since the caller gives the weights up next (evict). */
+     * long: the gradient goes there, since the caller gives the weights up next (evict). The f32
+     * gradient home is not rewritten: the update consumes the bf16 one. */
     UMT_TRY(umt_kernels(o->ctx)->f32.convert(slot->grads, UMT_F32, slot->base, UMT_BF16, p->numel));
-    UMT_TRY(umt_offload_record(slot->released, o->compute));
-    UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
-    const char *what = p->name ? p->name : "gradient";
-    UMT_TRY(umt_offload_copy(o, dst, slot->base, (size_t)p->numel * sizeof *dst, false, what));
-    UMT_TRY(umt_offload_record(slot->drained, o->copy_out));
-    slot->grads_live = false;
-    p->grad->data = p->grad->offload.home; /* not rewritten: the update consumes the bf16 one */
-    return UMT_OK;
+    return send_home(o, s, dst, slot->base, (size_t)p->numel * sizeof *dst);
 }
 
 umt_status umt_offload_evict(umt_offload *o, int s) {
