@@ -10,9 +10,10 @@
  * instead of adding to it, so the first parameters of each backward (the last layers, which the
  * next forward needs last) go to the CPU and the rest through the ring.
  *
- * The update is a host function on a stream of its own, queued after the gradient's copy home:
- * the host thread queues the rest of backward meanwhile. The slot's weights are given up (they
- * are the old ones); the next copy of the parameter's weights waits for the update's event.
+ * The update is a job of the CPU threads' queue (offload/host_queue.c), which runs it once the
+ * gradient is home, newest gradient first: the host thread queues the rest of backward meanwhile.
+ * The slot's weights are given up (they are the old ones); the next copy of the parameter's
+ * weights waits for the update.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -170,21 +171,26 @@ static umt_status job_of(umt_offload *o, umt_tensor *p, umt_offload_host_job **o
     if (!job) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory for %s's CPU update", label(p));
     job->parameter = p;
     atomic_init(&job->failed, 0);
+    /* The count of finished updates, in pinned memory: a stream waits on it (offload/host_queue.c). */
+    umt_status st = umt_memory_alloc(&o->ctx->memory, UMT_POOL_OFFLOAD, sizeof *job->finished, (void **)&job->finished);
+    if (st != UMT_OK) return free(job), st;
+    atomic_init(job->finished, 0);
     o->host_jobs[o->host_job_count++] = job;
-    UMT_CUDA_TRY(cudaEventCreateWithFlags((cudaEvent_t *)&job->done, cudaEventDisableTiming));
     return *out = job, UMT_OK;
 }
 
-/* The host function: no CUDA calls here. UMT_MEM_TRACE: the threads' work, timed on the trace's
- * host clock here, where it runs (CUDA events around a host function would time the stream's
- * wait for the driver's callback thread too). */
-static void CUDART_CB run_job(void *arg) {
-    umt_offload_host_job *job = arg;
-    umt_trace *trace = job->parameter->ctx->memory.trace;
-    double begin_us = umt_trace_now_us(trace);
-    if (!umt_offload_cpu_threads(&job->job, 1, SPARE_CORES)) atomic_store(&job->failed, 1);
-    umt_trace_host_interval(trace, begin_us, umt_trace_now_us(trace), label(job->parameter), "cpu update",
-                            UMT_TRACE_HOST_UPDATE, 0);
+/* The queue's threads, at the first update the CPU takes. Where they cannot run (no stream wait
+ * on pinned memory in this driver), the streamed parameters are updated through the ring from now
+ * on, said once: the run goes on. */
+static bool queue_started(umt_offload *o) {
+    if (!o->host_update && cudaStreamCreateWithFlags((cudaStream_t *)&o->host_update, cudaStreamNonBlocking))
+        return false; /* the next CUDA call reports it */
+    if (umt_offload_queue_start(o, SPARE_CORES) == UMT_OK) return true;
+    fprintf(stderr, "offload: updates in backward stay on the GPU: %s\n", umt_last_error());
+    o->options.host_updates = 0;
+    o->host_searching = false;
+    o->stats.host_updates = 0;
+    return false;
 }
 
 umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
@@ -192,15 +198,13 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
     umt_tensor *state[2] = {0};
     *taken = false;
     UMT_TRY(umt_offload_state_of(o, p, state));
-    if (!takes(o, p, state)) return UMT_OK;
+    if (!takes(o, p, state) || !queue_started(o)) return UMT_OK;
     *taken = true;
-    if (!o->host_update)
-        UMT_CUDA_TRY(cudaStreamCreateWithFlags((cudaStream_t *)&o->host_update, cudaStreamNonBlocking));
     umt_offload_host_job *job = NULL;
     UMT_TRY(job_of(o, p, &job));
-    /* The job is rewritten below: last step's host function must have run (the host is rarely a
-     * whole step ahead of the GPU). */
-    UMT_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)job->done));
+    /* The job is rewritten below: last step's update must have run (the host is rarely a whole
+     * step ahead of the GPU). */
+    UMT_TRY(umt_offload_queue_host_wait(o, job));
     bool half = gradient_home_in_bf16(o, p);
     if (half && !job->grad_bf16)
         UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_OFFLOAD, (size_t)p->numel * sizeof *job->grad_bf16,
@@ -214,9 +218,7 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
                                      state[1] ? state[1]->offload.home : NULL, p->numel, fusion, 0};
     UMT_TRY(umt_offload_cpu_chunk(p, &job->job.chunk));
     umt_optimizer_snapshot(o->attached, &job->rule.options, &job->rule.step);
-    UMT_TRY(umt_offload_wait(o->host_update, o->slots[s].drained)); /* the gradient is home */
-    UMT_CUDA_TRY(cudaLaunchHostFunc((cudaStream_t)o->host_update, run_job, job));
-    UMT_TRY(umt_offload_record(job->done, o->host_update));
+    UMT_TRY(umt_offload_queue_job(o, job, o->slots[s].drained)); /* runs once the gradient is home */
     p->offload.grad_zero = true; /* consumed by the update */
     p->offload.updated_early = true;
     o->stats.updates_in_backward++;
@@ -228,7 +230,7 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
 
 umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p) {
     const umt_offload_host_job *job = find_job(o, p);
-    return job ? umt_offload_wait(stream, job->done) : UMT_OK;
+    return job ? umt_offload_queue_stream_wait(o, stream, job) : UMT_OK;
 }
 
 umt_status umt_offload_host_step_end(umt_offload *o) {
@@ -245,11 +247,12 @@ umt_status umt_offload_host_step_end(umt_offload *o) {
 
 void umt_offload_host_destroy(umt_offload *o) {
     if (o->host_update) {
-        cudaStreamSynchronize((cudaStream_t)o->host_update);
+        cudaStreamSynchronize((cudaStream_t)o->host_update); /* every job has arrived */
+        umt_offload_queue_stop(o);                           /* and is done */
         cudaStreamDestroy((cudaStream_t)o->host_update);
     }
     for (int j = 0; j < o->host_job_count; ++j) {
-        cudaEventDestroy((cudaEvent_t)o->host_jobs[j]->done);
+        umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, (void *)o->host_jobs[j]->finished);
         umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, o->host_jobs[j]->grad_bf16);
         free(o->host_jobs[j]);
     }

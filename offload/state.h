@@ -73,18 +73,24 @@ typedef struct umt_offload_cpu_job {
 } umt_offload_cpu_job;
 
 /* UMT_OFFLOAD_OPTIM_BACKWARD with options.host_updates (offload/host.c): a streamed
- * parameter updated by CPU threads during backward, in a host function on the host-update
- * stream. One per such parameter, reused every step; the host function reads only this. */
+ * parameter updated by CPU threads during backward, by the queue's threads (offload/host_queue.c)
+ * once its gradient is home. One per such parameter, reused every step; the threads read only this. */
 typedef struct {
-    umt_optimizer_options options; /* as at the enqueue: the host function may run after the step */
+    umt_optimizer_options options; /* as at the enqueue: the threads may run it after the step */
     int64_t step;
 } umt_offload_host_rule;
 
+/* The queue's fields (offload/host_queue.c) are read and written under its lock. */
+typedef struct umt_offload_host_queue umt_offload_host_queue;
 typedef struct {
     umt_tensor *parameter;
     umt_offload_cpu_job job;
     umt_offload_host_rule rule;
-    void *done; /* host-update stream event: this step's update has run */
+    umt_offload_host_queue *queue;
+    uint32_t queued;              /* updates queued so far (this step's is the count streams wait for) */
+    _Atomic uint32_t *finished;   /* pinned: updates finished so far, written by the CPU threads */
+    int64_t items, handed_out, items_done; /* this update's work items: in all, given to threads, done */
+    double begin_us;     /* UMT_MEM_TRACE: when its first item began */
     atomic_int failed;
     uint16_t *grad_bf16; /* its gradient home in bf16 (offload pool), made at the first such update */
 } umt_offload_host_job;
@@ -147,7 +153,8 @@ struct umt_offload {
     umt_offload_cpu_job *cpu_jobs;
     int cpu_job_count, cpu_job_slots;
     /* Updates in backward on the CPU (offload/host.c) */
-    void *host_update;                /* their stream (made at the first) */
+    void *host_update;                /* their stream (made at the first): each gradient's arrival */
+    umt_offload_host_queue *host_queue; /* the threads that run them, newest gradient first */
     umt_offload_host_job **host_jobs; /* one per parameter so updated */
     int host_job_count, host_job_slots;
     int host_updates_this_step;
@@ -214,9 +221,14 @@ umt_status umt_offload_update_resident(umt_offload *o, umt_tensor *p);
 umt_status umt_offload_deferred_piece(umt_offload *o, size_t bytes);
 umt_status umt_offload_make_ring(umt_offload *o);
 double umt_offload_seconds(void);
-/* CPU threads (one per core, less spare) run the jobs; false when one failed. No CUDA calls: a
- * host function may run it. */
+/* CPU threads (one per core, less spare) run the jobs; false when one failed. No CUDA calls:
+ * any thread may run it. A job's work items, and one of them run by the caller (false: failed);
+ * the number of threads for all cores but spare. */
+#define UMT_OFFLOAD_MAX_THREADS 64
 bool umt_offload_cpu_threads(const umt_offload_cpu_job *jobs, int count, int spare);
+int64_t umt_offload_cpu_items(const umt_offload_cpu_job *job);
+bool umt_offload_cpu_item(const umt_offload_cpu_job *job, int64_t item);
+int umt_offload_cpu_thread_count(int spare);
 /* The CPU threads' work item for p's update (umt_offload_cpu_job.chunk). */
 umt_status umt_offload_cpu_chunk(const umt_tensor *p, int64_t *chunk);
 /* Slot s's gradient, final, goes home on the copy-out stream (its drained event after); the same
@@ -235,6 +247,16 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken);
 umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p);
 umt_status umt_offload_host_step_end(umt_offload *o);
 void umt_offload_host_destroy(umt_offload *o);
+
+/* The CPU threads' queue of updates in backward (offload/host_queue.c): started at the first
+ * (its threads, and a check that a stream can wait for a value the CPU writes: false, with the
+ * reason, where it cannot); a job queued to run once `arrived` (an event) has happened; a
+ * stream's wait for the job's last update; the host's; stopping (every queued job run first). */
+umt_status umt_offload_queue_start(umt_offload *o, int spare);
+umt_status umt_offload_queue_job(umt_offload *o, umt_offload_host_job *job, void *arrived);
+umt_status umt_offload_queue_stream_wait(umt_offload *o, void *stream, const umt_offload_host_job *job);
+umt_status umt_offload_queue_host_wait(umt_offload *o, const umt_offload_host_job *job);
+void umt_offload_queue_stop(umt_offload *o);
 
 /* Saved activations (offload/activations.c): the step's start (after the first step: the
  * plan's stage 3), and freeing the events and pinned copies. */

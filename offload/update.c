@@ -42,7 +42,6 @@
 #include "core/base/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 
-#define MAX_THREADS 64
 /* Weights put off for backward's next layer go in WEIGHT_PIECES_PER_CHUNK chunks' worth after each
  * update chunk's state: two state arrays in, then two pieces of weights, against a chunk's weights
  * and state going out. Two was the fastest of 1, 2, 4 and 16 (docs/PERF.md, "Offload tier"). */
@@ -187,47 +186,54 @@ static umt_status queue_cpu_job(umt_offload *o, const umt_offload_cpu_job *job) 
 typedef struct {
     const umt_offload_cpu_job *jobs;
     int job_count;
-    int64_t chunks; /* UMT_OFFLOAD_CPU_CHUNK-sized items over all jobs, numbered job after job */
+    int64_t chunks; /* work items over all jobs, numbered job after job */
     atomic_llong next;
     atomic_int failed;
 } cpu_work;
 
-/* Each thread takes the next chunk until none is left. */
+int64_t umt_offload_cpu_items(const umt_offload_cpu_job *job) { return (job->n + job->chunk - 1) / job->chunk; }
+
+bool umt_offload_cpu_item(const umt_offload_cpu_job *job, int64_t item) {
+    int64_t offset = item * job->chunk, n = job->n - offset < job->chunk ? job->n - offset : job->chunk;
+    float *s0 = job->state0 ? job->state0 + offset : NULL, *s1 = job->state1 ? job->state1 + offset : NULL;
+    umt_update_fusion fusion = job->fusion;
+    if (fusion.lowp) fusion.lowp = (char *)fusion.lowp + (size_t)offset * umt_dtype_size(fusion.lowp_dtype);
+    if (fusion.grad_bf16) fusion.grad_bf16 += offset;
+    const float *grad = job->grad ? job->grad + offset : NULL; /* NULL: read from grad_bf16 */
+    return job->fn(job->user, umt_cpu_backend(), job->param + offset, grad, s0, s1, &fusion, n) == UMT_OK;
+}
+
+/* Each thread takes the next item until none is left. */
 static void *cpu_worker(void *arg) {
     cpu_work *w = arg;
-    const umt_backend *cpu = umt_cpu_backend();
     for (;;) {
         long long k = atomic_fetch_add(&w->next, 1);
         if (k >= w->chunks) return NULL;
         int j = 0;
         int64_t first = 0, per;
-        while (first + (per = (w->jobs[j].n + w->jobs[j].chunk - 1) / w->jobs[j].chunk) <= k) first += per, j++;
-        const umt_offload_cpu_job *job = &w->jobs[j];
-        int64_t offset = (k - first) * job->chunk, n = job->n - offset < job->chunk ? job->n - offset : job->chunk;
-        float *s0 = job->state0 ? job->state0 + offset : NULL, *s1 = job->state1 ? job->state1 + offset : NULL;
-        umt_update_fusion fusion = job->fusion;
-        if (fusion.lowp) fusion.lowp = (char *)fusion.lowp + (size_t)offset * umt_dtype_size(fusion.lowp_dtype);
-        if (fusion.grad_bf16) fusion.grad_bf16 += offset;
-        const float *grad = job->grad ? job->grad + offset : NULL; /* NULL: read from grad_bf16 */
-        if (job->fn(job->user, cpu, job->param + offset, grad, s0, s1, &fusion, n) != UMT_OK)
-            atomic_store(&w->failed, 1);
+        while (first + (per = umt_offload_cpu_items(&w->jobs[j])) <= k) first += per, j++;
+        if (!umt_offload_cpu_item(&w->jobs[j], k - first)) atomic_store(&w->failed, 1);
     }
 }
 
 bool umt_offload_cpu_threads(const umt_offload_cpu_job *jobs, int count, int spare) {
     cpu_work w = {.jobs = jobs, .job_count = count};
-    for (int j = 0; j < count; ++j) w.chunks += (jobs[j].n + jobs[j].chunk - 1) / jobs[j].chunk;
+    for (int j = 0; j < count; ++j) w.chunks += umt_offload_cpu_items(&jobs[j]);
     atomic_init(&w.next, 0);
     atomic_init(&w.failed, 0);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN) - spare;
-    int threads = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
-    pthread_t ids[MAX_THREADS];
+    int threads = umt_offload_cpu_thread_count(spare);
+    pthread_t ids[UMT_OFFLOAD_MAX_THREADS];
     int started = 0;
     for (; started < threads; ++started)
         if (pthread_create(&ids[started], NULL, cpu_worker, &w) != 0) break;
     if (started == 0) cpu_worker(&w);
     for (int i = 0; i < started; ++i) pthread_join(ids[i], NULL);
     return !atomic_load(&w.failed);
+}
+
+int umt_offload_cpu_thread_count(int spare) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN) - spare;
+    return cores < 1 ? 1 : cores > UMT_OFFLOAD_MAX_THREADS ? UMT_OFFLOAD_MAX_THREADS : (int)cores;
 }
 
 umt_status umt_offload_cpu_chunk(const umt_tensor *p, int64_t *chunk) {
@@ -370,8 +376,8 @@ static umt_status update_through_ring(umt_offload *o, const ring_update *u, void
     UMT_TRY(umt_offload_record(final, o->compute));
     UMT_TRY(umt_offload_wait(o->update, final));
     /* A parameter the CPU threads updated in an earlier step (the count of CPU updates changes
-     * while auto searches it) has its state rewritten by that host function: the state's copies
-     * in wait for it, as the weights' loads do. The state-in stream waits for nothing of the
+     * while auto searches it) has its state rewritten by the CPU threads: the state's copies
+     * in wait for that update, as the weights' loads do. The state-in stream waits for nothing of the
      * compute stream, so without this it could read the state before that update wrote it. */
     UMT_TRY(umt_offload_host_wait(o, o->state_in, p));
     int64_t chunk = (int64_t)(o->plan.ring_chunk_bytes / sizeof(float));
