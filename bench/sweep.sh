@@ -5,7 +5,9 @@
 # dataset's bytes with UMT_MEM_REPORT=1 (held once, by the data context; the N contexts share it).
 # From the GPU bundle's root (bash bench/sweep.sh), or from the repository with
 #     BIN=bazel-bin/examples DATA=data/mnist bash bench/sweep.sh
-# N (8), STEPS (3000: the bench's timed steps each) and EPOCHS (5) may be set. The accuracy runs set
+# N (8), STEPS (3000: the bench's timed steps each) and EPOCHS (5) may be set; ONE_GRAPH=on runs
+# the N trainings as one step group (one CUDA graph for all, from one thread) instead of a thread
+# and a graph each. The accuracy runs set
 # UMT_CONV_TIMING=0, so that cuDNN's engine choice does not depend on timings taken beside the
 # others: each seed's bits are then the same at once and alone (the parameters' hash says so).
 set -uo pipefail
@@ -16,7 +18,7 @@ steps="${STEPS:-3000}"
 epochs="${EPOCHS:-5}"
 logs="${OUT:-/tmp/umt_gpu_logs}/sweep"
 mkdir -p "$logs"
-common=(--device cuda --precision bf16 --batch-size 64 --data-dir "$data")
+common=(--device cuda --precision bf16 --batch-size 64 --data-dir "$data" --one-graph "${ONE_GRAPH:-off}")
 
 echo "== throughput: $n at once against 1 alone, $steps steps each"
 "$bin/sweep" "${common[@]}" --sweep "$n" --bench "$steps" | tee "$logs/bench.txt"

@@ -45,7 +45,7 @@ typedef struct {
 typedef struct {
     umt_device device;
     umt_precision precision;
-    bool precision_given, graph;
+    bool precision_given, graph, one_graph;
     const char *data_dir;
     int epochs, bench_steps;
     int64_t batch_size, train_limit, test_limit;
@@ -58,12 +58,14 @@ static void usage(FILE *out) {
     fprintf(out, "usage: sweep [--sweep N] [--sweep-seeds S,..] [--sweep-lr F,..] [--sweep-optimizer NAME,..]\n"
                  "             [--sweep-width N,..] [--epochs N] [--batch-size N] [--gamma F] [--device cpu|cuda]\n"
                  "             [--precision fp32|bf16|fp16] [--graph on|off] [--data-dir DIR] [--train-limit N]\n"
-                 "             [--test-limit N] [--bench STEPS]\n"
+                 "             [--test-limit N] [--bench STEPS] [--one-graph on|off]\n"
                  "defaults: one configuration (seed 1, adadelta, its rate 1.0, width 128), 1 epoch, batch 64,\n"
                  "          gamma 0.7, the GPU when there is one, data/mnist. Lists are zipped (a list of one\n"
                  "          value goes to every configuration); --sweep N without seeds takes seeds 1..N.\n"
                  "          --bench STEPS: STEPS steps of one configuration alone, then of all at once; prints\n"
-                 "          the total images/s of each and their ratio, instead of training epochs.\n");
+                 "          the total images/s of each and their ratio, instead of training epochs.\n"
+                 "          --one-graph on: every configuration's step in one CUDA graph (umt_step_group),\n"
+                 "          driven from one thread, instead of a graph and a thread each.\n");
 }
 
 /* The comma-separated values of a --sweep-* list, each parsed by one; their count, or -1. */
@@ -145,6 +147,10 @@ static int parse_flag(options *o, const char *flag, const char *value) {
         o->graph = !strcmp(value, "on");
     else if (!strcmp(flag, "--graph"))
         fprintf(stderr, "%s: --graph '%s': expected on or off\n", program, value), bad = 1;
+    else if (!strcmp(flag, "--one-graph") && (!strcmp(value, "on") || !strcmp(value, "off")))
+        o->one_graph = !strcmp(value, "on");
+    else if (!strcmp(flag, "--one-graph"))
+        fprintf(stderr, "%s: --one-graph '%s': expected on or off\n", program, value), bad = 1;
     else return 1;
     return bad ? -1 : 0;
 }
@@ -341,6 +347,96 @@ static void release(run *r) {
 }
 
 /* ----------------------------------------------------------------------------------------- */
+/* --one-graph on: every configuration's step in one CUDA graph, all driven from this thread */
+
+/* Every configuration's context, model and step graph, and the group of their graphs. */
+static int build_together(run *runs, int count, umt_step_group **group) {
+    umt_step_graph *graphs[MOST_RUNS];
+    for (int i = 0; i < count; ++i) {
+        if (build(&runs[i])) return -1;
+        graphs[i] = runs[i].graph;
+    }
+    return example_check(program, umt_step_group_create(graphs, count, group));
+}
+
+/* One step of every configuration: count images of its own order from first. */
+static int step_together(umt_step_group *group, run *runs, int n, int64_t first, int64_t count) {
+    void *users[MOST_RUNS];
+    const void *inputs[MOST_RUNS];
+    size_t bytes[MOST_RUNS];
+    for (int i = 0; i < n; ++i) {
+        users[i] = &runs[i];
+        inputs[i] = runs[i].order + first;
+        bytes[i] = (size_t)count * sizeof *runs[i].order;
+    }
+    return example_check(program, umt_step_group_run(group, step, users, inputs, bytes));
+}
+
+static int synchronize_all(run *runs, int n) {
+    for (int i = 0; i < n; ++i)
+        if (check(&runs[i], umt_synchronize(runs[i].ctx))) return -1;
+    return 0;
+}
+
+/* The epochs of every configuration in step: the same epoch, each with its own rate and shuffle. */
+static int train_epochs_together(const options *o, run *runs, int n, umt_step_group *group) {
+    int64_t size = example_limit(umt_dataset_size(runs[0].train), o->train_limit), batch = o->batch_size;
+    for (int epoch = 0; epoch < o->epochs; ++epoch) {
+        for (int i = 0; i < n; ++i) {
+            umt_optimizer_set_lr(runs[i].opt, umt_lr_step(runs[i].lr, o->gamma, 1, epoch));
+            if (check(&runs[i], umt_permutation(runs[i].ctx, size, runs[i].order))) return -1;
+        }
+        for (int64_t first = 0; first < size; first += batch) {
+            int64_t count = size - first < batch ? size - first : batch;
+            if (step_together(group, runs, n, first, count)) return -1;
+            for (int i = 0; i < n; ++i) runs[i].images += count;
+        }
+        if (synchronize_all(runs, n)) return -1;
+    }
+    return 0;
+}
+
+static int train_together(const options *o, run *runs, int n) {
+    umt_step_group *group = NULL;
+    double start = example_seconds();
+    int rc = build_together(runs, n, &group);
+    if (rc == 0) rc = train_epochs_together(o, runs, n, group);
+    double seconds = example_seconds() - start;
+    umt_step_group_destroy(group);
+    for (int i = 0; i < n && rc == 0; ++i) {
+        run *r = &runs[i];
+        r->seconds = seconds; /* they trained together */
+        rc = example_evaluate(program, r->ctx, mnist_cnn_forward, &r->model, r->test_share, 1000, o->test_limit,
+                              &r->accuracy) || hash_parameters(r) ? -1 : 0;
+    }
+    return rc;
+}
+
+/* --bench with --one-graph on: the configurations' steps together, images/s in total. */
+static int bench_together(const options *o, run *runs, int n, double *images_per_s) {
+    umt_step_group *group = NULL;
+    int rc = build_together(runs, n, &group);
+    int64_t size = umt_dataset_size(runs[0].train), batch = o->batch_size < size ? o->batch_size : size;
+    for (int i = 0; i < n && rc == 0; ++i) rc = check(&runs[i], umt_permutation(runs[i].ctx, size, runs[i].order));
+    double t0 = 0;
+    for (int s = 0; s < WARMUP_STEPS + o->bench_steps && rc == 0; ++s) {
+        if (s == WARMUP_STEPS && !(rc = synchronize_all(runs, n))) t0 = example_seconds();
+        if (rc == 0) rc = step_together(group, runs, n, (int64_t)s * batch % (size - batch + 1), batch);
+    }
+    if (rc == 0 && !(rc = synchronize_all(runs, n)))
+        *images_per_s = (double)n * (double)batch * o->bench_steps / (example_seconds() - t0);
+    if (rc == 0) {
+        umt_step_graph_stats stats = umt_step_group_stats_get(group);
+        printf("bench: one graph for %d: %lld captures, %lld replays, %lld eager steps%s%s\n", n,
+               (long long)stats.captures, (long long)stats.replayed_steps, (long long)stats.eager_steps,
+               umt_step_group_off_reason(group) ? ": off, " : "",
+               umt_step_group_off_reason(group) ? umt_step_group_off_reason(group) : "");
+    }
+    umt_step_group_destroy(group);
+    return rc;
+}
+
+/* ----------------------------------------------------------------------------------------- */
 /* The sweep */
 
 /* Runs runs[0..count) at once, each on its own thread; 0 when all succeeded. */
@@ -405,7 +501,8 @@ static int bench_window(const options *o, run *runs, int count, double *images_p
 
 static int bench_all(const options *o, run *alone, run *runs) {
     double one = 0, all = 0;
-    if (bench_window(o, alone, 1, &one) || bench_window(o, runs, o->runs, &all)) return -1;
+    if (bench_window(o, alone, 1, &one)) return -1;
+    if (o->one_graph ? bench_together(o, runs, o->runs, &all) : bench_window(o, runs, o->runs, &all)) return -1;
     printf("bench: batch %lld, %s, %d steps each: 1 alone %.0f images/s; %d at once %.0f images/s in total (%.2fx)\n",
            (long long)o->batch_size, umt_precision_name(o->precision), o->bench_steps, one, o->runs, all, all / one);
     return 0;
@@ -439,7 +536,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i <= o.runs; ++i) runs[i] = (run){.o = &o, .c = &o.configs[i < o.runs ? i : 0], .train = train,
                                                       .test = test};
     double start = example_seconds();
-    rc = o.bench_steps ? bench_all(&o, &runs[o.runs], runs) : run_all(runs, o.runs);
+    rc = o.bench_steps ? bench_all(&o, &runs[o.runs], runs)
+         : o.one_graph ? train_together(&o, runs, o.runs)
+                       : run_all(runs, o.runs);
     if (!rc && !o.bench_steps) print_table(&o, runs, example_seconds() - start);
     for (int i = 0; i <= o.runs; ++i) release(&runs[i]);
     umt_context_destroy(data);

@@ -30,6 +30,8 @@
  *     thread to thread between calls;
  *   - functions that take no context (parsing, names, umt_samples_*, umt_checkpoint_check_writable,
  *     umt_cuda_device_count): safe from any thread;
+ *   - a step group (umt_step_group) uses all its members' contexts: while it runs, none of them
+ *     may be used from another thread;
  *   - a dataset shared with umt_dataset_share is read by every context that shares it at once;
  *   - umt_last_error and umt_last_status are per thread: a thread sees its own calls' failures.
  * Environment variables (UMT_*) are read, never written: set them before the threads start.
@@ -762,6 +764,29 @@ umt_step_graph_stats umt_step_graph_stats_get(const umt_step_graph *graph);
 /* Why steps run eagerly for good (NULL while capture is on or allowed, and for a NULL graph). */
 const char *umt_step_graph_off_reason(const umt_step_graph *graph);
 void umt_step_graph_destroy(umt_step_graph *graph);
+
+/* Several trainings' steps as one CUDA graph (core/step/step_group.c): one launch a step for all
+ * of them. A sweep trains N small models on one GPU; launched as N graphs from N threads their
+ * steps overlap little. A group captures its members' steps (each on its own context's stream)
+ * into one graph with a branch per member, which the GPU runs side by side, and replays it with
+ * each member's next input. Each member trains as it would alone: the same bits. The members are
+ * step graphs of distinct contexts on one GPU, all driven by the calling thread, without
+ * collectives. Where a group cannot capture (the CPU, a member's graph without capture or off, a
+ * failed capture) each member runs its own step graph (umt_step_graph_run), said once. A step in
+ * which a member's input size differs from the captured one runs every member eagerly; one whose
+ * memory moved (an evaluation) makes the group capture again after the warm-up. Losses and
+ * counts are read through the members (umt_step_graph_loss, _take_mean_loss, _stats_get). */
+typedef struct umt_step_group umt_step_group;
+/* graphs[0..count): the members, which must outlive the group. */
+umt_status umt_step_group_create(umt_step_graph *const *graphs, int count, umt_step_group **out);
+/* One step of every member i: step(its context, users[i], inputs[i], input_bytes[i]). No host wait. */
+umt_status umt_step_group_run(umt_step_group *group, umt_step_fn step, void *const *users,
+                              const void *const *inputs, const size_t *input_bytes);
+/* The group's own counts: eager steps of all members, replays, captures (all 0 for NULL). */
+umt_step_graph_stats umt_step_group_stats_get(const umt_step_group *group);
+/* Why each member runs its own step graph (NULL while the group captures, and for NULL). */
+const char *umt_step_group_off_reason(const umt_step_group *group);
+void umt_step_group_destroy(umt_step_group *group);
 
 /* Step decay: base_lr * gamma^(floor(epoch / step_size)). */
 float umt_lr_step(float base_lr, float gamma, int step_size, int epoch);

@@ -225,3 +225,47 @@ bool mb_differ(const mb_result *a, const mb_result *b, double rel) {
     const char *where;
     return worst_gap(a, b, &where) > rel;
 }
+
+/* ----------------------------------------------------------------------------------------- */
+/* Several runs' steps in one group graph (umt_step_group), from this thread */
+
+void mb_train_grouped(const mb_run *runs, int count, const char *folder, mb_result *out,
+                      umt_step_graph_stats *group_stats) {
+    enum { MOST = 16 };
+    assert_true(count >= 1 && count <= MOST);
+    model models[MOST];
+    umt_step_graph *graphs[MOST];
+    void *users[MOST];
+    const void *inputs[MOST];
+    size_t bytes[MOST];
+    int64_t order[MB_SAMPLES];
+    for (int i = 0; i < count; ++i) {
+        models[i] = (model){.run = &runs[i]};
+        build(&models[i], &runs[i], folder);
+        check(umt_step_graph_create(models[i].ctx, runs[i].graph, &graphs[i]), "umt_step_graph_create");
+        users[i] = &models[i];
+        inputs[i] = order;
+        bytes[i] = sizeof order;
+    }
+    umt_step_group *group = NULL;
+    check(umt_step_group_create(graphs, count, &group), "umt_step_group_create");
+    for (int s = 0; s < MB_STEPS; ++s) {
+        for (int i = 0; i < MB_SAMPLES; ++i) order[i] = (i * (5 + 2 * s) + 3 * s) % MB_SAMPLES; /* as mb_train */
+        check(umt_step_group_run(group, step, users, inputs, bytes), "umt_step_group_run");
+        for (int i = 0; i < count; ++i) {
+            double mean = 0;
+            int64_t steps = 0;
+            check(umt_step_graph_take_mean_loss(graphs[i], &mean, &steps), "umt_step_graph_take_mean_loss");
+            assert_int_equal(steps, 1);
+            out[i].losses[s] = mean;
+        }
+    }
+    *group_stats = umt_step_group_stats_get(group);
+    umt_step_group_destroy(group);
+    for (int i = 0; i < count; ++i) {
+        collect(&models[i], &out[i]);
+        out[i].replayed_steps = umt_step_graph_stats_get(graphs[i]).replayed_steps;
+        umt_step_graph_destroy(graphs[i]);
+        umt_context_destroy(models[i].ctx);
+    }
+}

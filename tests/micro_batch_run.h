@@ -46,6 +46,11 @@ void mb_train(const mb_run *run, const char *folder, mb_result *out);
 /* mb_train of runs[0..count) at once, each on a host thread of its own (its own context, and on
  * CUDA its own stream), started together; out[i] is run i's. */
 void mb_train_at_once(const mb_run *runs, int count, const char *folder, mb_result *out);
+/* The same runs' steps together from this thread, as the members of one step group
+ * (umt_step_group: one CUDA graph for all where it can capture); out[i] is run i's, and
+ * *group_stats the group's counts. */
+void mb_train_grouped(const mb_run *runs, int count, const char *folder, mb_result *out,
+                      umt_step_graph_stats *group_stats);
 /* Asserts that b's losses and parameters are a's, bit for bit; what names the comparison. */
 void mb_expect_same_bits(const mb_result *a, const mb_result *b, const char *what);
 /* Asserts that b's losses and parameters equal a's within rel, relative to each tensor's

@@ -55,6 +55,7 @@ typedef struct {
     umt_samples *samples;
     umt_loader *loader;
     umt_step_graph *graph;
+    umt_step_group *group; /* of graph alone */
     umt_tensor *loss; /* mean(linear(x)), recorded: what backward takes */
 } world;
 
@@ -102,13 +103,15 @@ static bool world_build(world *w) {
     if (umt_dataset_load_idx(w->ctx, images_path, labels_path, 3, &w->ds) != UMT_OK ||
         umt_samples_load_idx(images_path, labels_path, 3, &w->samples) != UMT_OK ||
         umt_loader_create(w->ctx, w->samples, &lo, &w->loader) != UMT_OK ||
-        umt_step_graph_create(w->ctx, false, &w->graph) != UMT_OK || umt_step_begin(w->ctx) != UMT_OK)
+        umt_step_graph_create(w->ctx, false, &w->graph) != UMT_OK ||
+        umt_step_group_create(&w->graph, 1, &w->group) != UMT_OK || umt_step_begin(w->ctx) != UMT_OK)
         return false;
     w->loss = umt_mean(w->ctx, umt_linear(w->ctx, w->x, w->fc_weight, w->fc_bias));
     return w->loss != NULL;
 }
 
 static void world_destroy(world *w) {
+    umt_step_group_destroy(w->group); /* before its member's context */
     umt_context_destroy(w->ctx); /* the loader first: it reads the samples */
     umt_samples_destroy(w->samples);
 }
@@ -163,6 +166,7 @@ typedef struct {
     umt_samples *samples, *samples2;
     umt_loader *loader;
     umt_step_graph *graph;
+    umt_step_group *group;
     umt_context_options context_options;
     umt_offload_options offload_options;
     umt_optimizer_options optimizer_options;
@@ -309,6 +313,19 @@ CALL(umt_step_graph_take_mean_loss) {
 CALL(umt_step_graph_stats_get) { VALUE(umt_step_graph_stats_get(ARG(0, s->w->graph))); }
 CALL(umt_step_graph_off_reason) { POINTER(umt_step_graph_off_reason(ARG(0, s->w->graph))); }
 CALL(umt_step_graph_destroy) { VALUE(umt_step_graph_destroy(ARG(0, s->w->graph))); }
+CALL(umt_step_group_create) {
+    umt_step_graph *graphs[1] = {s->w->graph};
+    STATUS(umt_step_group_create(ARG(0, graphs), 1, ARG(1, &s->group)));
+}
+CALL(umt_step_group_run) {
+    void *users[1] = {s};
+    const void *inputs[1] = {&s->count};
+    size_t bytes[1] = {sizeof s->count};
+    STATUS(umt_step_group_run(ARG(0, s->w->group), ARG(1, sweep_step), ARG(2, users), ARG(3, inputs), ARG(4, bytes)));
+}
+CALL(umt_step_group_stats_get) { VALUE(umt_step_group_stats_get(ARG(0, s->w->group))); }
+CALL(umt_step_group_off_reason) { POINTER(umt_step_group_off_reason(ARG(0, s->w->group))); }
+CALL(umt_step_group_destroy) { VALUE(umt_step_group_destroy(ARG(0, s->w->group))); }
 CALL(umt_rng_state_get) { STATUS(umt_rng_state_get(CTX(0), ARG(1, &s->rng_state))); }
 CALL(umt_rng_state_set) { STATUS(umt_rng_state_set(CTX(0), ARG(1, &s->rng_state))); }
 CALL(umt_checkpoint_save) { STATUS(umt_checkpoint_save(CTX(0), OWN(1, opt), ARG(2, &s->info), ARG(3, save_path))); }
@@ -508,6 +525,11 @@ static const row table[] = {
     ROW(umt_step_graph_stats_get, N("graph")),
     ROW(umt_step_graph_off_reason, N("graph")),
     ROW(umt_step_graph_destroy, A("graph")),
+    ROW(umt_step_group_create, N("graphs"), N("out")),
+    ROW(umt_step_group_run, N("group"), N("step"), N("users"), N("inputs"), N("input_bytes")),
+    ROW(umt_step_group_stats_get, N("group")),
+    ROW(umt_step_group_off_reason, N("group")),
+    ROW(umt_step_group_destroy, A("group")),
     NO_POINTERS(umt_lr_step),
     NO_POINTERS(umt_lr_cosine),
     ROW(umt_rng_state_get, N("ctx"), N("out")),

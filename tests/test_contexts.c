@@ -1,13 +1,14 @@
 /*
  * tests/test_contexts.c — several contexts in one process: trainings on host threads of their
- * own give the bits each gives alone, and one dataset is shared by them, counted once (CPU; the
- * GPU twin is tests/gpu/test_contexts_gpu.c).
+ * own, or as the members of one step group, give the bits each gives alone, and one dataset is
+ * shared by them, counted once (CPU; the GPU twin is tests/gpu/test_contexts_gpu.c).
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -41,6 +42,38 @@ static void test_trainings_on_threads_at_once_give_the_bits_each_gives_alone(voi
     mb_expect_same_bits(&alone[2], &together[2], "Adadelta, seed 13, on a thread beside two others");
     free_results(alone, RUNS);
     free_results(together, RUNS);
+}
+
+/* On the CPU a group captures nothing: each member runs its own (eager) step graph, in turn,
+ * with the bits it gives alone, and the group says nothing is off (the members chose no capture). */
+static void test_a_step_group_on_the_cpu_runs_each_member_as_alone(void **state) {
+    (void)state;
+    mb_run runs[RUNS];
+    sweep_runs(runs, NULL);
+    mb_result alone[RUNS], grouped[RUNS];
+    for (int i = 0; i < RUNS; ++i) mb_train(&runs[i], scratch_folder(), &alone[i]);
+    umt_step_graph_stats stats;
+    mb_train_grouped(runs, RUNS, scratch_folder(), grouped, &stats);
+    for (int i = 0; i < RUNS; ++i) mb_expect_same_bits(&alone[i], &grouped[i], "a member of a step group on the CPU");
+    assert_int_equal(stats.captures, 0);
+    assert_int_equal(stats.replayed_steps, 0);
+    free_results(alone, RUNS);
+    free_results(grouped, RUNS);
+}
+
+/* Misuse is refused with the argument named, and nothing made. */
+static void test_a_step_group_refuses_no_members_and_null_ones(void **state) {
+    (void)state;
+    umt_step_group *group = (umt_step_group *)&group;
+    umt_step_graph *none[1] = {NULL};
+    assert_int_equal(umt_step_group_create(none, 1, &group), UMT_ERR_INVALID_ARGUMENT);
+    assert_null(group);
+    assert_non_null(strstr(umt_last_error(), "graphs[0]"));
+    assert_int_equal(umt_step_group_create(none, 0, &group), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "count 0"));
+    assert_int_equal(umt_step_group_create(NULL, 1, &group), UMT_ERR_INVALID_ARGUMENT);
+    assert_int_equal(umt_step_group_run(NULL, NULL, NULL, NULL, NULL), UMT_ERR_INVALID_ARGUMENT);
+    umt_step_group_destroy(NULL);
 }
 
 /* The source context holds the dataset; the trainings read it from their own contexts. */
@@ -130,6 +163,8 @@ int main(void) {
         cmocka_unit_test(test_trainings_on_threads_at_once_give_the_bits_each_gives_alone),
         cmocka_unit_test(test_a_shared_dataset_trains_as_a_loaded_one_and_is_counted_once),
         cmocka_unit_test(test_a_share_is_the_source_s_size_and_shape_and_goes_with_its_context),
+        cmocka_unit_test(test_a_step_group_on_the_cpu_runs_each_member_as_alone),
+        cmocka_unit_test(test_a_step_group_refuses_no_members_and_null_ones),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

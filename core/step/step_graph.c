@@ -39,6 +39,7 @@
 #include "core/base/error.h"
 #include "core/context.h"
 #include "core/hooks.h"
+#include "core/step/step_graph.h"
 #include "core/step_values.h"
 #include "core/tensor.h"
 
@@ -48,37 +49,10 @@
 #include "kernels/cuda/cuda_kernels.h"
 #endif
 
-/* Eager steps after an invalidation before a capture: the first may still move the arena. */
-#define WARMUP_STEPS 2
-
-/* The addresses a captured graph depends on. */
-typedef struct {
-    const void *arena, *workspace, *values;
-    size_t input_bytes;
-    bool training;
-} baked_in;
-
-struct umt_step_graph {
-    umt_context *ctx;
-    bool capture;
-    const char *off_reason; /* capture off for good, and why (off_text), or NULL */
-    char off_text[256];
-    void *exec;             /* cudaGraphExec_t, NULL when none is captured */
-    baked_in baked;
-    int warm_steps; /* eager steps since the graph was last dropped */
-    int64_t begun_at_launch; /* ctx->steps_begun at the last launch: a replay begins no step */
-    umt_tensor *loss, *loss_sum;
-    int64_t loss_count;
-    bool told_batch, told_moved;
-    umt_step_graph_stats stats;
-    umt_hooks hooks; /* this graph's own table: collectives_end */
-};
-
 /* ----------------------------------------------------------------------------------------- */
 /* The loss, kept on the device */
 
-/* After the step's kernels (inside the capture too): the loss copied out and summed. */
-static umt_status keep_loss(umt_step_graph *g, const umt_tensor *loss) {
+umt_status umt_step_graph_keep_loss(umt_step_graph *g, const umt_tensor *loss) {
     if (loss->numel != 1 || loss->dtype != UMT_F32)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_run: the step returned %lld elements of %s "
                         "(expected one f32 loss)", (long long)loss->numel, umt_dtype_name(loss->dtype));
@@ -87,11 +61,11 @@ static umt_status keep_loss(umt_step_graph *g, const umt_tensor *loss) {
     return be->f32.accumulate(g->loss_sum->data, loss->data, 1.0f, 1);
 }
 
-static umt_status eager_step(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
-                             size_t input_bytes) {
+umt_status umt_step_graph_eager(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
+                                size_t input_bytes) {
     umt_tensor *loss = step(g->ctx, user, input, input_bytes);
     if (!loss) return umt_last_status();
-    UMT_TRY(keep_loss(g, loss));
+    UMT_TRY(umt_step_graph_keep_loss(g, loss));
     g->stats.eager_steps++;
     g->loss_count++;
     return UMT_OK;
@@ -101,9 +75,9 @@ static umt_status eager_step(umt_step_graph *g, umt_step_fn step, void *user, co
 /* Capture and replay */
 
 #ifdef UMT_WITH_CUDA
-static baked_in current(const umt_context *ctx, size_t input_bytes) {
+umt_step_graph_baked umt_step_graph_baked_now(const umt_context *ctx, size_t input_bytes) {
     const umt_pool_state *arena = &ctx->memory.pools[UMT_POOL_ACTIVATIONS];
-    return (baked_in){
+    return (umt_step_graph_baked){
         .arena = arena->block_count ? arena->blocks[0].ptr : NULL,
         .workspace = ctx->conv_workspace,
         .values = umt_step_values_device_block(ctx),
@@ -140,7 +114,7 @@ static umt_status record(umt_step_graph *g, umt_step_fn step, void *user, const 
     if (began != cudaSuccess) umt_step_values_record_end(ctx);
     UMT_CUDA_TRY(began);
     umt_tensor *loss = step(ctx, user, input, input_bytes);
-    umt_status status = loss ? keep_loss(g, loss) : umt_last_status();
+    umt_status status = loss ? umt_step_graph_keep_loss(g, loss) : umt_last_status();
     cudaError_t ended = cudaStreamEndCapture(stream, graph);
     umt_step_values_record_end(ctx);
     if (status == UMT_OK && ended != cudaSuccess) {
@@ -224,7 +198,7 @@ static umt_status capture_and_launch(umt_step_graph *g, umt_step_fn step, void *
         return UMT_OK;
     }
     g->exec = exec;
-    g->baked = current(ctx, input_bytes);
+    g->baked = umt_step_graph_baked_now(ctx, input_bytes);
     g->stats.captures++;
     UMT_TRY(umt_step_values_flush(ctx));
     return launch(g);
@@ -236,8 +210,8 @@ static umt_status replay(umt_step_graph *g, const void *input) {
 }
 
 /* Whether the memory the graph baked in is where it was, and the training mode the same. */
-static bool same_memory(const umt_step_graph *g, size_t input_bytes) {
-    baked_in now = current(g->ctx, input_bytes);
+bool umt_step_graph_same_memory(const umt_step_graph *g, size_t input_bytes) {
+    umt_step_graph_baked now = umt_step_graph_baked_now(g->ctx, input_bytes);
     return now.arena == g->baked.arena && now.workspace == g->baked.workspace && now.values == g->baked.values &&
            now.training == g->baked.training;
 }
@@ -253,7 +227,7 @@ static umt_status still_fits(umt_step_graph *g, size_t input_bytes, bool *fits) 
         g->told_batch = true;
         return UMT_OK;
     }
-    bool here = same_memory(g, input_bytes), collective = umt_hooks_collective(g->ctx);
+    bool here = umt_step_graph_same_memory(g, input_bytes), collective = umt_hooks_collective(g->ctx);
     if (collective && g->ctx->steps_begun != g->begun_at_launch) {
         UMT_TRY(umt_hooks_graph_agree(g->ctx, &here));
     } else if (collective && !here) {
@@ -283,14 +257,14 @@ umt_status umt_step_graph_run(umt_step_graph *g, umt_step_fn step, void *user, c
         bool fits = false;
         if (g->exec) UMT_TRY(still_fits(g, input_bytes, &fits));
         if (fits) return replay(g, input);
-        if (!g->exec && g->warm_steps >= WARMUP_STEPS) {
+        if (!g->exec && g->warm_steps >= UMT_STEP_GRAPH_WARMUP_STEPS) {
             UMT_TRY(capture_and_launch(g, step, user, input, input_bytes));
             if (g->exec) return UMT_OK;
         }
         if (!g->exec) g->warm_steps++;
     }
 #endif
-    return eager_step(g, step, user, input, input_bytes);
+    return umt_step_graph_eager(g, step, user, input, input_bytes);
 }
 
 /* ----------------------------------------------------------------------------------------- */

@@ -2,8 +2,8 @@
  * tests/gpu/test_contexts_gpu.c — several CUDA contexts in one process on one GPU: trainings on
  * host threads of their own, each context with its own stream, handles and kernel scratch
  * (kernels/cuda/backend.cu), give the bits each gives alone, eager and through captured step
- * graphs, in fp32 and bf16; one dataset shared by them is on the GPU once. tests/test_contexts.c
- * has the CPU's.
+ * graphs, in fp32 and bf16, and as the branches of one group graph (umt_step_group) driven from
+ * one thread; one dataset shared by them is on the GPU once. tests/test_contexts.c has the CPU's.
  *
  * UMT_CONV_TIMING=0: the half-precision convolutions take cuDNN's first engine instead of timing
  * them (kernels/cuda/conv_engines.cu), since timings taken beside other trainings may choose
@@ -87,6 +87,29 @@ static void test_a_shared_dataset_is_on_the_gpu_once_and_trains_as_a_loaded_one(
     umt_context_destroy(source);
 }
 
+/* Each run alone, then all of them as one step group from one thread: one graph with a branch
+ * per run, captured once after the warm-up and replayed; the same bits. */
+static void test_bf16_steps_in_one_group_graph_give_the_bits_each_gives_alone(void **state) {
+    (void)state;
+    mb_run alone_runs[MOST_RUNS], runs[MOST_RUNS];
+    sweep_runs(alone_runs, MOST_RUNS, UMT_PRECISION_BF16, true, NULL);
+    sweep_runs(runs, MOST_RUNS, UMT_PRECISION_BF16, true, NULL);
+    mb_result alone[MOST_RUNS], grouped[MOST_RUNS];
+    for (int i = 0; i < MOST_RUNS; ++i) mb_train(&alone_runs[i], scratch_folder(), &alone[i]);
+    umt_step_graph_stats stats;
+    mb_train_grouped(runs, MOST_RUNS, scratch_folder(), grouped, &stats);
+    assert_int_equal(stats.captures, 1);
+    assert_int_equal(stats.replayed_steps, MB_STEPS - 2);
+    for (int i = 0; i < MOST_RUNS; ++i) {
+        char what[64];
+        snprintf(what, sizeof what, "bf16 run %d of %d in one group graph", i + 1, MOST_RUNS);
+        mb_expect_same_bits(&alone[i], &grouped[i], what);
+        assert_int_equal(grouped[i].replayed_steps, MB_STEPS - 2);
+        free(alone[i].params);
+        free(grouped[i].params);
+    }
+}
+
 static int make_data(void **state) {
     (void)state;
     if (setenv("UMT_CONV_TIMING", "0", 1) != 0 || scratch_make("contexts_gpu")) return -1;
@@ -104,6 +127,7 @@ int main(void) {
         cmocka_unit_test(test_fp32_trainings_on_threads_at_once_give_the_bits_each_gives_alone),
         cmocka_unit_test(test_bf16_step_graphs_on_threads_at_once_give_the_bits_each_gives_alone),
         cmocka_unit_test(test_a_shared_dataset_is_on_the_gpu_once_and_trains_as_a_loaded_one),
+        cmocka_unit_test(test_bf16_steps_in_one_group_graph_give_the_bits_each_gives_alone),
     };
     return cmocka_run_group_tests(tests, make_data, remove_data);
 }
