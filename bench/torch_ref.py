@@ -1,7 +1,7 @@
 """bench/torch_ref.py — PyTorch's MNIST example network, timed the way `mnist_cnn --bench` is.
 
     python3 bench/torch_ref.py [--steps 200] [--batches 64,512,4096] [--dtype fp32|bf16]
-                               [--modes eager,default,reduce-overhead] [--floor]
+                               [--modes eager,default,reduce-overhead] [--floor] [--deterministic]
 
 Same network (conv 1->32 3x3, relu, conv 32->64 3x3, relu, max-pool 2, dropout 0.25, flatten,
 linear 9216->128, relu, dropout 0.5, linear 128->10, log-softmax, NLL), Adadelta lr 1.0, data
@@ -14,6 +14,9 @@ batch size: "torch <mode> <dtype> batch B: X images/s".
 matrix rate (a bf16 or fp32 8192^3 product, TFLOP/s) and the copy bandwidth (a 1 GiB
 device-to-device copy, bytes read + written per second). Lines: "floor matmul <dtype>: X TFLOP/s",
 "floor copy: X GB/s".
+
+--deterministic sets torch.backends.cudnn.deterministic: cuDNN then takes only algorithms whose
+results do not depend on the order of atomic additions, the condition every umtrain kernel meets.
 """
 import argparse
 import time
@@ -107,7 +110,10 @@ def main():
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--modes", default="eager")
     parser.add_argument("--floor", action="store_true")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="cuDNN's deterministic algorithms only, as umtrain's kernels always are")
     args = parser.parse_args()
+    torch.backends.cudnn.deterministic = args.deterministic
     # fp32 means fp32: no TF32 in matrix products or convolutions (umtrain's fp32 uses none).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
