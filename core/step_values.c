@@ -112,7 +112,7 @@ static umt_status add_record(umt_step_values *v, umt_step_value_record record) {
 
 umt_status umt_step_values_input(umt_context *ctx, const void *src, size_t bytes, void **device) {
     umt_step_values *v = &ctx->values;
-    size_t offset;
+    size_t offset = 0;
     UMT_TRY(reserve(ctx, bytes, &offset));
     memcpy(slot_at(v, offset), src, bytes);
     *device = device_at(ctx, offset);
@@ -137,7 +137,7 @@ umt_status umt_step_values_remade(umt_context *ctx, size_t bytes, umt_step_value
                                   void **device) {
     umt_step_values *v = &ctx->values;
     if (!v->recording) return umt_fail(UMT_ERR_STATE, "umt_step_values_remade: no capture is being recorded");
-    size_t offset;
+    size_t offset = 0;
     UMT_TRY(reserve(ctx, bytes, &offset));
     redo(object, slot_at(v, offset), bytes);
     *device = device_at(ctx, offset);
@@ -173,6 +173,9 @@ void umt_step_values_unreplayable(umt_context *ctx, const char *why) {
 
 umt_status umt_step_values_record_begin(umt_context *ctx, const void *input, size_t input_bytes) {
     umt_step_values *v = &ctx->values;
+    /* A step whose eager runs handed over no values (one fed by a loader's held batch) still
+     * records a few in the capture (the rate, dropout seeds), which may not grow the ring. */
+    if (!v->capacity) UMT_TRY(grow(ctx, MIN_CAPACITY));
     UMT_TRY(umt_step_values_begin(ctx));
     v->recording = true;
     v->input = input;

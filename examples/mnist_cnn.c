@@ -251,12 +251,20 @@ typedef struct {
     int64_t stopped_after;   /* the steps of its epoch taken then */
 } run_state;
 
+/* With data on the host and a step of one loader batch, the batch is held before the step
+ * (umt_loader_hold_next, run_step) and taken inside it (umt_loader_take_held): a step the step
+ * graph can capture and replay. A step of several loader batches takes them one by one inside it
+ * (umt_loader_next), and runs op by op. */
+static bool holds_batches(const run_state *r) { return r->loader && r->loader_batch == r->step_batch; }
+
 /* Forward and backward of samples indices[0..count) of the resident dataset, or of the loader's
  * next batch: NLL loss, its gradient added to the parameters'. */
 static umt_tensor *forward_backward(run_state *r, const int64_t *indices, int64_t count) {
     umt_tensor *images = NULL, *labels = NULL;
-    umt_status got = r->loader ? umt_loader_next(r->loader, &images, &labels)
-                               : umt_dataset_batch(r->ctx, r->train, indices, count, MNIST_MEAN, MNIST_STD, &images, &labels);
+    umt_status got = holds_batches(r) ? umt_loader_take_held(r->loader, &images, &labels)
+                     : r->loader      ? umt_loader_next(r->loader, &images, &labels)
+                                      : umt_dataset_batch(r->ctx, r->train, indices, count, MNIST_MEAN, MNIST_STD,
+                                                          &images, &labels);
     /* An epoch takes as many steps as the loader has batches, so images is there when got is OK. */
     if (got != UMT_OK || !images) return NULL;
     umt_tensor *loss = mnist_cnn_loss(r->ctx, &r->model, images, labels);
@@ -305,6 +313,9 @@ static umt_tensor *graph_step(umt_context *ctx, void *user, const void *input, s
 }
 
 static umt_status run_step(run_state *r, const int64_t *indices, int64_t count) {
+    int64_t held = 0;
+    umt_status status = holds_batches(r) ? umt_loader_hold_next(r->loader, &held) : UMT_OK;
+    if (status != UMT_OK) return status;
     /* The loader's steps read no indices (their order is the loader's), but count the samples. */
     return umt_step_graph_run(r->graph, graph_step, r, indices, (size_t)count * sizeof *indices);
 }
@@ -681,11 +692,9 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     if (example_check(program, umt_dist_create(r->ctx, process, &o->dist, &r->dist))) return -1;
     int built = make_optimizer(r, o);
     if (built) return built;
-    /* A replay cannot take the loader's next batch: those steps run op by op (say so when the
-     * graph was asked for). The ranks' all-reduces are captured with the step. */
-    bool capture = o->graph && !r->loader;
-    if (o->graph && !capture && o->device == UMT_DEVICE_CUDA && r->rank == 0)
-        printf("%s: --graph on needs the data on the GPU: every step runs op by op\n", program);
+    /* A replay takes the loader's held batch (holds_batches); steps of several loader batches run
+     * op by op (the step graph says why). The ranks' all-reduces are captured with the step. */
+    bool capture = o->graph;
     if (example_check(program, umt_step_graph_create(r->ctx, capture, &r->graph))) return -1;
     r->order = malloc((size_t)train_size(r) * sizeof *r->order);
     if (!r->order) fprintf(stderr, "%s: no memory for the shuffle order\n", program);
@@ -729,7 +738,9 @@ static int plan_memory(run_state *r, const options *o) {
         .micro_batches = o->grad_accum > 1 ? o->grad_accum : 0,
         .samples = o->bench_steps ? 0 : example_limit(train_size(r), o->train_limit) / r->ranks,
         .eval_batch = o->bench_steps ? 0 : tested < o->test_batch_size ? tested : o->test_batch_size,
-        .step_value_bytes = r->loader ? 0 : (size_t)r->step_batch * sizeof(int64_t),
+        /* The loader's steps hand over no indices; captured, they record the rate and the dropout
+         * seeds, a few bytes, which take the ring's first block (core/step_values.h). */
+        .step_value_bytes = r->loader ? (o->graph ? 1 : 0) : (size_t)r->step_batch * sizeof(int64_t),
     };
     umt_memory_plan plan;
     int planned = example_plan(program, r->ctx, plan_loss, &r->model, chw, &steps, r->rank == 0 ? stdout : NULL, &plan);

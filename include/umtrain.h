@@ -996,6 +996,15 @@ umt_status umt_loader_start_epoch_at(umt_loader *loader, int64_t limit, int64_t 
  * umt_step_begin): images f32 [n,C,H,W], labels i32 [n]. At the end of the epoch both are NULL.
  * An error of a loader thread (a file that does not decode) is returned here, naming the file. */
 umt_status umt_loader_next(umt_loader *loader, umt_tensor **images, umt_tensor **labels);
+/* The same batch in two halves, for steps a step graph captures and replays (umt_step_graph_run),
+ * which umt_loader_next's batches, each in a slot of its own, cannot be. Before the step, outside
+ * it: umt_loader_hold_next takes the epoch's next batch into the loader's held block, which stays
+ * at one device address (queued on the compute stream; *count its samples, 0 at the end of the
+ * epoch). Inside the step: umt_loader_take_held copies the held batch into new tensors of the
+ * activations pool, as umt_loader_next would (both NULL when none is held); a replay repeats that
+ * copy. A batch's samples are the same either way. */
+umt_status umt_loader_hold_next(umt_loader *loader, int64_t *count);
+umt_status umt_loader_take_held(umt_loader *loader, umt_tensor **images, umt_tensor **labels);
 
 typedef struct {
     int64_t batches;      /* handed out since the last call */

@@ -378,6 +378,10 @@ CALL(umt_loader_start_epoch_at) {
 }
 CALL(umt_loader_next) { STATUS(umt_loader_next(ARG(0, s->w->loader), ARG(1, &s->tensor), ARG(2, &s->tensor2))); }
 CALL(umt_loader_take_stats) { STATUS(umt_loader_take_stats(ARG(0, s->w->loader), ARG(1, &s->loader_stats))); }
+CALL(umt_loader_hold_next) { STATUS(umt_loader_hold_next(ARG(0, s->w->loader), ARG(1, &s->count))); }
+CALL(umt_loader_take_held) {
+    STATUS(umt_loader_take_held(ARG(0, s->w->loader), ARG(1, &s->tensor), ARG(2, &s->tensor2)));
+}
 
 /* ----------------------------------------------------------------------------------------- */
 /* The table: every function of include/umtrain.h, in its order */
@@ -564,6 +568,8 @@ static const row table[] = {
     ROW(umt_loader_start_epoch_at, N("loader"), A("batches")),
     ROW(umt_loader_next, N("loader"), N("images"), N("labels")),
     ROW(umt_loader_take_stats, N("loader"), N("out")),
+    ROW(umt_loader_hold_next, N("loader"), N("count")),
+    ROW(umt_loader_take_held, N("loader"), N("images"), N("labels")),
 };
 
 #define ROWS ((int)(sizeof table / sizeof table[0]))

@@ -332,6 +332,39 @@ static void test_an_epoch_started_at_a_batch_hands_out_the_rest_of_the_same_orde
     release(&resumed);
 }
 
+/* Held batches (umt_loader_hold_next, then umt_loader_take_held) are the batches umt_loader_next
+ * hands out, in the same order from the same seed; taking a held batch twice gives it twice (a
+ * failed capture runs its step again); at the epoch's end nothing is held. */
+static void test_held_batches_are_the_batches_next_hands_out(void **state) {
+    (void)state;
+    enum { BATCH = 37 };
+    fixture f = make(options(BATCH, 3, 2), 9), g = make(options(BATCH, 3, 2), 9);
+    static int64_t expected[N], held[N];
+    int64_t count = run_epoch(&g, expected, 0), taken = 0, batches = 0, n = -1;
+    assert_int_equal(umt_loader_start_epoch(f.loader, 0, &batches), UMT_OK);
+    for (int64_t b = 0; b < batches; ++b) {
+        umt_tensor *images, *labels;
+        assert_int_equal(umt_loader_hold_next(f.loader, &n), UMT_OK);
+        assert_int_equal(n, count - taken < BATCH ? count - taken : BATCH);
+        for (int again = 0; again < 2; ++again) {
+            assert_int_equal(umt_step_begin(f.ctx), UMT_OK);
+            assert_int_equal(umt_loader_take_held(f.loader, &images, &labels), UMT_OK);
+            assert_int_equal(batch_indices(images, labels, held + taken), n);
+        }
+        taken += n;
+    }
+    assert_int_equal(taken, count);
+    assert_memory_equal(held, expected, (size_t)count * sizeof *held);
+    umt_tensor *images = (umt_tensor *)&f, *labels = (umt_tensor *)&f;
+    assert_int_equal(umt_loader_hold_next(f.loader, &n), UMT_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(umt_loader_take_held(f.loader, &images, &labels), UMT_OK);
+    assert_null(images);
+    assert_null(labels);
+    release(&f);
+    release(&g);
+}
+
 static void test_bad_options_are_refused_with_their_values(void **state) {
     (void)state;
     umt_context *ctx;
@@ -371,6 +404,7 @@ int main(void) {
         cmocka_unit_test(test_statistics_count_batches_and_waits),
         cmocka_unit_test(test_an_unfinished_epoch_can_be_restarted_and_limited),
         cmocka_unit_test(test_an_epoch_started_at_a_batch_hands_out_the_rest_of_the_same_order),
+        cmocka_unit_test(test_held_batches_are_the_batches_next_hands_out),
         cmocka_unit_test(test_bad_options_are_refused_with_their_values),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -13,6 +13,12 @@
  * Why a device ring and not a copy straight into the arena: the arena's planned addresses are
  * the same every step, so the next batch cannot land there while this step still runs.
  *
+ * A step graph (core/step/step_graph.c) replays the same copies at the same addresses, so it
+ * cannot follow umt_loader_next from slot to slot. For it, umt_loader_hold_next runs before the
+ * step, outside any capture: it takes the next batch as umt_loader_next does, but copies it into
+ * the loader's one held block; umt_loader_take_held, inside the step, copies the held block into
+ * the step's tensors, the same copy at the same addresses every step, which a graph replays.
+ *
  * Everything a thread does depends only on the batch number (the permutation and a per-epoch
  * augmentation seed fix every pixel), so the batches are the same whatever the threads' timing.
  */
@@ -55,6 +61,10 @@ struct umt_loader {
     umt_status error;
     char error_message[1024];
     int64_t batches_taken;
+    /* umt_loader_hold_next: the held batch, at one device address for every step (inputs pool,
+     * made at the first), and its samples (0: none held). */
+    char *held;
+    int64_t held_count;
 };
 
 umt_loader_options umt_loader_defaults(void) {
@@ -243,6 +253,7 @@ void umt_loader_destroy(umt_loader *l) {
     pthread_mutex_unlock(&l->lock);
     for (int i = 0; i < l->thread_count; ++i) pthread_join(l->threads[i], NULL);
     umt_staging_destroy(l->staging);
+    umt_memory_free(&l->ctx->memory, UMT_POOL_INPUTS, l->held);
     pthread_cond_destroy(&l->changed);
     pthread_mutex_destroy(&l->lock);
     free(l->threads);
@@ -314,6 +325,30 @@ static umt_status take_slot(umt_loader *l, int slot, int64_t count, umt_tensor *
     return UMT_OK;
 }
 
+/* The next batch's slot, filled (*slot -1 at the end of the epoch); handed out by handed_out. */
+static umt_status next_filled(umt_loader *l, int *slot) {
+    /* Only this thread moves next_take; the threads read it under lock. */
+    int64_t batch = l->next_take;
+    *slot = -1;
+    if (batch >= l->batches) return UMT_OK;
+    int s = (int)(batch % l->depth);
+    UMT_TRY(umt_staging_wait_begin(l->staging, s));
+    if (l->options.kind == UMT_LOADER_PAGEABLE_SYNC) UMT_TRY(fill_slot(l, batch, l->inline_pixels));
+    else UMT_TRY(wait_filled(l, s, batch));
+    *slot = s;
+    return UMT_OK;
+}
+
+/* The slot's batch is taken: its slot may be filled with a later one. */
+static void handed_out(umt_loader *l, int slot) {
+    pthread_mutex_lock(&l->lock);
+    l->slot_batch[slot] = -1;
+    l->next_take++;
+    pthread_cond_broadcast(&l->changed);
+    pthread_mutex_unlock(&l->lock);
+    l->batches_taken++;
+}
+
 umt_status umt_loader_next(umt_loader *l, umt_tensor **images, umt_tensor **labels) {
     if (images) *images = NULL;
     if (labels) *labels = NULL;
@@ -321,21 +356,60 @@ umt_status umt_loader_next(umt_loader *l, umt_tensor **images, umt_tensor **labe
         return umt_fail_null("umt_loader_next", !l ? "loader" : !images ? "images" : "labels");
     /* Each batch is a different slot with its own events: a replay could not follow. */
     if (l->ctx->values.recording)
-        return umt_fail(UMT_ERR_UNSUPPORTED, "umt_loader_next: a step graph cannot replay the loader's batches");
-    /* Only this thread moves next_take; the threads read it under lock. */
-    int64_t batch = l->next_take;
-    if (batch >= l->batches) return UMT_OK;
-    int slot = (int)(batch % l->depth);
-    UMT_TRY(umt_staging_wait_begin(l->staging, slot));
-    if (l->options.kind == UMT_LOADER_PAGEABLE_SYNC) UMT_TRY(fill_slot(l, batch, l->inline_pixels));
-    else UMT_TRY(wait_filled(l, slot, batch));
-    UMT_TRY(take_slot(l, slot, batch_count(l, batch), images, labels));
-    pthread_mutex_lock(&l->lock);
-    l->slot_batch[slot] = -1;
-    l->next_take++;
-    pthread_cond_broadcast(&l->changed);
-    pthread_mutex_unlock(&l->lock);
-    l->batches_taken++;
+        return umt_fail(UMT_ERR_UNSUPPORTED, "umt_loader_next: a step graph cannot replay the loader's batches "
+                        "(umt_loader_hold_next before the step and umt_loader_take_held inside it can)");
+    int slot;
+    UMT_TRY(next_filled(l, &slot));
+    if (slot < 0) return UMT_OK;
+    UMT_TRY(take_slot(l, slot, batch_count(l, l->next_take), images, labels));
+    handed_out(l, slot);
+    return UMT_OK;
+}
+
+/* The slot's batch of count samples into the held block, on the compute stream. */
+static umt_status hold_slot(umt_loader *l, int slot, int64_t count) {
+    size_t image_bytes = (size_t)(count * l->sample_numel) * sizeof(float), label_bytes = (size_t)count * sizeof(int32_t);
+    if (!l->held)
+        UMT_TRY(umt_memory_alloc(&l->ctx->memory, UMT_POOL_INPUTS, l->labels_offset + (size_t)l->options.batch_size *
+                                 sizeof(int32_t), (void **)&l->held));
+    UMT_TRY(umt_staging_acquire(l->staging, slot));
+    const char *device = umt_staging_device(l->staging, slot);
+    UMT_TRY(umt_kernels(l->ctx)->f32.copy(l->held, device, image_bytes));
+    UMT_TRY(umt_kernels(l->ctx)->f32.copy(l->held + l->labels_offset, device + l->labels_offset, label_bytes));
+    return umt_staging_release(l->staging, slot);
+}
+
+umt_status umt_loader_hold_next(umt_loader *l, int64_t *count) {
+    if (count) *count = 0;
+    if (!l || !count) return umt_fail_null("umt_loader_hold_next", !l ? "loader" : "count");
+    if (l->ctx->values.recording)
+        return umt_fail(UMT_ERR_STATE, "umt_loader_hold_next: called inside a step being captured (call it before "
+                        "the step; umt_loader_take_held inside)");
+    l->held_count = 0;
+    int slot;
+    UMT_TRY(next_filled(l, &slot));
+    if (slot < 0) return UMT_OK;
+    int64_t n = batch_count(l, l->next_take);
+    UMT_TRY(hold_slot(l, slot, n));
+    handed_out(l, slot);
+    *count = l->held_count = n;
+    return UMT_OK;
+}
+
+umt_status umt_loader_take_held(umt_loader *l, umt_tensor **images, umt_tensor **labels) {
+    if (images) *images = NULL;
+    if (labels) *labels = NULL;
+    if (!l || !images || !labels)
+        return umt_fail_null("umt_loader_take_held", !l ? "loader" : !images ? "images" : "labels");
+    if (!l->held_count) return UMT_OK;
+    const int64_t *chw = l->samples->chw, n = l->held_count;
+    umt_tensor *x = umt_tensor_alloc(l->ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 4, (int64_t[]){n, chw[0], chw[1], chw[2]});
+    umt_tensor *y = x ? umt_tensor_alloc(l->ctx, UMT_POOL_ACTIVATIONS, UMT_I32, 1, (int64_t[]){n}) : NULL;
+    if (!y) return umt_last_status();
+    UMT_TRY(umt_kernels(l->ctx)->f32.copy(x->data, l->held, x->bytes));
+    UMT_TRY(umt_kernels(l->ctx)->f32.copy(y->data, l->held + l->labels_offset, y->bytes));
+    *images = x;
+    *labels = y;
     return UMT_OK;
 }
 

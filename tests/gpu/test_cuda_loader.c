@@ -3,7 +3,9 @@
  * (a host function that sleeps after every batch), the copy stream must not overwrite a device
  * slot the compute stream has not read yet, and loader threads must not refill a pinned buffer a
  * copy still reads. Every batch is copied, in stream order, into a results buffer that is checked
- * at the end: a slot reused too early shows up as a batch with the wrong samples.
+ * at the end: a slot reused too early shows up as a batch with the wrong samples. And steps fed
+ * by the loader's held batches (umt_loader_hold_next before the step, umt_loader_take_held inside
+ * it) replay as a captured step graph with the losses and weights of the same steps op by op.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -149,10 +151,88 @@ static void test_pageable_sync_gives_the_same_batches_on_the_gpu(void **state) {
     check_batches(images, labels, order);
 }
 
+/* ----------------------------------------------------------------------------------------- */
+/* Steps a step graph captures, fed by the loader's held batches */
+
+typedef struct {
+    umt_loader *loader;
+    umt_layer *fc;
+    umt_optimizer *opt;
+    bool held; /* umt_loader_take_held (the batch held before the step), else umt_loader_next */
+} loader_model;
+
+static umt_tensor *loader_step(umt_context *ctx, void *user, const void *input, size_t input_bytes) {
+    (void)input, (void)input_bytes;
+    loader_model *m = user;
+    umt_tensor *images = NULL, *labels = NULL;
+    if (umt_step_begin(ctx) || umt_zero_grad(ctx)) return NULL;
+    umt_status got = m->held ? umt_loader_take_held(m->loader, &images, &labels)
+                             : umt_loader_next(m->loader, &images, &labels);
+    if (got != UMT_OK || !images) return NULL;
+    umt_tensor *loss = umt_softmax_cross_entropy(ctx, umt_layer_forward(ctx, m->fc, umt_flatten(ctx, images)), labels);
+    return loss && !umt_backward(ctx, loss) && !umt_optimizer_step(m->opt) ? loss : NULL;
+}
+
+/* Two epochs of a linear model on the loader's batches: each step's loss, the weights after, and
+ * the replays. held: batches held before each step and the steps captured; else op by op. */
+static void train_on_loader(bool held, double *losses, float *weights, int64_t *replayed) {
+    umt_context_options co = umt_context_defaults();
+    co.device = UMT_DEVICE_CUDA;
+    co.seed = 5;
+    umt_context *ctx;
+    umt_samples *samples;
+    umt_loader_options o = umt_loader_defaults();
+    o.batch_size = BATCH;
+    loader_model m = {.held = held};
+    umt_optimizer_options sgd = umt_optimizer_defaults(UMT_OPT_SGD);
+    sgd.lr = 0.01f;
+    umt_step_graph *graph;
+    if (umt_context_create(&co, &ctx) || umt_samples_load_idx(images_path, labels_path, 10, &samples) ||
+        umt_loader_create(ctx, samples, &o, &m.loader) || !(m.fc = umt_linear_layer_new(ctx, "fc", PIXELS, 10, true)) ||
+        umt_optimizer_create(ctx, &sgd, &m.opt) || umt_step_graph_create(ctx, held, &graph))
+        fail_msg("%s", umt_last_error());
+    int64_t step = 0, batches = 0;
+    for (int epoch = 0; epoch < 2; ++epoch) {
+        assert_int_equal(umt_loader_start_epoch(m.loader, 0, &batches), UMT_OK);
+        for (int64_t b = 0; b < batches; ++b, ++step) {
+            int64_t count = BATCH;
+            if (held && umt_loader_hold_next(m.loader, &count) != UMT_OK) fail_msg("%s", umt_last_error());
+            if (umt_step_graph_run(graph, loader_step, &m, &count, sizeof count)) fail_msg("%s", umt_last_error());
+            int64_t steps;
+            assert_int_equal(umt_step_graph_take_mean_loss(graph, &losses[step], &steps), UMT_OK);
+        }
+    }
+    assert_int_equal(umt_tensor_copy_to_host(umt_parameter_at(ctx, 0), weights, (size_t)PIXELS * 10 * sizeof(float)),
+                     UMT_OK);
+    *replayed = umt_step_graph_stats_get(graph).replayed_steps;
+    umt_context_destroy(ctx);
+    umt_samples_destroy(samples);
+}
+
+static void test_steps_fed_by_held_batches_replay_with_the_losses_of_steps_fed_op_by_op(void **state) {
+    (void)state;
+    enum { STEPS = 2 * ((N + BATCH - 1) / BATCH) };
+    double eager[STEPS], graphed[STEPS];
+    static float eager_weights[PIXELS * 10], graphed_weights[PIXELS * 10];
+    int64_t eager_replayed, graphed_replayed;
+    train_on_loader(false, eager, eager_weights, &eager_replayed);
+    train_on_loader(true, graphed, graphed_weights, &graphed_replayed);
+    assert_int_equal(eager_replayed, 0);
+    /* Two eager warm-up steps, then one capture that runs, then replays. */
+    assert_int_equal(graphed_replayed, STEPS - 2);
+    for (int i = 0; i < STEPS; ++i)
+        if (memcmp(&eager[i], &graphed[i], sizeof eager[i]) != 0)
+            fail_msg("step %d: loss %.9g op by op, %.9g replayed", i, eager[i], graphed[i]);
+    assert_memory_equal(eager_weights, graphed_weights, sizeof eager_weights);
+    printf("%d steps fed by held batches: %lld replayed, the losses and weights of the steps op by op\n", STEPS,
+           (long long)graphed_replayed);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_slow_compute_stream_never_sees_a_slot_overwritten),
         cmocka_unit_test(test_pageable_sync_gives_the_same_batches_on_the_gpu),
+        cmocka_unit_test(test_steps_fed_by_held_batches_replay_with_the_losses_of_steps_fed_op_by_op),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
