@@ -2,6 +2,7 @@
 
     python3 bench/torch_ref.py [--steps 200] [--batches 64,512,4096] [--dtype fp32|bf16]
                                [--modes eager,default,reduce-overhead] [--floor] [--deterministic]
+                               [--tf32-default]
 
 Same network (conv 1->32 3x3, relu, conv 32->64 3x3, relu, max-pool 2, dropout 0.25, flatten,
 linear 9216->128, relu, dropout 0.5, linear 128->10, log-softmax, NLL), Adadelta lr 1.0, data
@@ -110,13 +111,17 @@ def main():
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--modes", default="eager")
     parser.add_argument("--floor", action="store_true")
+    parser.add_argument("--tf32-default", action="store_true",
+                        help="PyTorch's own TF32 settings (convolutions may use TF32, matrix products not)")
     parser.add_argument("--deterministic", action="store_true",
                         help="cuDNN's deterministic algorithms only, as umtrain's kernels always are")
     args = parser.parse_args()
     torch.backends.cudnn.deterministic = args.deterministic
-    # fp32 means fp32: no TF32 in matrix products or convolutions (umtrain's fp32 uses none).
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    # fp32 means fp32: no TF32 in matrix products or convolutions (umtrain's fp32 uses none),
+    # unless --tf32-default leaves PyTorch's defaults (umtrain's --tf32 compares with those).
+    if not args.tf32_default:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
     if args.floor:
         floor(args.dtype)

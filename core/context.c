@@ -22,6 +22,11 @@ umt_status umt_context_create(const umt_context_options *options, umt_context **
     umt_context_options opts = options ? *options : umt_context_defaults();
     if ((unsigned)opts.memory_mode > UMT_MEM_DEVICE)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: memory mode %d (expected 0..2)", (int)opts.memory_mode);
+    /* TF32 is a way for CUDA's tensor cores to take fp32: elsewhere it would silently change nothing. */
+    if (opts.tf32 && (opts.device != UMT_DEVICE_CUDA || opts.precision != UMT_PRECISION_FP32))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_context_create: tf32 with %s %s (it applies to fp32 "
+                        "convolutions on CUDA)", opts.device == UMT_DEVICE_CUDA ? "cuda" : "cpu",
+                        umt_precision_name(opts.precision));
     umt_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_context_create: no memory for the context");
     ctx->options = opts;

@@ -48,6 +48,7 @@ static umt_status start_cuda(umt_context *ctx) {
     UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_WORKSPACE, umt_cuda_scratch_bytes(), &scratch));
     UMT_TRY(umt_cuda_state_create(device, workspace, UMT_CUBLAS_WORKSPACE_BYTES, scratch, umt_cuda_scratch_bytes(),
                                   &ctx->cuda));
+    umt_cuda_state_set_tf32(ctx->cuda, ctx->options.tf32);
     ctx->memory.stream = umt_cuda_compute_stream();
     ctx->backend = umt_cuda_backend();
     return UMT_OK;

@@ -83,7 +83,7 @@ typedef struct {
     umt_memory_mode memory_mode;
     int log_every, bench_steps, gpus;
     int grad_accum; /* micro-batches of batch_size per step (1: the batch whole) */
-    bool fuse, graph, allow_nonfinite, dry_run;
+    bool fuse, graph, allow_nonfinite, dry_run, tf32;
     example_input_flags input;
     umt_dist_options dist;
     umt_nonfinite_policy on_nonfinite;
@@ -96,7 +96,7 @@ static void usage(FILE *out) {
                  "                 [--test-limit N] [--log-every N] [--save PATH] [--resume PATH [--allow-nonfinite]]\n"
                  "                 [--bench STEPS] [--grad-accum N] [--metrics PATH]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
-                 "                 [--fuse on|off] [--graph on|off] [--dry-run]\n"
+                 "                 [--fuse on|off] [--graph on|off] [--dry-run] [--tf32]\n"
                  EXAMPLE_NONFINITE_USAGE
                  EXAMPLE_INPUT_USAGE
                  "                 [--gpus N] [--bucket-mb F|auto] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
@@ -115,6 +115,8 @@ static void usage(FILE *out) {
                  "          as micro-batches with the whole batch's gradients; --dry-run prints the plan and exits.\n"
                  "          --grad-accum N: each step runs N micro-batches of --batch-size and updates once\n"
                  "          (batch norm would keep per-micro-batch statistics; this network has none).\n"
+                 "          --tf32 (fp32 on a GPU): the convolutions may run on TF32 tensor cores (10-bit mantissas),\n"
+                 "          as PyTorch's default allows; without it fp32 means fp32 arithmetic.\n"
                  "          --metrics PATH: a line per progress line and per evaluation, as JSON Lines, appended to\n"
                  "          with --resume (tools/plot_metrics.py draws the curves).\n"
                  EXAMPLE_NONFINITE_DEFAULTS);
@@ -212,6 +214,10 @@ static int parse_options(int argc, char **argv, options *o) {
         }
         if (!strcmp(argv[i], "--dry-run")) {
             o->dry_run = true;
+            continue;
+        }
+        if (!strcmp(argv[i], "--tf32")) {
+            o->tf32 = true;
             continue;
         }
         if (i + 1 >= argc) return example_missing_value(program, argv[i], usage);
@@ -679,6 +685,7 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     /* After the rank's device is known: the default asks that GPU whether it has bf16. */
     co.precision = umt_precision_default(o->device, co.cuda_device);
     if (o->precision && example_check(program, umt_precision_parse(o->precision, &co.precision))) return -1;
+    co.tf32 = o->tf32;
     if (example_check(program, umt_context_create(&co, &r->ctx))) return -1;
     /* The tier before anything is made: the model's state is then made in host memory. */
     if (offload && example_offload_on(program, r->ctx)) return -1;

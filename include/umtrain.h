@@ -155,6 +155,9 @@ typedef struct {
     umt_memory_mode memory_mode; /* CUDA only */
     int cuda_device;             /* CUDA only: which GPU */
     umt_precision precision;     /* bf16 and fp16: CUDA only */
+    bool tf32;                   /* CUDA, fp32: convolutions may run on TF32 tensor cores (10-bit
+                                  * mantissas), as PyTorch's default allows (cudnn.allow_tf32; its
+                                  * matrix products stay fp32, as here); false: fp32 arithmetic */
 } umt_context_options;
 
 /* Options with defaults: umt_default_device(), seed 1, managed memory, GPU 0, fp32. */

@@ -54,6 +54,23 @@ static void test_cpu_refuses_half_precision(void **state) {
     assert_int_equal(umt_context_create(&co, &ctx), UMT_ERR_INVALID_ARGUMENT);
 }
 
+/* TF32 is how CUDA's tensor cores take fp32: asked for on the CPU (or with half precision, which
+ * has no fp32 convolutions) it would change nothing, so it is refused, naming it and the setting. */
+static void test_tf32_is_refused_where_it_would_change_nothing(void **state) {
+    (void)state;
+    umt_context_options o = umt_context_defaults();
+    o.device = UMT_DEVICE_CPU;
+    o.tf32 = true;
+    umt_context *ctx = (umt_context *)&o;
+    assert_int_equal(umt_context_create(&o, &ctx), UMT_ERR_INVALID_ARGUMENT);
+    assert_null(ctx);
+    assert_non_null(strstr(umt_last_error(), "tf32 with cpu fp32"));
+    o.device = UMT_DEVICE_CUDA;
+    o.precision = UMT_PRECISION_BF16;
+    assert_int_equal(umt_context_create(&o, &ctx), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "tf32 with cuda bf16"));
+}
+
 /* A bf16 tensor made by hand on the CPU is refused by an op with a message, not computed on. */
 static void test_cpu_op_refuses_bf16_tensor(void **state) {
     (void)state;
@@ -75,6 +92,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_defaults_to_fp32),
         cmocka_unit_test(test_cpu_refuses_half_precision),
         cmocka_unit_test(test_cpu_op_refuses_bf16_tensor),
+        cmocka_unit_test(test_tf32_is_refused_where_it_would_change_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,6 +50,7 @@ struct umt_cuda_state {
     cudnnHandle_t cudnn;
     cudaStream_t launch_override; /* umt_cuda_launch_on: where our own kernels go instead, or NULL */
     umt_conv_plans *plans;        /* conv.cu's plans, made with this state's cuDNN handle */
+    bool tf32;                    /* fp32 convolutions may use TF32 tensor cores (umt_context_options) */
     umt_cuda_scratch scratch;     /* the kernels' partials and the label report (scratch.h) */
 };
 
@@ -141,6 +142,10 @@ static umt_status check_buffer(const char *what, const void *buffer, size_t byte
     }
     return UMT_OK;
 }
+
+extern "C" void umt_cuda_state_set_tf32(umt_cuda_state *s, bool on) { s->tf32 = on; }
+
+extern "C" bool umt_cuda_tf32(void) { return current && current->tf32; }
 
 extern "C" umt_status umt_cuda_state_create(int device, void *cublas_workspace, size_t workspace_bytes, void *scratch,
                                             size_t scratch_bytes, umt_cuda_state **out) {

@@ -7,7 +7,9 @@
  * cuDNN's heuristic ranking (cudnnGet*Algorithm_v7) that meets three conditions:
  *   - fp32 arithmetic: the descriptor asks for CUDNN_FMA_MATH and tensor-op candidates are
  *     skipped, because cuDNN's default math lets fp32 convolutions run on TF32 tensor cores
- *     (10-bit mantissas), three orders of magnitude off the fp32 CPU reference;
+ *     (10-bit mantissas), three orders of magnitude off the fp32 CPU reference. A context made
+ *     with umt_context_options.tf32 asks for that default math instead and takes tensor-op
+ *     candidates, as PyTorch does with cudnn.allow_tf32 (its default);
  *   - deterministic: the same inputs give the same bits, as every kernel of this folder does
  *     (cuDNN's atomics-based backward algorithms are skipped);
  *   - a workspace of at most MAX_WORKSPACE_BYTES.
@@ -68,6 +70,7 @@ typedef struct {
     cudnnConvolutionFwdAlgo_t forward;
     cudnnConvolutionBwdDataAlgo_t backward_data;
     cudnnConvolutionBwdFilterAlgo_t backward_filter;
+    bool tf32; /* its context allows TF32 tensor cores (umt_context_options.tf32) */
     /* bf16/f16: cuDNN's graph API, a set of engines per direction */
     umt_conv_engines *engines[ENGINE_SETS];
     size_t algorithm_bytes; /* the largest workspace of the algorithms or engines */
@@ -121,7 +124,7 @@ extern "C" void umt_cuda_conv_plans_free(umt_conv_plans *plans) {
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
 
 /* The f32 path's legacy descriptors: NCHW tensors. */
-static umt_status describe(conv_plan *p, const umt_conv_shape *s) {
+static umt_status describe(conv_plan *p, const umt_conv_shape *s, bool tf32) {
     const cudnnDataType_t type = CUDNN_DATA_FLOAT;
     const cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW;
     UMT_CUDNN_TRY(cudnnCreateTensorDescriptor(&p->x));
@@ -133,14 +136,15 @@ static umt_status describe(conv_plan *p, const umt_conv_shape *s) {
     UMT_CUDNN_TRY(cudnnSetFilter4dDescriptor(p->w, type, format, (int)s->k, (int)s->c, (int)s->r, (int)s->s));
     UMT_CUDNN_TRY(cudnnSetConvolution2dDescriptor(p->conv, (int)s->pad, (int)s->pad, (int)s->stride, (int)s->stride,
                                                   1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    UMT_CUDNN_TRY(cudnnSetConvolutionMathType(p->conv, CUDNN_FMA_MATH));
+    UMT_CUDNN_TRY(cudnnSetConvolutionMathType(p->conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
     return UMT_OK;
 }
 
 /* Whether a heuristic's candidate meets the conditions above (its workspace is asked apart). */
-static bool acceptable(cudnnStatus_t status, cudnnDeterminism_t determinism, cudnnMathType_t math) {
+static bool acceptable(const conv_plan *p, cudnnStatus_t status, cudnnDeterminism_t determinism,
+                       cudnnMathType_t math) {
     bool tensor_ops = math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-    return status == CUDNN_STATUS_SUCCESS && determinism == CUDNN_DETERMINISTIC && !tensor_ops;
+    return status == CUDNN_STATUS_SUCCESS && determinism == CUDNN_DETERMINISTIC && (p->tf32 || !tensor_ops);
 }
 
 static umt_status no_algorithm(const char *direction, const umt_conv_shape *s) {
@@ -160,7 +164,7 @@ static umt_status choose_forward(cudnnHandle_t handle, conv_plan *p, size_t *byt
     UMT_CUDNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(handle, p->x, p->w, p->conv, p->y,
                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, found));
     for (int i = 0; i < count; i++) {
-        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionForwardWorkspaceSize(handle, p->x, p->w, p->conv, p->y, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
             *bytes > MAX_WORKSPACE_BYTES) {
@@ -178,7 +182,7 @@ static umt_status choose_backward_data(cudnnHandle_t handle, conv_plan *p, size_
     UMT_CUDNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, p->w, p->y, p->conv, p->x,
                                                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, found));
     for (int i = 0; i < count; i++) {
-        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionBackwardDataWorkspaceSize(handle, p->w, p->y, p->conv, p->x, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
             *bytes > MAX_WORKSPACE_BYTES) {
@@ -197,7 +201,7 @@ static umt_status choose_backward_filter(cudnnHandle_t handle, conv_plan *p, siz
                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
                                                                 found));
     for (int i = 0; i < count; i++) {
-        if (!acceptable(found[i].status, found[i].determinism, found[i].mathType)) continue;
+        if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, p->x, p->y, p->conv, p->w, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
             *bytes > MAX_WORKSPACE_BYTES) {
@@ -217,15 +221,27 @@ static size_t filter_scratch_offset(const conv_plan *p) {
     return (p->algorithm_bytes + SCRATCH_ALIGNMENT - 1) / SCRATCH_ALIGNMENT * SCRATCH_ALIGNMENT;
 }
 
-static umt_status choose_algorithms(cudnnHandle_t handle, conv_plan *p) {
+static umt_status choose_each(cudnnHandle_t handle, conv_plan *p) {
     size_t forward_bytes = 0, data_bytes = 0, filter_bytes = 0;
-    UMT_TRY(describe(p, &p->shape));
     UMT_TRY(choose_forward(handle, p, &forward_bytes));
     UMT_TRY(choose_backward_data(handle, p, &data_bytes));
     UMT_TRY(choose_backward_filter(handle, p, &filter_bytes));
     p->algorithm_bytes = forward_bytes > data_bytes ? forward_bytes : data_bytes;
     if (filter_bytes > p->algorithm_bytes) p->algorithm_bytes = filter_bytes;
     return UMT_OK;
+}
+
+/* With TF32 allowed, a direction may be left without a deterministic algorithm in the workspace
+ * limit (a one-channel input at batch 4096: its data gradient), where fp32 arithmetic has one:
+ * the shape then stays in fp32 arithmetic, all three directions (they share the descriptor). */
+static umt_status choose_algorithms(cudnnHandle_t handle, conv_plan *p) {
+    p->tf32 = umt_cuda_tf32();
+    UMT_TRY(describe(p, &p->shape, p->tf32));
+    umt_status status = choose_each(handle, p);
+    if (status == UMT_OK || !p->tf32) return status;
+    p->tf32 = false;
+    UMT_CUDNN_TRY(cudnnSetConvolutionMathType(p->conv, CUDNN_FMA_MATH));
+    return choose_each(handle, p);
 }
 
 /* Forward and the weight gradient (into the dw scratch) overwrite what they write, so their

@@ -38,6 +38,10 @@ umt_status umt_cuda_state_create(int device, void *cublas_workspace, size_t work
                                  size_t scratch_bytes, umt_cuda_state **out);
 /* Waits for the stream, then destroys the plans, the handles and the stream. NULL is a no-op. */
 void umt_cuda_state_destroy(umt_cuda_state *state);
+/* Whether the state's fp32 convolutions may use TF32 tensor cores (umt_context_options.tf32; set
+ * before its first convolution: plans keep the choice they were made with); the bound state's. */
+void umt_cuda_state_set_tf32(umt_cuda_state *state, bool on);
+bool umt_cuda_tf32(void);
 /* Makes state the calling thread's: the kernels called from this thread from now on run on its
  * stream, handles and scratch (and on its device). A state is used by one thread at a time. */
 void umt_cuda_bind(umt_cuda_state *state);

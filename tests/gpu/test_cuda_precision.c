@@ -3,6 +3,7 @@
  * fixed batch for a few steps under fp32, bf16 and fp16 (fp16 with dynamic loss scaling), from
  * the same seed. The half-precision runs must follow the fp32 run's losses closely, stay finite,
  * and hold a smaller activation peak; scores straight from a half-precision layer are counted.
+ * fp32 with umt_context_options.tf32 follows fp32 within TF32's rounding, and not bit for bit.
  * (The CPU's refusal of half precision: tests/test_precision.c.)
  *
  * Dropout is switched off (evaluation mode), because under bf16/fp16 it draws per element of the
@@ -46,11 +47,16 @@ static void make_batch(float *images, int32_t *labels) {
     for (int i = 0; i < BATCH; ++i) labels[i] = i % 10;
 }
 
-static void train(umt_precision precision, run_result *out) {
+/* tf32: fp32 convolutions on TF32 tensor cores (umt_context_options.tf32). */
+static void train_with(umt_precision precision, bool tf32, run_result *out) {
     static float images[BATCH * PIXELS];
     static int32_t labels[BATCH];
     make_batch(images, labels);
-    umt_context *ctx = cuda_test_context(7, precision);
+    umt_context_options co = umt_context_defaults();
+    co.seed = 7;
+    co.precision = precision;
+    co.tf32 = tf32;
+    umt_context *ctx = cuda_test_context_with(co);
     mnist_cnn model;
     if (mnist_cnn_build(ctx, &model)) fail_msg("mnist_cnn_build: %s", umt_last_error());
     umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_SGD);
@@ -77,12 +83,14 @@ static void train(umt_precision precision, run_result *out) {
     umt_pool_stats stats;
     EXPECT_OK(umt_pool_stats_get(ctx, UMT_POOL_ACTIVATIONS, &stats));
     out->activation_peak = stats.peak_bytes;
-    printf("%s: losses", umt_precision_name(precision));
+    printf("%s%s: losses", umt_precision_name(precision), tf32 ? " with tf32" : "");
     for (int step = 0; step < STEPS; ++step) printf(" %.5f", out->losses[step]);
     printf("; activation peak %zu bytes; skipped steps %lld\n", out->activation_peak,
            (long long)umt_optimizer_skipped_steps(opt));
     umt_context_destroy(ctx);
 }
+
+static void train(umt_precision precision, run_result *out) { train_with(precision, false, out); }
 
 /* Each half-precision loss within `tolerance` (relative) of fp32's, every one finite. */
 static void expect_close(const run_result *half, const run_result *full, double tolerance, const char *name) {
@@ -111,6 +119,17 @@ static void test_half_precisions_follow_fp32(void **state) {
     if (!(bf16.activation_peak < 0.65 * fp32.activation_peak))
         fail_msg("bf16 activation peak %zu, fp32 %zu: expected well under the fp32 peak", bf16.activation_peak,
                  fp32.activation_peak);
+}
+
+/* fp32 with tf32 on: the convolutions take TF32 tensor cores, so the losses leave fp32's last bits
+ * (the option does something) but stay within TF32's rounding of them. */
+static void test_tf32_convolutions_follow_fp32_within_tf32_rounding(void **state) {
+    (void)state;
+    run_result fp32, tf32;
+    train(UMT_PRECISION_FP32, &fp32);
+    train_with(UMT_PRECISION_FP32, true, &tf32);
+    expect_close(&tf32, &fp32, 5e-3, "tf32");
+    assert_true(memcmp(fp32.losses, tf32.losses, sizeof fp32.losses) != 0);
 }
 
 /* Scores straight from a bf16/fp16 linear layer (the MLP's case: no log-softmax before the
@@ -151,6 +170,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_half_precisions_follow_fp32),
         cmocka_unit_test(test_count_correct_takes_half_scores),
+        cmocka_unit_test(test_tf32_convolutions_follow_fp32_within_tf32_rounding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
