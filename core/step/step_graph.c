@@ -92,10 +92,24 @@ static void turn_off(umt_step_graph *g, const char *why) {
     fprintf(stderr, "umtrain: step graph off, every step runs eagerly: %s\n", why);
 }
 
-static void drop_graph(umt_step_graph *g) {
+void umt_step_graph_exec_destroy(void *exec) {
     umt_capture_lock(); /* it frees the graph's device memory (core/base/capture_lock.h) */
-    if (g->exec) cudaGraphExecDestroy((cudaGraphExec_t)g->exec);
+    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
     umt_capture_unlock();
+}
+
+void *umt_step_graph_instantiate(void *captured, const char *who) {
+    cudaGraphExec_t exec = NULL;
+    cudaError_t made = cudaGraphInstantiate(&exec, (cudaGraph_t)captured, 0);
+    if (made != cudaSuccess) {
+        exec = NULL;
+        umt_fail(UMT_ERR_DEVICE, "%s: cudaGraphInstantiate: %s", who, cudaGetErrorString(made));
+    }
+    return exec;
+}
+
+static void drop_graph(umt_step_graph *g) {
+    umt_step_graph_exec_destroy(g->exec);
     g->exec = NULL;
     g->warm_steps = 0;
 }
@@ -140,14 +154,7 @@ static cudaGraphExec_t capture(umt_step_graph *g, umt_step_fn step, void *user, 
     umt_status status = record(g, step, user, input, input_bytes, &graph);
     if (status == UMT_OK && g->ctx->values.unreplayable)
         status = umt_fail(UMT_ERR_UNSUPPORTED, "%s", g->ctx->values.unreplayable);
-    cudaGraphExec_t exec = NULL;
-    if (status == UMT_OK) {
-        cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
-        if (made != cudaSuccess) {
-            exec = NULL;
-            umt_fail(UMT_ERR_DEVICE, "step graph: cudaGraphInstantiate: %s", cudaGetErrorString(made));
-        }
-    }
+    cudaGraphExec_t exec = status == UMT_OK ? umt_step_graph_instantiate(graph, "step graph") : NULL;
     if (graph) cudaGraphDestroy(graph);
     umt_capture_unlock();
     return exec;

@@ -47,5 +47,9 @@ umt_status umt_step_graph_keep_loss(umt_step_graph *g, const umt_tensor *loss);
 /* What a graph of ctx's step would bake in now; whether g's graph baked in the same. */
 umt_step_graph_baked umt_step_graph_baked_now(const umt_context *ctx, size_t input_bytes);
 bool umt_step_graph_same_memory(const umt_step_graph *g, size_t input_bytes);
+/* CUDA: a captured cudaGraph_t made ready to launch (cudaGraphExec_t), or NULL with the reason
+ * (who names the caller); an executable graph freed under the capture lock (NULL is a no-op). */
+void *umt_step_graph_instantiate(void *captured, const char *who);
+void umt_step_graph_exec_destroy(void *exec);
 
 #endif /* UMT_CORE_STEP_STEP_GRAPH_H */

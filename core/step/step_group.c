@@ -76,9 +76,7 @@ static cudaStream_t stream_of(const umt_step_graph *m) {
 }
 
 static void drop_graph(umt_step_group *g) {
-    umt_capture_lock(); /* it frees the graph's device memory (core/base/capture_lock.h) */
-    if (g->exec) cudaGraphExecDestroy((cudaGraphExec_t)g->exec);
-    umt_capture_unlock();
+    umt_step_graph_exec_destroy(g->exec);
     g->exec = NULL;
     g->warm_steps = 0;
 }
@@ -140,14 +138,7 @@ static cudaGraphExec_t capture(umt_step_group *g, umt_step_fn step, void *const 
     for (int i = 0; i < g->count && status == UMT_OK; ++i)
         if (g->members[i]->ctx->values.unreplayable)
             status = umt_fail(UMT_ERR_UNSUPPORTED, "%s", g->members[i]->ctx->values.unreplayable);
-    cudaGraphExec_t exec = NULL;
-    if (status == UMT_OK) {
-        cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
-        if (made != cudaSuccess) {
-            exec = NULL;
-            umt_fail(UMT_ERR_DEVICE, "step group: cudaGraphInstantiate: %s", cudaGetErrorString(made));
-        }
-    }
+    cudaGraphExec_t exec = status == UMT_OK ? umt_step_graph_instantiate(graph, "step group") : NULL;
     if (graph) cudaGraphDestroy(graph);
     umt_capture_unlock();
     return exec;
