@@ -368,7 +368,8 @@ umt_status umt_loader_next(umt_loader *l, umt_tensor **images, umt_tensor **labe
 
 /* The slot's batch of count samples into the held block, on the compute stream. */
 static umt_status hold_slot(umt_loader *l, int slot, int64_t count) {
-    size_t image_bytes = (size_t)(count * l->sample_numel) * sizeof(float), label_bytes = (size_t)count * sizeof(int32_t);
+    size_t image_bytes = (size_t)(count * l->sample_numel) * sizeof(float);
+    size_t label_bytes = (size_t)count * sizeof(int32_t);
     if (!l->held)
         UMT_TRY(umt_memory_alloc(&l->ctx->memory, UMT_POOL_INPUTS, l->labels_offset + (size_t)l->options.batch_size *
                                  sizeof(int32_t), (void **)&l->held));
