@@ -2,6 +2,7 @@
 
     python3 bench/torch_ref.py [--steps 200] [--batches 64,512,4096] [--dtype fp32|bf16]
                                [--modes eager,default,reduce-overhead] [--floor]
+                               [--device cuda|cpu] [--threads N]
 
 Same network (conv 1->32 3x3, relu, conv 32->64 3x3, relu, max-pool 2, dropout 0.25, flatten,
 linear 9216->128, relu, dropout 0.5, linear 128->10, log-softmax, NLL), Adadelta lr 1.0, data
@@ -14,6 +15,11 @@ batch size: "torch <mode> <dtype> batch B: X images/s".
 matrix rate (a bf16 or fp32 8192^3 product, TFLOP/s) and the copy bandwidth (a 1 GiB
 device-to-device copy, bytes read + written per second). Lines: "floor matmul <dtype>: X TFLOP/s",
 "floor copy: X GB/s".
+
+--device cpu times the same step on the CPU (fp32, eager: what bench/cpu_speed.sh compares the CPU
+backend with), 20 warm-up steps, then `steps` steps timed by the wall clock, on --threads N
+intra-op threads (torch.set_num_threads; default: PyTorch's own choice). Its lines add the thread count:
+"torch eager fp32 cpu 2 threads batch B: X images/s".
 """
 import argparse
 import time
@@ -43,7 +49,7 @@ class Net(nn.Module):
 
 def make_step(model, opt, x, y, dtype):
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
             loss = F.nll_loss(model(x), y)
         loss.backward()
         opt.step()
@@ -72,6 +78,23 @@ def images_per_second(batch, steps, dtype, mode):
     end.record()
     torch.cuda.synchronize()
     return batch * steps / (start.elapsed_time(end) / 1e3)
+
+
+def cpu_images_per_second(batch, steps):
+    """The step above on the CPU, fp32 eager, timed by the wall clock (each step ends before the
+    next begins: there is no queue to drain)."""
+    torch.manual_seed(1)
+    model = Net()
+    opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
+    x = torch.randn(batch, 1, 28, 28)
+    y = torch.randint(0, 10, (batch,))
+    step = make_step(model, opt, x, y, "fp32")
+    for _ in range(20):
+        step()
+    began = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return batch * steps / (time.perf_counter() - began)
 
 
 def timed_ms(fn, repeats):
@@ -107,7 +130,17 @@ def main():
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--modes", default="eager")
     parser.add_argument("--floor", action="store_true")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
+    if args.device == "cpu":
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        for batch in (int(b) for b in args.batches.split(",")):
+            rate = cpu_images_per_second(batch, args.steps)
+            print(f"torch eager fp32 cpu {torch.get_num_threads()} threads batch {batch}: {rate:.0f} images/s",
+                  flush=True)
+        return
     # fp32 means fp32: no TF32 in matrix products or convolutions (umtrain's fp32 uses none).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
