@@ -175,6 +175,21 @@ umt_status umt_cpu_adam_update(float *param, const float *grad, float *m, float 
  *   acc   = rho * acc + (1 - rho) * delta^2
  *   p     = p - lr * delta
  * (square_avg holds sq, delta_avg holds acc.) */
+typedef struct {
+    float lr, rho, eps, weight_decay;
+} adadelta_constants;
+
+/* Element i, its gradient g already scaled; the new parameter is left in param[i]. */
+static inline void adadelta_element(float *param, float g, float *square_avg, float *delta_avg, int64_t i,
+                                    const adadelta_constants *k) {
+    g += k->weight_decay * param[i];
+    square_avg[i] = k->rho * square_avg[i] + (1.0f - k->rho) * g * g;
+    float std = sqrtf(square_avg[i] + k->eps);
+    float delta = sqrtf(delta_avg[i] + k->eps) / std * g;
+    delta_avg[i] = k->rho * delta_avg[i] + (1.0f - k->rho) * delta * delta;
+    param[i] -= k->lr * delta;
+}
+
 umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float *square_avg, float *delta_avg,
                                          int64_t n, float lr, float rho, float eps, float weight_decay,
                                          umt_update_fusion fusion) {
@@ -182,14 +197,20 @@ umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float 
     UMT_TRY(check_gradient("adadelta_update", grad, fusion));
     if (fusion.scalars && fusion.scalars->found_inf) return UMT_OK;
     if (fusion.lr_on_device) lr = *fusion.lr_on_device;
+    adadelta_constants k = {lr, rho, eps, weight_decay};
+    /* As Adam's: the update with f32 gradients and no compute copy (the CPU context's) gets loops
+     * with no call in them, which the compiler vectorizes, each element's bits unchanged. */
+    if (!fusion.lowp && !fusion.grad_bf16) {
+        if (fusion.scalars) {
+            float multiplier = fusion.scalars->multiplier; /* gradient_at's */
+            for (int64_t i = 0; i < n; ++i) adadelta_element(param, grad[i] * multiplier, square_avg, delta_avg, i, &k);
+        } else {
+            for (int64_t i = 0; i < n; ++i) adadelta_element(param, grad[i], square_avg, delta_avg, i, &k);
+        }
+        return UMT_OK;
+    }
     for (int64_t i = 0; i < n; ++i) {
-        float g = gradient_at(grad, i, fusion);
-        g += weight_decay * param[i];
-        square_avg[i] = rho * square_avg[i] + (1.0f - rho) * g * g;
-        float std = sqrtf(square_avg[i] + eps);
-        float delta = sqrtf(delta_avg[i] + eps) / std * g;
-        delta_avg[i] = rho * delta_avg[i] + (1.0f - rho) * delta * delta;
-        param[i] -= lr * delta;
+        adadelta_element(param, gradient_at(grad, i, fusion), square_avg, delta_avg, i, &k);
         store_lowp(fusion, i, param[i]);
     }
     return UMT_OK;
