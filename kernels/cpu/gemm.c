@@ -18,13 +18,15 @@
  *   - a tile of MR x NR elements of C stays in registers while p runs over the panel: each step
  *     loads an NR-row of B and MR values of A and does MR * NR multiplies and adds. The tile's
  *     loop is plain C, its rows unrolled, and GCC keeps the tile in vector registers;
- *   - on x86-64 that loop is compiled twice, for the baseline (SSE2) and for AVX2, and the CPU
- *     picks one when the program starts (target_clones): AVX2's vectors are twice as wide. Never
- *     FMA: a fused multiply-add rounds once where the order above rounds twice.
+ *   - on an x86-64 CPU that has AVX2 (asked at run time), whose vectors are twice as wide, a tile
+ *     spans two B strips, 6 x 16, in a loop compiled for AVX2 alone; the baseline build (SSE2)
+ *     keeps 6 x 8. No -march=native, and never FMA: a fused multiply-add rounds once where the
+ *     order above rounds twice.
  *
  * Threads split C into column blocks (or row blocks when C is tall and thin), each a product of
  * its own (kernels/cpu/threads.h); the convolutions call the one-thread product on their parts.
  */
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -34,8 +36,8 @@
 #include "kernels/cpu/threads.h"
 
 /*
- * Tile and panel sizes. MR x NR = 6 x 8 floats is twelve SSE or six AVX registers of
- * accumulators, with room for the B row and a broadcast A value. A packed B strip (KC x NR, 8
+ * Tile and panel sizes. MR x NR = 6 x 8 floats is twelve SSE registers of accumulators (6 x 16,
+ * two strips, is twelve AVX ones), with room for the B row and a broadcast A value. A packed B strip (KC x NR, 8
  * KiB) stays in L1 while the tiles of one A block use it; the A block (MC x KC, 96 KiB) and the B
  * panel (KC x NC, 128 KiB) stay in L2. Both panels live on the caller's stack (224 KiB). MC is a
  * multiple of MR and NC of NR, so only the matrix's own edges make partial tiles.
@@ -45,15 +47,6 @@ enum { GEMM_MR = 6, GEMM_NR = 8, GEMM_KC = 256, GEMM_MC = 96, GEMM_NC = 128 };
 /* A part of a threaded product holds at least this many multiply-adds (about 20 us of work on one
  * core), so that waking a thread costs little next to it. */
 enum { GEMM_MIN_PART = 1 << 20 };
-
-#if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define GEMM_TARGETS __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef GEMM_TARGETS
-#define GEMM_TARGETS
-#endif
 
 /* C = beta * C over [m, n]; beta = 0 writes zeros without reading C, which may hold garbage. */
 static void scale_c(float *c, int64_t ldc, int64_t m, int64_t n, float beta) {
@@ -152,21 +145,79 @@ static inline void multiply_edge_tile(int64_t kb, const float *a, const float *b
         for (int64_t j = 0; j < cols; j++) c[r * ldc + j] = tile[r * GEMM_NR + j];
 }
 
-/* C[0:mb, 0:nb] += the packed A block times the packed B panel: every tile, B strips outer so
- * that each stays in L1 while the A block's strips pass over it. */
-GEMM_TARGETS static void multiply_block(int64_t mb, int64_t nb, int64_t kb, const float *packed_a,
-                                        const float *packed_b, float *c, int64_t ldc) {
-    for (int64_t j = 0; j < nb; j += GEMM_NR) {
-        for (int64_t i = 0; i < mb; i += GEMM_MR) {
-            const float *a = packed_a + i * kb, *b = packed_b + j * kb;
-            float *tile = c + i * ldc + j;
-            if (i + GEMM_MR <= mb && j + GEMM_NR <= nb) {
-                multiply_tile(kb, a, b, tile, ldc);
-            } else {
-                int64_t rows = mb - i < GEMM_MR ? mb - i : GEMM_MR, cols = nb - j < GEMM_NR ? nb - j : GEMM_NR;
-                multiply_edge_tile(kb, a, b, tile, ldc, rows, cols);
-            }
+#if defined(__x86_64__) && defined(__GNUC__)
+/* C tile [MR, 2 * NR] += the packed A strip times two adjacent packed B strips (b and b + kb * NR),
+ * p ascending: the tile for AVX2's vectors of eight floats, twelve of its sixteen registers. */
+__attribute__((target("avx2"))) static void multiply_wide_tile(int64_t kb, const float *restrict a,
+                                                               const float *restrict b, float *restrict c,
+                                                               int64_t ldc) {
+    float acc[GEMM_MR * 2 * GEMM_NR];
+    const float *b2 = b + kb * GEMM_NR;
+    for (int r = 0; r < GEMM_MR; r++)
+        for (int j = 0; j < 2 * GEMM_NR; j++) acc[r * 2 * GEMM_NR + j] = c[r * ldc + j];
+    for (int64_t p = 0; p < kb; p++) {
+        const float *a_p = a + p * GEMM_MR, *b_p = b + p * GEMM_NR, *b2_p = b2 + p * GEMM_NR;
+        _Pragma("GCC unroll 6") for (int r = 0; r < GEMM_MR; r++) {
+            for (int j = 0; j < GEMM_NR; j++) acc[r * 2 * GEMM_NR + j] += a_p[r] * b_p[j];
+            for (int j = 0; j < GEMM_NR; j++) acc[r * 2 * GEMM_NR + GEMM_NR + j] += a_p[r] * b2_p[j];
         }
+    }
+    for (int r = 0; r < GEMM_MR; r++)
+        for (int j = 0; j < 2 * GEMM_NR; j++) c[r * ldc + j] = acc[r * 2 * GEMM_NR + j];
+}
+#endif
+
+/* The tiles of one B strip (columns j to j + NR) over the A block's rows. Not inlined: inlined into
+ * the product's loops, the tile lost its registers to GCC's allocator (a third of the speed). */
+__attribute__((noinline)) static void multiply_strip(int64_t mb, int64_t nb, int64_t kb, int64_t j,
+                                                     const float *packed_a, const float *packed_b, float *c,
+                                                     int64_t ldc) {
+    for (int64_t i = 0; i < mb; i += GEMM_MR) {
+        const float *a = packed_a + i * kb, *b = packed_b + j * kb;
+        float *tile = c + i * ldc + j;
+        if (i + GEMM_MR <= mb && j + GEMM_NR <= nb) {
+            multiply_tile(kb, a, b, tile, ldc);
+        } else {
+            int64_t rows = mb - i < GEMM_MR ? mb - i : GEMM_MR, cols = nb - j < GEMM_NR ? nb - j : GEMM_NR;
+            multiply_edge_tile(kb, a, b, tile, ldc, rows, cols);
+        }
+    }
+}
+
+/* Whether the tiles may be AVX2's wide ones: asked of the CPU once (any thread may ask first; all
+ * get the same answer). */
+static bool wide_tiles(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    static atomic_int has_avx2 = -1; /* -1: not asked yet */
+    if (atomic_load_explicit(&has_avx2, memory_order_relaxed) < 0)
+        atomic_store_explicit(&has_avx2, __builtin_cpu_supports("avx2") ? 1 : 0, memory_order_relaxed);
+    return atomic_load_explicit(&has_avx2, memory_order_relaxed) == 1;
+#else
+    return false;
+#endif
+}
+
+/* C[0:mb, 0:nb] += the packed A block times the packed B panel: every tile, B strips outer so that
+ * they stay in L1 while the A block's strips pass over them. With AVX2, two strips at a time while
+ * two whole ones are left, in wide tiles (the last, partial row of tiles one strip at a time). */
+static void multiply_block(int64_t mb, int64_t nb, int64_t kb, const float *packed_a, const float *packed_b,
+                           float *c, int64_t ldc) {
+    bool wide = wide_tiles();
+    int64_t whole_rows = mb - mb % GEMM_MR;
+    for (int64_t j = 0; j < nb;) {
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (wide && j + 2 * GEMM_NR <= nb) {
+            for (int64_t i = 0; i < whole_rows; i += GEMM_MR)
+                multiply_wide_tile(kb, packed_a + i * kb, packed_b + j * kb, c + i * ldc + j, ldc);
+            for (int64_t strip = j; strip < j + 2 * GEMM_NR && whole_rows < mb; strip += GEMM_NR)
+                multiply_strip(mb - whole_rows, nb, kb, strip, packed_a + whole_rows * kb, packed_b,
+                               c + whole_rows * ldc, ldc);
+            j += 2 * GEMM_NR;
+            continue;
+        }
+#endif
+        multiply_strip(mb, nb, kb, j, packed_a, packed_b, c, ldc);
+        j += GEMM_NR;
     }
 }
 
