@@ -9,8 +9,9 @@
 # bench/torch_ref.py --device cpu (the same network, Adadelta, fp32 eager, 20 warm-up steps, then
 # STEPS timed) at the same counts (torch.set_num_threads). The machine may be shared, so the runs
 # are interleaved, ROUNDS times over: ours at each count, then PyTorch at each count, and again.
-# Prints every run, then a table: each configuration's images/s per round and median, and the
-# ratio of ours to PyTorch at each count per round. Logs go to $OUT (or /tmp/umt_cpu_speed).
+# Prints every run (with the load average after it: the rest of the machine's work), then a table:
+# each configuration's images/s per round and median, and our ratio to PyTorch at each count.
+# Logs go to $OUT (or /tmp/umt_cpu_speed).
 # PYTHON is the interpreter that has torch (default: Debian's /usr/bin/python3, where
 # `apt-get install python3-torch` puts PyTorch 1.13).
 set -uo pipefail
@@ -29,26 +30,33 @@ if [[ -z $bin ]]; then
     bazel build //examples:mnist_cnn > "$logs/build.log" 2>&1 || { cat "$logs/build.log"; exit 1; }
     bin=bazel-bin/examples/mnist_cnn
 fi
-"$python" -c "import torch" 2> /dev/null || { echo "cpu_speed.sh: $python has no torch (apt-get install python3-torch)"; exit 1; }
+if ! "$python" -c "import torch" 2> /dev/null; then
+    echo "cpu_speed.sh: $python has no torch (apt-get install python3-torch)"
+    exit 1
+fi
 
 {
     echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
-    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (+ changes)')"
+    changes=$(git diff --quiet HEAD || echo ' (+ changes)')
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)$changes"
     echo "torch: $("$python" -c 'import torch; print(torch.__version__)')"
     echo "batch $batch, $steps timed steps after 20 warm-up steps, $rounds rounds"
 } | tee "$logs/cpu_speed_machine.txt"
+
+# The load average over the last minute, after a run: how much else the machine was doing.
+load() { echo "(load $(cut -d' ' -f1 /proc/loadavg))"; }
 
 : > "$logs/cpu_speed_runs.txt"
 for round in $(seq 1 "$rounds"); do
     for n in $threads; do
         rate=$(UMT_CPU_THREADS=$n "$bin" --device cpu --data-dir "$data" --bench "$steps" --batch-size "$batch" 2>&1 |
             tee "$logs/ours_${n}_round$round.log" | sed -n 's/.*: \([0-9]*\) images\/s.*/\1/p')
-        echo "round $round ours $n ${rate:-failed}" | tee -a "$logs/cpu_speed_runs.txt"
+        echo "round $round ours $n ${rate:-failed} $(load)" | tee -a "$logs/cpu_speed_runs.txt"
     done
     for n in $threads; do
         rate=$("$python" bench/torch_ref.py --device cpu --threads "$n" --batches "$batch" --steps "$steps" 2>&1 |
             tee "$logs/torch_${n}_round$round.log" | sed -n 's/.*: \([0-9]*\) images\/s.*/\1/p')
-        echo "round $round torch $n ${rate:-failed}" | tee -a "$logs/cpu_speed_runs.txt"
+        echo "round $round torch $n ${rate:-failed} $(load)" | tee -a "$logs/cpu_speed_runs.txt"
     done
 done
 
@@ -59,7 +67,7 @@ import sys
 
 runs, rounds = {}, int(sys.argv[2])
 for line in open(sys.argv[1]):
-    _, r, who, n, rate = line.split()
+    _, r, who, n, rate = line.split()[:5]
     runs.setdefault((who, int(n)), {})[int(r)] = float(rate) if rate != "failed" else float("nan")
 header = "| images/s | " + " | ".join(f"round {r}" for r in range(1, rounds + 1)) + " | median |"
 print(header)
