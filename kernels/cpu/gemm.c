@@ -165,6 +165,18 @@ __attribute__((target("avx2"))) static void multiply_wide_tile(int64_t kb, const
     for (int r = 0; r < GEMM_MR; r++)
         for (int j = 0; j < 2 * GEMM_NR; j++) c[r * ldc + j] = acc[r * 2 * GEMM_NR + j];
 }
+
+/* The wide tile of the block's last, partial row of tiles (rows < MR of it inside C), as
+ * multiply_edge_tile does it: m = 64, the batch or the channels, leaves 4 rows there. */
+__attribute__((target("avx2"))) static void multiply_wide_edge_tile(int64_t kb, const float *a, const float *b,
+                                                                    float *c, int64_t ldc, int64_t rows) {
+    float tile[GEMM_MR * 2 * GEMM_NR] = {0};
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < 2 * GEMM_NR; j++) tile[r * 2 * GEMM_NR + j] = c[r * ldc + j];
+    multiply_wide_tile(kb, a, b, tile, 2 * GEMM_NR);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < 2 * GEMM_NR; j++) c[r * ldc + j] = tile[r * 2 * GEMM_NR + j];
+}
 #endif
 
 /* The tiles of one B strip (columns j to j + NR) over the A block's rows. Not inlined: inlined into
@@ -198,8 +210,8 @@ static bool wide_tiles(void) {
 }
 
 /* C[0:mb, 0:nb] += the packed A block times the packed B panel: every tile, B strips outer so that
- * they stay in L1 while the A block's strips pass over them. With AVX2, two strips at a time while
- * two whole ones are left, in wide tiles (the last, partial row of tiles one strip at a time). */
+ * they stay in L1 while the A block's strips pass over them. With AVX2, two strips at a time in
+ * wide tiles while two whole ones are left. */
 static void multiply_block(int64_t mb, int64_t nb, int64_t kb, const float *packed_a, const float *packed_b,
                            float *c, int64_t ldc) {
     bool wide = wide_tiles();
@@ -209,9 +221,9 @@ static void multiply_block(int64_t mb, int64_t nb, int64_t kb, const float *pack
         if (wide && j + 2 * GEMM_NR <= nb) {
             for (int64_t i = 0; i < whole_rows; i += GEMM_MR)
                 multiply_wide_tile(kb, packed_a + i * kb, packed_b + j * kb, c + i * ldc + j, ldc);
-            for (int64_t strip = j; strip < j + 2 * GEMM_NR && whole_rows < mb; strip += GEMM_NR)
-                multiply_strip(mb - whole_rows, nb, kb, strip, packed_a + whole_rows * kb, packed_b,
-                               c + whole_rows * ldc, ldc);
+            if (whole_rows < mb)
+                multiply_wide_edge_tile(kb, packed_a + whole_rows * kb, packed_b + j * kb, c + whole_rows * ldc + j,
+                                        ldc, mb - whole_rows);
             j += 2 * GEMM_NR;
             continue;
         }
