@@ -15,7 +15,6 @@
 #include "kernels/cpu/threads.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -30,15 +29,15 @@ static struct {
     pthread_mutex_t lock;  /* guards what follows */
     pthread_cond_t job_posted, job_finished;
     pthread_t workers[UMT_CPU_THREADS_MAX];
-    int worker_count;   /* started and not yet stopped */
-    uint64_t started_at; /* the generation when they started: a job after it is theirs */
-    bool stopping;      /* the workers are asked to return (a new thread count) */
-    uint64_t generation; /* bumped by each job */
-    int workers_busy;   /* workers that have not finished the current job */
-    umt_cpu_task *task; /* the current job */
+    int worker_count;     /* started and not yet stopped */
+    uint64_t started_at;  /* the generation when they started: a job after it is theirs */
+    bool stopping;        /* the workers are asked to return (a new thread count) */
+    uint64_t generation;  /* bumped by each job */
+    int workers_busy;     /* workers that have not finished the current job */
+    umt_cpu_task *task;   /* the current job: task(arg, part, parts) for each part */
     void *arg;
     int parts;
-    atomic_int next_part;
+    atomic_int next_part; /* the next part not yet taken */
 } pool = {
     .owner = PTHREAD_MUTEX_INITIALIZER,
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -66,12 +65,13 @@ static int environment_threads(void) {
     return (int)value;
 }
 
-/* The cores this process may run on (its affinity mask: a container's or taskset's limit). */
+/* The cores this process may run on (its affinity mask: a container's or taskset's limit), at
+ * most UMT_CPU_THREADS_MAX. */
 static int available_cores(void) {
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    return online < 1 ? 1 : online > UMT_CPU_THREADS_MAX ? UMT_CPU_THREADS_MAX : (int)online;
+    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (cores < 1) cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return cores < 1 ? 1 : cores > UMT_CPU_THREADS_MAX ? UMT_CPU_THREADS_MAX : (int)cores;
 }
 
 umt_status umt_cpu_threads_check_environment(void) {
