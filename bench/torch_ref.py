@@ -2,7 +2,7 @@
 
     python3 bench/torch_ref.py [--steps 200] [--batches 64,512,4096] [--dtype fp32|bf16]
                                [--modes eager,default,reduce-overhead] [--floor] [--deterministic]
-                               [--tf32-default]
+                               [--tf32-default] [--device cuda|cpu] [--threads N]
 
 Same network (conv 1->32 3x3, relu, conv 32->64 3x3, relu, max-pool 2, dropout 0.25, flatten,
 linear 9216->128, relu, dropout 0.5, linear 128->10, log-softmax, NLL), Adadelta lr 1.0, data
@@ -18,6 +18,11 @@ device-to-device copy, bytes read + written per second). Lines: "floor matmul <d
 
 --deterministic sets torch.backends.cudnn.deterministic: cuDNN then takes only algorithms whose
 results do not depend on the order of atomic additions, the condition every umtrain kernel meets.
+
+--device cpu times the same step on the CPU (fp32, eager: what bench/cpu_speed.sh compares the CPU
+backend with), 20 warm-up steps, then `steps` steps timed by the wall clock, on --threads N
+intra-op threads (torch.set_num_threads; default: PyTorch's own choice). Its lines add the thread count:
+"torch eager fp32 cpu 2 threads batch B: X images/s".
 """
 import argparse
 import time
@@ -47,7 +52,7 @@ class Net(nn.Module):
 
 def make_step(model, opt, x, y, dtype):
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
             loss = F.nll_loss(model(x), y)
         loss.backward()
         opt.step()
@@ -76,6 +81,23 @@ def images_per_second(batch, steps, dtype, mode):
     end.record()
     torch.cuda.synchronize()
     return batch * steps / (start.elapsed_time(end) / 1e3)
+
+
+def cpu_images_per_second(batch, steps):
+    """The step above on the CPU, fp32 eager, timed by the wall clock (each step ends before the
+    next begins: there is no queue to drain)."""
+    torch.manual_seed(1)
+    model = Net()
+    opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
+    x = torch.randn(batch, 1, 28, 28)
+    y = torch.randint(0, 10, (batch,))
+    step = make_step(model, opt, x, y, "fp32")
+    for _ in range(20):
+        step()
+    began = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return batch * steps / (time.perf_counter() - began)
 
 
 def timed_ms(fn, repeats):
@@ -115,7 +137,17 @@ def main():
                         help="PyTorch's own TF32 settings (convolutions may use TF32, matrix products not)")
     parser.add_argument("--deterministic", action="store_true",
                         help="cuDNN's deterministic algorithms only, as umtrain's kernels always are")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
+    if args.device == "cpu":
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        for batch in (int(b) for b in args.batches.split(",")):
+            rate = cpu_images_per_second(batch, args.steps)
+            print(f"torch eager fp32 cpu {torch.get_num_threads()} threads batch {batch}: {rate:.0f} images/s",
+                  flush=True)
+        return
     torch.backends.cudnn.deterministic = args.deterministic
     # fp32 means fp32: no TF32 in matrix products or convolutions (umtrain's fp32 uses none),
     # unless --tf32-default leaves PyTorch's defaults (umtrain's --tf32 compares with those).

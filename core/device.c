@@ -6,6 +6,7 @@
 
 #include "core/base/error.h"
 #include "core/context.h"
+#include "kernels/cpu/threads.h"
 
 #ifdef UMT_WITH_CUDA
 #include "core/base/cuda_check.h"
@@ -57,7 +58,11 @@ static umt_status start_cuda(umt_context *ctx) {
 
 umt_status umt_device_start(umt_context *ctx) {
     switch (ctx->options.device) {
-    case UMT_DEVICE_CPU: ctx->backend = umt_cpu_backend(); return UMT_OK;
+    case UMT_DEVICE_CPU:
+        /* The kernels cannot refuse a bad UMT_CPU_THREADS mid-step; the context refuses it here. */
+        UMT_TRY(umt_cpu_threads_check_environment());
+        ctx->backend = umt_cpu_backend();
+        return UMT_OK;
     case UMT_DEVICE_CUDA:
 #ifdef UMT_WITH_CUDA
         return start_cuda(ctx);

@@ -29,7 +29,7 @@
  *     graphs, loaders) from one thread at a time: the caller orders its uses; it may move from
  *     thread to thread between calls;
  *   - functions that take no context (parsing, names, umt_samples_*, umt_checkpoint_check_writable,
- *     umt_cuda_device_count): safe from any thread;
+ *     umt_cuda_device_count, umt_cpu_threads, umt_cpu_threads_set): safe from any thread;
  *   - a step group (umt_step_group) uses all its members' contexts: while it runs, none of them
  *     may be used from another thread;
  *   - a dataset shared with umt_dataset_share is read by every context that shares it at once;
@@ -92,6 +92,17 @@ umt_status umt_device_parse(const char *name, umt_device *out);
 int umt_cuda_device_count(void);
 /* UMT_DEVICE_CUDA when this build has CUDA and a GPU is present, else UMT_DEVICE_CPU. */
 umt_device umt_default_device(void);
+
+/* The CPU backend's threads. Its kernels (matrix products, convolutions, pooling, dropout, bias
+ * sums, the multi-tensor optimizer update) split their outputs over this many threads, the
+ * caller's among them. Results are the same bit for bit at any count: each output element is
+ * computed by one thread, reduced in the order one thread alone would follow. Process-wide; the
+ * default is $UMT_CPU_THREADS (1 to 256; a CPU context refuses to start on any other value), else
+ * the cores this process may run on (its CPU affinity). Safe from any thread; a kernel called
+ * while another thread's kernel uses the threads runs on its caller's thread alone. */
+int umt_cpu_threads(void);
+/* Sets the count for the kernels that start after it: 1 to 256, or 0 for the default again. */
+umt_status umt_cpu_threads_set(int threads);
 
 /* How the CUDA backend places the GPU pools (the CPU backend ignores it):
  *   managed       — CUDA managed memory with per-pool advice and prefetch (the default);

@@ -419,6 +419,8 @@ static const row table[] = {
     ROW(umt_device_parse, N("name"), N("out")),
     NO_POINTERS(umt_cuda_device_count),
     NO_POINTERS(umt_default_device),
+    NO_POINTERS(umt_cpu_threads),
+    NO_POINTERS(umt_cpu_threads_set),
     ROW(umt_memory_mode_parse, N("name"), N("out")),
     NO_POINTERS(umt_memory_mode_name),
     ROW(umt_precision_parse, N("name"), N("out")),

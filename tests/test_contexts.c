@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,6 +159,33 @@ static int teardown(void **state) {
     return scratch_remove();
 }
 
+/* The CPU backend's thread count comes from UMT_CPU_THREADS; a value that is not a count from 1
+ * to 256 is refused where it can be reported, by the CPU context, naming it (the kernels
+ * themselves cannot fail mid-step). */
+static void test_a_cpu_context_refuses_a_UMT_CPU_THREADS_that_is_not_a_count(void **state) {
+    (void)state;
+    umt_context_options co = umt_context_defaults();
+    co.device = UMT_DEVICE_CPU;
+    const char *refused[] = {"abc", "0", "257", "2x", "-1", " "};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; ++i) {
+        assert_int_equal(setenv("UMT_CPU_THREADS", refused[i], 1), 0);
+        umt_context *ctx = NULL;
+        umt_status status = umt_context_create(&co, &ctx);
+        if (status == UMT_OK) umt_context_destroy(ctx);
+        if (status != UMT_ERR_INVALID_ARGUMENT)
+            fail_msg("UMT_CPU_THREADS='%s': umt_context_create returned %s, expected UMT_ERR_INVALID_ARGUMENT",
+                     refused[i], umt_status_name(status));
+        char expected[64];
+        snprintf(expected, sizeof expected, "UMT_CPU_THREADS '%s': expected a whole number from 1 to 256", refused[i]);
+        if (!strstr(umt_last_error(), expected)) fail_msg("error \"%s\" lacks \"%s\"", umt_last_error(), expected);
+    }
+    assert_int_equal(setenv("UMT_CPU_THREADS", "2", 1), 0);
+    umt_context *ctx = NULL;
+    assert_int_equal(umt_context_create(&co, &ctx), UMT_OK);
+    umt_context_destroy(ctx);
+    assert_int_equal(unsetenv("UMT_CPU_THREADS"), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trainings_on_threads_at_once_give_the_bits_each_gives_alone),
@@ -165,6 +193,7 @@ int main(void) {
         cmocka_unit_test(test_a_share_is_the_source_s_size_and_shape_and_goes_with_its_context),
         cmocka_unit_test(test_a_step_group_on_the_cpu_runs_each_member_as_alone),
         cmocka_unit_test(test_a_step_group_refuses_no_members_and_null_ones),
+        cmocka_unit_test(test_a_cpu_context_refuses_a_UMT_CPU_THREADS_that_is_not_a_count),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

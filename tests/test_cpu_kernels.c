@@ -174,18 +174,22 @@ static double seconds_now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Prints GFLOP/s on 512^3 (the figure the README quotes) and checks a few entries. */
+/* Prints GFLOP/s on 512^3 (the figure docs/PERF.md quotes) on one thread and on the default
+ * count (kernels/cpu/threads.h), and checks a few entries. */
 static void test_gemm_512_cubed_is_correct_and_reports_its_throughput(void **state) {
     (void)state;
     enum { N = 512, REPEATS = 4 };
     lcg_seed(7);
     float *a = random_floats(N * N), *b = random_floats(N * N), *c = random_floats(N * N);
-    assert_int_equal(umt_cpu_gemm(false, false, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N), UMT_OK);
-    double start = seconds_now();
-    for (int r = 0; r < REPEATS; r++) umt_cpu_gemm(false, false, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
-    double seconds = (seconds_now() - start) / REPEATS;
-    printf("gemm 512x512x512 single-threaded: %.2f GFLOP/s (%.2f ms)\n", 2.0 * N * N * N / seconds * 1e-9,
-           seconds * 1e3);
+    for (int threads = 1; threads >= 0; threads--) { /* 1, then 0: the default */
+        assert_int_equal(umt_cpu_threads_set(threads), UMT_OK);
+        assert_int_equal(umt_cpu_gemm(false, false, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N), UMT_OK);
+        double start = seconds_now();
+        for (int r = 0; r < REPEATS; r++) umt_cpu_gemm(false, false, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
+        double seconds = (seconds_now() - start) / REPEATS;
+        printf("gemm 512x512x512 on %d thread(s): %.2f GFLOP/s (%.2f ms)\n", umt_cpu_threads(),
+               2.0 * N * N * N / seconds * 1e-9, seconds * 1e3);
+    }
     for (int i = 0; i < N; i += 97) {
         double want = 0.0;
         for (int p = 0; p < N; p++) want += (double)a[i * N + p] * b[p * N + (N - 1 - i)];

@@ -58,9 +58,13 @@ umt_status umt_convert_check_arguments(umt_dtype src_dtype, umt_dtype dst_dtype,
 umt_status umt_conv_check_shape(const char *op, const umt_conv_shape *s);
 umt_status umt_conv_check_channel_sizes(const char *op, int64_t n, int64_t k, int64_t hw);
 
-/* gemm.c */
+/* gemm.c: the slot (on the backend's threads), and the product on the calling thread alone, for
+ * kernels that split their own work (conv.c); it takes arguments umt_gemm_check_arguments passed. */
 umt_status umt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+void umt_cpu_gemm_one_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                             const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                             int64_t ldc);
 
 /* elementwise.c */
 umt_status umt_cpu_add(const float *a, const float *b, float *out, int64_t n);

@@ -12,6 +12,7 @@
  */
 #include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/threads.h"
 
 /* p in [0, 1) (a NaN fails too: p = 1 would divide by zero, and drop everything anyway). */
 static umt_status check_dropout(const char *op, int64_t n, float p) {
@@ -22,6 +23,25 @@ static umt_status check_dropout(const char *op, int64_t n, float p) {
     return UMT_OK;
 }
 
+typedef struct {
+    const float *x;
+    float *y;
+    uint8_t *mask;
+    int64_t first;
+    float p, scale;
+    uint64_t seed;
+} dropout_job;
+
+/* Elements [begin, end): each one's draw depends on its index alone, so any thread may do it. */
+static void dropout_elements(void *arg, int64_t begin, int64_t end) {
+    const dropout_job *job = arg;
+    for (int64_t i = begin; i < end; i++) {
+        bool keep = umt_dropout_keep(job->seed, (uint64_t)(job->first + i), job->p);
+        job->mask[i] = keep ? 1 : 0;
+        job->y[i] = keep ? job->x[i] * job->scale : 0.0f;
+    }
+}
+
 umt_status umt_cpu_dropout_forward(const float *x, float *y, uint8_t *mask, int64_t n, int64_t first, float p,
                                    uint64_t seed, const uint64_t *seed_on_device) {
     UMT_TRY(check_dropout("dropout_forward", n, p));
@@ -29,12 +49,8 @@ umt_status umt_cpu_dropout_forward(const float *x, float *y, uint8_t *mask, int6
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "dropout_forward: first = %lld, expected >= 0", (long long)first);
     if (seed_on_device) seed = *seed_on_device;
     /* p = 0 gives scale 1 and keeps every element: y = x exactly. */
-    float scale = 1.0f / (1.0f - p);
-    for (int64_t i = 0; i < n; i++) {
-        bool keep = umt_dropout_keep(seed, (uint64_t)(first + i), p);
-        mask[i] = keep ? 1 : 0;
-        y[i] = keep ? x[i] * scale : 0.0f;
-    }
+    dropout_job job = {x, y, mask, first, p, 1.0f / (1.0f - p), seed};
+    umt_cpu_parallel_range(n, 1 << 14, dropout_elements, &job);
     return UMT_OK;
 }
 

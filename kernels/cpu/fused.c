@@ -12,6 +12,10 @@
 
 #include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/threads.h"
+
+/* Planes of a pooling kernel per part of the CPU's threads: at least 64 KiB of input each. */
+#define PLANES_PER_PART(s) (1 + (16 << 10) / ((s)->h * (s)->w))
 
 static umt_status check_f32(const char *op, umt_dtype dtype, int64_t n, int64_t k, int64_t hw) {
     if (dtype != UMT_F32)
@@ -37,14 +41,24 @@ umt_status umt_cpu_bias_relu(umt_dtype dtype, bool nhwc, const void *x, const fl
     return umt_cpu_relu(in, y, n * k * hw);
 }
 
+typedef struct {
+    const float *y;
+    float *dy;
+} relu_mask_job;
+
+/* relu_backward's rule (the gradient at 0 is 0), written over dy in place, elements [first, end). */
+static void relu_mask(void *arg, int64_t first, int64_t end) {
+    const relu_mask_job *job = arg;
+    for (int64_t i = first; i < end; i++)
+        if (!(job->y[i] > 0.0f)) job->dy[i] = 0.0f;
+}
+
 umt_status umt_cpu_bias_relu_backward(umt_dtype dtype, bool nhwc, const void *y, void *dy, float *dbias, int64_t n,
                                       int64_t k, int64_t hw) {
     UMT_TRY(check_f32("bias_relu_backward", dtype, n, k, hw));
-    const float *out = y;
     float *grad = dy;
-    /* relu_backward's rule (the gradient at 0 is 0), written over dy in place. */
-    for (int64_t i = 0; i < n * k * hw; i++)
-        if (!(out[i] > 0.0f)) grad[i] = 0.0f;
+    relu_mask_job job = {y, dy};
+    umt_cpu_parallel_range(n * k * hw, 1 << 14, relu_mask, &job);
     if (!dbias) return UMT_OK;
     return channels_last(nhwc, hw) ? umt_cpu_sum_rows(grad, dbias, n * hw, k)
                                    : umt_cpu_sum_channel_bias(grad, dbias, n, k, hw);
@@ -82,7 +96,39 @@ umt_status umt_cpu_max_pool_dropout_backward(const umt_pool_shape *shape, const 
 }
 
 /* bias_relu, then max_pool_forward's scan (first maximum; a NaN beats a number), per window,
- * without the full-size intermediate. */
+ * without the full-size intermediate. Planes (one image's channel) are independent: each part of
+ * the CPU's threads pools its own. */
+typedef struct {
+    const umt_pool_shape *s;
+    const float *x, *bias;
+    float *y;
+    uint8_t *pick;
+} pool_forward_job;
+
+static void bias_relu_max_pool_planes(void *arg, int64_t first, int64_t end) {
+    const pool_forward_job *job = arg;
+    const umt_pool_shape *s = job->s;
+    for (int64_t plane = first; plane < end; plane++) {
+        const float *x_plane = job->x + plane * s->h * s->w;
+        float b = job->bias[plane % s->c];
+        for (int64_t oy = 0, o = plane * s->p * s->q; oy < s->p; oy++) {
+            for (int64_t ox = 0; ox < s->q; ox++, o++) {
+                const float *window = x_plane + oy * s->stride * s->w + ox * s->stride;
+                int64_t best_at = 0;
+                float best = 0.0f;
+                for (int64_t i = 0; i < s->window; i++)
+                    for (int64_t j = 0; j < s->window; j++) {
+                        float v = window[i * s->w + j] + b;
+                        v = v < 0.0f ? 0.0f : v; /* umt_cpu_relu's rule: a NaN passes */
+                        if ((i == 0 && j == 0) || umt_cpu_takes_over(v, best)) best = v, best_at = i * s->window + j;
+                    }
+                job->y[o] = best;
+                job->pick[o] = (uint8_t)best_at;
+            }
+        }
+    }
+}
+
 umt_status umt_cpu_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
                                               uint8_t *pick) {
     const umt_pool_shape *s = shape;
@@ -91,50 +137,59 @@ umt_status umt_cpu_bias_relu_max_pool_forward(const umt_pool_shape *shape, const
         return umt_fail(UMT_ERR_UNSUPPORTED, "bias_relu_max_pool_forward: window %lld (expected at most 16)",
                         (long long)s->window);
     UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_forward", s));
-    const float *in = x;
-    float *out = y;
-    for (int64_t plane = 0; plane < s->n * s->c; plane++) {
-        const float *x_plane = in + plane * s->h * s->w;
-        float b = bias[plane % s->c];
-        for (int64_t o = plane * s->p * s->q; o < (plane + 1) * s->p * s->q; o++) {
-            int64_t y0 = (o / s->q % s->p) * s->stride, x0 = o % s->q * s->stride, best_at = 0;
-            float best = 0.0f;
-            for (int64_t i = 0; i < s->window; i++)
-                for (int64_t j = 0; j < s->window; j++) {
-                    float v = x_plane[(y0 + i) * s->w + x0 + j] + b;
-                    v = v < 0.0f ? 0.0f : v; /* umt_cpu_relu's rule: a NaN passes */
-                    if ((i == 0 && j == 0) || umt_cpu_takes_over(v, best)) best = v, best_at = i * s->window + j;
-                }
-            out[o] = best;
-            pick[o] = (uint8_t)best_at;
-        }
-    }
+    pool_forward_job job = {s, x, bias, y, pick};
+    umt_cpu_parallel_range(s->n * s->c, PLANES_PER_PART(s), bias_relu_max_pool_planes, &job);
     return UMT_OK;
 }
 
 /* dropout_backward and bias_relu_backward at the pooled size (the mask is y > 0), then
- * max_pool_backward's scatter (from window positions rather than plane indices). */
+ * max_pool_backward's scatter (from window positions rather than plane indices), a plane per
+ * part's turn: a plane's outputs pick only inputs of that plane. The bias sums come after, by
+ * channel, from the finished gradient. */
+typedef struct {
+    const umt_pool_shape *s;
+    const uint8_t *pick;
+    const float *y;
+    float *dy, *dx;
+    bool dx_fresh;
+    float scale;
+} pool_backward_job;
+
+static void pool_dropout_backward_planes(void *arg, int64_t first, int64_t end) {
+    const pool_backward_job *job = arg;
+    const umt_pool_shape *s = job->s;
+    int64_t outputs = s->p * s->q, inputs = s->h * s->w;
+    for (int64_t plane = first; plane < end; plane++) {
+        float *grad = job->dy + plane * outputs;
+        const float *out = job->y + plane * outputs;
+        for (int64_t o = 0; o < outputs; o++) grad[o] = out[o] > 0.0f ? 0.0f + grad[o] * job->scale : 0.0f;
+        if (!job->dx) continue;
+        float *in = job->dx + plane * inputs;
+        if (job->dx_fresh) memset(in, 0, (size_t)inputs * sizeof *in);
+        const uint8_t *pick = job->pick + plane * outputs;
+        for (int64_t oy = 0, o = 0; oy < s->p; oy++)
+            for (int64_t ox = 0; ox < s->q; ox++, o++) {
+                int64_t row = oy * s->stride + pick[o] / s->window, col = ox * s->stride + pick[o] % s->window;
+                in[row * s->w + col] += grad[o];
+            }
+    }
+}
+
 umt_status umt_cpu_bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const uint8_t *pick,
                                                        const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
                                                        float p) {
     const umt_pool_shape *s = shape;
     UMT_TRY(check_pooled("bias_relu_max_pool_dropout_backward", s, p));
-    float scale = 1.0f / (1.0f - p), *grad = dy;
-    const float *out = y;
     int64_t outputs = s->n * s->c * s->p * s->q;
-    for (int64_t o = 0; o < outputs; o++) grad[o] = out[o] > 0.0f ? 0.0f + grad[o] * scale : 0.0f;
-    if (dbias) UMT_TRY(umt_cpu_sum_channel_bias(grad, dbias, s->n, s->c, s->p * s->q));
-    if (!dx) return UMT_OK;
-    float *in = dx;
-    if (dx_fresh) memset(in, 0, (size_t)(s->n * s->c * s->h * s->w) * sizeof(float));
-    for (int64_t o = 0; o < outputs; o++) {
+    /* Every pick checked before anything is written, so that a bad one leaves dy and dx as they were. */
+    for (int64_t o = 0; dx && o < outputs; o++) {
         if (pick[o] >= s->window * s->window)
             return umt_fail(UMT_ERR_INVALID_ARGUMENT,
                             "bias_relu_max_pool_dropout_backward: pick[%lld] = %d, expected < %lld (window^2)",
                             (long long)o, pick[o], (long long)(s->window * s->window));
-        int64_t plane = o / (s->p * s->q), row = o / s->q % s->p * s->stride + pick[o] / s->window;
-        int64_t col = o % s->q * s->stride + pick[o] % s->window;
-        in[(plane * s->h + row) * s->w + col] += grad[o];
     }
+    pool_backward_job job = {s, pick, y, dy, dx, dx_fresh, 1.0f / (1.0f - p)};
+    umt_cpu_parallel_range(s->n * s->c, PLANES_PER_PART(s), pool_dropout_backward_planes, &job);
+    if (dbias) UMT_TRY(umt_cpu_sum_channel_bias(dy, dbias, s->n, s->c, s->p * s->q));
     return UMT_OK;
 }

@@ -12,6 +12,7 @@
 
 #include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/threads.h"
 
 /* Shared with the CUDA backend, so that both refuse a bad copy alike, in the same words. */
 umt_status umt_update_fusion_check(const char *op, umt_update_fusion fusion) {
@@ -174,6 +175,21 @@ umt_status umt_cpu_adam_update(float *param, const float *grad, float *m, float 
  *   acc   = rho * acc + (1 - rho) * delta^2
  *   p     = p - lr * delta
  * (square_avg holds sq, delta_avg holds acc.) */
+typedef struct {
+    float lr, rho, eps, weight_decay;
+} adadelta_constants;
+
+/* Element i, its gradient g already scaled; the new parameter is left in param[i]. */
+static inline void adadelta_element(float *param, float g, float *square_avg, float *delta_avg, int64_t i,
+                                    const adadelta_constants *k) {
+    g += k->weight_decay * param[i];
+    square_avg[i] = k->rho * square_avg[i] + (1.0f - k->rho) * g * g;
+    float std = sqrtf(square_avg[i] + k->eps);
+    float delta = sqrtf(delta_avg[i] + k->eps) / std * g;
+    delta_avg[i] = k->rho * delta_avg[i] + (1.0f - k->rho) * delta * delta;
+    param[i] -= k->lr * delta;
+}
+
 umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float *square_avg, float *delta_avg,
                                          int64_t n, float lr, float rho, float eps, float weight_decay,
                                          umt_update_fusion fusion) {
@@ -181,14 +197,20 @@ umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float 
     UMT_TRY(check_gradient("adadelta_update", grad, fusion));
     if (fusion.scalars && fusion.scalars->found_inf) return UMT_OK;
     if (fusion.lr_on_device) lr = *fusion.lr_on_device;
+    adadelta_constants k = {lr, rho, eps, weight_decay};
+    /* As Adam's: the update with f32 gradients and no compute copy (the CPU context's) gets loops
+     * with no call in them, which the compiler vectorizes, each element's bits unchanged. */
+    if (!fusion.lowp && !fusion.grad_bf16) {
+        if (fusion.scalars) {
+            float multiplier = fusion.scalars->multiplier; /* gradient_at's */
+            for (int64_t i = 0; i < n; ++i) adadelta_element(param, grad[i] * multiplier, square_avg, delta_avg, i, &k);
+        } else {
+            for (int64_t i = 0; i < n; ++i) adadelta_element(param, grad[i], square_avg, delta_avg, i, &k);
+        }
+        return UMT_OK;
+    }
     for (int64_t i = 0; i < n; ++i) {
-        float g = gradient_at(grad, i, fusion);
-        g += weight_decay * param[i];
-        square_avg[i] = rho * square_avg[i] + (1.0f - rho) * g * g;
-        float std = sqrtf(square_avg[i] + eps);
-        float delta = sqrtf(delta_avg[i] + eps) / std * g;
-        delta_avg[i] = rho * delta_avg[i] + (1.0f - rho) * delta * delta;
-        param[i] -= lr * delta;
+        adadelta_element(param, gradient_at(grad, i, fusion), square_avg, delta_avg, i, &k);
         store_lowp(fusion, i, param[i]);
     }
     return UMT_OK;
@@ -200,33 +222,67 @@ umt_status umt_cpu_adadelta_update(float *param, const float *grad, float *squar
                                          (umt_update_fusion){0});
 }
 
-/* The multi-tensor update is, by definition, the per-tensor updates one after another. */
+/* One tensor's update over its elements [first, end): the fused kernel on that stretch. */
+static umt_status update_stretch(const umt_update_tensor *x, umt_update_rule rule, umt_update_fusion fusion,
+                                 int64_t first, int64_t end) {
+    const float *grad = x->grad ? x->grad + first : NULL;
+    float *param = x->param + first, *s0 = x->state0 ? x->state0 + first : NULL;
+    float *s1 = x->state1 ? x->state1 + first : NULL;
+    switch (rule.kind) {
+    case UMT_OPT_SGD:
+        return umt_cpu_sgd_update_fused(param, grad, s0, end - first, rule.lr, rule.momentum, rule.weight_decay,
+                                        fusion);
+    case UMT_OPT_ADAM:
+    case UMT_OPT_ADAMW:
+        return umt_cpu_adam_update_fused(param, grad, s0, s1, end - first, rule.lr, rule.beta1, rule.beta2, rule.eps,
+                                         rule.weight_decay, rule.decoupled, rule.step, fusion);
+    case UMT_OPT_ADADELTA:
+        return umt_cpu_adadelta_update_fused(param, grad, s0, s1, end - first, rule.lr, rule.rho, rule.eps,
+                                             rule.weight_decay, fusion);
+    default: return umt_fail(UMT_ERR_INVALID_ARGUMENT, "multi_update: kind %d", (int)rule.kind);
+    }
+}
+
+typedef struct {
+    const umt_update_tensor *tensors;
+    int count;
+    umt_update_rule rule;
+    umt_update_fusion common;
+} multi_update_job;
+
+/* Part `part` of every tensor: each element's update is its own, so the split changes no bit. */
+static void multi_update_part(void *arg, int part, int parts) {
+    const multi_update_job *job = arg;
+    for (int i = 0; i < job->count; ++i) {
+        int64_t first, end;
+        umt_cpu_part_range(job->tensors[i].n, 16, part, parts, &first, &end);
+        /* Cannot fail: umt_cpu_multi_update made each call with these arguments first. */
+        if (first < end) (void)update_stretch(&job->tensors[i], job->rule, job->common, first, end);
+    }
+}
+
+/* The multi-tensor update is, by definition, the per-tensor updates one after another. On the CPU
+ * backend's threads when no tensor has a low-precision copy (whose layout may reorder elements:
+ * the CPU context has none): each part takes a stretch of every tensor. */
 umt_status umt_cpu_multi_update(const umt_update_tensor *tensors, int count, umt_update_rule rule,
                                 umt_update_fusion common) {
-    for (int i = 0; i < count; ++i) {
-        const umt_update_tensor *x = &tensors[i];
-        umt_update_fusion fusion = common;
-        fusion.lowp = x->lowp;
-        fusion.lowp_channels = x->lowp_channels;
-        fusion.lowp_pixels = x->lowp_pixels;
-        switch (rule.kind) {
-        case UMT_OPT_SGD:
-            UMT_TRY(umt_cpu_sgd_update_fused(x->param, x->grad, x->state0, x->n, rule.lr, rule.momentum,
-                                             rule.weight_decay, fusion));
-            break;
-        case UMT_OPT_ADAM:
-        case UMT_OPT_ADAMW:
-            UMT_TRY(umt_cpu_adam_update_fused(x->param, x->grad, x->state0, x->state1, x->n, rule.lr, rule.beta1,
-                                              rule.beta2, rule.eps, rule.weight_decay, rule.decoupled, rule.step,
-                                              fusion));
-            break;
-        case UMT_OPT_ADADELTA:
-            UMT_TRY(umt_cpu_adadelta_update_fused(x->param, x->grad, x->state0, x->state1, x->n, rule.lr, rule.rho,
-                                                  rule.eps, rule.weight_decay, fusion));
-            break;
-        default: return umt_fail(UMT_ERR_INVALID_ARGUMENT, "multi_update: kind %d", (int)rule.kind);
+    bool copies = common.lowp || common.grad_bf16;
+    int64_t elements = 0;
+    for (int i = 0; i < count; ++i) copies = copies || tensors[i].lowp, elements += tensors[i].n;
+    if (copies) {
+        for (int i = 0; i < count; ++i) {
+            umt_update_fusion fusion = common;
+            fusion.lowp = tensors[i].lowp;
+            fusion.lowp_channels = tensors[i].lowp_channels;
+            fusion.lowp_pixels = tensors[i].lowp_pixels;
+            UMT_TRY(update_stretch(&tensors[i], rule, fusion, 0, tensors[i].n));
         }
+        return UMT_OK;
     }
+    /* Each call's checks first, on no elements: a refusal comes before any update, as one thread's would. */
+    for (int i = 0; i < count; ++i) UMT_TRY(update_stretch(&tensors[i], rule, common, 0, 0));
+    multi_update_job job = {tensors, count, rule, common};
+    umt_cpu_parallel(umt_cpu_parts(elements, 1 << 15), multi_update_part, &job);
     return UMT_OK;
 }
 

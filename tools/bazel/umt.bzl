@@ -9,15 +9,16 @@ UMT_COPTS = [
     "-Werror",
 ]
 
-def umt_folder(name, srcs = [], hdrs = [], deps = [], **kwargs):
+def umt_folder(name, srcs = [], hdrs = [], deps = [], copts = [], **kwargs):
     """One folder's cc_library: its layer of umtrain, whose deps name only the folders it may call
     (a header of any other folder is absent from its compiles' sandbox). Its headers are exported
-    as :headers too, for the CUDA compiles (tools/bazel/cuda.bzl)."""
+    as :headers too, for the CUDA compiles (tools/bazel/cuda.bzl). copts: the folder's own flags,
+    after the shared ones."""
     native.cc_library(
         name = name,
         srcs = srcs,
         hdrs = hdrs,
-        copts = UMT_COPTS,
+        copts = UMT_COPTS + copts,
         deps = deps,
         visibility = ["//visibility:public"],
         **kwargs
