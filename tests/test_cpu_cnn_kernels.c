@@ -19,6 +19,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "tests/conv_shape.h"
 #include "umtrain.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -63,14 +64,6 @@ static void assert_error_mentions(const char *text) {
 
 /* ------------------------------------------------------------------------------------------ */
 /* Convolution against the direct definition                                                   */
-
-static umt_conv_shape conv_shape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r, int64_t s,
-                                 int64_t stride, int64_t pad) {
-    umt_conv_shape t = {.n = n, .c = c, .h = h, .w = w, .k = k, .r = r, .s = s, .stride = stride, .pad = pad};
-    t.p = (h + 2 * pad - r) / stride + 1;
-    t.q = (w + 2 * pad - s) / stride + 1;
-    return t;
-}
 
 /* Index helpers for the three tensors of a convolution. */
 #define X_AT(t, img, ci, iy, ix) ((((img) * (t).c + (ci)) * (t).h + (iy)) * (t).w + (ix))

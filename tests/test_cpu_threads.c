@@ -24,6 +24,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/threads.h"
+#include "tests/conv_shape.h"
 #include "umtrain.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -113,14 +114,6 @@ static void test_gemm_gives_the_same_bits_at_1_2_and_3_threads(void **state) {
 
 /* ------------------------------------------------------------------------------------------ */
 /* Convolutions                                                                                */
-
-static umt_conv_shape conv_shape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r, int64_t s,
-                                 int64_t stride, int64_t pad) {
-    umt_conv_shape t = {.n = n, .c = c, .h = h, .w = w, .k = k, .r = r, .s = s, .stride = stride, .pad = pad};
-    t.p = (h + 2 * pad - r) / stride + 1;
-    t.q = (w + 2 * pad - s) / stride + 1;
-    return t;
-}
 
 /* y, dx (accumulated onto dx0) and dw (onto dw0) of one shape at `threads` threads. */
 typedef struct {
