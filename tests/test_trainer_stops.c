@@ -188,7 +188,7 @@ static void test_sigterm_stops_after_the_step_with_status_143(void **state) {
     expect_no_text(out, "test accuracy");
 }
 
-/* Steps of about a second (a wide layer, a large batch): the second Ctrl-C comes mid-step. */
+/* Long steps (a wide layer, a large batch): the second Ctrl-C comes mid-step. */
 static void test_a_second_ctrl_c_ends_the_run_at_once(void **state) {
     (void)state;
     static char out[65536];
