@@ -125,6 +125,11 @@ static void collect(const model *m, mb_result *out) {
     out->grad_ready_calls = m->grad_ready_calls;
 }
 
+/* Step s takes every sample, in an order of its own. */
+static void step_order(int s, int64_t order[MB_SAMPLES]) {
+    for (int i = 0; i < MB_SAMPLES; ++i) order[i] = (i * (5 + 2 * s) + 3 * s) % MB_SAMPLES;
+}
+
 void mb_train(const mb_run *run, const char *folder, mb_result *out) {
     model m = {.run = run};
     build(&m, run, folder);
@@ -132,8 +137,7 @@ void mb_train(const mb_run *run, const char *folder, mb_result *out) {
     check(umt_step_graph_create(m.ctx, run->graph, &graph), "umt_step_graph_create");
     int64_t order[MB_SAMPLES];
     for (int s = 0; s < MB_STEPS; ++s) {
-        /* Each step takes every sample, in an order of its own. */
-        for (int i = 0; i < MB_SAMPLES; ++i) order[i] = (i * (5 + 2 * s) + 3 * s) % MB_SAMPLES;
+        step_order(s, order);
         check(umt_step_graph_run(graph, step, &m, order, sizeof order), "umt_step_graph_run");
         double mean = 0;
         int64_t steps = 0;
@@ -250,7 +254,7 @@ void mb_train_grouped(const mb_run *runs, int count, const char *folder, mb_resu
     umt_step_group *group = NULL;
     check(umt_step_group_create(graphs, count, &group), "umt_step_group_create");
     for (int s = 0; s < MB_STEPS; ++s) {
-        for (int i = 0; i < MB_SAMPLES; ++i) order[i] = (i * (5 + 2 * s) + 3 * s) % MB_SAMPLES; /* as mb_train */
+        step_order(s, order);
         check(umt_step_group_run(group, step, users, inputs, bytes), "umt_step_group_run");
         for (int i = 0; i < count; ++i) {
             double mean = 0;

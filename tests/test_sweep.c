@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "tests/run_program.h"
+#include "tests/scratch.h"
 #include "tests/synthetic_mnist.h"
 
 enum { TRAIN_N = 96, TEST_N = 40 };
@@ -21,28 +22,23 @@ enum { TRAIN_N = 96, TEST_N = 40 };
 #define SHORT "--device cpu --epochs 2 --train-limit 48 --batch-size 16"
 
 static const char *sweep_binary;
-static char dir[64];
 
 static int setup(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/umt_sweep_XXXXXX");
-    if (!mkdtemp(dir)) return -1;
-    return synthetic_mnist_write(dir, "train", TRAIN_N, SYNTHETIC_STRIPES) ||
-                   synthetic_mnist_write(dir, "t10k", TEST_N, SYNTHETIC_STRIPES)
+    return scratch_make("sweep") || synthetic_mnist_write(scratch_folder(), "train", TRAIN_N, SYNTHETIC_STRIPES) ||
+                   synthetic_mnist_write(scratch_folder(), "t10k", TEST_N, SYNTHETIC_STRIPES)
                ? -1
                : 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    char command[128], out[256];
-    snprintf(command, sizeof command, "rm -rf %s", dir);
-    return run_program(command, out, sizeof out);
+    return scratch_remove();
 }
 
 static void run_sweep(const char *args, char *out, size_t size) {
     char command[1024];
-    snprintf(command, sizeof command, "%s --data-dir %s " SHORT " %s", sweep_binary, dir, args);
+    snprintf(command, sizeof command, "%s --data-dir %s " SHORT " %s", sweep_binary, scratch_folder(), args);
     int status = run_program(command, out, size);
     print_message("$ %s\n%s", command, out);
     assert_int_equal(status, 0);
@@ -82,7 +78,7 @@ static void test_lists_of_other_lengths_are_refused_naming_them(void **state) {
     (void)state;
     char command[512], out[4096];
     snprintf(command, sizeof command, "%s --data-dir %s " SHORT " --sweep-seeds 1,2,3 --sweep-lr 0.1,0.2",
-             sweep_binary, dir);
+             sweep_binary, scratch_folder());
     assert_int_equal(run_program(command, out, sizeof out), 2);
     assert_non_null(strstr(out, "a list of 2 values in a sweep of 3 configurations (expected 1 or 3)"));
 }

@@ -310,19 +310,24 @@ static umt_status wait_filled(umt_loader *l, int slot, int64_t batch) {
 }
 
 /* The slot's batch into new arena tensors, queued on the compute stream after its copy. */
-static umt_status take_slot(umt_loader *l, int slot, int64_t count, umt_tensor **images, umt_tensor **labels) {
+/* count samples' images and labels at device (a slot's layout) into new tensors of the step. */
+static umt_status batch_tensors(umt_loader *l, const char *device, int64_t count, umt_tensor **images,
+                                umt_tensor **labels) {
     const int64_t *chw = l->samples->chw;
     umt_tensor *x = umt_tensor_alloc(l->ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 4, (int64_t[]){count, chw[0], chw[1], chw[2]});
     umt_tensor *y = x ? umt_tensor_alloc(l->ctx, UMT_POOL_ACTIVATIONS, UMT_I32, 1, (int64_t[]){count}) : NULL;
     if (!y) return umt_last_status();
-    UMT_TRY(umt_staging_acquire(l->staging, slot));
-    const char *device = umt_staging_device(l->staging, slot);
     UMT_TRY(umt_kernels(l->ctx)->f32.copy(x->data, device, x->bytes));
     UMT_TRY(umt_kernels(l->ctx)->f32.copy(y->data, device + l->labels_offset, y->bytes));
-    UMT_TRY(umt_staging_release(l->staging, slot));
     *images = x;
     *labels = y;
     return UMT_OK;
+}
+
+static umt_status take_slot(umt_loader *l, int slot, int64_t count, umt_tensor **images, umt_tensor **labels) {
+    UMT_TRY(umt_staging_acquire(l->staging, slot));
+    UMT_TRY(batch_tensors(l, umt_staging_device(l->staging, slot), count, images, labels));
+    return umt_staging_release(l->staging, slot);
 }
 
 /* The next batch's slot, filled (*slot -1 at the end of the epoch); handed out by handed_out. */
@@ -402,16 +407,7 @@ umt_status umt_loader_take_held(umt_loader *l, umt_tensor **images, umt_tensor *
     if (labels) *labels = NULL;
     if (!l || !images || !labels)
         return umt_fail_null("umt_loader_take_held", !l ? "loader" : !images ? "images" : "labels");
-    if (!l->held_count) return UMT_OK;
-    const int64_t *chw = l->samples->chw, n = l->held_count;
-    umt_tensor *x = umt_tensor_alloc(l->ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 4, (int64_t[]){n, chw[0], chw[1], chw[2]});
-    umt_tensor *y = x ? umt_tensor_alloc(l->ctx, UMT_POOL_ACTIVATIONS, UMT_I32, 1, (int64_t[]){n}) : NULL;
-    if (!y) return umt_last_status();
-    UMT_TRY(umt_kernels(l->ctx)->f32.copy(x->data, l->held, x->bytes));
-    UMT_TRY(umt_kernels(l->ctx)->f32.copy(y->data, l->held + l->labels_offset, y->bytes));
-    *images = x;
-    *labels = y;
-    return UMT_OK;
+    return l->held_count ? batch_tensors(l, l->held, l->held_count, images, labels) : UMT_OK;
 }
 
 umt_status umt_loader_take_stats(umt_loader *l, umt_loader_stats *out) {
