@@ -796,7 +796,8 @@ umt_status umt_step_group_create(umt_step_graph *const *graphs, int count, umt_s
 /* One step of every member i: step(its context, users[i], inputs[i], input_bytes[i]). No host wait. */
 umt_status umt_step_group_run(umt_step_group *group, umt_step_fn step, void *const *users,
                               const void *const *inputs, const size_t *input_bytes);
-/* The group's own counts: eager steps of all members, replays, captures (all 0 for NULL). */
+/* The group's own counts: steps its members ran eagerly together, replays, captures (all 0 for
+ * NULL); each member's own are its graph's (umt_step_graph_stats_get). */
 umt_step_graph_stats umt_step_group_stats_get(const umt_step_group *group);
 /* Why each member runs its own step graph (NULL while the group captures, and for NULL). */
 const char *umt_step_group_off_reason(const umt_step_group *group);

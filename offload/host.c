@@ -183,9 +183,12 @@ static umt_status job_of(umt_offload *o, umt_tensor *p, umt_offload_host_job **o
  * on pinned memory in this driver), the streamed parameters are updated through the ring from now
  * on, said once: the run goes on. */
 static bool queue_started(umt_offload *o) {
-    if (!o->host_update && cudaStreamCreateWithFlags((cudaStream_t *)&o->host_update, cudaStreamNonBlocking))
-        return false; /* the next CUDA call reports it */
-    if (umt_offload_queue_start(o, SPARE_CORES) == UMT_OK) return true;
+    cudaError_t made = cudaSuccess;
+    if (!o->host_update) made = cudaStreamCreateWithFlags((cudaStream_t *)&o->host_update, cudaStreamNonBlocking);
+    umt_status st = made == cudaSuccess ? umt_offload_queue_start(o, SPARE_CORES)
+                                        : umt_fail(UMT_ERR_DEVICE, "offload: no stream for the CPU's updates: %s",
+                                                   cudaGetErrorString(made));
+    if (st == UMT_OK) return true;
     fprintf(stderr, "offload: updates in backward stay on the GPU: %s\n", umt_last_error());
     o->options.host_updates = 0;
     o->host_searching = false;
