@@ -77,6 +77,7 @@ void umt_context_destroy(umt_context *ctx) {
     ctx->memory.trace = NULL;
     umt_step_values_release(ctx);
     umt_micro_batch_release(ctx);
+    umt_branch_release(ctx);
     /* The device's stream may still be using pool memory: stop it first. */
     umt_device_stop(ctx);
     umt_memory_release(&ctx->memory);
@@ -253,15 +254,19 @@ bool umt_set_training(umt_context *ctx, bool training) {
     return previous;
 }
 
-umt_status umt_context_workspace(umt_context *ctx, size_t bytes, void **out) {
-    if (bytes > ctx->conv_workspace_bytes) {
+umt_status umt_context_workspace_block(umt_context *ctx, void **block, size_t *have, size_t bytes, void **out) {
+    if (bytes > *have) {
         /* Freeing device memory waits for the device, so no queued kernel still uses the old block. */
-        umt_memory_free(&ctx->memory, UMT_POOL_WORKSPACE, ctx->conv_workspace);
-        ctx->conv_workspace = NULL;
-        ctx->conv_workspace_bytes = 0;
-        UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_WORKSPACE, bytes, &ctx->conv_workspace));
-        ctx->conv_workspace_bytes = bytes;
+        umt_memory_free(&ctx->memory, UMT_POOL_WORKSPACE, *block);
+        *block = NULL;
+        *have = 0;
+        UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_WORKSPACE, bytes, block));
+        *have = bytes;
     }
-    *out = ctx->conv_workspace;
+    *out = *block;
     return UMT_OK;
+}
+
+umt_status umt_context_workspace(umt_context *ctx, size_t bytes, void **out) {
+    return umt_context_workspace_block(ctx, &ctx->conv_workspace, &ctx->conv_workspace_bytes, bytes, out);
 }

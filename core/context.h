@@ -7,6 +7,7 @@
 #include <stdbool.h>
 
 #include "core/base/rng.h"
+#include "core/branch.h"
 #include "core/hooks.h"
 #include "core/micro_batch.h"
 #include "core/step_values.h"
@@ -43,6 +44,7 @@ struct umt_context {
     double timer_start_s; /* umt_timer_start's clock reading (CPU) */
     void *conv_workspace; /* one growing block of the workspace pool, shared by conv calls */
     size_t conv_workspace_bytes;
+    umt_branch_state branch; /* weight gradients on the side stream (core/branch.h) */
     umt_step_values values; /* the step's host values on their way to the kernels */
     size_t shared_dataset_bytes; /* datasets this context reads from another's pool (umt_dataset_share) */
     umt_owned *owned;
@@ -58,6 +60,7 @@ struct umt_context {
      * without backing (memory/dry.h), and the largest tensor made is measured, in elements and
      * in bytes. */
     bool dry;
+    bool dry_hooked_in_backward; /* the real step's umt_hooks_in_backward, which a dry step hides */
     int64_t dry_largest_numel;
     size_t dry_largest_bytes;
 };
@@ -75,8 +78,11 @@ static inline const umt_backend *umt_kernels(const umt_context *ctx) {
 }
 
 /* Scratch of at least bytes from the workspace pool, valid until the next call (ops run in
- * order on one stream, so one block serves them all). */
+ * order on one stream, so one block serves them all; the side stream has its own,
+ * umt_branch_workspace). */
 umt_status umt_context_workspace(umt_context *ctx, size_t bytes, void **out);
+/* The growing block behind both: *block of *have bytes, replaced by one of bytes when smaller. */
+umt_status umt_context_workspace_block(umt_context *ctx, void **block, size_t *have, size_t bytes, void **out);
 
 /* Registers object to be destroyed with the context; umt_context_disown removes it. */
 umt_status umt_context_own(umt_context *ctx, void *object, void (*destroy)(void *object));

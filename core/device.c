@@ -13,8 +13,6 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "memory/budget.h"
 
-/* cuBLAS wants 32 MiB of workspace on Hopper for its fastest kernels. */
-#define UMT_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 #endif
 
 umt_status umt_device_parse(const char *name, umt_device *out) {
@@ -47,8 +45,9 @@ static umt_status start_cuda(umt_context *ctx) {
     void *workspace = NULL, *scratch = NULL;
     UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_WORKSPACE, UMT_CUBLAS_WORKSPACE_BYTES, &workspace));
     UMT_TRY(umt_memory_alloc(&ctx->memory, UMT_POOL_WORKSPACE, umt_cuda_scratch_bytes(), &scratch));
-    UMT_TRY(umt_cuda_state_create(device, workspace, UMT_CUBLAS_WORKSPACE_BYTES, scratch, umt_cuda_scratch_bytes(),
-                                  &ctx->cuda));
+    /* The side stream for weight gradients (core/branch.h), unless every kernel stays on one. */
+    UMT_TRY(umt_cuda_state_create(device, workspace, UMT_CUBLAS_WORKSPACE_BYTES, !ctx->options.one_stream, scratch,
+                                  umt_cuda_scratch_bytes(), &ctx->cuda));
     umt_cuda_state_set_tf32(ctx->cuda, ctx->options.tf32);
     ctx->memory.stream = umt_cuda_compute_stream();
     ctx->backend = umt_cuda_backend();

@@ -52,6 +52,16 @@ bool umt_hooks_update_parameters(const umt_context *ctx) {
     return false;
 }
 
+bool umt_hooks_in_backward(const umt_context *ctx) {
+    for (int i = 0; i < ctx->hooks.count; ++i) {
+        const umt_hooks *h = ctx->hooks.list[i].hooks;
+        if (h->zero_grad || h->before_op_backward || h->after_op_backward || h->gradient_ready || h->after_backward ||
+            h->updates_parameter)
+            return true;
+    }
+    return false;
+}
+
 bool umt_hooks_collective(const umt_context *ctx) {
     for (int i = 0; i < ctx->hooks.count; ++i)
         if (ctx->hooks.list[i].hooks->graph_agree) return true;

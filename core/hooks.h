@@ -102,6 +102,10 @@ void *umt_hooks_self(const umt_context *ctx, const umt_hooks *hooks);
 int umt_hooks_gradient_subscribers(const umt_context *ctx);
 /* Whether any registered table updates parameters (updates_parameter). */
 bool umt_hooks_update_parameters(const umt_context *ctx);
+/* Whether any registered table takes part in backward or in the gradients (zero_grad, the op
+ * backward events, gradient_ready, after_backward, updates_parameter): core/branch.h keeps every
+ * kernel on the compute stream then. */
+bool umt_hooks_in_backward(const umt_context *ctx);
 
 /* The events, as the core raises them: each calls every subscribed table in registration order
  * and stops at the first failure. */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "core/base/error.h"
+#include "core/branch.h"
 #include "core/context.h"
 #include "core/hooks.h"
 #include "core/micro_batch.h"
@@ -33,7 +34,7 @@ umt_status umt_tape_record(umt_context *ctx, const char *op, umt_backward_fn bac
     for (int i = 0; i < count; ++i) {
         node->inputs[i] = inputs[i];
         /* Counted so that backward knows when a parameter's last contribution has arrived. */
-        if (inputs[i]->is_parameter) inputs[i]->pending_uses++;
+        if (inputs[i]->is_parameter) inputs[i]->pending_uses++, inputs[i]->tape_uses++;
     }
     /* A subsystem may act on what the op read now (the offload tier sends it to host memory). */
     return umt_hooks_op_recorded(ctx, tape->count - 1);
@@ -63,6 +64,8 @@ void umt_forward_trace_begin(umt_context *ctx) {
 }
 
 umt_status umt_step_release(umt_context *ctx) {
+    /* A backward that failed may have left work on the side stream (core/branch.h). */
+    UMT_TRY(umt_branch_join(ctx));
     umt_tape_clear(&ctx->tape);
     ctx->step_loss = NULL;
     /* The previous step's activations, views and activation gradients all go at once. */
@@ -71,7 +74,7 @@ umt_status umt_step_release(umt_context *ctx) {
         ctx->step_tensors = t->next;
         free(t);
     }
-    for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->pending_uses = 0;
+    for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->pending_uses = ctx->parameters[i]->tape_uses = 0;
     UMT_TRY(umt_memory_reset(&ctx->memory, UMT_POOL_ACTIVATIONS));
     return umt_memory_reset(&ctx->memory, UMT_POOL_WORKSPACE);
 }
@@ -189,12 +192,16 @@ umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *se
             if (st == UMT_OK) st = node->backward(ctx, node);
             umt_trace_end(ctx->memory.trace, ctx->memory.stream, begin, node->op, "backward", UMT_TRACE_COMPUTE, 0);
             if (st != UMT_OK) return umt_fail(st, "umt_backward: %s: %s", node->op, umt_last_error());
-            /* Every consumer of this output ran before its producer: its gradient is done. */
-            umt_memory_end_of_life(&ctx->memory, UMT_POOL_ACTIVATIONS, node->output->grad->arena_slot);
+            /* Every consumer of this output ran before its producer: its gradient is done (once
+             * the side stream, if the node sent work there, has read it: core/branch.h). */
+            umt_branch_end_of_life(ctx, node->output->grad->arena_slot);
         }
         UMT_TRY(announce_finished_parameters(ctx, node));
         UMT_TRY(umt_hooks_after_op_backward(ctx, n));
     }
+    /* The weight gradients made beside are done before anything reads them. */
+    UMT_TRY(umt_branch_join(ctx));
+    for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->tape_uses = 0;
     /* The tape has been consumed: a second backward needs a new forward. */
     umt_tape_clear(&ctx->tape);
     UMT_TRY(umt_micro_batch_after_backward(ctx, loss));

@@ -34,6 +34,7 @@ struct umt_tensor {
     umt_tensor *lowp;   /* parameters under bf16/fp16 precision: the compute copy (weights pool), which
                          * the optimizer's update kernel rewrites from the fp32 master; else NULL */
     int pending_uses;   /* parameters: tape uses whose backward has not run yet this step */
+    int tape_uses;      /* parameters: uses on the tape since the last backward (core/branch.h) */
     int arena_slot;     /* activations: the allocation's slot in the arena plan (memory/plan.h) */
     umt_pool kind_pool; /* the pool its kind belongs to; pool differs where a subsystem holds it (core/hooks.h) */
     umt_tensor *owner;  /* gradients and optimizer state: their parameter */

@@ -154,7 +154,11 @@ static umt_status make_buckets(umt_engine *e, const umt_bucket_plan *plan) {
 
 static umt_status create(umt_engine *e, const umt_dist_process *process, const umt_dist_options *options,
                          const umt_bucket_plan *plan) {
-    UMT_CUDA_TRY(cudaStreamCreateWithFlags(&e->communication, cudaStreamNonBlocking));
+    /* The highest priority: a bucket's all-reduce (a few blocks) starts as soon as its gradients
+     * are in, not after the compute stream's queued kernels (kernels/cuda/backend.cu). */
+    int least, greatest;
+    UMT_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    UMT_CUDA_TRY(cudaStreamCreateWithPriority(&e->communication, cudaStreamNonBlocking, greatest));
     UMT_TRY(make_communicator(e, process, options));
     UMT_TRY(broadcast_model(e));
     UMT_TRY(make_buckets(e, plan));

@@ -83,7 +83,7 @@ typedef struct {
     umt_memory_mode memory_mode;
     int log_every, bench_steps, gpus;
     int grad_accum; /* micro-batches of batch_size per step (1: the batch whole) */
-    bool fuse, graph, allow_nonfinite, dry_run, tf32;
+    bool fuse, graph, overlap, allow_nonfinite, dry_run, tf32;
     example_input_flags input;
     umt_dist_options dist;
     umt_nonfinite_policy on_nonfinite;
@@ -96,7 +96,7 @@ static void usage(FILE *out) {
                  "                 [--test-limit N] [--log-every N] [--save PATH] [--resume PATH [--allow-nonfinite]]\n"
                  "                 [--bench STEPS] [--grad-accum N] [--metrics PATH]\n"
                  "                 [--precision fp32|bf16|fp16] [--clip-grad-norm F] [--target-acc PERCENT]\n"
-                 "                 [--fuse on|off] [--graph on|off] [--dry-run] [--tf32]\n"
+                 "                 [--fuse on|off] [--graph on|off] [--overlap on|off] [--dry-run] [--tf32]\n"
                  EXAMPLE_NONFINITE_USAGE
                  EXAMPLE_INPUT_USAGE
                  "                 [--gpus N] [--bucket-mb F|auto] [--reduce f32|bf16] [--dist-timeout SECONDS]\n"
@@ -115,6 +115,8 @@ static void usage(FILE *out) {
                  "          as micro-batches with the whole batch's gradients; --dry-run prints the plan and exits.\n"
                  "          --grad-accum N: each step runs N micro-batches of --batch-size and updates once\n"
                  "          (batch norm would keep per-micro-batch statistics; this network has none).\n"
+                 "          --overlap off (GPU): every kernel on one stream; on (the default), each layer's weight\n"
+                 "          gradient runs on a second stream beside its input gradient (the same results).\n"
                  "          --tf32 (fp32 on a GPU): the convolutions may run on TF32 tensor cores (10-bit mantissas),\n"
                  "          as PyTorch's default allows; without it fp32 means fp32 arithmetic.\n"
                  "          --metrics PATH: a line per progress line and per evaluation, as JSON Lines, appended to\n"
@@ -177,6 +179,7 @@ static int parse_flag(options *o, const char *flag, const char *value) {
     /* --fuse: each layer with its ReLU as one op, log-softmax with NLL as one (mnist_cnn_model.h). */
     else if (!strcmp(flag, "--fuse")) bad = parse_on_off(flag, value, &o->fuse);
     else if (!strcmp(flag, "--graph")) bad = parse_on_off(flag, value, &o->graph);
+    else if (!strcmp(flag, "--overlap")) bad = parse_on_off(flag, value, &o->overlap);
     else if (!strcmp(flag, "--device")) bad = example_check(program, umt_device_parse(value, &o->device)), o->device_set = true;
     else if (!strcmp(flag, "--mem")) bad = example_check(program, umt_memory_mode_parse(value, &o->memory_mode));
     else if (!strcmp(flag, "--clip-grad-norm")) bad = example_number(program, flag, value, 1e-9, 1e9, &v), o->clip_grad_norm = (float)v;
@@ -201,7 +204,7 @@ static int parse_options(int argc, char **argv, options *o) {
      * which a forked rank could then no longer use. */
     *o = (options){.epochs = 5, .batch_size = 64, .test_batch_size = 1000, .gamma = 0.7f,
                    .optimizer = "adadelta", .data_dir = "data/mnist", .seed = 1, .memory_mode = UMT_MEM_MANAGED,
-                   .log_every = 100, .gpus = 1, .grad_accum = 1, .fuse = true, .graph = true, .input = example_input_defaults(),
+                   .log_every = 100, .gpus = 1, .grad_accum = 1, .fuse = true, .graph = true, .overlap = true, .input = example_input_defaults(),
                    .dist = umt_dist_defaults(), .on_nonfinite = UMT_NONFINITE_STOP};
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -686,6 +689,7 @@ static int setup(run_state *r, const options *o, const umt_dist_process *process
     co.precision = umt_precision_default(o->device, co.cuda_device);
     if (o->precision && example_check(program, umt_precision_parse(o->precision, &co.precision))) return -1;
     co.tf32 = o->tf32;
+    co.one_stream = !o->overlap;
     if (example_check(program, umt_context_create(&co, &r->ctx))) return -1;
     /* The tier before anything is made: the model's state is then made in host memory. */
     if (offload && example_offload_on(program, r->ctx)) return -1;

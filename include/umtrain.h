@@ -169,6 +169,10 @@ typedef struct {
     bool tf32;                   /* CUDA, fp32: convolutions may run on TF32 tensor cores (10-bit
                                   * mantissas), as PyTorch's default allows (cudnn.allow_tf32; its
                                   * matrix products stay fp32, as here); false: fp32 arithmetic */
+    bool one_stream;             /* CUDA: every kernel of a step on one stream. false (the default):
+                                  * a layer's weight gradient runs on a second stream beside its
+                                  * input gradient (the same kernels, the same bits; 32 MiB more
+                                  * workspace for that stream's cuBLAS) */
 } umt_context_options;
 
 /* Options with defaults: umt_default_device(), seed 1, managed memory, GPU 0, fp32. */

@@ -3,9 +3,9 @@
  *
  * Ops (core/ops/) check shapes, allocate outputs from the pools and record the tape; then
  * they call a kernel of the context's table on raw pointers: ctx->backend->f32.gemm(...). The
- * slots come in three groups: the f32 reference, which the CPU table (kernels/cpu/) fills and
- * which is the readable reference; low precision; fused fast paths. The CUDA table
- * (kernels/cuda/) fills all three. All tensors are row-major and contiguous; float means f32
+ * slots come in four groups: the f32 reference, which the CPU table (kernels/cpu/) fills and
+ * which is the readable reference; low precision; fused fast paths; a second stream for weight
+ * gradients (core/branch.h). The CUDA table (kernels/cuda/) fills all four. All tensors are row-major and contiguous; float means f32
  * unless a dtype is passed.
  *
  * Naming: `x_backward` kernels ACCUMULATE into the input gradient (dx += ...), because a
@@ -282,12 +282,29 @@ typedef struct {
                                               size_t workspace_bytes);
 } umt_backend_fused;
 
-/* The table an op calls through ctx->backend: one per device, its slots in three groups. */
+/* --- Group 4, a second stream (core/branch.c): a layer's weight gradient runs on it, beside
+ *     the input gradient on the compute stream. The CUDA backend fills it; the CPU, whose kernels
+ *     run one after another, leaves it empty, and the ops then run everything in order. --- */
+typedef struct {
+    /* What is launched from here on runs on the side stream, after everything queued so far
+     * on the compute stream. Only convolutions' and products' weight gradients go there: the
+     * side has its own cuBLAS handle, whose workspace the caller gives when products follow
+     * (cublas_workspace of bytes; NULL when none do), and the caller gives the convolutions
+     * their own workspace; our kernels' scratch is not shared with it. */
+    umt_status (*branch_begin)(void *cublas_workspace, size_t bytes);
+    /* Back to the compute stream; the side's work so far may still be running. */
+    umt_status (*branch_end)(void);
+    /* The compute stream waits for everything launched on the side stream so far. */
+    umt_status (*branch_join)(void);
+} umt_backend_streams;
+
+/* The table an op calls through ctx->backend: one per device, its slots in four groups. */
 typedef struct umt_backend {
     const char *name;
     umt_backend_f32 f32;
     umt_backend_lowp lowp;
     umt_backend_fused fused;
+    umt_backend_streams streams;
 } umt_backend;
 
 /* Dropout's draw for element i: a counter-based hash of (seed, i) -> uniform in [0, 1),

@@ -158,6 +158,14 @@ static umt_status conv2d_relu_backward_filter(const umt_conv_shape *shape, const
                                               size_t workspace_bytes) NOTHING
 
 /* ----------------------------------------------------------------------------------------- */
+/* Group 4: the second stream (kept, so that a dry step takes the branch's workspace as a real
+ * step does) */
+
+static umt_status branch_begin(void *cublas_workspace, size_t bytes) NOTHING
+static umt_status branch_end(void) NOTHING
+static umt_status branch_join(void) NOTHING
+
+/* ----------------------------------------------------------------------------------------- */
 /* The table */
 
 /* slot = the no-op where the real table has the slot, else NULL (the op then takes the path it
@@ -244,4 +252,8 @@ void umt_backend_dry(const umt_backend *real, umt_backend *out) {
     out->fused.conv2d_relu_supports = real->fused.conv2d_relu_supports;
     DRY(fused, conv2d_relu_forward, conv2d_relu_forward);
     DRY(fused, conv2d_relu_backward_filter, conv2d_relu_backward_filter);
+
+    DRY(streams, branch_begin, branch_begin);
+    DRY(streams, branch_end, branch_end);
+    DRY(streams, branch_join, branch_join);
 }

@@ -1,4 +1,5 @@
 /* core/ops/conv.c — 2-D convolution (with bias, and fused with a ReLU), forward and backward. */
+#include "core/branch.h"
 #include "core/ops/ops.h"
 
 /* The backend's view of x (*) w with the given stride and padding. */
@@ -36,6 +37,26 @@ static umt_status check_conv(const umt_context *ctx, const char *op, const umt_t
     return UMT_OK;
 }
 
+/* dw += the weight gradient, on the side stream beside the input gradient where the branch
+ * takes it (core/branch.h); false in *left when done there, so the caller makes it in order. */
+static umt_status weight_gradient_beside(umt_context *ctx, const umt_conv_shape *s, const umt_tensor *x,
+                                         const umt_tensor *w, const void *dx, const void *dy, float *dw, size_t bytes,
+                                         bool *left) {
+    *left = dw != NULL;
+    double flops = 2.0 * (double)(s->n * s->p * s->q) * (double)(s->k * s->c * s->r * s->s);
+    if (!dw || !umt_branch_takes(ctx, w, dx, flops)) return UMT_OK;
+    void *workspace = NULL;
+    UMT_TRY(umt_branch_workspace(ctx, bytes, &workspace));
+    const umt_backend *be = umt_kernels(ctx);
+    UMT_TRY(umt_branch_begin(ctx, false));
+    umt_status made = umt_dtype_is_lowp(s->dtype) ? be->lowp.conv2d_backward_filter(s, x->data, dy, dw, workspace, bytes)
+                                                  : be->f32.conv2d_backward_filter(s, x->data, dy, dw, workspace, bytes);
+    umt_status ended = umt_branch_end(ctx);
+    UMT_TRY(made);
+    *left = false;
+    return ended;
+}
+
 /* The gradients of x and w (and of the bias, if sum_bias) from the output's gradient; under
  * bf16/fp16 the tensors are NHWC, w is read as its compute copy, dw stays f32. */
 static umt_status conv_backward_from(umt_context *ctx, const umt_node *node, bool sum_bias) {
@@ -48,6 +69,10 @@ static umt_status conv_backward_from(umt_context *ctx, const umt_node *node, boo
     void *workspace = NULL;
     UMT_TRY(be->f32.conv2d_workspace_bytes(&s, &bytes));
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
+    /* First, so that the side starts from the point before the input gradient. */
+    bool left;
+    UMT_TRY(weight_gradient_beside(ctx, &s, x, w, dx, dy, dw, bytes, &left));
+    if (!left) dw = NULL;
     bool fresh = umt_input_grad_fresh(node, 0);
     if (umt_dtype_is_lowp(s.dtype)) {
         if (dx) UMT_TRY(be->lowp.conv2d_backward_data(&s, w->lowp->data, dy, dx, fresh, workspace, bytes));

@@ -1,4 +1,5 @@
 /* core/ops/matmul.c — matmul and linear (also fused with a ReLU), forward and backward, on the GEMM. */
+#include "core/branch.h"
 #include "core/ops/ops.h"
 
 /* What a product reads of operand t: a parameter's compute copy under bf16/fp16, else t. */
@@ -68,6 +69,32 @@ umt_tensor *umt_matmul(umt_context *ctx, umt_tensor *a, umt_tensor *b) {
 /* ----------------------------------------------------------------------------------------- */
 /* linear: y[B,out] = x[B,in] Wᵀ + bias, W [out,in] as PyTorch stores it */
 
+/* dW += dyᵀ x, on tensor cores under bf16/fp16 (dW stays f32). */
+static umt_status weight_product(umt_context *ctx, const umt_tensor *x, const umt_tensor *w, const umt_tensor *y,
+                                 void *dw) {
+    int64_t batch = x->shape[0], in = x->shape[1], out = w->shape[0];
+    if (umt_dtype_is_lowp(y->dtype))
+        return umt_kernels(ctx)->lowp.gemm(true, false, out, in, batch, 1.0f, y->grad->data, out, operand(x), in, 1.0f,
+                                           dw, in, y->dtype, w->grad->dtype);
+    return umt_kernels(ctx)->f32.gemm(true, false, out, in, batch, 1.0f, y->grad->data, out, x->data, in, 1.0f, dw, in);
+}
+
+/* weight_product on the side stream beside the input gradient where the branch takes it
+ * (core/branch.h), first, so that the side starts from the point before dx; else in order after
+ * dx. */
+static umt_status weight_product_beside(umt_context *ctx, const umt_tensor *x, const umt_tensor *w,
+                                        const umt_tensor *y, const void *dx, void *dw, bool *left) {
+    *left = dw != NULL;
+    double flops = 2.0 * (double)x->shape[0] * (double)x->shape[1] * (double)w->shape[0];
+    if (!dw || !umt_branch_takes(ctx, w, dx, flops)) return UMT_OK;
+    UMT_TRY(umt_branch_begin(ctx, true));
+    umt_status made = weight_product(ctx, x, w, y, dw);
+    umt_status ended = umt_branch_end(ctx);
+    UMT_TRY(made);
+    *left = false;
+    return ended;
+}
+
 static umt_status linear_backward_lp(umt_context *ctx, const umt_node *node, bool sum_bias) {
     const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
     int64_t batch = x->shape[0], in = x->shape[1], out = w->shape[0];
@@ -75,12 +102,12 @@ static umt_status linear_backward_lp(umt_context *ctx, const umt_node *node, boo
     void *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
     float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     float beta = umt_input_grad_fresh(node, 0) ? 0.0f : 1.0f; /* a fresh dx is written, not added to */
+    bool left;
+    UMT_TRY(weight_product_beside(ctx, x, w, y, dx, dw, &left));
     if (dx)
         UMT_TRY(umt_kernels(ctx)->lowp.gemm(false, false, batch, in, out, 1.0f, dy, out, operand(w), in, beta, dx, in,
                                       y->dtype, x->grad->dtype));
-    if (dw)
-        UMT_TRY(umt_kernels(ctx)->lowp.gemm(true, false, out, in, batch, 1.0f, dy, out, operand(x), in, 1.0f, dw, in,
-                                      y->dtype, w->grad->dtype));
+    if (left) UMT_TRY(weight_product(ctx, x, w, y, dw));
     if (dbias) UMT_TRY(umt_kernels(ctx)->lowp.sum_rows(y->dtype, dy, dbias, batch, out));
     return UMT_OK;
 }
@@ -95,8 +122,10 @@ static umt_status linear_backward_from(umt_context *ctx, const umt_node *node, b
     float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     /* dx += dy W (dx = when fresh) ; dW += dyᵀ x ; dbias += column sums of dy */
     float beta = umt_input_grad_fresh(node, 0) ? 0.0f : 1.0f;
+    bool left;
+    UMT_TRY(weight_product_beside(ctx, x, w, y, dx, dw, &left));
     if (dx) UMT_TRY(umt_kernels(ctx)->f32.gemm(false, false, batch, in, out, 1.0f, dy, out, w->data, in, beta, dx, in));
-    if (dw) UMT_TRY(umt_kernels(ctx)->f32.gemm(true, false, out, in, batch, 1.0f, dy, out, x->data, in, 1.0f, dw, in));
+    if (left) UMT_TRY(weight_product(ctx, x, w, y, dw));
     if (dbias) UMT_TRY(umt_kernels(ctx)->f32.sum_rows(dy, dbias, batch, out));
     return UMT_OK;
 }

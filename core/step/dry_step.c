@@ -21,14 +21,14 @@ typedef struct {
     umt_tape tape;
     umt_tensor *step_tensors, *run_tensors;
     bool grad_enabled, training;
-    void *conv_workspace;
-    size_t conv_workspace_bytes;
+    void *conv_workspace, *branch_workspace, *branch_cublas_workspace;
+    size_t conv_workspace_bytes, branch_workspace_bytes;
     /* per parameter: its gradient (a subsystem may leave it to backward to make), the compute
      * copy, its staleness and the tape's count of pending uses */
     struct parameter_state {
         umt_tensor *grad, *lowp;
         bool lowp_stale;
-        int pending_uses;
+        int pending_uses, tape_uses;
     } *parameters;
 } saved_context;
 
@@ -36,12 +36,15 @@ static umt_status enter(umt_context *ctx, saved_context *saved) {
     *saved = (saved_context){.backend = ctx->backend, .hooks = ctx->hooks, .rng = ctx->rng, .tape = ctx->tape,
                              .step_tensors = ctx->step_tensors, .run_tensors = ctx->run_tensors,
                              .grad_enabled = ctx->grad_enabled, .training = ctx->training,
-                             .conv_workspace = ctx->conv_workspace, .conv_workspace_bytes = ctx->conv_workspace_bytes};
+                             .conv_workspace = ctx->conv_workspace, .conv_workspace_bytes = ctx->conv_workspace_bytes,
+                             .branch_workspace = ctx->branch.workspace,
+                             .branch_workspace_bytes = ctx->branch.workspace_bytes,
+                             .branch_cublas_workspace = ctx->branch.cublas_workspace};
     saved->parameters = calloc((size_t)ctx->parameter_count + 1, sizeof *saved->parameters);
     if (!saved->parameters) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "dry step: no memory to keep the parameters aside");
     for (int i = 0; i < ctx->parameter_count; ++i) {
         const umt_tensor *p = ctx->parameters[i];
-        saved->parameters[i] = (struct parameter_state){p->grad, p->lowp, p->lowp_stale, p->pending_uses};
+        saved->parameters[i] = (struct parameter_state){p->grad, p->lowp, p->lowp_stale, p->pending_uses, p->tape_uses};
     }
     umt_status st = umt_memory_dry_begin(&ctx->memory, &saved->memory);
     if (st != UMT_OK) {
@@ -50,7 +53,9 @@ static umt_status enter(umt_context *ctx, saved_context *saved) {
     }
     umt_backend_dry(ctx->backend, &saved->dry_backend);
     ctx->backend = &saved->dry_backend;
-    ctx->hooks = (umt_hook_table){0}; /* no subsystem hears of a dry step */
+    /* No subsystem hears of a dry step; the weight gradients' stream still follows them (core/branch.h). */
+    ctx->dry_hooked_in_backward = umt_hooks_in_backward(ctx);
+    ctx->hooks = (umt_hook_table){0};
     ctx->tape = (umt_tape){0};
     ctx->step_tensors = NULL;
     ctx->dry = true;
@@ -84,6 +89,7 @@ static void leave(umt_context *ctx, saved_context *saved, umt_dry_result *out) {
         p->lowp = saved->parameters[i].lowp;
         p->lowp_stale = saved->parameters[i].lowp_stale;
         p->pending_uses = saved->parameters[i].pending_uses;
+        p->tape_uses = saved->parameters[i].tape_uses;
     }
     free(saved->parameters);
     ctx->backend = saved->backend;
@@ -96,6 +102,11 @@ static void leave(umt_context *ctx, saved_context *saved, umt_dry_result *out) {
     ctx->training = saved->training;
     ctx->conv_workspace = saved->conv_workspace;
     ctx->conv_workspace_bytes = saved->conv_workspace_bytes;
+    ctx->branch.workspace = saved->branch_workspace;
+    ctx->branch.workspace_bytes = saved->branch_workspace_bytes;
+    ctx->branch.cublas_workspace = saved->branch_cublas_workspace;
+    ctx->branch.open = ctx->branch.in_node = false;
+    ctx->branch.deferred_count = 0;
     ctx->dry = false;
     ctx->dry_largest_numel = 0;
     ctx->dry_largest_bytes = 0;
@@ -106,7 +117,7 @@ static umt_status begin(umt_context *ctx) {
     umt_tape_clear(&ctx->tape);
     free_headers_until(ctx->step_tensors, NULL);
     ctx->step_tensors = NULL;
-    for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->pending_uses = 0;
+    for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->pending_uses = ctx->parameters[i]->tape_uses = 0;
     return umt_memory_reset(&ctx->memory, UMT_POOL_ACTIVATIONS);
 }
 

@@ -14,7 +14,8 @@
  * step count) is redone from the capture's records.
  *
  * A graph bakes in addresses: it is replayed only while the activation arena, the convolution
- * workspace and the step values' block are where they were at capture, the input has the
+ * workspaces (the compute stream's and the side stream's, core/branch.h) and the step values'
+ * block are where they were at capture, the input has the
  * captured size, and the training mode is the same. Otherwise the step runs eagerly; after two
  * eager steps (the arena settles at the second) the graph is captured again.
  *
@@ -80,6 +81,7 @@ umt_step_graph_baked umt_step_graph_baked_now(const umt_context *ctx, size_t inp
     return (umt_step_graph_baked){
         .arena = arena->block_count ? arena->blocks[0].ptr : NULL,
         .workspace = ctx->conv_workspace,
+        .branch_workspace = ctx->branch.workspace,
         .values = umt_step_values_device_block(ctx),
         .input_bytes = input_bytes,
         .training = ctx->training,
@@ -100,7 +102,9 @@ void umt_step_graph_exec_destroy(void *exec) {
 
 void *umt_step_graph_instantiate(void *captured, const char *who) {
     cudaGraphExec_t exec = NULL;
-    cudaError_t made = cudaGraphInstantiate(&exec, (cudaGraph_t)captured, 0);
+    /* Each kernel keeps the priority of the stream it was captured from (the compute stream's
+     * above the side stream's: kernels/cuda/backend.cu). */
+    cudaError_t made = cudaGraphInstantiate(&exec, (cudaGraph_t)captured, cudaGraphInstantiateFlagUseNodePriority);
     if (made != cudaSuccess) {
         exec = NULL;
         umt_fail(UMT_ERR_DEVICE, "%s: cudaGraphInstantiate: %s", who, cudaGetErrorString(made));
@@ -219,7 +223,8 @@ static umt_status replay(umt_step_graph *g, const void *input) {
 /* Whether the memory the graph baked in is where it was, and the training mode the same. */
 bool umt_step_graph_same_memory(const umt_step_graph *g, size_t input_bytes) {
     umt_step_graph_baked now = umt_step_graph_baked_now(g->ctx, input_bytes);
-    return now.arena == g->baked.arena && now.workspace == g->baked.workspace && now.values == g->baked.values &&
+    return now.arena == g->baked.arena && now.workspace == g->baked.workspace &&
+           now.branch_workspace == g->baked.branch_workspace && now.values == g->baked.values &&
            now.training == g->baked.training;
 }
 

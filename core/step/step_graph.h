@@ -18,7 +18,7 @@
 
 /* The addresses a captured graph depends on. */
 typedef struct {
-    const void *arena, *workspace, *values;
+    const void *arena, *workspace, *branch_workspace, *values;
     size_t input_bytes;
     bool training;
 } umt_step_graph_baked;

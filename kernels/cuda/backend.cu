@@ -8,6 +8,19 @@
  * bound to the calling thread, in call order; nothing here runs on the legacy default stream,
  * which would serialise against every other stream of the process.
  *
+ * The side stream (the streams group, core/branch.c): between branch_begin and branch_end,
+ * everything launched, ours, cuDNN's and cuBLAS's, goes to a second stream that first waits for
+ * the compute stream's work so far (an event), so that a layer's weight gradient runs while the
+ * compute stream goes on with the input gradient; branch_join makes the compute stream wait for
+ * the side's work (another event). cuDNN's one handle is moved between the streams
+ * (cudnnSetStream; the handle is used from one thread at a time, as cuDNN asks, and the
+ * convolutions take their workspace from the caller, who gives the side its own). cuBLAS works
+ * in the workspace its handle was given, which two streams at once must not share, so the side
+ * has a handle of its own with a workspace of the same size (the same size: cuBLAS's choice of
+ * kernel, and so its bits, depends on it), which core gives with the first branch of products
+ * (a context that never sends one there holds none). Inside a CUDA graph capture the two events become the
+ * graph's fork and join.
+ *
  * The kernels' signatures name no context, so they find their state through a thread-local
  * pointer: core binds the context's state (umt_cuda_bind) at every call into the kernel table
  * (core/context.h: umt_kernels) and at its other uses of the stream. Two contexts on two host
@@ -49,6 +62,11 @@ struct umt_cuda_state {
     cublasHandle_t cublas;
     cudnnHandle_t cudnn;
     cudaStream_t launch_override; /* umt_cuda_launch_on: where our own kernels go instead, or NULL */
+    cudaStream_t side;            /* the branch's stream (NULL: none was asked for) */
+    cublasHandle_t side_cublas;   /* bound to side, with a workspace of its own */
+    void *side_cublas_workspace;  /* that workspace, once a branch_begin gave it */
+    cudaEvent_t forked, side_done; /* the compute stream's point the side starts from; the side's end */
+    bool on_side;                 /* between branch_begin and branch_end */
     umt_conv_plans *plans;        /* conv.cu's plans, made with this state's cuDNN handle */
     bool tf32;                    /* fp32 convolutions may use TF32 tensor cores (umt_context_options) */
     umt_cuda_scratch scratch;     /* the kernels' partials and the label report (scratch.h) */
@@ -106,22 +124,52 @@ static void release_state(umt_cuda_state *s) {
     umt_cuda_conv_plans_free(s->plans);
     if (s->cudnn) cudnnDestroy(s->cudnn);
     if (s->cublas) cublasDestroy(s->cublas);
+    if (s->side_cublas) cublasDestroy(s->side_cublas);
+    if (s->forked) cudaEventDestroy(s->forked);
+    if (s->side_done) cudaEventDestroy(s->side_done);
+    if (s->side) cudaStreamDestroy(s->side);
     if (s->stream) cudaStreamDestroy(s->stream);
     if (current == s) current = NULL;
     free(s);
 }
 
-static umt_status create_state(umt_cuda_state *s, void *cublas_workspace, size_t workspace_bytes) {
-    UMT_CUDA_TRY(cudaSetDevice(s->device));
-    /* Non-blocking: the stream never waits for (or holds up) the legacy default stream. */
-    UMT_CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
-    UMT_CUBLAS_TRY(cublasCreate(&s->cublas));
+/* A cuBLAS handle on stream, working in workspace. */
+static umt_status create_cublas(cublasHandle_t *handle, cudaStream_t stream, void *workspace, size_t bytes) {
+    UMT_CUBLAS_TRY(cublasCreate(handle));
     /* cublasSetStream resets the workspace to cuBLAS's own pool, so the workspace comes after. */
-    UMT_CUBLAS_TRY(cublasSetStream(s->cublas, s->stream));
-    UMT_CUBLAS_TRY(cublasSetWorkspace(s->cublas, cublas_workspace, workspace_bytes));
+    UMT_CUBLAS_TRY(cublasSetStream(*handle, stream));
+    UMT_CUBLAS_TRY(cublasSetWorkspace(*handle, workspace, bytes));
     /* Default math with CUBLAS_COMPUTE_32F (gemm.cu) is true fp32: TF32 tensor cores are used
      * only when asked for with CUBLAS_TF32_TENSOR_OP_MATH, and the CPU reference is fp32. */
-    UMT_CUBLAS_TRY(cublasSetMathMode(s->cublas, CUBLAS_DEFAULT_MATH));
+    UMT_CUBLAS_TRY(cublasSetMathMode(*handle, CUBLAS_DEFAULT_MATH));
+    return UMT_OK;
+}
+
+/* The side stream, its cuBLAS handle (its workspace comes with the first branch of products)
+ * and the two events (timing off: they only order). */
+static umt_status create_side(umt_cuda_state *s) {
+    UMT_CUDA_TRY(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking));
+    UMT_CUBLAS_TRY(cublasCreate(&s->side_cublas));
+    UMT_CUBLAS_TRY(cublasSetStream(s->side_cublas, s->side));
+    UMT_CUBLAS_TRY(cublasSetMathMode(s->side_cublas, CUBLAS_DEFAULT_MATH));
+    UMT_CUDA_TRY(cudaEventCreateWithFlags(&s->forked, cudaEventDisableTiming));
+    UMT_CUDA_TRY(cudaEventCreateWithFlags(&s->side_done, cudaEventDisableTiming));
+    return UMT_OK;
+}
+
+static umt_status create_state(umt_cuda_state *s, void *cublas_workspace, size_t workspace_bytes, bool side) {
+    UMT_CUDA_TRY(cudaSetDevice(s->device));
+    /* Non-blocking: the stream never waits for (or holds up) the legacy default stream. With a
+     * side stream, the compute stream's blocks go first: it carries the step's critical path,
+     * and the side's weight gradients fill the multiprocessors it leaves. One step below the
+     * highest priority, which the offload tier's updates and data parallelism's collectives
+     * keep (they are short and free memory or wait on other GPUs). */
+    int least, greatest;
+    UMT_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    int priority = side && greatest < least ? greatest + 1 : least;
+    UMT_CUDA_TRY(cudaStreamCreateWithPriority(&s->stream, cudaStreamNonBlocking, priority));
+    UMT_TRY(create_cublas(&s->cublas, s->stream, cublas_workspace, workspace_bytes));
+    if (side) UMT_TRY(create_side(s));
     /* cuDNN takes its workspace per call (conv.cu), from the caller's workspace pool. */
     UMT_CUDNN_TRY(cudnnCreate(&s->cudnn));
     UMT_CUDNN_TRY(cudnnSetStream(s->cudnn, s->stream));
@@ -147,8 +195,8 @@ extern "C" void umt_cuda_state_set_tf32(umt_cuda_state *s, bool on) { s->tf32 = 
 
 extern "C" bool umt_cuda_tf32(void) { return current && current->tf32; }
 
-extern "C" umt_status umt_cuda_state_create(int device, void *cublas_workspace, size_t workspace_bytes, void *scratch,
-                                            size_t scratch_bytes, umt_cuda_state **out) {
+extern "C" umt_status umt_cuda_state_create(int device, void *cublas_workspace, size_t workspace_bytes, bool side,
+                                            void *scratch, size_t scratch_bytes, umt_cuda_state **out) {
     *out = NULL;
     UMT_TRY(check_buffer("workspace", cublas_workspace, workspace_bytes, 0));
     UMT_TRY(check_buffer("scratch", scratch, scratch_bytes, umt_cuda_scratch_bytes()));
@@ -160,7 +208,7 @@ extern "C" umt_status umt_cuda_state_create(int device, void *cublas_workspace, 
     /* Streams and library handles are made and destroyed under the capture lock: another thread's
      * stream capture would not survive what they do to the device (core/base/capture_lock.h). */
     umt_capture_lock();
-    umt_status status = create_state(s, cublas_workspace, workspace_bytes);
+    umt_status status = create_state(s, cublas_workspace, workspace_bytes, side);
     if (status != UMT_OK) release_state(s);
     umt_capture_unlock();
     if (status != UMT_OK) return status;
@@ -174,6 +222,7 @@ extern "C" void umt_cuda_state_destroy(umt_cuda_state *s) {
     if (!s) return;
     /* Queued kernels may still use the handles' workspaces: let them finish first. */
     cudaStreamSynchronize(s->stream);
+    if (s->side) cudaStreamSynchronize(s->side);
     umt_capture_lock();
     release_state(s);
     umt_capture_unlock();
@@ -188,7 +237,10 @@ extern "C" void umt_cuda_bind(umt_cuda_state *s) {
     if (s && (cudaGetDevice(&device) != cudaSuccess || device != s->device)) cudaSetDevice(s->device);
 }
 
-extern "C" cublasHandle_t umt_cuda_cublas_handle(void) { return current ? current->cublas : NULL; }
+extern "C" cublasHandle_t umt_cuda_cublas_handle(void) {
+    if (!current) return NULL;
+    return current->on_side ? current->side_cublas : current->cublas;
+}
 
 extern "C" cudnnHandle_t umt_cuda_cudnn_handle(void) { return current ? current->cudnn : NULL; }
 
@@ -217,8 +269,56 @@ extern "C" cudaStream_t umt_cuda_launch_on(cudaStream_t stream) {
 extern "C" umt_status umt_cuda_synchronize(void) {
     if (!current) return umt_fail(UMT_ERR_STATE, "cuda synchronize: no context bound to this thread");
     UMT_CUDA_TRY(cudaStreamSynchronize(current->stream));
+    if (current->side) UMT_CUDA_TRY(cudaStreamSynchronize(current->side));
     /* A loss's label check reports here or at the next download (loss.cu). */
     return umt_cuda_take_label_verdict();
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The side stream                                                                             */
+
+static umt_status side_state(const char *call, umt_cuda_state **out) {
+    if (!current) return umt_fail(UMT_ERR_STATE, "%s: no CUDA context is bound to this thread", call);
+    if (!current->side) return umt_fail(UMT_ERR_STATE, "%s: this context was made without a side stream", call);
+    *out = current;
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_branch_begin(void *cublas_workspace, size_t bytes) {
+    umt_cuda_state *s = NULL;
+    UMT_TRY(side_state("branch_begin", &s));
+    if (s->on_side || s->launch_override)
+        return umt_fail(UMT_ERR_STATE, "branch_begin: the kernels already go to another stream");
+    if (cublas_workspace && cublas_workspace != s->side_cublas_workspace) {
+        UMT_TRY(check_buffer("side workspace", cublas_workspace, bytes, 0));
+        UMT_CUBLAS_TRY(cublasSetWorkspace(s->side_cublas, cublas_workspace, bytes));
+        s->side_cublas_workspace = cublas_workspace;
+    }
+    UMT_CUDA_TRY(cudaEventRecord(s->forked, s->stream));
+    UMT_CUDA_TRY(cudaStreamWaitEvent(s->side, s->forked, 0));
+    UMT_CUDNN_TRY(cudnnSetStream(s->cudnn, s->side));
+    s->launch_override = s->side;
+    s->on_side = true;
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_branch_end(void) {
+    umt_cuda_state *s = NULL;
+    UMT_TRY(side_state("branch_end", &s));
+    if (!s->on_side) return umt_fail(UMT_ERR_STATE, "branch_end: no branch_begin before it");
+    s->on_side = false;
+    s->launch_override = NULL;
+    UMT_CUDNN_TRY(cudnnSetStream(s->cudnn, s->stream));
+    UMT_CUDA_TRY(cudaEventRecord(s->side_done, s->side));
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_branch_join(void) {
+    umt_cuda_state *s = NULL;
+    UMT_TRY(side_state("branch_join", &s));
+    if (s->on_side) return umt_fail(UMT_ERR_STATE, "branch_join: inside a branch (branch_end first)");
+    UMT_CUDA_TRY(cudaStreamWaitEvent(s->stream, s->side_done, 0));
+    return UMT_OK;
 }
 
 /* Ops see the GPU through the same slots as the CPU; upload and download differ from copy here
@@ -304,6 +404,11 @@ static const umt_backend cuda_backend = {
         .conv2d_relu_supports = umt_cuda_conv2d_relu_fused_lp,
         .conv2d_relu_forward = umt_cuda_conv2d_relu_forward_lp,
         .conv2d_relu_backward_filter = umt_cuda_conv2d_relu_backward_filter_lp,
+    },
+    .streams = {
+        .branch_begin = umt_cuda_branch_begin,
+        .branch_end = umt_cuda_branch_end,
+        .branch_join = umt_cuda_branch_join,
     },
 };
 

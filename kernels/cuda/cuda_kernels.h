@@ -33,10 +33,12 @@ size_t umt_cuda_scratch_bytes(void);
 /* Selects the device, creates the compute stream and the cuBLAS and cuDNN handles, gives cuBLAS
  * the caller's workspace (from the workspace pool) so that cuBLAS allocates nothing itself, and
  * the kernels the caller's scratch (umt_cuda_scratch_bytes, from the same pool; both 256-byte
- * aligned). Binds the new state to the calling thread. */
-umt_status umt_cuda_state_create(int device, void *cublas_workspace, size_t workspace_bytes, void *scratch,
+ * aligned). With side, also the side stream and its own cuBLAS handle, which gets its workspace
+ * at the first branch_begin that brings one (the backend's streams group; without side its
+ * slots fail). Binds the new state to the calling thread. */
+umt_status umt_cuda_state_create(int device, void *cublas_workspace, size_t workspace_bytes, bool side, void *scratch,
                                  size_t scratch_bytes, umt_cuda_state **out);
-/* Waits for the stream, then destroys the plans, the handles and the stream. NULL is a no-op. */
+/* Waits for the streams, then destroys the plans, the handles and the streams. NULL is a no-op. */
 void umt_cuda_state_destroy(umt_cuda_state *state);
 /* Whether the state's fp32 convolutions may use TF32 tensor cores (umt_context_options.tf32; set
  * before its first convolution: plans keep the choice they were made with); the bound state's. */
@@ -56,10 +58,17 @@ cudaStream_t umt_cuda_compute_stream(void);
  * now on, NULL for the compute stream again; returns the previous choice. The offload tier runs
  * its updates during backward beside the compute stream this way (offload/offload.c). Per state. */
 cudaStream_t umt_cuda_launch_on(cudaStream_t stream);
-/* The bound state's cuBLAS handle, bound to its compute stream (gemm.cu). */
+/* The bound state's cuBLAS handle for the stream in use (gemm.cu): the compute stream's, or on
+ * the branch (umt_cuda_branch_begin) the side stream's. */
 cublasHandle_t umt_cuda_cublas_handle(void);
-/* Waits until all work queued on the bound state's compute stream has finished. */
+/* Waits until all work queued on the bound state's streams has finished. */
 umt_status umt_cuda_synchronize(void);
+/* The streams group (kernels/backend.h): the side stream after the compute stream's work so far
+ * (our kernels, cuDNN and cuBLAS all go there), back to the compute stream, and the compute
+ * stream waiting for the side's work. */
+umt_status umt_cuda_branch_begin(void *cublas_workspace, size_t bytes);
+umt_status umt_cuda_branch_end(void);
+umt_status umt_cuda_branch_join(void);
 
 /* memory.cu */
 umt_status umt_cuda_fill(float *x, int64_t n, float value);

@@ -44,7 +44,7 @@ int start_backends(void **state) {
 int restart_backends(void) {
     umt_cuda_state_destroy(backend_state);
     backend_state = NULL;
-    if (umt_cuda_state_create(0, cublas_workspace, CUBLAS_WORKSPACE_BYTES, scratch, umt_cuda_scratch_bytes(),
+    if (umt_cuda_state_create(0, cublas_workspace, CUBLAS_WORKSPACE_BYTES, false, scratch, umt_cuda_scratch_bytes(),
                               &backend_state) != UMT_OK) {
         print_message("umt_cuda_state_create: %s\n", umt_last_error());
         return -1;

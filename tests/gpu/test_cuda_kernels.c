@@ -70,8 +70,8 @@ static const int64_t sizes[] = {1, 7, 1000, 65537};
 static void test_every_slot_of_the_cuda_table_is_filled(void **state) {
     (void)state;
     assert_string_equal(gpu->name, "cuda");
-    /* Every member after the name is a function pointer, in all three groups (the CUDA table
-     * fills the reference, low precision and the fused paths): walk them all, slots added later
+    /* Every member after the name is a function pointer, in all four groups (the CUDA table
+     * fills the reference, low precision, the fused paths and the streams): walk them all, slots added later
      * too. */
     for (size_t at = offsetof(umt_backend, f32); at < sizeof *gpu; at += sizeof gpu->f32.fill) {
         void (*slot)(void);
@@ -87,7 +87,7 @@ static void test_a_second_state_has_its_own_stream_and_the_first_keeps_working(v
     cudaStream_t first = umt_cuda_stream();
     size_t bytes = (size_t)32 << 20;
     umt_cuda_state *second = NULL;
-    EXPECT_OK(umt_cuda_state_create(0, device_alloc(bytes), bytes, device_alloc(umt_cuda_scratch_bytes()),
+    EXPECT_OK(umt_cuda_state_create(0, device_alloc(bytes), bytes, false, device_alloc(umt_cuda_scratch_bytes()),
                                     umt_cuda_scratch_bytes(), &second));
     assert_non_null(umt_cuda_stream());
     assert_ptr_not_equal(umt_cuda_stream(), first);

@@ -42,6 +42,9 @@
 
 #include <cmocka.h>
 
+#include "core/branch.h"
+#include "core/context.h"
+#include "core/tensor.h"
 #include "dist/umt_dist.h"
 #include "examples/mnist_cnn_model.h"
 #include "tests/gpu/cuda_test_context.h"
@@ -151,9 +154,19 @@ static void start_dist(umt_context *ctx, dist_mode mode, trainer *t) {
     EXPECT_OK(umt_dist_create(ctx, &single, &o, &t->dist));
 }
 
+/* The runs' umt_context_options.one_stream (false, the default: weight gradients on the side
+ * stream, core/branch.h); test_weight_gradients_beside_give_the_one_stream_bits sets it. */
+static bool one_stream;
+/* Whether the last run's context sent a convolution's weight gradient to the side stream. */
+static bool last_run_branched;
+
 static void train_dist(umt_precision precision, bool fuse, bool graph, bool reads_loss, dist_mode mode,
                        run_result *out) {
-    umt_context *ctx = cuda_test_context(5, precision);
+    umt_context_options co = umt_context_defaults();
+    co.seed = 5;
+    co.precision = precision;
+    co.one_stream = one_stream;
+    umt_context *ctx = cuda_test_context_with(co);
     trainer t = {.reads_loss = reads_loss};
     char images_path[128], labels_path[128];
     snprintf(images_path, sizeof images_path, "%s/images", dir);
@@ -184,6 +197,7 @@ static void train_dist(umt_precision precision, bool fuse, bool graph, bool read
     out->stats = umt_step_graph_stats_get(g);
     out->off_reason = umt_step_graph_off_reason(g) != NULL;
     copy_parameters(ctx, out);
+    last_run_branched = ctx->branch.workspace != NULL;
     if (t.dist) out->dist = umt_dist_stats_get(t.dist);
     /* With the graph alive: umt_dist_destroy makes it let go of the collectives it captured (NCCL's
      * destroy would wait for it forever). */
@@ -285,6 +299,76 @@ static void test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_losse
     expect_same_run("fallback", &fallback, &eager, true);
     free(eager.parameters);
     free(fallback.parameters);
+}
+
+/* Weight gradients on the side stream (core/branch.h) are the same kernels on the same inputs:
+ * the run with them, eager and replayed, gives the bits of the run with every kernel on one
+ * stream, in fp32 and bf16. The engines are cuDNN's first (UMT_CONV_TIMING=0), so that the runs
+ * differ only in their streams. */
+static void check_beside(umt_precision precision) {
+    const char *name = umt_precision_name(precision);
+    assert_int_equal(setenv("UMT_CONV_TIMING", "0", 1), 0);
+    run_result serial = {0}, beside = {0}, beside_graph = {0};
+    one_stream = true;
+    train(precision, true, false, &serial);
+    assert_false(last_run_branched);
+    one_stream = false;
+    train(precision, true, false, &beside);
+    assert_true(last_run_branched);
+    train(precision, true, true, &beside_graph);
+    assert_true(last_run_branched);
+    assert_int_equal(unsetenv("UMT_CONV_TIMING"), 0);
+    printf("%s: one stream and the side stream, eager and replayed (%lld replays): loss %.4f -> %.4f\n", name,
+           (long long)beside_graph.stats.replayed_steps, (double)serial.losses[0], (double)serial.losses[STEPS - 1]);
+    expect_same_run(name, &beside, &serial, true);
+    expect_same_run(name, &beside_graph, &serial, true);
+    assert_true(beside_graph.stats.replayed_steps > 0);
+    free(serial.parameters);
+    free(beside.parameters);
+    free(beside_graph.parameters);
+}
+
+static void test_weight_gradients_beside_give_the_one_stream_bits(void **state) {
+    (void)state;
+    check_beside(UMT_PRECISION_FP32);
+    check_beside(UMT_PRECISION_BF16);
+}
+
+/* A parameter the tape used twice takes no side stream: its second contribution would add to the
+ * same gradient from the compute stream. Nor does one whose op makes no input gradient (nothing
+ * to run beside), nor one whose work passes UMT_BRANCH_MOST_FLOPS, nor any when a subsystem acts
+ * in backward (here a one-rank data-parallel path). */
+static void test_the_side_stream_takes_parameters_used_once(void **state) {
+    (void)state;
+    umt_context *ctx = cuda_test_context(5, UMT_PRECISION_FP32);
+    umt_layer *fc = umt_linear_layer_new(ctx, "fc", 8, 8, false);
+    assert_non_null(fc);
+    umt_tensor *w = umt_parameter_at(ctx, 0);
+    EXPECT_OK(umt_step_begin(ctx));
+    umt_tensor *x = umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 4, 8);
+    assert_non_null(x);
+    umt_tensor *once = umt_layer_forward(ctx, fc, x);
+    assert_non_null(once);
+    int dx = 1; /* any input gradient's address */
+    assert_true(umt_branch_takes(ctx, w, &dx, 1e6));
+    assert_false(umt_branch_takes(ctx, w, NULL, 1e6));
+    assert_false(umt_branch_takes(ctx, w, &dx, 2 * UMT_BRANCH_MOST_FLOPS)); /* fills the GPU by itself */
+    assert_non_null(umt_layer_forward(ctx, fc, once));
+    assert_int_equal(w->tape_uses, 2);
+    assert_false(umt_branch_takes(ctx, w, &dx, 1e6));
+    EXPECT_OK(umt_step_begin(ctx));
+    assert_int_equal(w->tape_uses, 0);
+    umt_dist *dist = NULL;
+    umt_dist_process single = {.bootstrap = UMT_DIST_SINGLE, .size = 1, .id_pipe = {-1, -1}};
+    umt_dist_options o = umt_dist_defaults();
+    o.always = true;
+    EXPECT_OK(umt_dist_create(ctx, &single, &o, &dist));
+    EXPECT_OK(umt_step_begin(ctx));
+    assert_non_null(umt_layer_forward(ctx, fc, umt_tensor_new_2d(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 4, 8)));
+    assert_int_equal(w->tape_uses, 1);
+    assert_false(umt_branch_takes(ctx, w, &dx, 1e6));
+    umt_dist_destroy(dist);
+    umt_context_destroy(ctx);
 }
 
 static void print_dist_run(const char *name, const run_result *r) {
@@ -533,6 +617,8 @@ int main(void) {
         cmocka_unit_test(test_graph_replays_give_the_eager_losses_op_by_op),
         cmocka_unit_test(test_graph_replays_follow_the_loss_scale_in_fp16),
         cmocka_unit_test(test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_losses),
+        cmocka_unit_test(test_weight_gradients_beside_give_the_one_stream_bits),
+        cmocka_unit_test(test_the_side_stream_takes_parameters_used_once),
         cmocka_unit_test(test_graph_captures_the_all_reduce_of_one_rank_bit_for_bit),
         cmocka_unit_test(test_graph_captures_the_bf16_all_reduce_of_one_rank_bit_for_bit),
         cmocka_unit_test(test_cpu_steps_run_eagerly),
