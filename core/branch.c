@@ -28,7 +28,10 @@ umt_status umt_branch_begin(umt_context *ctx, bool products) {
     return UMT_OK;
 }
 
-umt_status umt_branch_end(umt_context *ctx) { return umt_kernels(ctx)->streams.branch_end(); }
+umt_status umt_branch_end(umt_context *ctx, umt_status made) {
+    umt_status ended = umt_kernels(ctx)->streams.branch_end();
+    return made != UMT_OK ? made : ended;
+}
 
 umt_status umt_branch_workspace(umt_context *ctx, size_t bytes, void **out) {
     return umt_context_workspace_block(ctx, &ctx->branch.workspace, &ctx->branch.workspace_bytes, bytes, out);

@@ -57,7 +57,9 @@ bool umt_branch_takes(const umt_context *ctx, const umt_tensor *weight, const vo
  * among it: the side's cuBLAS workspace is made at the first (so a context whose products all
  * stay on the compute stream never holds one). */
 umt_status umt_branch_begin(umt_context *ctx, bool products);
-umt_status umt_branch_end(umt_context *ctx);
+/* Back to the compute stream, whatever the side's work returned (made): made's failure first,
+ * else the switch's. */
+umt_status umt_branch_end(umt_context *ctx, umt_status made);
 /* A workspace of at least bytes for the side's convolutions (as umt_context_workspace's). */
 umt_status umt_branch_workspace(umt_context *ctx, size_t bytes, void **out);
 /* The tape, after a node: its output gradient's slot ends now, or at the join if the node sent

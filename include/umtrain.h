@@ -171,8 +171,9 @@ typedef struct {
                                   * matrix products stay fp32, as here); false: fp32 arithmetic */
     bool one_stream;             /* CUDA: every kernel of a step on one stream. false (the default):
                                   * a layer's weight gradient runs on a second stream beside its
-                                  * input gradient (the same kernels, the same bits; 32 MiB more
-                                  * workspace for that stream's cuBLAS) */
+                                  * input gradient (the same kernels, the same bits; that stream's
+                                  * cuBLAS and convolutions get workspaces of their own, made at
+                                  * their first use there) */
 } umt_context_options;
 
 /* Options with defaults: umt_default_device(), seed 1, managed memory, GPU 0, fp32. */

@@ -5,8 +5,8 @@
  * they call a kernel of the context's table on raw pointers: ctx->backend->f32.gemm(...). The
  * slots come in four groups: the f32 reference, which the CPU table (kernels/cpu/) fills and
  * which is the readable reference; low precision; fused fast paths; a second stream for weight
- * gradients (core/branch.h). The CUDA table (kernels/cuda/) fills all four. All tensors are row-major and contiguous; float means f32
- * unless a dtype is passed.
+ * gradients (core/branch.h). The CUDA table (kernels/cuda/) fills all four. All tensors are
+ * row-major and contiguous; float means f32 unless a dtype is passed.
  *
  * Naming: `x_backward` kernels ACCUMULATE into the input gradient (dx += ...), because a
  * tensor used twice receives the sum of both gradients.

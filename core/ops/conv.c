@@ -37,24 +37,22 @@ static umt_status check_conv(const umt_context *ctx, const char *op, const umt_t
     return UMT_OK;
 }
 
-/* dw += the weight gradient, on the side stream beside the input gradient where the branch
- * takes it (core/branch.h); false in *left when done there, so the caller makes it in order. */
+/* *dw += the weight gradient, on the side stream beside the input gradient where the branch
+ * takes it (core/branch.h); *dw is then NULL, so the caller makes it in order only if not. */
 static umt_status weight_gradient_beside(umt_context *ctx, const umt_conv_shape *s, const umt_tensor *x,
-                                         const umt_tensor *w, const void *dx, const void *dy, float *dw, size_t bytes,
-                                         bool *left) {
-    *left = dw != NULL;
+                                         const umt_tensor *w, const void *dx, const void *dy, void **dw,
+                                         size_t bytes) {
     double flops = 2.0 * (double)(s->n * s->p * s->q) * (double)(s->k * s->c * s->r * s->s);
-    if (!dw || !umt_branch_takes(ctx, w, dx, flops)) return UMT_OK;
+    if (!*dw || !umt_branch_takes(ctx, w, dx, flops)) return UMT_OK;
     void *workspace = NULL;
     UMT_TRY(umt_branch_workspace(ctx, bytes, &workspace));
     const umt_backend *be = umt_kernels(ctx);
     UMT_TRY(umt_branch_begin(ctx, false));
-    umt_status made = umt_dtype_is_lowp(s->dtype) ? be->lowp.conv2d_backward_filter(s, x->data, dy, dw, workspace, bytes)
-                                                  : be->f32.conv2d_backward_filter(s, x->data, dy, dw, workspace, bytes);
-    umt_status ended = umt_branch_end(ctx);
-    UMT_TRY(made);
-    *left = false;
-    return ended;
+    UMT_TRY(umt_branch_end(ctx, umt_dtype_is_lowp(s->dtype)
+                                    ? be->lowp.conv2d_backward_filter(s, x->data, dy, *dw, workspace, bytes)
+                                    : be->f32.conv2d_backward_filter(s, x->data, dy, *dw, workspace, bytes)));
+    *dw = NULL;
+    return UMT_OK;
 }
 
 /* The gradients of x and w (and of the bias, if sum_bias) from the output's gradient; under
@@ -70,9 +68,7 @@ static umt_status conv_backward_from(umt_context *ctx, const umt_node *node, boo
     UMT_TRY(be->f32.conv2d_workspace_bytes(&s, &bytes));
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
     /* First, so that the side starts from the point before the input gradient. */
-    bool left;
-    UMT_TRY(weight_gradient_beside(ctx, &s, x, w, dx, dy, dw, bytes, &left));
-    if (!left) dw = NULL;
+    UMT_TRY(weight_gradient_beside(ctx, &s, x, w, dx, dy, &dw, bytes));
     bool fresh = umt_input_grad_fresh(node, 0);
     if (umt_dtype_is_lowp(s.dtype)) {
         if (dx) UMT_TRY(be->lowp.conv2d_backward_data(&s, w->lowp->data, dy, dx, fresh, workspace, bytes));

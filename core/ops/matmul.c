@@ -80,19 +80,16 @@ static umt_status weight_product(umt_context *ctx, const umt_tensor *x, const um
 }
 
 /* weight_product on the side stream beside the input gradient where the branch takes it
- * (core/branch.h), first, so that the side starts from the point before dx; else in order after
- * dx. */
+ * (core/branch.h), called before dx so that the side starts from the point before it; *dw is
+ * then NULL, so the caller makes it in order after dx only if not. */
 static umt_status weight_product_beside(umt_context *ctx, const umt_tensor *x, const umt_tensor *w,
-                                        const umt_tensor *y, const void *dx, void *dw, bool *left) {
-    *left = dw != NULL;
+                                        const umt_tensor *y, const void *dx, void **dw) {
     double flops = 2.0 * (double)x->shape[0] * (double)x->shape[1] * (double)w->shape[0];
-    if (!dw || !umt_branch_takes(ctx, w, dx, flops)) return UMT_OK;
+    if (!*dw || !umt_branch_takes(ctx, w, dx, flops)) return UMT_OK;
     UMT_TRY(umt_branch_begin(ctx, true));
-    umt_status made = weight_product(ctx, x, w, y, dw);
-    umt_status ended = umt_branch_end(ctx);
-    UMT_TRY(made);
-    *left = false;
-    return ended;
+    UMT_TRY(umt_branch_end(ctx, weight_product(ctx, x, w, y, *dw)));
+    *dw = NULL;
+    return UMT_OK;
 }
 
 static umt_status linear_backward_lp(umt_context *ctx, const umt_node *node, bool sum_bias) {
@@ -102,12 +99,11 @@ static umt_status linear_backward_lp(umt_context *ctx, const umt_node *node, boo
     void *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
     float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     float beta = umt_input_grad_fresh(node, 0) ? 0.0f : 1.0f; /* a fresh dx is written, not added to */
-    bool left;
-    UMT_TRY(weight_product_beside(ctx, x, w, y, dx, dw, &left));
+    UMT_TRY(weight_product_beside(ctx, x, w, y, dx, &dw));
     if (dx)
         UMT_TRY(umt_kernels(ctx)->lowp.gemm(false, false, batch, in, out, 1.0f, dy, out, operand(w), in, beta, dx, in,
                                       y->dtype, x->grad->dtype));
-    if (left) UMT_TRY(weight_product(ctx, x, w, y, dw));
+    if (dw) UMT_TRY(weight_product(ctx, x, w, y, dw));
     if (dbias) UMT_TRY(umt_kernels(ctx)->lowp.sum_rows(y->dtype, dy, dbias, batch, out));
     return UMT_OK;
 }
@@ -118,14 +114,14 @@ static umt_status linear_backward_from(umt_context *ctx, const umt_node *node, b
     if (umt_dtype_is_lowp(y->dtype)) return linear_backward_lp(ctx, node, sum_bias);
     int64_t batch = x->shape[0], in = x->shape[1], out = w->shape[0];
     const float *dy = y->grad->data;
-    float *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
+    float *dx = umt_input_grad(node, 0);
+    void *dw = umt_input_grad(node, 1); /* f32 */
     float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     /* dx += dy W (dx = when fresh) ; dW += dyᵀ x ; dbias += column sums of dy */
     float beta = umt_input_grad_fresh(node, 0) ? 0.0f : 1.0f;
-    bool left;
-    UMT_TRY(weight_product_beside(ctx, x, w, y, dx, dw, &left));
+    UMT_TRY(weight_product_beside(ctx, x, w, y, dx, &dw));
     if (dx) UMT_TRY(umt_kernels(ctx)->f32.gemm(false, false, batch, in, out, 1.0f, dy, out, w->data, in, beta, dx, in));
-    if (left) UMT_TRY(weight_product(ctx, x, w, y, dw));
+    if (dw) UMT_TRY(weight_product(ctx, x, w, y, dw));
     if (dbias) UMT_TRY(umt_kernels(ctx)->f32.sum_rows(dy, dbias, batch, out));
     return UMT_OK;
 }

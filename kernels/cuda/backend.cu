@@ -18,8 +18,8 @@
  * in the workspace its handle was given, which two streams at once must not share, so the side
  * has a handle of its own with a workspace of the same size (the same size: cuBLAS's choice of
  * kernel, and so its bits, depends on it), which core gives with the first branch of products
- * (a context that never sends one there holds none). Inside a CUDA graph capture the two events become the
- * graph's fork and join.
+ * (a context that never sends one there holds none). Inside a CUDA graph capture the two events
+ * become the graph's fork and join.
  *
  * The kernels' signatures name no context, so they find their state through a thread-local
  * pointer: core binds the context's state (umt_cuda_bind) at every call into the kernel table
@@ -133,12 +133,12 @@ static void release_state(umt_cuda_state *s) {
     free(s);
 }
 
-/* A cuBLAS handle on stream, working in workspace. */
+/* A cuBLAS handle on stream, working in workspace (NULL: given before its first product). */
 static umt_status create_cublas(cublasHandle_t *handle, cudaStream_t stream, void *workspace, size_t bytes) {
     UMT_CUBLAS_TRY(cublasCreate(handle));
     /* cublasSetStream resets the workspace to cuBLAS's own pool, so the workspace comes after. */
     UMT_CUBLAS_TRY(cublasSetStream(*handle, stream));
-    UMT_CUBLAS_TRY(cublasSetWorkspace(*handle, workspace, bytes));
+    if (workspace) UMT_CUBLAS_TRY(cublasSetWorkspace(*handle, workspace, bytes));
     /* Default math with CUBLAS_COMPUTE_32F (gemm.cu) is true fp32: TF32 tensor cores are used
      * only when asked for with CUBLAS_TF32_TENSOR_OP_MATH, and the CPU reference is fp32. */
     UMT_CUBLAS_TRY(cublasSetMathMode(*handle, CUBLAS_DEFAULT_MATH));
@@ -149,9 +149,7 @@ static umt_status create_cublas(cublasHandle_t *handle, cudaStream_t stream, voi
  * and the two events (timing off: they only order). */
 static umt_status create_side(umt_cuda_state *s) {
     UMT_CUDA_TRY(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking));
-    UMT_CUBLAS_TRY(cublasCreate(&s->side_cublas));
-    UMT_CUBLAS_TRY(cublasSetStream(s->side_cublas, s->side));
-    UMT_CUBLAS_TRY(cublasSetMathMode(s->side_cublas, CUBLAS_DEFAULT_MATH));
+    UMT_TRY(create_cublas(&s->side_cublas, s->side, NULL, 0));
     UMT_CUDA_TRY(cudaEventCreateWithFlags(&s->forked, cudaEventDisableTiming));
     UMT_CUDA_TRY(cudaEventCreateWithFlags(&s->side_done, cudaEventDisableTiming));
     return UMT_OK;
