@@ -107,14 +107,22 @@ umt_status umt_step_begin(umt_context *ctx) {
     return UMT_OK;
 }
 
+/* The gradients the context zeroes itself go 32 to a call (one launch each on a GPU, where a
+ * small model's step has few kernels to spare for zero fills). */
 umt_status umt_zero_grad(umt_context *ctx) {
     if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_zero_grad: ctx is NULL");
+    void *blocks[32];
+    size_t bytes[32];
+    int count = 0;
     for (int i = 0; i < ctx->parameter_count; ++i) {
         umt_tensor *g = ctx->parameters[i]->grad;
         if (umt_hooks_zero_grad(ctx, ctx->parameters[i])) continue; /* a subsystem's gradient, zeroed there */
-        UMT_TRY(umt_kernels(ctx)->f32.fill(g->data, g->numel, 0.0f));
+        blocks[count] = g->data, bytes[count++] = (size_t)g->numel * sizeof(float);
+        if (count < 32) continue;
+        UMT_TRY(umt_kernels(ctx)->f32.zero_many(count, blocks, bytes));
+        count = 0;
     }
-    return UMT_OK;
+    return count ? umt_kernels(ctx)->f32.zero_many(count, blocks, bytes) : UMT_OK;
 }
 
 bool umt_set_grad_enabled(umt_context *ctx, bool enabled) {
@@ -169,11 +177,13 @@ umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *se
     if (ctx->tape.count == 0)
         return umt_fail(UMT_ERR_STATE, "umt_backward: the tape is empty (backward already ran since the forward pass)");
     forward_trace_end(ctx);
-    umt_tensor *seed = umt_tensor_grad_or_zeros(ctx, loss);
-    if (!seed) return UMT_ERR_OUT_OF_MEMORY;
-    /* A micro-batch's mean loss counts samples / batch of the step's (core/micro_batch.h). */
+    /* A micro-batch's mean loss counts samples / batch of the step's (core/micro_batch.h). The
+     * seed is zeroed only where it is added to; a copy or a fill writes it whole. */
     float weight = umt_micro_batch_weight(ctx);
-    if (seed_on_device && weight != 1.0f)
+    bool adds = seed_on_device && weight != 1.0f;
+    umt_tensor *seed = adds ? umt_tensor_grad_or_zeros(ctx, loss) : umt_tensor_grad_unset(ctx, loss);
+    if (!seed) return UMT_ERR_OUT_OF_MEMORY;
+    if (adds)
         UMT_TRY(umt_kernels(ctx)->f32.accumulate(seed->data, seed_on_device, weight, 1)); /* seed is zeroed */
     else if (seed_on_device)
         UMT_TRY(umt_kernels(ctx)->f32.copy(seed->data, seed_on_device, sizeof(float)));

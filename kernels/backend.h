@@ -61,6 +61,9 @@ typedef struct {
     umt_status (*convert)(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype, int64_t n);
     /* Zeroes bytes bytes at x (gradients of any dtype start from it). */
     umt_status (*zero)(void *x, size_t bytes);
+    /* Zeroes count blocks, blocks[i] of bytes[i] bytes each (a multiple of 4), as zero would one
+     * by one: a step's parameter gradients in one launch instead of one each. */
+    umt_status (*zero_many)(int count, void *const *blocks, const size_t *bytes);
 
     /* --- matrix product: C = alpha * op(A) op(B) + beta * C, op(A) [m,k], op(B) [k,n] --- */
     umt_status (*gemm)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,

@@ -26,6 +26,7 @@ static umt_status upload(void *dst, const void *host_src, size_t bytes) NOTHING
 static umt_status download(void *host_dst, const void *src, size_t bytes) NOTHING
 static umt_status convert(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype, int64_t n) NOTHING
 static umt_status zero(void *x, size_t bytes) NOTHING
+static umt_status zero_many(int count, void *const *blocks, const size_t *bytes) NOTHING
 static umt_status gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                        int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) NOTHING
 static umt_status add(const float *a, const float *b, float *out, int64_t n) NOTHING
@@ -180,6 +181,7 @@ void umt_backend_dry(const umt_backend *real, umt_backend *out) {
     DRY(f32, download, download);
     DRY(f32, convert, convert);
     DRY(f32, zero, zero);
+    DRY(f32, zero_many, zero_many);
     DRY(f32, gemm, gemm);
     DRY(f32, add, add);
     DRY(f32, add_rows, add_rows);

@@ -391,6 +391,24 @@ static void test_fill_and_copy_write_every_element(void **state) {
     for (int i = 0; i < 5; i++) assert_near(y[i], -1.5, 0.0, "copy", i);
 }
 
+/* Two blocks of one buffer zeroed in one call; the floats around them keep their values; a size
+ * that is not whole floats is refused, naming the block, before anything is written. */
+static void test_zero_many_zeroes_each_block_and_nothing_else(void **state) {
+    (void)state;
+    float buffer[12];
+    for (int i = 0; i < 12; i++) buffer[i] = (float)(i + 1);
+    void *blocks[2] = {&buffer[1], &buffer[6]};
+    size_t bytes[2] = {3 * sizeof(float), 4 * sizeof(float)};
+    assert_int_equal(umt_cpu_zero_many(2, blocks, bytes), UMT_OK);
+    const float want[12] = {1, 0, 0, 0, 5, 6, 0, 0, 0, 0, 11, 12};
+    assert_memory_equal(buffer, want, sizeof want);
+    buffer[1] = 2.0f;
+    size_t odd[2] = {4, 6};
+    assert_int_equal(umt_cpu_zero_many(2, blocks, odd), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "block 1 has 6 bytes"));
+    assert_true(buffer[1] == 2.0f);
+}
+
 static void test_cpu_backend_fills_every_slot_with_its_kernels(void **state) {
     (void)state;
     const umt_backend *cpu = umt_cpu_backend();
@@ -405,6 +423,7 @@ static void test_cpu_backend_fills_every_slot_with_its_kernels(void **state) {
         if (cpu->f32.slot == NULL) fail_msg("cpu backend slot %s is NULL", #slot);                 \
     } while (0)
     ASSERT_SLOT(fill);
+    ASSERT_SLOT(zero_many);
     ASSERT_SLOT(copy);
     ASSERT_SLOT(convert);
     ASSERT_SLOT(add);
@@ -465,6 +484,7 @@ int main(void) {
         cmocka_unit_test(test_count_correct_breaks_ties_to_the_lowest_index),
         cmocka_unit_test(test_labels_out_of_range_are_refused_naming_row_and_label),
         cmocka_unit_test(test_fill_and_copy_write_every_element),
+        cmocka_unit_test(test_zero_many_zeroes_each_block_and_nothing_else),
         cmocka_unit_test(test_cpu_backend_fills_every_slot_with_its_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,6 +17,7 @@ static const umt_backend cpu_backend = {
         .download = umt_cpu_copy,
         .convert = umt_cpu_convert,
         .zero = umt_cpu_zero,
+        .zero_many = umt_cpu_zero_many,
         .gemm = umt_cpu_gemm,
         .add = umt_cpu_add,
         .add_rows = umt_cpu_add_rows,

@@ -25,6 +25,9 @@ extern "C" {
 umt_status umt_cpu_fill(float *x, int64_t n, float value);
 umt_status umt_cpu_copy(void *dst, const void *src, size_t bytes);
 umt_status umt_cpu_zero(void *x, size_t bytes);
+umt_status umt_cpu_zero_many(int count, void *const *blocks, const size_t *bytes);
+/* zero_many's argument check, which the CUDA backend makes too: every size a multiple of 4. */
+umt_status umt_cpu_check_zero_many(int count, const size_t *bytes);
 umt_status umt_cpu_convert(const void *src, umt_dtype src_dtype, void *dst, umt_dtype dst_dtype, int64_t n);
 uint16_t umt_f32_to_f16(float x);
 float umt_f16_to_f32(uint16_t x);

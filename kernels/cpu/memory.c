@@ -98,6 +98,20 @@ umt_status umt_cpu_zero(void *x, size_t bytes) {
     return UMT_OK;
 }
 
+umt_status umt_cpu_check_zero_many(int count, const size_t *bytes) {
+    for (int i = 0; i < count; i++)
+        if (bytes[i] % sizeof(float) != 0)
+            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "zero_many: block %d has %zu bytes (expected a multiple of 4)", i,
+                            bytes[i]);
+    return UMT_OK;
+}
+
+umt_status umt_cpu_zero_many(int count, void *const *blocks, const size_t *bytes) {
+    UMT_TRY(umt_cpu_check_zero_many(count, bytes));
+    for (int i = 0; i < count; i++) umt_cpu_zero(blocks[i], bytes[i]);
+    return UMT_OK;
+}
+
 umt_status umt_cpu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes > 0) memcpy(dst, src, bytes);
     return UMT_OK;

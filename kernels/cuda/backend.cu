@@ -331,6 +331,7 @@ static const umt_backend cuda_backend = {
         .download = umt_cuda_download,
         .convert = umt_cuda_convert,
         .zero = umt_cuda_zero,
+        .zero_many = umt_cuda_zero_many,
         .gemm = umt_cuda_gemm,
         .add = umt_cuda_add,
         .add_rows = umt_cuda_add_rows,

@@ -14,23 +14,30 @@
 
 #include "kernels/cuda/launch.h"
 
-/* sums[column] += the column's partials over chunks, in T (float or double), for the columns
- * of this block (launch with umt_chunk_sum_blocks(columns) blocks of THREADS threads). */
+/* *sum += column `column`'s partials over chunks (partials[chunk * columns + column]), in T
+ * (float or double), by the whole block: every thread must call it. */
+template <typename T>
+static __device__ void umt_dev_add_chunk_column(const T *partials, float *sum, int64_t columns, int64_t column,
+                                                int chunks) {
+    __shared__ T part[THREADS];
+    T own = 0;
+    for (int chunk = threadIdx.x; chunk < chunks; chunk += THREADS) own += partials[chunk * columns + column];
+    part[threadIdx.x] = own;
+    __syncthreads();
+    for (int half = THREADS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *sum = (float)((T)*sum + part[0]);
+    __syncthreads(); /* part is rewritten for the next column */
+}
+
+/* sums[column] += the column's partials over chunks, for the columns of this block (launch with
+ * umt_chunk_sum_blocks(columns) blocks of THREADS threads). */
 template <typename T>
 static __device__ void umt_dev_add_chunk_partials(const T *partials, float *sums, int64_t columns, int chunks) {
-    __shared__ T part[THREADS];
-    for (int64_t column = blockIdx.x; column < columns; column += gridDim.x) {
-        T sum = 0;
-        for (int chunk = threadIdx.x; chunk < chunks; chunk += THREADS) sum += partials[chunk * columns + column];
-        part[threadIdx.x] = sum;
-        __syncthreads();
-        for (int half = THREADS / 2; half > 0; half /= 2) {
-            if ((int)threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) sums[column] = (float)((T)sums[column] + part[0]);
-        __syncthreads(); /* part is rewritten for the next column */
-    }
+    for (int64_t column = blockIdx.x; column < columns; column += gridDim.x)
+        umt_dev_add_chunk_column(partials, &sums[column], columns, column, chunks);
 }
 
 /* A block per column, as many as a grid takes. */

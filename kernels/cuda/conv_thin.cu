@@ -15,17 +15,22 @@
  * threads read alike; f32 sums in (r, s, c) order, one rounding to the dtype.
  *
  * Weight gradient dw[k,c,r,s] += sum over pixels of dy[pixel,k] * x[window(pixel), c, r, s]:
- * THIN_BLOCKS blocks each take a run of pixels; a thread keeps the 8 x c*r*s sums of its eight
- * channels in registers over its pixels, the block adds its threads' sums in a fixed order
+ * at most FILTER_BLOCKS blocks each take a run of dy's vectors and stream it through shared
+ * memory, a tile at a time with the next tile's copy (cp.async) in flight while this one is
+ * summed: the loads no longer wait in registers, so a thread's sums (4 channels x c*r*s terms)
+ * fit three blocks on a multiprocessor. The block adds its threads' sums in a fixed order
  * (butterfly shuffles in the warp, then warps in order) and writes one partial per block into
- * the workspace; kernels/cuda/chunk_sums.h adds the blocks' partials in a fixed order. No
- * atomics: the same bits on every run, as every kernel of this folder.
+ * the workspace; kernels/cuda/chunk_sums.h adds the blocks' partials in a fixed order, the
+ * weights' and the bias's in one launch. No atomics: the same bits on every run, as every
+ * kernel of this folder.
  *
  * Fused with the bias and the ReLU that follow (umt_conv2d_relu): the forward adds the bias and
  * clamps before its one store; the weight gradient masks the gradient by y > 0 as it reads it
  * (writing the mask back only when the input's gradient needs it) and sums the bias gradient
  * on the way. The first layer's activation is then written once and read once in backward.
  */
+#include <cuda_pipeline.h>
+
 #include "core/base/cuda_check.h"
 #include "core/base/error.h"
 #include "kernels/cuda/chunk_sums.h"
@@ -34,12 +39,21 @@
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 
-/* THIN_TERMS: the most c*r*s taken; THIN_BLOCKS: the weight gradient's blocks (about two waves
- * of two blocks on each of a Hopper GPU's 132 multiprocessors); GROUP: channels per vector. A
- * warp's 32 lanes must hold whole pixels' channel groups, so k / 8 is a power of two, and at
- * most MAX_GROUPS so that the weight gradient's per-warp sums (8 warps of k * THIN_TERMS
- * floats) fit the 48 KiB of shared memory a launch gets without asking. */
-enum { THIN_TERMS = 9, THIN_BLOCKS = 512, MAX_GROUPS = 16, GROUP = UMT_HALVES_PER_VECTOR };
+/* THIN_TERMS: the most c*r*s taken; GROUP: channels per 16-byte vector, QUAD per 8-byte one. A
+ * warp's 32 lanes must hold whole pixels' channel vectors, so k / 8 is a power of two, and at
+ * most MAX_GROUPS. The weight gradient: at most FILTER_BLOCKS blocks (three on each of a Hopper
+ * GPU's 132 multiprocessors, one wave; a constant rather than the GPU's count, so that a shape's
+ * sums are added in the same order on any GPU), each streaming dy through shared memory in
+ * tiles of TILE_VECTORS vectors; the tiles, or the warps' sums after them (8 warps of
+ * k * THIN_TERMS + k floats), fit the 48 KiB of shared memory a launch gets without asking. */
+enum {
+    THIN_TERMS = 9,
+    MAX_GROUPS = 16,
+    GROUP = UMT_HALVES_PER_VECTOR,
+    QUAD = GROUP / 2,
+    FILTER_BLOCKS = 396,
+    TILE_VECTORS = 512
+};
 
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
 
@@ -55,17 +69,41 @@ bool umt_cuda_conv_thin_takes(const umt_conv_shape *s, const void *vectors_a, co
     return umt_cuda_conv_is_thin(s) && ((uintptr_t)vectors_a | (uintptr_t)vectors_b) % sizeof(uint4) == 0;
 }
 
-/* The shape in 32-bit ints (umt_cuda_conv_is_thin checked that they fit): 64-bit divisions
- * cost a GPU about a hundred instructions each, and a pixel's coordinates need three. */
+/* n / d for 0 <= n < 2^31 by a multiply-high, an add and a shift (Granlund and Montgomery's
+ * method with a 33-bit multiplier whose top bit is the add): a GPU's 32-bit division is a
+ * subroutine of about twenty instructions, and each output pixel's coordinates need two. The
+ * constants are made once per call on the host. */
 typedef struct {
-    int n, c, h, w, k, r, s, p, q, stride, pad, terms, groups;
+    unsigned int magic, shift;
+} fast_divisor;
+
+static fast_divisor divisor_of(int d) {
+    unsigned int shift = 0;
+    while ((1u << shift) < (unsigned int)d) shift++; /* ceil(log2 d) */
+    uint64_t magic = (((uint64_t)1 << 32) * (((uint64_t)1 << shift) - (uint64_t)d)) / (uint64_t)d + 1;
+    return {(unsigned int)magic, shift};
+}
+
+static __device__ int divide(int n, fast_divisor d) {
+    return (int)((__umulhi((unsigned int)n, d.magic) + (unsigned int)n) >> d.shift);
+}
+
+/* The shape in 32-bit ints (umt_cuda_conv_is_thin checked that they fit): 64-bit divisions
+ * cost a GPU about a hundred instructions each, and a pixel's coordinates need three. by_q and
+ * by_p divide by q and p; quad_shift is log2 of the 8-byte vectors (k / 4) a pixel's gradient
+ * has. */
+typedef struct {
+    int n, c, h, w, k, r, s, p, q, stride, pad, terms, groups, quad_shift;
+    fast_divisor by_q, by_p;
 } thin_shape;
 
 static thin_shape thin(const umt_conv_shape *s) {
+    int quad_shift = 0;
+    while ((QUAD << quad_shift) < s->k) quad_shift++;
     return {(int)s->n,        (int)s->c,      (int)s->h,   (int)s->w,
             (int)s->k,        (int)s->r,      (int)s->s,   (int)s->p,
             (int)s->q,        (int)s->stride, (int)s->pad, (int)(s->c * s->r * s->s),
-            (int)(s->k / GROUP)};
+            (int)(s->k / GROUP), quad_shift,  divisor_of((int)s->q), divisor_of((int)s->p)};
 }
 
 /* Term t of a window, in (r, s, c) order (the weights' K,R,S,C order): its row and column
@@ -81,15 +119,21 @@ static __device__ void make_window_table(const thin_shape &s, window_table *tabl
     }
 }
 
-/* The inputs under output pixel `pixel`'s window, zero where it hangs over the padding. */
-template <umt_dtype D>
-static __device__ void window_terms(const uint16_t *x, const thin_shape &s, const window_table *table, int pixel,
-                                    float *terms) {
-    int q = pixel % s.q, rest = pixel / s.q, p = rest % s.p, n = rest / s.p;
+/* The inputs under output pixel `pixel`'s window. PADDED (the shape's pad > 0): zero where the
+ * window hangs over the padding; without padding every window lies inside x, and leaving out the
+ * test leaves out the window's rows and columns, 18 registers the weight gradient's sums need. */
+template <umt_dtype D, bool PADDED>
+static __device__ __forceinline__ void window_terms(const uint16_t *x, const thin_shape &s,
+                                                    const window_table *table, int pixel, float *terms) {
+    int rest = divide(pixel, s.by_q), q = pixel - rest * s.q, n = divide(rest, s.by_p), p = rest - n * s.p;
     int top = p * s.stride - s.pad, left = q * s.stride - s.pad, corner = ((n * s.h + top) * s.w + left) * s.c;
 #pragma unroll
     for (int t = 0; t < THIN_TERMS; t++) {
         if (t >= s.terms) break;
+        if (!PADDED) {
+            terms[t] = umt_dev_widen<D>(x[corner + table->offset[t]]);
+            continue;
+        }
         int row = top + table->row[t], col = left + table->col[t];
         bool inside = (unsigned)row < (unsigned)s.h && (unsigned)col < (unsigned)s.w;
         terms[t] = inside ? umt_dev_widen<D>(x[corner + table->offset[t]]) : 0.0f;
@@ -105,7 +149,7 @@ static __device__ float relu(float v) { return v < 0.0f ? 0.0f : v; }
 /* With RELU, y = max(round(conv) + bias, 0) rounded again: bias_relu after the plain forward.
  * The weights sit in shared memory as [group][term][8 channels], so that each term's eight
  * weights are two 16-byte reads that every thread of the block makes alike (one broadcast). */
-template <umt_dtype D, bool RELU>
+template <umt_dtype D, bool RELU, bool PADDED>
 static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w, const float *bias, uint4 *y,
                                            thin_shape s) {
     extern __shared__ float4 shared[]; /* the weights, then the k biases */
@@ -121,7 +165,7 @@ static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w,
     int pixels = s.n * s.p * s.q;
     for (int pixel = blockIdx.x * blockDim.x + threadIdx.x; pixel < pixels; pixel += gridDim.x * blockDim.x) {
         float terms[THIN_TERMS];
-        window_terms<D>(x, s, &table, pixel, terms);
+        window_terms<D, PADDED>(x, s, &table, pixel, terms);
         for (int group = 0; group < s.groups; group++) {
             const float4 *filter = shared + group * s.terms * 2;
             float sum[GROUP] = {};
@@ -147,34 +191,54 @@ static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w,
 /* ------------------------------------------------------------------------------------------ */
 /* Weight gradient (with MASKED, of a fused convolution + ReLU: the mask and the bias sums too) */
 
-/* What a thread sums: per channel of its group, the weight gradient's terms and the bias's. */
+/* Four halves in one 8-byte load or store: a thread's channels of a pixel's gradient. */
+typedef union {
+    uint2 bits;
+    uint16_t h[QUAD];
+} halves4;
+
+/* What a thread sums: per channel of its four, the weight gradient's terms and the bias's. */
 typedef struct {
-    float w[GROUP][THIN_TERMS], bias[GROUP];
+    float w[QUAD][THIN_TERMS], bias[QUAD];
 } thin_sums;
 
-/* Thread t holds channel group t % groups of pixels first + t / groups, stepping by the block's
- * lanes. MASKED: the gradient is first masked by y > 0 (written back when keep_dy). */
-template <umt_dtype D, bool MASKED>
-static __device__ void sum_block_pixels(const uint16_t *x, const uint4 *y, uint4 *dy, bool keep_dy,
-                                        const thin_shape &s, const window_table *table, int first, int last,
-                                        thin_sums *sums) {
-    int lanes = (int)blockDim.x / s.groups;
-    for (int pixel = first + threadIdx.x / s.groups; pixel < last; pixel += lanes) {
+/* Starts copying dy's vectors [from, to) (at most TILE_VECTORS) into stage, and with MASKED y's
+ * after them, without waiting: one commit group, which __pipeline_wait_prior then waits for. */
+template <bool MASKED>
+static __device__ void fetch_tile(const uint4 *y, const uint4 *dy, uint4 *stage, int from, int to) {
+    for (int v = (int)threadIdx.x; from + v < to; v += (int)blockDim.x) {
+        __pipeline_memcpy_async(&stage[v], &dy[from + v], sizeof(uint4));
+        if (MASKED) __pipeline_memcpy_async(&stage[TILE_VECTORS + v], &y[from + v], sizeof(uint4));
+    }
+    __pipeline_commit();
+}
+
+/* Adds the terms of dy's vectors [from, to), now in stage, to the thread's sums. A thread takes
+ * 8-byte quads: quad u of the tile is channels 4 * (u % (k / 4)) on of pixel (2 * from + u) /
+ * (k / 4), and u steps by the block's threads, a multiple of k / 4, so a thread's channels stay
+ * the same (from is a multiple of k / 8). MASKED: the gradient is first masked by y > 0 (written
+ * back to dy when keep_dy). */
+template <umt_dtype D, bool MASKED, bool PADDED>
+static __device__ __forceinline__ void sum_tile(const uint16_t *x, uint4 *dy, bool keep_dy, const uint4 *stage, const thin_shape &s,
+                                const window_table *table, int from, int to, thin_sums *sums) {
+    const uint2 *grads = (const uint2 *)stage, *outs = (const uint2 *)(stage + TILE_VECTORS);
+#pragma unroll 1
+    for (int u = (int)threadIdx.x; u < 2 * (to - from); u += (int)blockDim.x) {
+        int quad = 2 * from + u;
         float terms[THIN_TERMS];
-        window_terms<D>(x, s, table, pixel, terms);
-        int at = pixel * s.groups + threadIdx.x % s.groups;
-        umt_halves8 grad;
-        grad.bits = dy[at];
+        window_terms<D, PADDED>(x, s, table, quad >> s.quad_shift, terms);
+        halves4 grad;
+        grad.bits = grads[u];
         if (MASKED) {
-            umt_halves8 out;
-            out.bits = y[at];
+            halves4 out;
+            out.bits = outs[u];
 #pragma unroll
-            for (int e = 0; e < GROUP; e++)
+            for (int e = 0; e < QUAD; e++)
                 if (!(umt_dev_widen<D>(out.h[e]) > 0.0f)) grad.h[e] = 0;
-            if (keep_dy) dy[at] = grad.bits;
+            if (keep_dy) ((uint2 *)dy)[quad] = grad.bits;
         }
 #pragma unroll
-        for (int e = 0; e < GROUP; e++) {
+        for (int e = 0; e < QUAD; e++) {
             float g = umt_dev_widen<D>(grad.h[e]);
             if (MASKED) sums->bias[e] += g;
 #pragma unroll
@@ -185,123 +249,145 @@ static __device__ void sum_block_pixels(const uint16_t *x, const uint4 *y, uint4
 }
 
 /* The warp's sum of v over the lanes holding the same channels (lanes l and l ^ offset for
- * offset >= groups): a butterfly, the same order every time; lanes 0..groups-1 get it. */
-static __device__ float warp_channel_sum(float v, int groups) {
-    for (int offset = 16; offset >= groups; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+ * offset >= quads): a butterfly, the same order every time; lanes 0..quads-1 get it. */
+static __device__ float warp_channel_sum(float v, int quads) {
+    for (int offset = 16; offset >= quads; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
     return v;
 }
 
-/* The block's partials: dw's k * terms in K,C,R,S order at partials[block * k * terms], and
- * with MASKED the bias's k at bias_partials[block * k]. Two blocks per multiprocessor at least
- * (at most 128 registers a thread): with one, the loads of x, y and dy wait unhidden. */
-template <umt_dtype D, bool MASKED>
-static __global__ void __launch_bounds__(THREADS, 2)
-    thin_filter_kernel(const uint16_t *x, const uint4 *y, uint4 *dy, bool keep_dy, float *partials,
-                       float *bias_partials, thin_shape s, int pixels_per_block) {
-    extern __shared__ float warp_sums[]; /* [warp][k * terms + k]: (channel, term (r, s, c)), biases */
-    __shared__ window_table table;
-    make_window_table(s, &table);
-    __syncthreads();
-    int outputs = s.k * s.terms, row = outputs + s.k, pixels = s.n * s.p * s.q;
-    int first = blockIdx.x * pixels_per_block;
-    int last = first + pixels_per_block < pixels ? first + pixels_per_block : pixels;
-    thin_sums sums = {};
-    sum_block_pixels<D, MASKED>(x, y, dy, keep_dy, s, &table, first, last, &sums);
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = threadIdx.x % s.groups;
+/* Writes the block's partial: row = k * terms + k floats at partials[block * row], dw's in
+ * K,C,R,S order, then with MASKED the bias's. warp_sums (shared) holds [warp][row]. */
+template <bool MASKED>
+static __device__ __forceinline__ void write_block_partial(const thin_sums &sums, const thin_shape &s, float *warp_sums,
+                                           float *partials) {
+    int outputs = s.k * s.terms, row = outputs + s.k, quads = 2 * s.groups;
+    int lane = (int)threadIdx.x % 32, warp = (int)threadIdx.x / 32, first_channel = QUAD * (lane % quads);
 #pragma unroll
-    for (int e = 0; e < GROUP; e++) {
-        int channel = group * GROUP + e;
+    for (int e = 0; e < QUAD; e++) {
 #pragma unroll
         for (int t = 0; t < THIN_TERMS; t++) {
             if (t >= s.terms) break;
-            float v = warp_channel_sum(sums.w[e][t], s.groups);
-            if (lane < s.groups) warp_sums[warp * row + channel * s.terms + t] = v;
+            float v = warp_channel_sum(sums.w[e][t], quads);
+            if (lane < quads) warp_sums[warp * row + (first_channel + e) * s.terms + t] = v;
         }
         if (MASKED) {
-            float v = warp_channel_sum(sums.bias[e], s.groups);
-            if (lane < s.groups) warp_sums[warp * row + outputs + channel] = v;
+            float v = warp_channel_sum(sums.bias[e], quads);
+            if (lane < quads) warp_sums[warp * row + outputs + first_channel + e] = v;
         }
     }
     __syncthreads();
     /* Warps added in order; output o = (channel, term (r, s, c)) goes to its K,C,R,S place. */
-    for (int o = threadIdx.x; o < (MASKED ? row : outputs); o += blockDim.x) {
+    for (int o = (int)threadIdx.x; o < (MASKED ? row : outputs); o += (int)blockDim.x) {
         float total = 0.0f;
         for (int w = 0; w < (int)blockDim.x / 32; w++) total += warp_sums[w * row + o];
-        if (o >= outputs) {
-            bias_partials[blockIdx.x * s.k + o - outputs] = total;
-            continue;
-        }
         int k = o / s.terms, t = o % s.terms, c = t % s.c, rs = t / s.c;
-        partials[blockIdx.x * outputs + (k * s.c + c) * s.r * s.s + rs] = total;
+        partials[blockIdx.x * row + (o >= outputs ? o : (k * s.c + c) * s.r * s.s + rs)] = total;
     }
 }
 
-static __global__ void add_block_partials_kernel(const float *partials, float *sums, int64_t columns, int blocks) {
-    umt_dev_add_chunk_partials(partials, sums, columns, blocks);
+/* Each block sums dy's vectors [blockIdx.x * per_block, + per_block): two tiles in shared memory,
+ * the next one's copy in flight while this one is summed; then its partial. Three blocks per
+ * multiprocessor (at most 80 registers a thread: an unpadded shape's kernel needs no more, a
+ * padded one's spills a few), so that the loads of x wait less unhidden. */
+template <umt_dtype D, bool MASKED, bool PADDED>
+static __global__ void __launch_bounds__(THREADS, 3)
+    thin_filter_kernel(const uint16_t *x, const uint4 *y, uint4 *dy, bool keep_dy, float *partials, thin_shape s,
+                       int per_block) {
+    extern __shared__ uint4 stages[]; /* two tiles of dy (and y); after them, the warps' sums */
+    __shared__ window_table table;
+    make_window_table(s, &table); /* read after the loop's first __syncthreads */
+    const int stage = (MASKED ? 2 : 1) * TILE_VECTORS, vectors = s.n * s.p * s.q * s.groups;
+    int first = (int)blockIdx.x * per_block, last = min(first + per_block, vectors);
+    thin_sums sums = {};
+    fetch_tile<MASKED>(y, dy, stages, first, min(first + TILE_VECTORS, last));
+    for (int from = first, tile = 0; from < last; from += TILE_VECTORS, tile++) {
+        int next = from + TILE_VECTORS;
+        if (next < last) fetch_tile<MASKED>(y, dy, stages + (tile + 1) % 2 * stage, next, min(next + TILE_VECTORS, last));
+        else __pipeline_commit(); /* an empty group: the wait below leaves the newest one pending */
+        __pipeline_wait_prior(1);
+        __syncthreads();
+        sum_tile<D, MASKED, PADDED>(x, dy, keep_dy, stages + tile % 2 * stage, s, &table, from, min(next, last), &sums);
+        __syncthreads(); /* this stage is refilled at the next tile */
+    }
+    write_block_partial<MASKED>(sums, s, (float *)stages, partials);
+}
+
+/* dw += the blocks' weight gradient partials, and dbias += their bias partials when columns
+ * passes outputs: one launch for both. */
+static __global__ void add_block_partials_kernel(const float *partials, float *dw, float *dbias, int outputs,
+                                                 int row, int columns, int blocks) {
+    for (int column = (int)blockIdx.x; column < columns; column += (int)gridDim.x)
+        umt_dev_add_chunk_column(partials, column < outputs ? &dw[column] : &dbias[column - outputs], row, column,
+                                 blocks);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Entry points (conv.cu has checked the shape, the workspace and umt_cuda_conv_thin_takes)    */
 
 size_t umt_cuda_conv_thin_workspace_bytes(const umt_conv_shape *s) {
-    return (size_t)THIN_BLOCKS * (size_t)(s->k * s->c * s->r * s->s + s->k) * sizeof(float);
+    return (size_t)FILTER_BLOCKS * (size_t)(s->k * s->c * s->r * s->s + s->k) * sizeof(float);
 }
 
-template <umt_dtype D>
+template <umt_dtype D, bool PADDED>
 static umt_status forward(const umt_conv_shape *s, const void *x, const void *w, const float *bias, bool relu,
                           void *y) {
     size_t shared = (size_t)(s->k * s->c * s->r * s->s + s->k) * sizeof(float);
     unsigned int blocks = blocks_for(s->n * s->p * s->q);
     if (relu)
-        thin_forward_kernel<D, true><<<blocks, THREADS, shared, umt_cuda_stream()>>>(
+        thin_forward_kernel<D, true, PADDED><<<blocks, THREADS, shared, umt_cuda_stream()>>>(
             (const uint16_t *)x, (const uint16_t *)w, bias, (uint4 *)y, thin(s));
     else
-        thin_forward_kernel<D, false><<<blocks, THREADS, shared, umt_cuda_stream()>>>(
+        thin_forward_kernel<D, false, PADDED><<<blocks, THREADS, shared, umt_cuda_stream()>>>(
             (const uint16_t *)x, (const uint16_t *)w, NULL, (uint4 *)y, thin(s));
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
 
-/* y NULL: the plain weight gradient; else the fused one (mask, keep_dy, dbias). */
-template <umt_dtype D>
+/* y NULL: the plain weight gradient; else the fused one (mask, keep_dy, dbias). Blocks: one per
+ * tile of dy up to FILTER_BLOCKS, each taking a run of whole pixels' vectors. */
+template <umt_dtype D, bool PADDED>
 static umt_status backward_filter(const umt_conv_shape *s, const void *x, const void *y, void *dy, bool keep_dy,
                                   float *dw, float *dbias, void *workspace) {
-    int64_t pixels = s->n * s->p * s->q, lanes = THREADS / (s->k / GROUP), outputs = s->k * s->c * s->r * s->s;
-    int64_t blocks = (pixels + lanes - 1) / lanes;
-    if (blocks > THIN_BLOCKS) blocks = THIN_BLOCKS;
-    int64_t per_block = (pixels + blocks - 1) / blocks;
-    blocks = (pixels + per_block - 1) / per_block;
-    size_t shared = (size_t)(THREADS / 32 * (outputs + s->k)) * sizeof(float);
-    float *partials = (float *)workspace, *bias_partials = partials + THIN_BLOCKS * outputs;
+    thin_shape t = thin(s);
+    int64_t vectors = s->n * s->p * s->q * t.groups, outputs = t.k * t.terms, row = outputs + t.k;
+    int64_t blocks = (vectors + TILE_VECTORS - 1) / TILE_VECTORS;
+    if (blocks > FILTER_BLOCKS) blocks = FILTER_BLOCKS;
+    int64_t per_block = (vectors + blocks - 1) / blocks;
+    per_block = (per_block + t.groups - 1) / t.groups * t.groups;
+    blocks = (vectors + per_block - 1) / per_block;
+    size_t tiles = (size_t)2 * (y ? 2 : 1) * TILE_VECTORS * sizeof(uint4);
+    size_t sums = (size_t)(THREADS / 32 * row) * sizeof(float);
+    size_t shared = tiles > sums ? tiles : sums;
+    float *partials = (float *)workspace;
     cudaStream_t stream = umt_cuda_stream();
     if (y)
-        thin_filter_kernel<D, true><<<(unsigned int)blocks, THREADS, shared, stream>>>(
-            (const uint16_t *)x, (const uint4 *)y, (uint4 *)dy, keep_dy, partials, bias_partials, thin(s),
-            (int)per_block);
+        thin_filter_kernel<D, true, PADDED><<<(unsigned int)blocks, THREADS, shared, stream>>>(
+            (const uint16_t *)x, (const uint4 *)y, (uint4 *)dy, keep_dy, partials, t, (int)per_block);
     else
-        thin_filter_kernel<D, false><<<(unsigned int)blocks, THREADS, shared, stream>>>(
-            (const uint16_t *)x, NULL, (uint4 *)dy, false, partials, NULL, thin(s), (int)per_block);
+        thin_filter_kernel<D, false, PADDED><<<(unsigned int)blocks, THREADS, shared, stream>>>(
+            (const uint16_t *)x, NULL, (uint4 *)dy, false, partials, t, (int)per_block);
     UMT_CUDA_LAUNCHED();
-    add_block_partials_kernel<<<umt_chunk_sum_blocks(outputs), THREADS, 0, stream>>>(partials, dw, outputs,
-                                                                                      (int)blocks);
+    int64_t columns = y && dbias ? row : outputs;
+    add_block_partials_kernel<<<umt_chunk_sum_blocks(columns), THREADS, 0, stream>>>(
+        partials, dw, dbias, (int)outputs, (int)row, (int)columns, (int)blocks);
     UMT_CUDA_LAUNCHED();
-    if (y && dbias) {
-        add_block_partials_kernel<<<umt_chunk_sum_blocks(s->k), THREADS, 0, stream>>>(bias_partials, dbias, s->k,
-                                                                                      (int)blocks);
-        UMT_CUDA_LAUNCHED();
-    }
     return UMT_OK;
 }
 
 umt_status umt_cuda_conv2d_forward_thin(const umt_conv_shape *s, const void *x, const void *w, const float *bias,
                                         bool relu, void *y) {
     if (s->n == 0) return UMT_OK;
-    return s->dtype == UMT_BF16 ? forward<UMT_BF16>(s, x, w, bias, relu, y) : forward<UMT_F16>(s, x, w, bias, relu, y);
+    if (s->dtype == UMT_BF16)
+        return s->pad ? forward<UMT_BF16, true>(s, x, w, bias, relu, y) : forward<UMT_BF16, false>(s, x, w, bias, relu, y);
+    return s->pad ? forward<UMT_F16, true>(s, x, w, bias, relu, y) : forward<UMT_F16, false>(s, x, w, bias, relu, y);
 }
 
 umt_status umt_cuda_conv2d_backward_filter_thin(const umt_conv_shape *s, const void *x, const void *y, void *dy,
                                                 bool keep_dy, float *dw, float *dbias, void *workspace) {
     if (s->n == 0) return UMT_OK;
-    return s->dtype == UMT_BF16 ? backward_filter<UMT_BF16>(s, x, y, dy, keep_dy, dw, dbias, workspace)
-                                : backward_filter<UMT_F16>(s, x, y, dy, keep_dy, dw, dbias, workspace);
+    if (s->dtype == UMT_BF16)
+        return s->pad ? backward_filter<UMT_BF16, true>(s, x, y, dy, keep_dy, dw, dbias, workspace)
+                      : backward_filter<UMT_BF16, false>(s, x, y, dy, keep_dy, dw, dbias, workspace);
+    return s->pad ? backward_filter<UMT_F16, true>(s, x, y, dy, keep_dy, dw, dbias, workspace)
+                  : backward_filter<UMT_F16, false>(s, x, y, dy, keep_dy, dw, dbias, workspace);
 }

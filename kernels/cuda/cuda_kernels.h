@@ -156,6 +156,7 @@ umt_status umt_cuda_dropout_backward(const uint8_t *mask, const float *dy, float
 /* Mixed precision (core/precision.h): lowp.cu, and the _lp entry points of gemm.cu, conv.cu
  * and pool.cu */
 umt_status umt_cuda_zero(void *x, size_t bytes);
+umt_status umt_cuda_zero_many(int count, void *const *blocks, const size_t *bytes);
 umt_status umt_cuda_recast(const void *src, umt_dtype src_dtype, bool src_nhwc, void *dst, umt_dtype dst_dtype,
                            bool dst_nhwc, int64_t n, int64_t c, int64_t hw, bool accumulate);
 umt_status umt_cuda_gemm_lp(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void *a,

@@ -10,6 +10,7 @@
  */
 #include "core/base/cuda_check.h"
 #include "core/base/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/bias_rows.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -114,6 +115,37 @@ static umt_status check_half(const char *op, umt_dtype dtype) {
 extern "C" umt_status umt_cuda_zero(void *x, size_t bytes) {
     if (bytes == 0) return UMT_OK;
     UMT_CUDA_TRY(cudaMemsetAsync(x, 0, bytes, umt_cuda_stream()));
+    return UMT_OK;
+}
+
+/* Up to ZERO_LIST blocks per launch, passed by value in the kernel's parameters (no copy to the
+ * device first; a captured step graph keeps them as it keeps any kernel's arguments). */
+enum { ZERO_LIST = 32 };
+typedef struct {
+    uint32_t *words[ZERO_LIST];
+    int64_t count[ZERO_LIST];
+    int blocks;
+} zero_list;
+
+static __global__ void zero_many_kernel(zero_list list) {
+    for (int b = 0; b < list.blocks; b++) FOR_EACH_INDEX(i, list.count[b]) list.words[b][i] = 0;
+}
+
+extern "C" umt_status umt_cuda_zero_many(int count, void *const *blocks, const size_t *bytes) {
+    UMT_TRY(umt_cpu_check_zero_many(count, bytes));
+    for (int first = 0; first < count; first += ZERO_LIST) {
+        zero_list list = {};
+        int64_t most = 0;
+        for (int i = first; i < count && i < first + ZERO_LIST; i++) {
+            list.words[list.blocks] = (uint32_t *)blocks[i];
+            list.count[list.blocks] = (int64_t)(bytes[i] / sizeof(uint32_t));
+            if (list.count[list.blocks] > most) most = list.count[list.blocks];
+            list.blocks++;
+        }
+        if (most == 0) continue;
+        zero_many_kernel<<<blocks_for(most), THREADS, 0, umt_cuda_stream()>>>(list);
+        UMT_CUDA_LAUNCHED();
+    }
     return UMT_OK;
 }
 

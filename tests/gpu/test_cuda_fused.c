@@ -230,16 +230,19 @@ static void test_conv2d_relu_matches_relu_of_conv2d(void **state) {
     (void)state;
     /* 64 channels: the vector kernels under bf16 (the MNIST CNN's conv2); 12 channels, stride 2,
      * padding 1: the scalar ones; one input channel: under bf16 the backend's own fused kernels
-     * (kernels/cuda/conv_thin.cu, the MNIST CNN's conv1), here with the input's gradient too. */
+     * (kernels/cuda/conv_thin.cu, the MNIST CNN's conv1), here with the input's gradient too;
+     * and at batch 500, where each block of the weight gradient streams several tiles. */
     const int ndims[3] = {4, 4, 1};
     const int64_t wide[3][4] = {{8, 32, 14, 14}, {64, 32, 3, 3}, {64}};
     const int64_t odd[3][4] = {{3, 5, 9, 7}, {12, 5, 3, 3}, {12}};
     const int64_t thin[3][4] = {{8, 1, 12, 12}, {32, 1, 3, 3}, {32}};
+    const int64_t thin_batch[3][4] = {{500, 1, 28, 28}, {32, 1, 3, 3}, {32}};
     for (int p = 0; p < 2; p++) {
         compare(PRECISIONS[p], conv_relu_pad0, 3, wide, ndims, 0, "conv2d_relu 64 channels");
         compare(PRECISIONS[p], conv_relu_strided, 3, odd, ndims, 0, "conv2d_relu 12 channels strided");
         compare(PRECISIONS[p], conv_relu_pad0, 3, thin, ndims, 0, "conv2d_relu 1 channel");
         compare(PRECISIONS[p], conv_relu_strided, 3, thin, ndims, 0, "conv2d_relu 1 channel strided");
+        compare(PRECISIONS[p], conv_relu_pad0, 3, thin_batch, ndims, 0, "conv2d_relu 1 channel, batch 500");
     }
 }
 

@@ -126,6 +126,32 @@ static void test_fill_copy_upload_and_download_match_the_cpu(void **state) {
     }
 }
 
+/* 40 blocks of one random buffer, of the sizes above in turn with gaps of 3 floats between them:
+ * more than one launch's list (32), and every float outside the blocks must keep its value. */
+static void test_zero_many_zeroes_forty_blocks_as_the_cpu_and_nothing_beside_them(void **state) {
+    (void)state;
+    enum { BLOCKS = 40, GAP = 3 };
+    size_t offsets[BLOCKS], bytes[BLOCKS], total = 0;
+    for (int b = 0; b < BLOCKS; b++) {
+        offsets[b] = total + GAP;
+        bytes[b] = (size_t)sizes[b % SIZE_COUNT] * sizeof(float);
+        total = offsets[b] + bytes[b] / sizeof(float);
+    }
+    twin buffer = twin_random((int64_t)total + GAP, -1, 1);
+    void *host_blocks[BLOCKS], *device_blocks[BLOCKS];
+    for (int b = 0; b < BLOCKS; b++) {
+        host_blocks[b] = (float *)buffer.host + offsets[b];
+        device_blocks[b] = (float *)buffer.device + offsets[b];
+    }
+    float before = ((float *)buffer.host)[offsets[1] - 1];
+    EXPECT_OK(cpu->f32.zero_many(BLOCKS, host_blocks, bytes));
+    EXPECT_OK(gpu->f32.zero_many(BLOCKS, device_blocks, bytes));
+    expect_same_bytes("zero_many", buffer);
+    assert_true(((float *)buffer.host)[offsets[1]] == 0.0f && ((float *)buffer.host)[offsets[1] - 1] == before);
+    size_t odd = 6;
+    SAME_FAILURE(UMT_ERR_INVALID_ARGUMENT, zero_many(1, on_device ? device_blocks : host_blocks, &odd));
+}
+
 /* f32 sources: special values first (ties, overflow, subnormals, NaN payloads), then random
  * bit patterns, which cover every class. 16-bit sources: every pattern. */
 static twin conversion_source(umt_dtype dtype, int64_t n) {
@@ -466,6 +492,7 @@ int main(void) {
         TEST(test_every_slot_of_the_cuda_table_is_filled),
         TEST(test_a_second_state_has_its_own_stream_and_the_first_keeps_working),
         TEST(test_fill_copy_upload_and_download_match_the_cpu),
+        TEST(test_zero_many_zeroes_forty_blocks_as_the_cpu_and_nothing_beside_them),
         TEST(test_convert_matches_the_cpu_bit_for_bit_between_every_pair_of_dtypes),
         TEST(test_gemm_matches_the_cpu_for_all_transposes_sizes_and_padded_strides),
         TEST(test_gemm_with_beta_0_writes_no_nan_into_a_nan_filled_c),

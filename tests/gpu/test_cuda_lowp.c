@@ -502,14 +502,16 @@ static void check_conv(umt_dtype dtype, const int64_t *shape) {
 
 /* n, c, h, w, k, r, s, stride, pad: MNIST's first layer (c = 1) and a c = 32, k = 64 layer, each
  * at stride 1 and 2 with padding 0 and 1. The c*r*s <= 9 shapes take conv.cu's direct kernels
- * (conv_thin.cu): the first layer at batch 64 spreads its weight gradient over all of their
- * blocks, and c = 2 with 2x2 filters, k = 8 and k = 16 vary their terms and channel groups;
- * k = 12 (not a multiple of 8) stays on cuDNN. */
+ * (conv_thin.cu): the first layer at batch 64 spreads its weight gradient over hundreds of
+ * blocks of one tile each, and at batch 600 over all of them with several tiles each, the last
+ * one partial; c = 2 with 2x2 filters, k = 8, 16 and 128 vary their terms and channel groups
+ * (k = 128: a lane per channel quad, no shuffles); k = 12 (not a multiple of 8) stays on cuDNN. */
 static const int64_t conv_shapes[][9] = {
     {4, 1, 12, 12, 32, 3, 3, 1, 0},  {4, 1, 12, 12, 32, 3, 3, 1, 1},  {4, 1, 12, 12, 32, 3, 3, 2, 0},
     {4, 1, 12, 12, 32, 3, 3, 2, 1},  {2, 32, 10, 10, 64, 3, 3, 1, 0}, {2, 32, 10, 10, 64, 3, 3, 1, 1},
     {2, 32, 9, 9, 64, 3, 3, 2, 0},   {2, 32, 9, 9, 64, 3, 3, 2, 1},   {64, 1, 28, 28, 32, 3, 3, 1, 0},
     {3, 2, 9, 9, 16, 2, 2, 1, 1},    {5, 1, 7, 7, 8, 3, 3, 2, 1},     {4, 1, 12, 12, 12, 3, 3, 1, 0},
+    {600, 1, 28, 28, 32, 3, 3, 1, 0}, {6, 1, 10, 10, 128, 3, 3, 1, 1}, {300, 1, 16, 16, 8, 3, 3, 1, 1},
 };
 
 static void check_conv_shapes(void) {
