@@ -11,8 +11,11 @@
  * tools/kernel_profile.sh).
  *
  * Forward: a thread computes one output pixel: its c*r*s inputs read once into registers, then
- * its channels eight at a time (one 16-byte store each) from weights in shared memory that all
- * threads read alike; f32 sums in (r, s, c) order, one rounding to the dtype.
+ * its channels eight at a time from weights in shared memory that all threads read alike; f32
+ * sums in (r, s, c) order, one rounding to the dtype. The block's outputs go through shared
+ * memory, four vectors of each pixel at a time, so that a warp's stores fill whole 32-byte
+ * sectors (a thread's own 16-byte stores, a pixel's width apart, left each sector half written
+ * per store and doubled the L2's work).
  *
  * Weight gradient dw[k,c,r,s] += sum over pixels of dy[pixel,k] * x[window(pixel), c, r, s]:
  * at most FILTER_BLOCKS blocks each take a run of dy's vectors and stream it through shared
@@ -146,14 +149,57 @@ static __device__ __forceinline__ void window_terms(const uint16_t *x, const thi
 /* Written as "v < 0 ? 0 : v" so that a NaN passes through, as the ReLU kernels do. */
 static __device__ float relu(float v) { return v < 0.0f ? 0.0f : v; }
 
-/* With RELU, y = max(round(conv) + bias, 0) rounded again: bias_relu after the plain forward.
- * The weights sit in shared memory as [group][term][8 channels], so that each term's eight
- * weights are two 16-byte reads that every thread of the block makes alike (one broadcast). */
+/* Two floats rounded to the dtype (to nearest even) in one instruction, lo in the low half. A NaN
+ * comes out as the hardware's canonical NaN, as from cuDNN's convolutions (umt_dev_narrow keeps
+ * the payload as the CPU does, at a few instructions an element). */
+template <umt_dtype D> static __device__ uint32_t narrow_pair(float lo, float hi) {
+    if (D == UMT_BF16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *(uint32_t *)&v;
+    }
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+/* One group's eight channels of a pixel (y = round(conv), with RELU max(y + bias, 0) rounded
+ * again: bias_relu after the plain forward, bit for bit). The weights sit in shared memory as
+ * [group][term][8 channels], so that each term's eight weights are two 16-byte reads that every
+ * thread of the block makes alike (one broadcast). */
+template <umt_dtype D, bool RELU>
+static __device__ __forceinline__ uint4 forward_group(const float4 *filter, const float *biases,
+                                                      const float *terms, int count) {
+    float sum[GROUP] = {};
+#pragma unroll
+    for (int t = 0; t < THIN_TERMS; t++) {
+        if (t >= count) break;
+        float4 a = filter[2 * t], b = filter[2 * t + 1];
+        sum[0] += a.x * terms[t], sum[1] += a.y * terms[t], sum[2] += a.z * terms[t];
+        sum[3] += a.w * terms[t], sum[4] += b.x * terms[t], sum[5] += b.y * terms[t];
+        sum[6] += b.z * terms[t], sum[7] += b.w * terms[t];
+    }
+    uint32_t pairs[GROUP / 2];
+#pragma unroll
+    for (int e = 0; e < GROUP / 2; e++) {
+        pairs[e] = narrow_pair<D>(sum[2 * e], sum[2 * e + 1]);
+        if (!RELU) continue;
+        float lo = umt_dev_widen<D>((uint16_t)(pairs[e] & 0xffffu)), hi = umt_dev_widen<D>((uint16_t)(pairs[e] >> 16));
+        pairs[e] = narrow_pair<D>(relu(lo + biases[2 * e]), relu(hi + biases[2 * e + 1]));
+    }
+    return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+}
+
+/* STAGED vectors per pixel at a time: four (64 bytes, two whole sectors), or all of a smaller k's. */
+enum { STAGED = 4 };
+
+/* Each block takes THREADS pixels at a time, a thread each; their outputs, STAGED groups at a
+ * time, are stored from shared memory in order: a warp writes 512 contiguous bytes (or runs of
+ * 64 where k > 32). */
 template <umt_dtype D, bool RELU, bool PADDED>
 static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w, const float *bias, uint4 *y,
                                            thin_shape s) {
     extern __shared__ float4 shared[]; /* the weights, then the k biases */
     __shared__ window_table table;
+    __shared__ uint4 staged[STAGED * THREADS];
     float *weights = (float *)shared, *biases = weights + s.k * s.terms;
     for (int i = threadIdx.x; i < s.k * s.terms; i += blockDim.x) {
         int k = i / s.terms, t = i % s.terms; /* w is K,R,S,C: k's terms in (r, s, c) order */
@@ -162,28 +208,22 @@ static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w,
     for (int i = threadIdx.x; i < s.k; i += blockDim.x) biases[i] = bias ? bias[i] : 0.0f;
     make_window_table(s, &table);
     __syncthreads();
-    int pixels = s.n * s.p * s.q;
-    for (int pixel = blockIdx.x * blockDim.x + threadIdx.x; pixel < pixels; pixel += gridDim.x * blockDim.x) {
+    int pixels = s.n * s.p * s.q, chunk = min(s.groups, (int)STAGED), chunk_shift = chunk == 4 ? 2 : chunk - 1;
+    for (int first = blockIdx.x * THREADS; first < pixels; first += gridDim.x * THREADS) {
+        int pixel = first + threadIdx.x;
         float terms[THIN_TERMS];
-        window_terms<D, PADDED>(x, s, &table, pixel, terms);
-        for (int group = 0; group < s.groups; group++) {
-            const float4 *filter = shared + group * s.terms * 2;
-            float sum[GROUP] = {};
-#pragma unroll
-            for (int t = 0; t < THIN_TERMS; t++) {
-                if (t >= s.terms) break;
-                float4 a = filter[2 * t], b = filter[2 * t + 1];
-                sum[0] += a.x * terms[t], sum[1] += a.y * terms[t], sum[2] += a.z * terms[t];
-                sum[3] += a.w * terms[t], sum[4] += b.x * terms[t], sum[5] += b.y * terms[t];
-                sum[6] += b.z * terms[t], sum[7] += b.w * terms[t];
+        if (pixel < pixels) window_terms<D, PADDED>(x, s, &table, pixel, terms);
+        for (int group = 0; group < s.groups; group += chunk) {
+            if (pixel < pixels)
+                for (int g = 0; g < chunk; g++)
+                    staged[threadIdx.x * chunk + g] = forward_group<D, RELU>(
+                        shared + (group + g) * s.terms * 2, biases + (group + g) * GROUP, terms, s.terms);
+            __syncthreads();
+            for (int v = threadIdx.x; v < chunk * THREADS; v += THREADS) {
+                int at = first + (v >> chunk_shift);
+                if (at < pixels) y[at * s.groups + group + (v & (chunk - 1))] = staged[v];
             }
-            umt_halves8 out;
-#pragma unroll
-            for (int e = 0; e < GROUP; e++) {
-                out.h[e] = umt_dev_narrow<D>(sum[e]);
-                if (RELU) out.h[e] = umt_dev_narrow<D>(relu(umt_dev_widen<D>(out.h[e]) + biases[group * GROUP + e]));
-            }
-            y[pixel * s.groups + group] = out.bits;
+            __syncthreads(); /* staged is written again for the next groups */
         }
     }
 }
