@@ -21,7 +21,8 @@
  * at most FILTER_BLOCKS blocks each take a run of dy's vectors and stream it through shared
  * memory, a tile at a time with the next tile's copy (cp.async) in flight while this one is
  * summed: the loads no longer wait in registers, so a thread's sums (4 channels x c*r*s terms)
- * fit three blocks on a multiprocessor. The block adds its threads' sums in a fixed order
+ * fit three blocks on a multiprocessor. Each pixel's window terms are read once into shared
+ * memory beside its tile, and the threads of its channels take them from there. The block adds its threads' sums in a fixed order
  * (butterfly shuffles in the warp, then warps in order) and writes one partial per block into
  * the workspace; kernels/cuda/chunk_sums.h adds the blocks' partials in a fixed order, the
  * weights' and the bias's in one launch. No atomics: the same bits on every run, as every
@@ -47,15 +48,17 @@
  * most MAX_GROUPS. The weight gradient: at most FILTER_BLOCKS blocks (three on each of a Hopper
  * GPU's 132 multiprocessors, one wave; a constant rather than the GPU's count, so that a shape's
  * sums are added in the same order on any GPU), each streaming dy through shared memory in
- * tiles of TILE_VECTORS vectors; the tiles, or the warps' sums after them (8 warps of
- * k * THIN_TERMS + k floats), fit the 48 KiB of shared memory a launch gets without asking. */
+ * tiles of TILE_VECTORS vectors (of at most TILE_PIXELS pixels, whose window terms are staged
+ * beside them); the tiles and terms, or the warps' sums after them (8 warps of k * THIN_TERMS
+ * + k floats), fit the 48 KiB of shared memory a launch gets without asking. */
 enum {
     THIN_TERMS = 9,
     MAX_GROUPS = 16,
     GROUP = UMT_HALVES_PER_VECTOR,
     QUAD = GROUP / 2,
     FILTER_BLOCKS = 396,
-    TILE_VECTORS = 512
+    TILE_VECTORS = 512,
+    TILE_PIXELS = 256
 };
 
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
@@ -122,7 +125,8 @@ static __device__ void make_window_table(const thin_shape &s, window_table *tabl
     }
 }
 
-/* The inputs under output pixel `pixel`'s window. PADDED (the shape's pad > 0): zero where the
+/* The inputs under output pixel `pixel`'s window, all THIN_TERMS of them, zero past c*r*s (so
+ * that the sums over terms run a fixed count, with no test per term). PADDED (the shape's pad > 0): zero where the
  * window hangs over the padding; without padding every window lies inside x, and leaving out the
  * test leaves out the window's rows and columns, 18 registers the weight gradient's sums need. */
 template <umt_dtype D, bool PADDED>
@@ -132,7 +136,10 @@ static __device__ __forceinline__ void window_terms(const uint16_t *x, const thi
     int top = p * s.stride - s.pad, left = q * s.stride - s.pad, corner = ((n * s.h + top) * s.w + left) * s.c;
 #pragma unroll
     for (int t = 0; t < THIN_TERMS; t++) {
-        if (t >= s.terms) break;
+        if (t >= s.terms) {
+            terms[t] = 0.0f;
+            continue;
+        }
         if (!PADDED) {
             terms[t] = umt_dev_widen<D>(x[corner + table->offset[t]]);
             continue;
@@ -163,15 +170,13 @@ template <umt_dtype D> static __device__ uint32_t narrow_pair(float lo, float hi
 
 /* One group's eight channels of a pixel (y = round(conv), with RELU max(y + bias, 0) rounded
  * again: bias_relu after the plain forward, bit for bit). The weights sit in shared memory as
- * [group][term][8 channels], so that each term's eight weights are two 16-byte reads that every
- * thread of the block makes alike (one broadcast). */
+ * [group][THIN_TERMS terms][8 channels], zero past c*r*s, so that each term's eight weights are
+ * two 16-byte reads that every thread of the block makes alike (one broadcast). */
 template <umt_dtype D, bool RELU>
-static __device__ __forceinline__ uint4 forward_group(const float4 *filter, const float *biases,
-                                                      const float *terms, int count) {
+static __device__ __forceinline__ uint4 forward_group(const float4 *filter, const float *biases, const float *terms) {
     float sum[GROUP] = {};
 #pragma unroll
     for (int t = 0; t < THIN_TERMS; t++) {
-        if (t >= count) break;
         float4 a = filter[2 * t], b = filter[2 * t + 1];
         sum[0] += a.x * terms[t], sum[1] += a.y * terms[t], sum[2] += a.z * terms[t];
         sum[3] += a.w * terms[t], sum[4] += b.x * terms[t], sum[5] += b.y * terms[t];
@@ -200,10 +205,11 @@ static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w,
     extern __shared__ float4 shared[]; /* the weights, then the k biases */
     __shared__ window_table table;
     __shared__ uint4 staged[STAGED * THREADS];
-    float *weights = (float *)shared, *biases = weights + s.k * s.terms;
-    for (int i = threadIdx.x; i < s.k * s.terms; i += blockDim.x) {
-        int k = i / s.terms, t = i % s.terms; /* w is K,R,S,C: k's terms in (r, s, c) order */
-        weights[((k / GROUP) * s.terms + t) * GROUP + k % GROUP] = umt_dev_widen<D>(w[i]);
+    float *weights = (float *)shared, *biases = weights + s.k * THIN_TERMS;
+    for (int i = threadIdx.x; i < s.k * THIN_TERMS; i += blockDim.x) {
+        int k = i / THIN_TERMS, t = i % THIN_TERMS; /* w is K,R,S,C: k's terms in (r, s, c) order */
+        weights[((k / GROUP) * THIN_TERMS + t) * GROUP + k % GROUP] =
+            t < s.terms ? umt_dev_widen<D>(w[k * s.terms + t]) : 0.0f;
     }
     for (int i = threadIdx.x; i < s.k; i += blockDim.x) biases[i] = bias ? bias[i] : 0.0f;
     make_window_table(s, &table);
@@ -217,7 +223,7 @@ static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w,
             if (pixel < pixels)
                 for (int g = 0; g < chunk; g++)
                     staged[threadIdx.x * chunk + g] = forward_group<D, RELU>(
-                        shared + (group + g) * s.terms * 2, biases + (group + g) * GROUP, terms, s.terms);
+                        shared + (group + g) * THIN_TERMS * 2, biases + (group + g) * GROUP, terms);
             __syncthreads();
             for (int v = threadIdx.x; v < chunk * THREADS; v += THREADS) {
                 int at = first + (v >> chunk_shift);
@@ -253,38 +259,45 @@ static __device__ void fetch_tile(const uint4 *y, const uint4 *dy, uint4 *stage,
     __pipeline_commit();
 }
 
-/* Adds the terms of dy's vectors [from, to), now in stage, to the thread's sums. A thread takes
- * 8-byte quads: quad u of the tile is channels 4 * (u % (k / 4)) on of pixel (2 * from + u) /
- * (k / 4), and u steps by the block's threads, a multiple of k / 4, so a thread's channels stay
- * the same (from is a multiple of k / 8). MASKED: the gradient is first masked by y > 0 (written
- * back to dy when keep_dy). */
-template <umt_dtype D, bool MASKED, bool PADDED>
-static __device__ __forceinline__ void sum_tile(const uint16_t *x, uint4 *dy, bool keep_dy, const uint4 *stage, const thin_shape &s,
-                                const window_table *table, int from, int to, thin_sums *sums) {
+/* The window terms of pixels [first, last) (at most TILE_PIXELS) into terms[(pixel - first) *
+ * THIN_TERMS + t], a thread a pixel: read and placed once per pixel, not once per thread of its
+ * channels (eight for k = 32), whose address arithmetic and loads of x were most of the work. */
+template <umt_dtype D, bool PADDED>
+static __device__ __forceinline__ void stage_terms(const uint16_t *x, const thin_shape &s, const window_table *table,
+                                                   int first, int last, float *terms) {
+    for (int pixel = first + (int)threadIdx.x; pixel < last; pixel += (int)blockDim.x) {
+        float own[THIN_TERMS];
+        window_terms<D, PADDED>(x, s, table, pixel, own);
+#pragma unroll
+        for (int t = 0; t < THIN_TERMS; t++) terms[(pixel - first) * THIN_TERMS + t] = own[t];
+    }
+}
+
+/* Adds the terms of dy's vectors [from, to), now in stage, with their pixels' window terms from
+ * first_pixel on in terms, to the thread's sums. A thread takes 8-byte quads: quad u of the tile
+ * is channels 4 * (u % (k / 4)) on of pixel (2 * from + u) / (k / 4), and u steps by the block's
+ * threads, a multiple of k / 4, so a thread's channels stay the same (from is a multiple of
+ * k / 8). MASKED: the gradient is first masked by y > 0 (written back to dy when keep_dy). */
+template <umt_dtype D, bool MASKED>
+static __device__ __forceinline__ void sum_tile(uint4 *dy, bool keep_dy, const uint4 *stage, const float *terms,
+                                                const thin_shape &s, int from, int to, int first_pixel,
+                                                thin_sums *sums) {
     const uint2 *grads = (const uint2 *)stage, *outs = (const uint2 *)(stage + TILE_VECTORS);
-#pragma unroll 1
     for (int u = (int)threadIdx.x; u < 2 * (to - from); u += (int)blockDim.x) {
         int quad = 2 * from + u;
-        float terms[THIN_TERMS];
-        window_terms<D, PADDED>(x, s, table, quad >> s.quad_shift, terms);
-        halves4 grad;
+        const float *window = terms + ((quad >> s.quad_shift) - first_pixel) * THIN_TERMS;
+        halves4 grad, out;
         grad.bits = grads[u];
-        if (MASKED) {
-            halves4 out;
-            out.bits = outs[u];
-#pragma unroll
-            for (int e = 0; e < QUAD; e++)
-                if (!(umt_dev_widen<D>(out.h[e]) > 0.0f)) grad.h[e] = 0;
-            if (keep_dy) ((uint2 *)dy)[quad] = grad.bits;
-        }
+        if (MASKED) out.bits = outs[u];
 #pragma unroll
         for (int e = 0; e < QUAD; e++) {
             float g = umt_dev_widen<D>(grad.h[e]);
+            if (MASKED && !(umt_dev_widen<D>(out.h[e]) > 0.0f)) g = 0.0f, grad.h[e] = 0;
             if (MASKED) sums->bias[e] += g;
 #pragma unroll
-            for (int t = 0; t < THIN_TERMS; t++)
-                if (t < s.terms) sums->w[e][t] += g * terms[t];
+            for (int t = 0; t < THIN_TERMS; t++) sums->w[e][t] += g * window[t];
         }
+        if (MASKED && keep_dy) ((uint2 *)dy)[quad] = grad.bits;
     }
 }
 
@@ -326,28 +339,32 @@ static __device__ __forceinline__ void write_block_partial(const thin_sums &sums
 }
 
 /* Each block sums dy's vectors [blockIdx.x * per_block, + per_block): two tiles in shared memory,
- * the next one's copy in flight while this one is summed; then its partial. Three blocks per
- * multiprocessor (at most 80 registers a thread: an unpadded shape's kernel needs no more, a
- * padded one's spills a few), so that the loads of x wait less unhidden. */
+ * the next one's copy in flight while this one's window terms are staged and its vectors summed;
+ * then its partial. Three blocks per multiprocessor (at most 80 registers a thread: an unpadded
+ * shape's kernel needs no more, a padded one's spills a few). */
 template <umt_dtype D, bool MASKED, bool PADDED>
 static __global__ void __launch_bounds__(THREADS, 3)
     thin_filter_kernel(const uint16_t *x, const uint4 *y, uint4 *dy, bool keep_dy, float *partials, thin_shape s,
                        int per_block) {
-    extern __shared__ uint4 stages[]; /* two tiles of dy (and y); after them, the warps' sums */
+    extern __shared__ uint4 stages[]; /* two tiles of dy (and y), a tile's terms; after them, the warps' sums */
     __shared__ window_table table;
-    make_window_table(s, &table); /* read after the loop's first __syncthreads */
+    make_window_table(s, &table);
+    __syncthreads();
     const int stage = (MASKED ? 2 : 1) * TILE_VECTORS, vectors = s.n * s.p * s.q * s.groups;
+    const int tile = min((int)TILE_VECTORS, TILE_PIXELS * s.groups), pixel_shift = s.quad_shift - 1;
+    float *terms = (float *)(stages + 2 * stage);
     int first = (int)blockIdx.x * per_block, last = min(first + per_block, vectors);
     thin_sums sums = {};
-    fetch_tile<MASKED>(y, dy, stages, first, min(first + TILE_VECTORS, last));
-    for (int from = first, tile = 0; from < last; from += TILE_VECTORS, tile++) {
-        int next = from + TILE_VECTORS;
-        if (next < last) fetch_tile<MASKED>(y, dy, stages + (tile + 1) % 2 * stage, next, min(next + TILE_VECTORS, last));
+    fetch_tile<MASKED>(y, dy, stages, first, min(first + tile, last));
+    for (int from = first, at = 0; from < last; from += tile, at++) {
+        int next = from + tile, to = min(next, last);
+        if (next < last) fetch_tile<MASKED>(y, dy, stages + (at + 1) % 2 * stage, next, min(next + tile, last));
         else __pipeline_commit(); /* an empty group: the wait below leaves the newest one pending */
+        stage_terms<D, PADDED>(x, s, &table, from >> pixel_shift, to >> pixel_shift, terms);
         __pipeline_wait_prior(1);
         __syncthreads();
-        sum_tile<D, MASKED, PADDED>(x, dy, keep_dy, stages + tile % 2 * stage, s, &table, from, min(next, last), &sums);
-        __syncthreads(); /* this stage is refilled at the next tile */
+        sum_tile<D, MASKED>(dy, keep_dy, stages + at % 2 * stage, terms, s, from, to, from >> pixel_shift, &sums);
+        __syncthreads(); /* this stage and the terms are written again at the next tile */
     }
     write_block_partial<MASKED>(sums, s, (float *)stages, partials);
 }
@@ -371,7 +388,7 @@ size_t umt_cuda_conv_thin_workspace_bytes(const umt_conv_shape *s) {
 template <umt_dtype D, bool PADDED>
 static umt_status forward(const umt_conv_shape *s, const void *x, const void *w, const float *bias, bool relu,
                           void *y) {
-    size_t shared = (size_t)(s->k * s->c * s->r * s->s + s->k) * sizeof(float);
+    size_t shared = (size_t)(s->k * THIN_TERMS + s->k) * sizeof(float);
     unsigned int blocks = blocks_for(s->n * s->p * s->q);
     if (relu)
         thin_forward_kernel<D, true, PADDED><<<blocks, THREADS, shared, umt_cuda_stream()>>>(
@@ -395,7 +412,7 @@ static umt_status backward_filter(const umt_conv_shape *s, const void *x, const 
     int64_t per_block = (vectors + blocks - 1) / blocks;
     per_block = (per_block + t.groups - 1) / t.groups * t.groups;
     blocks = (vectors + per_block - 1) / per_block;
-    size_t tiles = (size_t)2 * (y ? 2 : 1) * TILE_VECTORS * sizeof(uint4);
+    size_t tiles = (size_t)2 * (y ? 2 : 1) * TILE_VECTORS * sizeof(uint4) + (size_t)TILE_PIXELS * THIN_TERMS * sizeof(float);
     size_t sums = (size_t)(THREADS / 32 * row) * sizeof(float);
     size_t shared = tiles > sums ? tiles : sums;
     float *partials = (float *)workspace;
