@@ -40,6 +40,7 @@
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/conv_thin.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/fast_divide.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 
@@ -75,32 +76,13 @@ bool umt_cuda_conv_thin_takes(const umt_conv_shape *s, const void *vectors_a, co
     return umt_cuda_conv_is_thin(s) && ((uintptr_t)vectors_a | (uintptr_t)vectors_b) % sizeof(uint4) == 0;
 }
 
-/* n / d for 0 <= n < 2^31 by a multiply-high, an add and a shift (Granlund and Montgomery's
- * method with a 33-bit multiplier whose top bit is the add): a GPU's 32-bit division is a
- * subroutine of about twenty instructions, and each output pixel's coordinates need two. The
- * constants are made once per call on the host. */
-typedef struct {
-    unsigned int magic, shift;
-} fast_divisor;
-
-static fast_divisor divisor_of(int d) {
-    unsigned int shift = 0;
-    while ((1u << shift) < (unsigned int)d) shift++; /* ceil(log2 d) */
-    uint64_t magic = (((uint64_t)1 << 32) * (((uint64_t)1 << shift) - (uint64_t)d)) / (uint64_t)d + 1;
-    return {(unsigned int)magic, shift};
-}
-
-static __device__ int divide(int n, fast_divisor d) {
-    return (int)((__umulhi((unsigned int)n, d.magic) + (unsigned int)n) >> d.shift);
-}
-
 /* The shape in 32-bit ints (umt_cuda_conv_is_thin checked that they fit): 64-bit divisions
  * cost a GPU about a hundred instructions each, and a pixel's coordinates need three. by_q and
- * by_p divide by q and p; quad_shift is log2 of the 8-byte vectors (k / 4) a pixel's gradient
- * has. */
+ * by_p divide by q and p (kernels/cuda/fast_divide.h); quad_shift is log2 of the 8-byte
+ * vectors (k / 4) a pixel's gradient has. */
 typedef struct {
     int n, c, h, w, k, r, s, p, q, stride, pad, terms, groups, quad_shift;
-    fast_divisor by_q, by_p;
+    umt_fast_divisor by_q, by_p;
 } thin_shape;
 
 static thin_shape thin(const umt_conv_shape *s) {
@@ -109,7 +91,7 @@ static thin_shape thin(const umt_conv_shape *s) {
     return {(int)s->n,        (int)s->c,      (int)s->h,   (int)s->w,
             (int)s->k,        (int)s->r,      (int)s->s,   (int)s->p,
             (int)s->q,        (int)s->stride, (int)s->pad, (int)(s->c * s->r * s->s),
-            (int)(s->k / GROUP), quad_shift,  divisor_of((int)s->q), divisor_of((int)s->p)};
+            (int)(s->k / GROUP), quad_shift,  umt_fast_divisor_of((int)s->q), umt_fast_divisor_of((int)s->p)};
 }
 
 /* Term t of a window, in (r, s, c) order (the weights' K,R,S,C order): its row and column
@@ -132,7 +114,8 @@ static __device__ void make_window_table(const thin_shape &s, window_table *tabl
 template <umt_dtype D, bool PADDED>
 static __device__ __forceinline__ void window_terms(const uint16_t *x, const thin_shape &s,
                                                     const window_table *table, int pixel, float *terms) {
-    int rest = divide(pixel, s.by_q), q = pixel - rest * s.q, n = divide(rest, s.by_p), p = rest - n * s.p;
+    int rest = umt_fast_divide(pixel, s.by_q), q = pixel - rest * s.q, n = umt_fast_divide(rest, s.by_p);
+    int p = rest - n * s.p;
     int top = p * s.stride - s.pad, left = q * s.stride - s.pad, corner = ((n * s.h + top) * s.w + left) * s.c;
 #pragma unroll
     for (int t = 0; t < THIN_TERMS; t++) {
