@@ -270,7 +270,8 @@ static umt_status make_plan(cudnnHandle_t handle, const umt_conv_shape *s, conv_
         return umt_fail(UMT_ERR_UNSUPPORTED, "conv2d: %s NCHW tensors; half-precision convolutions take NHWC",
                         umt_dtype_name(s->dtype));
     UMT_TRY(is_half(s->dtype) ? make_engines(handle, p) : choose_algorithms(handle, p));
-    if (umt_cuda_conv_is_thin(s) && umt_cuda_conv_thin_workspace_bytes(s) > p->algorithm_bytes)
+    bool thin = umt_cuda_conv_is_thin(s) || umt_cuda_conv_is_thin_f32(s);
+    if (thin && umt_cuda_conv_thin_workspace_bytes(s) > p->algorithm_bytes)
         p->algorithm_bytes = umt_cuda_conv_thin_workspace_bytes(s);
     p->workspace_bytes = p->algorithm_bytes;
     if (is_half(s->dtype)) p->workspace_bytes = filter_scratch_offset(p) + filter_scratch_bytes(s);
@@ -365,6 +366,7 @@ extern "C" umt_status umt_cuda_conv2d_backward_filter(const umt_conv_shape *shap
                                                       float *dw, void *workspace, size_t workspace_bytes) {
     const conv_plan *p;
     UMT_TRY(plan_for_call("conv2d_backward_filter", shape, workspace, workspace_bytes, &p));
+    if (umt_cuda_conv_is_thin_f32(shape)) return umt_cuda_conv2d_backward_filter_thin_f32(shape, x, dy, dw, workspace);
     const float one = 1.0f;
     UMT_CUDNN_TRY(cudnnConvolutionBackwardFilter(umt_cuda_cudnn_handle(), &one, p->x, x, p->y, dy, p->conv,
                                                  p->backward_filter, workspace, workspace_bytes, &one, p->w, dw));

@@ -59,7 +59,9 @@ enum {
     QUAD = GROUP / 2,
     FILTER_BLOCKS = 396,
     TILE_VECTORS = 512,
-    TILE_PIXELS = 256
+    TILE_PIXELS = 256,
+    F32_CHANNELS = 4,
+    F32_BLOCKS = 528
 };
 
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
@@ -72,6 +74,11 @@ bool umt_cuda_conv_is_thin(const umt_conv_shape *s) {
     return is_half(s->dtype) && s->nhwc && s->c * s->r * s->s <= THIN_TERMS && groups_fit_a_warp && int32_sizes;
 }
 
+bool umt_cuda_conv_is_thin_f32(const umt_conv_shape *s) {
+    bool int32_sizes = s->n * s->c * s->h * s->w < INT32_MAX && s->n * s->k * s->p * s->q < INT32_MAX;
+    return s->dtype == UMT_F32 && !s->nhwc && s->c * s->r * s->s <= THIN_TERMS && int32_sizes;
+}
+
 bool umt_cuda_conv_thin_takes(const umt_conv_shape *s, const void *vectors_a, const void *vectors_b) {
     return umt_cuda_conv_is_thin(s) && ((uintptr_t)vectors_a | (uintptr_t)vectors_b) % sizeof(uint4) == 0;
 }
@@ -81,7 +88,7 @@ bool umt_cuda_conv_thin_takes(const umt_conv_shape *s, const void *vectors_a, co
  * by_p divide by q and p (kernels/cuda/fast_divide.h); quad_shift is log2 of the 8-byte
  * vectors (k / 4) a pixel's gradient has. */
 typedef struct {
-    int n, c, h, w, k, r, s, p, q, stride, pad, terms, groups, quad_shift;
+    int n, c, h, w, k, r, s, p, q, stride, pad, terms, groups, quad_shift, nchw;
     umt_fast_divisor by_q, by_p;
 } thin_shape;
 
@@ -91,11 +98,13 @@ static thin_shape thin(const umt_conv_shape *s) {
     return {(int)s->n,        (int)s->c,      (int)s->h,   (int)s->w,
             (int)s->k,        (int)s->r,      (int)s->s,   (int)s->p,
             (int)s->q,        (int)s->stride, (int)s->pad, (int)(s->c * s->r * s->s),
-            (int)(s->k / GROUP), quad_shift,  umt_fast_divisor_of((int)s->q), umt_fast_divisor_of((int)s->p)};
+            (int)(s->k / GROUP), quad_shift,  !s->nhwc,   umt_fast_divisor_of((int)s->q),
+            umt_fast_divisor_of((int)s->p)};
 }
 
 /* Term t of a window, in (r, s, c) order (the weights' K,R,S,C order): its row and column
- * within the window, and its offset in x from the window's top-left pixel. Made once per block. */
+ * within the window, and its offset in x from the window's top-left pixel (channels last, or
+ * planes for f32 NCHW). Made once per block. */
 typedef struct {
     int row[THIN_TERMS], col[THIN_TERMS], offset[THIN_TERMS];
 } window_table;
@@ -103,20 +112,28 @@ typedef struct {
 static __device__ void make_window_table(const thin_shape &s, window_table *table) {
     for (int t = threadIdx.x; t < s.terms; t += blockDim.x) {
         int c = t % s.c, col = t / s.c % s.s, row = t / (s.c * s.s);
-        table->row[t] = row, table->col[t] = col, table->offset[t] = (row * s.w + col) * s.c + c;
+        table->row[t] = row, table->col[t] = col;
+        table->offset[t] = s.nchw ? (c * s.h + row) * s.w + col : (row * s.w + col) * s.c + c;
     }
 }
 
-/* The inputs under output pixel `pixel`'s window, all THIN_TERMS of them, zero past c*r*s (so
- * that the sums over terms run a fixed count, with no test per term). PADDED (the shape's pad > 0): zero where the
- * window hangs over the padding; without padding every window lies inside x, and leaving out the
- * test leaves out the window's rows and columns, 18 registers the weight gradient's sums need. */
+/* Element i of x as f32: D is x's dtype (f32 thin convolutions are NCHW, half ones NHWC). */
+template <umt_dtype D> static __device__ float x_at(const void *x, int i) {
+    if (D == UMT_F32) return ((const float *)x)[i];
+    return umt_dev_widen<D>(((const uint16_t *)x)[i]);
+}
+
+/* The inputs under output pixel `pixel`'s window (pixel: the flat (n, p, q) index), all
+ * THIN_TERMS of them, zero past c*r*s (so that the sums over terms run a fixed count, with no
+ * test per term). PADDED (the shape's pad > 0): zero where the window hangs over the padding;
+ * without padding every window lies inside x, and leaving out the test leaves out the window's
+ * rows and columns, 18 registers the weight gradient's sums need. */
 template <umt_dtype D, bool PADDED>
-static __device__ __forceinline__ void window_terms(const uint16_t *x, const thin_shape &s,
-                                                    const window_table *table, int pixel, float *terms) {
+static __device__ __forceinline__ void window_terms(const void *x, const thin_shape &s, const window_table *table,
+                                                    int pixel, float *terms) {
     int rest = umt_fast_divide(pixel, s.by_q), q = pixel - rest * s.q, n = umt_fast_divide(rest, s.by_p);
-    int p = rest - n * s.p;
-    int top = p * s.stride - s.pad, left = q * s.stride - s.pad, corner = ((n * s.h + top) * s.w + left) * s.c;
+    int p = rest - n * s.p, top = p * s.stride - s.pad, left = q * s.stride - s.pad;
+    int corner = D == UMT_F32 ? (n * s.c * s.h + top) * s.w + left : ((n * s.h + top) * s.w + left) * s.c;
 #pragma unroll
     for (int t = 0; t < THIN_TERMS; t++) {
         if (t >= s.terms) {
@@ -124,12 +141,12 @@ static __device__ __forceinline__ void window_terms(const uint16_t *x, const thi
             continue;
         }
         if (!PADDED) {
-            terms[t] = umt_dev_widen<D>(x[corner + table->offset[t]]);
+            terms[t] = x_at<D>(x, corner + table->offset[t]);
             continue;
         }
         int row = top + table->row[t], col = left + table->col[t];
         bool inside = (unsigned)row < (unsigned)s.h && (unsigned)col < (unsigned)s.w;
-        terms[t] = inside ? umt_dev_widen<D>(x[corner + table->offset[t]]) : 0.0f;
+        terms[t] = inside ? x_at<D>(x, corner + table->offset[t]) : 0.0f;
     }
 }
 
@@ -362,10 +379,62 @@ static __global__ void add_block_partials_kernel(const float *partials, float *d
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* The f32 weight gradient (NCHW, no fused ReLU: f32 masks the gradient before the convolution) */
+
+/* dy's channels are planes here, so a warp's lanes take neighbouring pixels of a plane (each of
+ * a thread's loads is then one coalesced line for the warp) and a thread sums F32_CHANNELS
+ * channels, blockIdx.y choosing which; blockIdx.x takes a run of (image, pixel) positions. The
+ * warps' sums are added by butterfly shuffles, then warps in order, then blocks in order by
+ * add_block_partials_kernel: the same bits on every run. cuDNN's deterministic f32 weight
+ * gradient for one input channel is a generic kernel that took milliseconds at batch 4096. */
+template <bool PADDED>
+static __global__ void __launch_bounds__(THREADS, 3)
+    thin_filter_f32_kernel(const float *x, const float *dy, float *partials, thin_shape s, umt_fast_divisor by_plane,
+                           int per_block) {
+    __shared__ window_table table;
+    __shared__ float warp_sums[THREADS / 32][F32_CHANNELS * THIN_TERMS];
+    make_window_table(s, &table);
+    __syncthreads();
+    int plane = s.p * s.q, first_k = (int)blockIdx.y * F32_CHANNELS;
+    int first = (int)blockIdx.x * per_block, last = min(first + per_block, s.n * plane);
+    float sums[F32_CHANNELS][THIN_TERMS] = {};
+    for (int at = first + (int)threadIdx.x; at < last; at += (int)blockDim.x) {
+        int n = umt_fast_divide(at, by_plane), pixel = at - n * plane;
+        float terms[THIN_TERMS];
+        window_terms<UMT_F32, PADDED>(x, s, &table, at, terms);
+#pragma unroll
+        for (int e = 0; e < F32_CHANNELS; e++) {
+            float g = first_k + e < s.k ? dy[(n * s.k + first_k + e) * plane + pixel] : 0.0f;
+#pragma unroll
+            for (int t = 0; t < THIN_TERMS; t++) sums[e][t] += g * terms[t];
+        }
+    }
+    int lane = (int)threadIdx.x % 32, warp = (int)threadIdx.x / 32;
+#pragma unroll
+    for (int e = 0; e < F32_CHANNELS; e++)
+#pragma unroll
+        for (int t = 0; t < THIN_TERMS; t++) {
+            float v = sums[e][t];
+            for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+            if (lane == 0) warp_sums[warp][e * THIN_TERMS + t] = v;
+        }
+    __syncthreads();
+    for (int o = (int)threadIdx.x; o < F32_CHANNELS * s.terms; o += (int)blockDim.x) {
+        int e = o / s.terms, t = o % s.terms, k = first_k + e, c = t % s.c, rs = t / s.c;
+        if (k >= s.k) continue;
+        float total = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) total += warp_sums[w][e * THIN_TERMS + t];
+        partials[blockIdx.x * s.k * s.terms + (k * s.c + c) * s.r * s.s + rs] = total;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Entry points (conv.cu has checked the shape, the workspace and umt_cuda_conv_thin_takes)    */
 
 size_t umt_cuda_conv_thin_workspace_bytes(const umt_conv_shape *s) {
-    return (size_t)FILTER_BLOCKS * (size_t)(s->k * s->c * s->r * s->s + s->k) * sizeof(float);
+    size_t outputs = (size_t)(s->k * s->c * s->r * s->s);
+    if (s->dtype == UMT_F32) return (size_t)F32_BLOCKS * outputs * sizeof(float);
+    return (size_t)FILTER_BLOCKS * (outputs + (size_t)s->k) * sizeof(float);
 }
 
 template <umt_dtype D, bool PADDED>
@@ -430,4 +499,32 @@ umt_status umt_cuda_conv2d_backward_filter_thin(const umt_conv_shape *s, const v
                       : backward_filter<UMT_BF16, false>(s, x, y, dy, keep_dy, dw, dbias, workspace);
     return s->pad ? backward_filter<UMT_F16, true>(s, x, y, dy, keep_dy, dw, dbias, workspace)
                   : backward_filter<UMT_F16, false>(s, x, y, dy, keep_dy, dw, dbias, workspace);
+}
+
+/* Blocks: the channels' runs of F32_CHANNELS (grid y) times runs of positions (grid x), about
+ * F32_BLOCKS in all, each thread taking at least four positions. */
+umt_status umt_cuda_conv2d_backward_filter_thin_f32(const umt_conv_shape *s, const float *x, const float *dy,
+                                                    float *dw, void *workspace) {
+    if (s->n == 0) return UMT_OK;
+    thin_shape t = thin(s);
+    int64_t positions = s->n * s->p * s->q, outputs = t.k * t.terms;
+    int64_t channel_runs = (t.k + F32_CHANNELS - 1) / F32_CHANNELS, most = F32_BLOCKS / channel_runs;
+    int64_t blocks = (positions + 4 * THREADS - 1) / (4 * THREADS);
+    if (blocks > most) blocks = most;
+    if (blocks < 1) blocks = 1;
+    int64_t per_block = (positions + blocks - 1) / blocks;
+    blocks = (positions + per_block - 1) / per_block;
+    float *partials = (float *)workspace;
+    cudaStream_t stream = umt_cuda_stream();
+    dim3 grid((unsigned int)blocks, (unsigned int)channel_runs);
+    umt_fast_divisor by_plane = umt_fast_divisor_of(t.p * t.q);
+    if (s->pad)
+        thin_filter_f32_kernel<true><<<grid, THREADS, 0, stream>>>(x, dy, partials, t, by_plane, (int)per_block);
+    else
+        thin_filter_f32_kernel<false><<<grid, THREADS, 0, stream>>>(x, dy, partials, t, by_plane, (int)per_block);
+    UMT_CUDA_LAUNCHED();
+    add_block_partials_kernel<<<umt_chunk_sum_blocks(outputs), THREADS, 0, stream>>>(
+        partials, dw, NULL, (int)outputs, (int)outputs, (int)outputs, (int)blocks);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
 }

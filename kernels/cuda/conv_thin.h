@@ -14,7 +14,10 @@ bool umt_cuda_conv_is_thin(const umt_conv_shape *s);
 /* And the call: a thin shape whose vector-accessed tensors (y; dy and the workspace) are
  * 16-byte aligned (the pools align to 256, so in practice every call). */
 bool umt_cuda_conv_thin_takes(const umt_conv_shape *s, const void *vectors_a, const void *vectors_b);
-/* The weight and bias gradients' per-block partials, which the plan's workspace must hold. */
+/* Whether the f32 weight gradient's direct kernel takes a shape: f32 NCHW, c*r*s <= 9. */
+bool umt_cuda_conv_is_thin_f32(const umt_conv_shape *s);
+/* The weight and bias gradients' per-block partials, which the plan's workspace must hold (for
+ * either kind of thin shape). */
 size_t umt_cuda_conv_thin_workspace_bytes(const umt_conv_shape *s);
 
 /* y = conv(x, w), w as K,R,S,C in the dtype; relu: y = max(that rounded + bias, 0) (bias may
@@ -26,5 +29,10 @@ umt_status umt_cuda_conv2d_forward_thin(const umt_conv_shape *s, const void *x, 
  * and dbias += its channel sums (dbias may be NULL). */
 umt_status umt_cuda_conv2d_backward_filter_thin(const umt_conv_shape *s, const void *x, const void *y, void *dy,
                                                 bool keep_dy, float *dw, float *dbias, void *workspace);
+
+/* dw (f32, K,C,R,S) += the f32 weight gradient from dy (NCHW); the workspace holds the
+ * partials. */
+umt_status umt_cuda_conv2d_backward_filter_thin_f32(const umt_conv_shape *s, const float *x, const float *dy,
+                                                    float *dw, void *workspace);
 
 #endif /* UMT_KERNELS_CUDA_CONV_THIN_H */
