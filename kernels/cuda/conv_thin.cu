@@ -1,7 +1,8 @@
 /*
  * kernels/cuda/conv_thin.cu — direct convolution for thin inputs (c*r*s <= 9: a one-channel
- * image under a 3x3 filter), forward and weight gradient, bf16/f16 NHWC (kernels/cpu/conv.c is
- * the reference; conv.cu sends these shapes here and the rest to cuDNN).
+ * image under a 3x3 filter): forward and weight gradient in bf16/f16 NHWC, and the weight
+ * gradient in f32 NCHW (kernels/cpu/conv.c is the reference; conv.cu sends these shapes here and
+ * the rest to cuDNN).
  *
  * Why not cuDNN: each output pixel of such a layer is a dot product of only c*r*s <= 9 terms,
  * too short for tensor cores, so the work is moving the output (the MNIST CNN's first layer
@@ -22,11 +23,12 @@
  * memory, a tile at a time with the next tile's copy (cp.async) in flight while this one is
  * summed: the loads no longer wait in registers, so a thread's sums (4 channels x c*r*s terms)
  * fit three blocks on a multiprocessor. Each pixel's window terms are read once into shared
- * memory beside its tile, and the threads of its channels take them from there. The block adds its threads' sums in a fixed order
- * (butterfly shuffles in the warp, then warps in order) and writes one partial per block into
- * the workspace; kernels/cuda/chunk_sums.h adds the blocks' partials in a fixed order, the
- * weights' and the bias's in one launch. No atomics: the same bits on every run, as every
- * kernel of this folder.
+ * memory beside its tile, and the threads of its channels take them from there. The block adds
+ * its threads' sums in a fixed order (butterfly shuffles in the warp, then warps in order) and
+ * writes one partial per block into the workspace; kernels/cuda/chunk_sums.h adds the blocks'
+ * partials in a fixed order, the weights' and the bias's in one launch. No atomics: the same
+ * bits on every run, as every kernel of this folder. The f32 weight gradient (NCHW, unfused) is
+ * simpler: dy's channels are planes, so lanes take a plane's neighbouring pixels.
  *
  * Fused with the bias and the ReLU that follow (umt_conv2d_relu): the forward adds the bias and
  * clamps before its one store; the weight gradient masks the gradient by y > 0 as it reads it
@@ -83,10 +85,10 @@ bool umt_cuda_conv_thin_takes(const umt_conv_shape *s, const void *vectors_a, co
     return umt_cuda_conv_is_thin(s) && ((uintptr_t)vectors_a | (uintptr_t)vectors_b) % sizeof(uint4) == 0;
 }
 
-/* The shape in 32-bit ints (umt_cuda_conv_is_thin checked that they fit): 64-bit divisions
- * cost a GPU about a hundred instructions each, and a pixel's coordinates need three. by_q and
- * by_p divide by q and p (kernels/cuda/fast_divide.h); quad_shift is log2 of the 8-byte
- * vectors (k / 4) a pixel's gradient has. */
+/* The shape in 32-bit ints (umt_cuda_conv_is_thin and _is_thin_f32 checked that they fit):
+ * 64-bit divisions cost a GPU about a hundred instructions each, and a pixel's coordinates need
+ * three. by_q and by_p divide by q and p (kernels/cuda/fast_divide.h); quad_shift is log2 of the
+ * 8-byte vectors (k / 4) a pixel's gradient has (half shapes); nchw: x is in planes (f32). */
 typedef struct {
     int n, c, h, w, k, r, s, p, q, stride, pad, terms, groups, quad_shift, nchw;
     umt_fast_divisor by_q, by_p;
