@@ -55,6 +55,16 @@ static umt_status weight_gradient_beside(umt_context *ctx, const umt_conv_shape 
     return UMT_OK;
 }
 
+/* dx (+)= the data gradient from dy: written whole when fresh (f32 zeroes it first: its slot
+ * always adds). */
+static umt_status data_gradient(const umt_backend *be, const umt_conv_shape *s, const umt_tensor *w, const void *dy,
+                                void *dx, bool fresh, void *workspace, size_t bytes) {
+    if (umt_dtype_is_lowp(s->dtype))
+        return be->lowp.conv2d_backward_data(s, w->lowp->data, dy, dx, fresh, workspace, bytes);
+    if (fresh) UMT_TRY(be->f32.zero(dx, (size_t)(s->n * s->c * s->h * s->w) * sizeof(float)));
+    return be->f32.conv2d_backward_data(s, w->data, dy, dx, workspace, bytes);
+}
+
 /* The gradients of x and w (and of the bias, if sum_bias) from the output's gradient; under
  * bf16/fp16 the tensors are NHWC, w is read as its compute copy, dw stays f32. */
 static umt_status conv_backward_from(umt_context *ctx, const umt_node *node, bool sum_bias) {
@@ -69,15 +79,12 @@ static umt_status conv_backward_from(umt_context *ctx, const umt_node *node, boo
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
     /* First, so that the side starts from the point before the input gradient. */
     UMT_TRY(weight_gradient_beside(ctx, &s, x, w, dx, dy, &dw, bytes));
-    bool fresh = umt_input_grad_fresh(node, 0);
+    if (dx) UMT_TRY(data_gradient(be, &s, w, dy, dx, umt_input_grad_fresh(node, 0), workspace, bytes));
     if (umt_dtype_is_lowp(s.dtype)) {
-        if (dx) UMT_TRY(be->lowp.conv2d_backward_data(&s, w->lowp->data, dy, dx, fresh, workspace, bytes));
         if (dw) UMT_TRY(be->lowp.conv2d_backward_filter(&s, x->data, dy, dw, workspace, bytes));
         if (dbias) UMT_TRY(be->lowp.sum_channel_bias(s.dtype, s.nhwc, dy, dbias, s.n, s.k, s.p * s.q));
         return UMT_OK;
     }
-    if (dx && fresh) UMT_TRY(be->f32.zero(dx, (size_t)x->numel * sizeof(float)));
-    if (dx) UMT_TRY(be->f32.conv2d_backward_data(&s, w->data, dy, dx, workspace, bytes));
     if (dw) UMT_TRY(be->f32.conv2d_backward_filter(&s, x->data, dy, dw, workspace, bytes));
     if (dbias) UMT_TRY(be->f32.sum_channel_bias(dy, dbias, s.n, s.k, s.p * s.q));
     return UMT_OK;
@@ -87,7 +94,7 @@ static umt_status conv_backward(umt_context *ctx, const umt_node *node) { return
 
 /* Whether the backend runs this convolution, its bias and its ReLU as one (kernels/backend.h). */
 static bool fused_by_backend(const umt_backend *be, const umt_conv_shape *s) {
-    return umt_dtype_is_lowp(s->dtype) && be->fused.conv2d_relu_supports && be->fused.conv2d_relu_supports(s);
+    return be->fused.conv2d_relu_supports && be->fused.conv2d_relu_supports(s);
 }
 
 /* The backend's fused backward: the weight gradient reads y and dy once, masks, and sums the
@@ -98,13 +105,12 @@ static umt_status conv_relu_backward_fused(umt_context *ctx, const umt_node *nod
     float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     size_t bytes = 0;
     void *workspace = NULL;
-    UMT_TRY(umt_kernels(ctx)->f32.conv2d_workspace_bytes(s, &bytes));
+    const umt_backend *be = umt_kernels(ctx);
+    UMT_TRY(be->f32.conv2d_workspace_bytes(s, &bytes));
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
-    UMT_TRY(umt_kernels(ctx)->fused.conv2d_relu_backward_filter(s, x->data, y->data, dy, dx != NULL, umt_input_grad(node, 1),
-                                                         dbias, workspace, bytes));
-    return dx ? umt_kernels(ctx)->lowp.conv2d_backward_data(s, w->lowp->data, dy, dx, umt_input_grad_fresh(node, 0),
-                                                      workspace, bytes)
-              : UMT_OK;
+    UMT_TRY(be->fused.conv2d_relu_backward_filter(s, x->data, y->data, dy, dx != NULL, umt_input_grad(node, 1), dbias,
+                                                  workspace, bytes));
+    return dx ? data_gradient(be, s, w, dy, dx, umt_input_grad_fresh(node, 0), workspace, bytes) : UMT_OK;
 }
 
 /* The fused op's backward: one pass turns the output's gradient into the pre-ReLU gradient, in

@@ -400,9 +400,9 @@ static const umt_backend cuda_backend = {
         .avg_pool_backward = umt_cuda_avg_pool_backward_lp,
     },
     .fused = {
-        .conv2d_relu_supports = umt_cuda_conv2d_relu_fused_lp,
-        .conv2d_relu_forward = umt_cuda_conv2d_relu_forward_lp,
-        .conv2d_relu_backward_filter = umt_cuda_conv2d_relu_backward_filter_lp,
+        .conv2d_relu_supports = umt_cuda_conv2d_relu_fused,
+        .conv2d_relu_forward = umt_cuda_conv2d_relu_forward,
+        .conv2d_relu_backward_filter = umt_cuda_conv2d_relu_backward_filter,
     },
     .streams = {
         .branch_begin = umt_cuda_branch_begin,

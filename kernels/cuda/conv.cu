@@ -346,6 +346,7 @@ extern "C" umt_status umt_cuda_conv2d_forward(const umt_conv_shape *shape, const
                                               void *workspace, size_t workspace_bytes) {
     const conv_plan *p;
     UMT_TRY(plan_for_call("conv2d_forward", shape, workspace, workspace_bytes, &p));
+    if (umt_cuda_conv_is_thin_f32(shape)) return umt_cuda_conv2d_forward_thin_f32(shape, x, w, NULL, false, y);
     const float one = 1.0f, zero = 0.0f;
     UMT_CUDNN_TRY(cudnnConvolutionForward(umt_cuda_cudnn_handle(), &one, p->x, x, p->w, w, p->conv, p->forward,
                                           workspace, workspace_bytes, &zero, p->y, y));
@@ -366,7 +367,8 @@ extern "C" umt_status umt_cuda_conv2d_backward_filter(const umt_conv_shape *shap
                                                       float *dw, void *workspace, size_t workspace_bytes) {
     const conv_plan *p;
     UMT_TRY(plan_for_call("conv2d_backward_filter", shape, workspace, workspace_bytes, &p));
-    if (umt_cuda_conv_is_thin_f32(shape)) return umt_cuda_conv2d_backward_filter_thin_f32(shape, x, dy, dw, workspace);
+    if (umt_cuda_conv_is_thin_f32(shape))
+        return umt_cuda_conv2d_backward_filter_thin_f32(shape, x, NULL, (float *)dy, false, dw, NULL, workspace);
     const float one = 1.0f;
     UMT_CUDNN_TRY(cudnnConvolutionBackwardFilter(umt_cuda_cudnn_handle(), &one, p->x, x, p->y, dy, p->conv,
                                                  p->backward_filter, workspace, workspace_bytes, &one, p->w, dw));
@@ -427,26 +429,44 @@ extern "C" umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *s
     return backward_filter_lp(p, shape, x, dy, dw, workspace);
 }
 
-/* Convolution + bias + ReLU fused: thin shapes only (conv_thin.cu); a call whose tensors are
- * not aligned for its vectors runs the two ops it replaces. */
-extern "C" bool umt_cuda_conv2d_relu_fused_lp(const umt_conv_shape *shape) { return umt_cuda_conv_is_thin(shape); }
+/* Convolution + bias + ReLU fused: thin shapes only (conv_thin.cu), in f32 or a half dtype; a
+ * half call whose tensors are not aligned for its vectors runs the two ops it replaces. */
+extern "C" bool umt_cuda_conv2d_relu_fused(const umt_conv_shape *shape) {
+    return umt_cuda_conv_is_thin(shape) || umt_cuda_conv_is_thin_f32(shape);
+}
 
-extern "C" umt_status umt_cuda_conv2d_relu_forward_lp(const umt_conv_shape *shape, const void *x, const void *w,
-                                                      const float *bias, void *y, void *workspace,
-                                                      size_t workspace_bytes) {
+extern "C" umt_status umt_cuda_conv2d_relu_forward(const umt_conv_shape *shape, const void *x, const void *w,
+                                                   const float *bias, void *y, void *workspace,
+                                                   size_t workspace_bytes) {
     const conv_plan *p;
-    UMT_TRY(plan_for_call_lp("conv2d_relu_forward_lp", shape, workspace, workspace_bytes, &p));
+    if (shape->dtype == UMT_F32) {
+        UMT_TRY(plan_for_call("conv2d_relu_forward", shape, workspace, workspace_bytes, &p));
+        if (umt_cuda_conv_is_thin_f32(shape))
+            return umt_cuda_conv2d_forward_thin_f32(shape, (const float *)x, (const float *)w, bias, true, (float *)y);
+        UMT_TRY(umt_cuda_conv2d_forward(shape, (const float *)x, (const float *)w, (float *)y, workspace,
+                                        workspace_bytes));
+        return umt_cuda_bias_relu(UMT_F32, false, y, bias, y, shape->n, shape->k, shape->p * shape->q);
+    }
+    UMT_TRY(plan_for_call_lp("conv2d_relu_forward", shape, workspace, workspace_bytes, &p));
     if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, bias, true, y);
     UMT_TRY(forward_lp(p, shape, x, w, y, workspace));
     return umt_cuda_bias_relu(shape->dtype, true, y, bias, y, shape->n, shape->k, shape->p * shape->q);
 }
 
-extern "C" umt_status umt_cuda_conv2d_relu_backward_filter_lp(const umt_conv_shape *shape, const void *x,
-                                                              const void *y, void *dy, bool keep_dy, float *dw,
-                                                              float *dbias, void *workspace,
-                                                              size_t workspace_bytes) {
+extern "C" umt_status umt_cuda_conv2d_relu_backward_filter(const umt_conv_shape *shape, const void *x,
+                                                           const void *y, void *dy, bool keep_dy, float *dw,
+                                                           float *dbias, void *workspace, size_t workspace_bytes) {
     const conv_plan *p;
-    UMT_TRY(plan_for_call_lp("conv2d_relu_backward_filter_lp", shape, workspace, workspace_bytes, &p));
+    if (shape->dtype == UMT_F32) {
+        UMT_TRY(plan_for_call("conv2d_relu_backward_filter", shape, workspace, workspace_bytes, &p));
+        if (umt_cuda_conv_is_thin_f32(shape))
+            return umt_cuda_conv2d_backward_filter_thin_f32(shape, (const float *)x, (const float *)y, (float *)dy,
+                                                            keep_dy, dw, dbias, workspace);
+        UMT_TRY(umt_cuda_bias_relu_backward(UMT_F32, false, y, dy, dbias, shape->n, shape->k, shape->p * shape->q));
+        return umt_cuda_conv2d_backward_filter(shape, (const float *)x, (const float *)dy, dw, workspace,
+                                               workspace_bytes);
+    }
+    UMT_TRY(plan_for_call_lp("conv2d_relu_backward_filter", shape, workspace, workspace_bytes, &p));
     if (umt_cuda_conv_thin_takes(shape, dy, workspace) && umt_cuda_conv_thin_takes(shape, y, y))
         return umt_cuda_conv2d_backward_filter_thin(shape, x, y, dy, keep_dy, dw, dbias, workspace);
     UMT_TRY(umt_cuda_bias_relu_backward(shape->dtype, true, y, dy, dbias, shape->n, shape->k, shape->p * shape->q));

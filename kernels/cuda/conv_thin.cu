@@ -381,52 +381,109 @@ static __global__ void add_block_partials_kernel(const float *partials, float *d
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* The f32 weight gradient (NCHW, no fused ReLU: f32 masks the gradient before the convolution) */
+/* f32 (NCHW): the forward and the weight gradient, each optionally fused with the bias and ReLU */
 
-/* dy's channels are planes here, so a warp's lanes take neighbouring pixels of a plane (each of
- * a thread's loads is then one coalesced line for the warp) and a thread sums F32_CHANNELS
- * channels, blockIdx.y choosing which; blockIdx.x takes a run of (image, pixel) positions. The
- * warps' sums are added by butterfly shuffles, then warps in order, then blocks in order by
- * add_block_partials_kernel: the same bits on every run. cuDNN's deterministic f32 weight
- * gradient for one input channel is a generic kernel that took milliseconds at batch 4096. */
-template <bool PADDED>
-static __global__ void __launch_bounds__(THREADS, 3)
-    thin_filter_f32_kernel(const float *x, const float *dy, float *partials, thin_shape s, umt_fast_divisor by_plane,
-                           int per_block) {
+/* F32_STRIDE floats per channel's weights in shared memory: THIN_TERMS, zero past c*r*s, padded
+ * to whole 16-byte reads. */
+enum { F32_STRIDE = 12 };
+
+/* A thread per output pixel, its window read once; each channel's sum goes to the channel's
+ * plane, where a warp's 32 neighbouring pixels make one coalesced store. With RELU, y =
+ * max(sum + bias, 0), as f32.bias_relu after the plain forward computes it. */
+template <bool RELU, bool PADDED>
+static __global__ void thin_forward_f32_kernel(const float *x, const float *w, const float *bias, float *y,
+                                               thin_shape s, umt_fast_divisor by_plane) {
+    extern __shared__ float4 shared_f32[]; /* [k][F32_STRIDE] weights, then the k biases */
     __shared__ window_table table;
-    __shared__ float warp_sums[THREADS / 32][F32_CHANNELS * THIN_TERMS];
+    float *weights = (float *)shared_f32, *biases = weights + s.k * F32_STRIDE;
+    for (int i = threadIdx.x; i < s.k * F32_STRIDE; i += blockDim.x) {
+        int k = i / F32_STRIDE, t = i % F32_STRIDE, c = t % s.c, rs = t / s.c; /* w is K,C,R,S */
+        weights[i] = t < s.terms ? w[(k * s.c + c) * s.r * s.s + rs] : 0.0f;
+    }
+    for (int i = threadIdx.x; i < s.k; i += blockDim.x) biases[i] = bias ? bias[i] : 0.0f;
+    make_window_table(s, &table);
+    __syncthreads();
+    int plane = s.p * s.q;
+    for (int pixel = blockIdx.x * blockDim.x + threadIdx.x; pixel < s.n * plane; pixel += gridDim.x * blockDim.x) {
+        float terms[THIN_TERMS];
+        window_terms<UMT_F32, PADDED>(x, s, &table, pixel, terms);
+        int n = umt_fast_divide(pixel, by_plane), at = pixel - n * plane;
+        for (int k = 0; k < s.k; k++) {
+            const float4 *filter = shared_f32 + k * (F32_STRIDE / 4);
+            float4 a = filter[0], b = filter[1], c = filter[2];
+            float sum = 0.0f;
+            sum += a.x * terms[0], sum += a.y * terms[1], sum += a.z * terms[2], sum += a.w * terms[3];
+            sum += b.x * terms[4], sum += b.y * terms[5], sum += b.z * terms[6], sum += b.w * terms[7];
+            sum += c.x * terms[8];
+            if (RELU) sum = relu(__fadd_rn(sum, biases[k]));
+            y[(n * s.k + k) * plane + at] = sum;
+        }
+    }
+}
+
+/* The weight gradient: dy's channels are planes, so a warp's lanes take neighbouring pixels of a
+ * plane (each of a thread's loads is then one coalesced line for the warp) and a thread sums
+ * F32_CHANNELS channels, blockIdx.y choosing which; blockIdx.x takes a run of (image, pixel)
+ * positions. MASKED: dy masked by y > 0 first (written back when keep_dy), and the bias sums.
+ * The warps' sums are added by butterfly shuffles, then warps in order, then blocks in order by
+ * add_block_partials_kernel: the same bits on every run. (cuDNN's deterministic f32 weight
+ * gradient for one input channel is a generic kernel that took milliseconds at batch 4096.) */
+template <bool MASKED, bool PADDED>
+static __global__ void __launch_bounds__(THREADS, 3)
+    thin_filter_f32_kernel(const float *x, const float *y, float *dy, bool keep_dy, float *partials, thin_shape s,
+                           umt_fast_divisor by_plane, int per_block) {
+    __shared__ window_table table;
+    __shared__ float warp_sums[THREADS / 32][F32_CHANNELS * (THIN_TERMS + 1)]; /* terms, then the bias */
     make_window_table(s, &table);
     __syncthreads();
     int plane = s.p * s.q, first_k = (int)blockIdx.y * F32_CHANNELS;
     int first = (int)blockIdx.x * per_block, last = min(first + per_block, s.n * plane);
-    float sums[F32_CHANNELS][THIN_TERMS] = {};
+    float sums[F32_CHANNELS][THIN_TERMS + 1] = {};
     for (int at = first + (int)threadIdx.x; at < last; at += (int)blockDim.x) {
         int n = umt_fast_divide(at, by_plane), pixel = at - n * plane;
         float terms[THIN_TERMS];
         window_terms<UMT_F32, PADDED>(x, s, &table, at, terms);
+        /* Every load first, then the stores: a store to dy between them would keep the compiler
+         * from issuing the next channel's load before it (they might alias), one at a time. */
+        float g[F32_CHANNELS], out[F32_CHANNELS];
 #pragma unroll
         for (int e = 0; e < F32_CHANNELS; e++) {
-            float g = first_k + e < s.k ? dy[(n * s.k + first_k + e) * plane + pixel] : 0.0f;
+            int i = (n * s.k + first_k + e) * plane + pixel;
+            bool channel = first_k + e < s.k;
+            g[e] = channel ? dy[i] : 0.0f;
+            if (MASKED) out[e] = channel ? y[i] : 0.0f;
+        }
 #pragma unroll
-            for (int t = 0; t < THIN_TERMS; t++) sums[e][t] += g * terms[t];
+        for (int e = 0; e < F32_CHANNELS; e++) {
+            if (MASKED && !(out[e] > 0.0f)) {
+                if (keep_dy && first_k + e < s.k) dy[(n * s.k + first_k + e) * plane + pixel] = 0.0f;
+                g[e] = 0.0f;
+            }
+            if (MASKED) sums[e][THIN_TERMS] += g[e];
+#pragma unroll
+            for (int t = 0; t < THIN_TERMS; t++) sums[e][t] += g[e] * terms[t];
         }
     }
-    int lane = (int)threadIdx.x % 32, warp = (int)threadIdx.x / 32;
+    int lane = (int)threadIdx.x % 32, warp = (int)threadIdx.x / 32, each = THIN_TERMS + (MASKED ? 1 : 0);
 #pragma unroll
     for (int e = 0; e < F32_CHANNELS; e++)
 #pragma unroll
-        for (int t = 0; t < THIN_TERMS; t++) {
+        for (int t = 0; t < THIN_TERMS + 1; t++) {
+            if (t >= each) break;
             float v = sums[e][t];
             for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-            if (lane == 0) warp_sums[warp][e * THIN_TERMS + t] = v;
+            if (lane == 0) warp_sums[warp][e * (THIN_TERMS + 1) + t] = v;
         }
     __syncthreads();
-    for (int o = (int)threadIdx.x; o < F32_CHANNELS * s.terms; o += (int)blockDim.x) {
-        int e = o / s.terms, t = o % s.terms, k = first_k + e, c = t % s.c, rs = t / s.c;
-        if (k >= s.k) continue;
+    /* Output o = (channel e, term t or the bias): dw's at its K,C,R,S place, the bias's after. */
+    int outputs = s.k * s.terms, row = outputs + s.k;
+    for (int o = (int)threadIdx.x; o < F32_CHANNELS * (s.terms + 1); o += (int)blockDim.x) {
+        int e = o / (s.terms + 1), t = o % (s.terms + 1), k = first_k + e, c = t % s.c, rs = t / s.c;
+        bool is_bias = t == s.terms;
+        if (k >= s.k || (is_bias && !MASKED)) continue;
         float total = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / 32; w++) total += warp_sums[w][e * THIN_TERMS + t];
-        partials[blockIdx.x * s.k * s.terms + (k * s.c + c) * s.r * s.s + rs] = total;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) total += warp_sums[w][e * (THIN_TERMS + 1) + (is_bias ? THIN_TERMS : t)];
+        partials[blockIdx.x * row + (is_bias ? outputs + k : (k * s.c + c) * s.r * s.s + rs)] = total;
     }
 }
 
@@ -434,9 +491,8 @@ static __global__ void __launch_bounds__(THREADS, 3)
 /* Entry points (conv.cu has checked the shape, the workspace and umt_cuda_conv_thin_takes)    */
 
 size_t umt_cuda_conv_thin_workspace_bytes(const umt_conv_shape *s) {
-    size_t outputs = (size_t)(s->k * s->c * s->r * s->s);
-    if (s->dtype == UMT_F32) return (size_t)F32_BLOCKS * outputs * sizeof(float);
-    return (size_t)FILTER_BLOCKS * (outputs + (size_t)s->k) * sizeof(float);
+    size_t row = (size_t)(s->k * s->c * s->r * s->s + s->k);
+    return (size_t)(s->dtype == UMT_F32 ? F32_BLOCKS : FILTER_BLOCKS) * row * sizeof(float);
 }
 
 template <umt_dtype D, bool PADDED>
@@ -503,13 +559,34 @@ umt_status umt_cuda_conv2d_backward_filter_thin(const umt_conv_shape *s, const v
                   : backward_filter<UMT_F16, false>(s, x, y, dy, keep_dy, dw, dbias, workspace);
 }
 
-/* Blocks: the channels' runs of F32_CHANNELS (grid y) times runs of positions (grid x), about
- * F32_BLOCKS in all, each thread taking at least four positions. */
-umt_status umt_cuda_conv2d_backward_filter_thin_f32(const umt_conv_shape *s, const float *x, const float *dy,
-                                                    float *dw, void *workspace) {
+umt_status umt_cuda_conv2d_forward_thin_f32(const umt_conv_shape *s, const float *x, const float *w,
+                                            const float *bias, bool relu, float *y) {
     if (s->n == 0) return UMT_OK;
     thin_shape t = thin(s);
-    int64_t positions = s->n * s->p * s->q, outputs = t.k * t.terms;
+    size_t shared = (size_t)(t.k * F32_STRIDE + t.k) * sizeof(float);
+    unsigned int blocks = blocks_for(s->n * s->p * s->q);
+    umt_fast_divisor by_plane = umt_fast_divisor_of(t.p * t.q);
+    cudaStream_t stream = umt_cuda_stream();
+    if (relu && s->pad)
+        thin_forward_f32_kernel<true, true><<<blocks, THREADS, shared, stream>>>(x, w, bias, y, t, by_plane);
+    else if (relu)
+        thin_forward_f32_kernel<true, false><<<blocks, THREADS, shared, stream>>>(x, w, bias, y, t, by_plane);
+    else if (s->pad)
+        thin_forward_f32_kernel<false, true><<<blocks, THREADS, shared, stream>>>(x, w, NULL, y, t, by_plane);
+    else
+        thin_forward_f32_kernel<false, false><<<blocks, THREADS, shared, stream>>>(x, w, NULL, y, t, by_plane);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+/* Blocks: the channels' runs of F32_CHANNELS (grid y) times runs of positions (grid x), about
+ * F32_BLOCKS in all, each thread taking at least four positions. y NULL: the plain gradient. */
+umt_status umt_cuda_conv2d_backward_filter_thin_f32(const umt_conv_shape *s, const float *x, const float *y,
+                                                    float *dy, bool keep_dy, float *dw, float *dbias,
+                                                    void *workspace) {
+    if (s->n == 0) return UMT_OK;
+    thin_shape t = thin(s);
+    int64_t positions = s->n * s->p * s->q, outputs = t.k * t.terms, row = outputs + t.k;
     int64_t channel_runs = (t.k + F32_CHANNELS - 1) / F32_CHANNELS, most = F32_BLOCKS / channel_runs;
     int64_t blocks = (positions + 4 * THREADS - 1) / (4 * THREADS);
     if (blocks > most) blocks = most;
@@ -520,13 +597,19 @@ umt_status umt_cuda_conv2d_backward_filter_thin_f32(const umt_conv_shape *s, con
     cudaStream_t stream = umt_cuda_stream();
     dim3 grid((unsigned int)blocks, (unsigned int)channel_runs);
     umt_fast_divisor by_plane = umt_fast_divisor_of(t.p * t.q);
-    if (s->pad)
-        thin_filter_f32_kernel<true><<<grid, THREADS, 0, stream>>>(x, dy, partials, t, by_plane, (int)per_block);
+    int steps = (int)per_block;
+    if (y && s->pad)
+        thin_filter_f32_kernel<true, true><<<grid, THREADS, 0, stream>>>(x, y, dy, keep_dy, partials, t, by_plane, steps);
+    else if (y)
+        thin_filter_f32_kernel<true, false><<<grid, THREADS, 0, stream>>>(x, y, dy, keep_dy, partials, t, by_plane, steps);
+    else if (s->pad)
+        thin_filter_f32_kernel<false, true><<<grid, THREADS, 0, stream>>>(x, NULL, dy, false, partials, t, by_plane, steps);
     else
-        thin_filter_f32_kernel<false><<<grid, THREADS, 0, stream>>>(x, dy, partials, t, by_plane, (int)per_block);
+        thin_filter_f32_kernel<false, false><<<grid, THREADS, 0, stream>>>(x, NULL, dy, false, partials, t, by_plane, steps);
     UMT_CUDA_LAUNCHED();
-    add_block_partials_kernel<<<umt_chunk_sum_blocks(outputs), THREADS, 0, stream>>>(
-        partials, dw, NULL, (int)outputs, (int)outputs, (int)outputs, (int)blocks);
+    int64_t columns = y && dbias ? row : outputs;
+    add_block_partials_kernel<<<umt_chunk_sum_blocks(columns), THREADS, 0, stream>>>(
+        partials, dw, dbias, (int)outputs, (int)row, (int)columns, (int)blocks);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }

@@ -14,7 +14,8 @@ bool umt_cuda_conv_is_thin(const umt_conv_shape *s);
 /* And the call: a thin shape whose vector-accessed tensors (y; dy and the workspace) are
  * 16-byte aligned (the pools align to 256, so in practice every call). */
 bool umt_cuda_conv_thin_takes(const umt_conv_shape *s, const void *vectors_a, const void *vectors_b);
-/* Whether the f32 weight gradient's direct kernel takes a shape: f32 NCHW, c*r*s <= 9. */
+/* Whether the f32 direct kernels (forward and weight gradient) take a shape: f32 NCHW,
+ * c*r*s <= 9, any k. */
 bool umt_cuda_conv_is_thin_f32(const umt_conv_shape *s);
 /* The weight and bias gradients' per-block partials, which the plan's workspace must hold (for
  * either kind of thin shape). */
@@ -30,9 +31,12 @@ umt_status umt_cuda_conv2d_forward_thin(const umt_conv_shape *s, const void *x, 
 umt_status umt_cuda_conv2d_backward_filter_thin(const umt_conv_shape *s, const void *x, const void *y, void *dy,
                                                 bool keep_dy, float *dw, float *dbias, void *workspace);
 
-/* dw (f32, K,C,R,S) += the f32 weight gradient from dy (NCHW); the workspace holds the
- * partials. */
-umt_status umt_cuda_conv2d_backward_filter_thin_f32(const umt_conv_shape *s, const float *x, const float *dy,
-                                                    float *dw, void *workspace);
+/* The same two in f32 NCHW (w as K,C,R,S; relu: y = max(conv + bias, 0), as f32.bias_relu after
+ * the plain forward computes it; no alignment needed). */
+umt_status umt_cuda_conv2d_forward_thin_f32(const umt_conv_shape *s, const float *x, const float *w,
+                                            const float *bias, bool relu, float *y);
+umt_status umt_cuda_conv2d_backward_filter_thin_f32(const umt_conv_shape *s, const float *x, const float *y,
+                                                    float *dy, bool keep_dy, float *dw, float *dbias,
+                                                    void *workspace);
 
 #endif /* UMT_KERNELS_CUDA_CONV_THIN_H */
