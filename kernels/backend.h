@@ -271,12 +271,13 @@ typedef struct {
  *     the groups above, bit for bit the same result. An op takes it where the slot is set and
  *     says yes for the shape; the CUDA backend fills it. --- */
 typedef struct {
-    /* Convolution, bias and ReLU in one pass, where the backend has it for the shape (the slot
-     * NULL or conv2d_relu_supports false: the op runs lowp.conv2d_forward, then f32.bias_relu). The
-     * forward gives bit for bit those two ops' y (the product rounded to the dtype, then the
-     * bias and the ReLU). The backward's weight side reads y and dy once: the masked gradient
-     * (y > 0 ? dy : 0, written over dy when keep_dy, for lowp.conv2d_backward_data to read), and
-     * from it dw += the weight gradient and dbias += its channel sums (dbias may be NULL). */
+    /* Convolution, bias and ReLU in one pass, where the backend has it for the shape, in f32 or
+     * a half dtype (the slot NULL or conv2d_relu_supports false: the op runs the convolution's
+     * forward slot, then f32.bias_relu). The forward gives bit for bit those two ops' y (the
+     * product rounded to the dtype, then the bias and the ReLU). The backward's weight side reads
+     * y and dy once: the masked gradient (y > 0 ? dy : 0, written over dy when keep_dy, for the
+     * data gradient to read), and from it dw += the weight gradient and dbias += its channel
+     * sums (dbias may be NULL). */
     bool (*conv2d_relu_supports)(const umt_conv_shape *shape);
     umt_status (*conv2d_relu_forward)(const umt_conv_shape *shape, const void *x, const void *w, const float *bias,
                                       void *y, void *workspace, size_t workspace_bytes);

@@ -34,9 +34,9 @@
  * it goes to a half-precision scratch behind the algorithm's workspace (same call, beta 0) and
  * is then added to the f32 gradient in K,C,R,S order by one recast.
  *
- * Thin inputs (a one-channel image, c*r*s <= 9) go to our own direct kernels: in bf16/f16 the
- * forward and the weight gradient, in f32 the weight gradient (kernels/cuda/conv_thin.cu says
- * why); their plan's workspace holds those kernels' partials too.
+ * Thin inputs (a one-channel image, c*r*s <= 9) go to our own direct kernels for the forward and
+ * the weight gradient, in f32 and in bf16/f16 (kernels/cuda/conv_thin.cu says why); their plan's
+ * workspace holds those kernels' partials too.
  */
 #include <limits.h>
 #include <stdlib.h>

@@ -1,8 +1,7 @@
 /*
  * kernels/cuda/conv_thin.cu — direct convolution for thin inputs (c*r*s <= 9: a one-channel
- * image under a 3x3 filter): forward and weight gradient in bf16/f16 NHWC, and the weight
- * gradient in f32 NCHW (kernels/cpu/conv.c is the reference; conv.cu sends these shapes here and
- * the rest to cuDNN).
+ * image under a 3x3 filter): forward and weight gradient in bf16/f16 NHWC and in f32 NCHW
+ * (kernels/cpu/conv.c is the reference; conv.cu sends these shapes here and the rest to cuDNN).
  *
  * Why not cuDNN: each output pixel of such a layer is a dot product of only c*r*s <= 9 terms,
  * too short for tensor cores, so the work is moving the output (the MNIST CNN's first layer
@@ -27,8 +26,9 @@
  * its threads' sums in a fixed order (butterfly shuffles in the warp, then warps in order) and
  * writes one partial per block into the workspace; kernels/cuda/chunk_sums.h adds the blocks'
  * partials in a fixed order, the weights' and the bias's in one launch. No atomics: the same
- * bits on every run, as every kernel of this folder. The f32 weight gradient (NCHW, unfused) is
- * simpler: dy's channels are planes, so lanes take a plane's neighbouring pixels.
+ * bits on every run, as every kernel of this folder. The f32 kernels (NCHW) are simpler: the
+ * channels are planes, so lanes take a plane's neighbouring pixels and every load and store is
+ * coalesced as it stands.
  *
  * Fused with the bias and the ReLU that follow (umt_conv2d_relu): the forward adds the bias and
  * clamps before its one store; the weight gradient masks the gradient by y > 0 as it reads it
