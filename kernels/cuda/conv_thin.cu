@@ -487,6 +487,18 @@ static __global__ void __launch_bounds__(THREADS, 3)
     }
 }
 
+/* After a weight gradient's first kernel (checked here): dw += its blocks' partials (rows of
+ * `row` floats, outputs of them dw's), and dbias += theirs when given (a masked gradient's). */
+static umt_status finish_partials(const float *partials, float *dw, float *dbias, int64_t outputs, int64_t row,
+                                  int64_t blocks) {
+    UMT_CUDA_LAUNCHED();
+    int64_t columns = dbias ? row : outputs;
+    add_block_partials_kernel<<<umt_chunk_sum_blocks(columns), THREADS, 0, umt_cuda_stream()>>>(
+        partials, dw, dbias, (int)outputs, (int)row, (int)columns, (int)blocks);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Entry points (conv.cu has checked the shape, the workspace and umt_cuda_conv_thin_takes)    */
 
@@ -533,12 +545,7 @@ static umt_status backward_filter(const umt_conv_shape *s, const void *x, const 
     else
         thin_filter_kernel<D, false, PADDED><<<(unsigned int)blocks, THREADS, shared, stream>>>(
             (const uint16_t *)x, NULL, (uint4 *)dy, false, partials, t, (int)per_block);
-    UMT_CUDA_LAUNCHED();
-    int64_t columns = y && dbias ? row : outputs;
-    add_block_partials_kernel<<<umt_chunk_sum_blocks(columns), THREADS, 0, stream>>>(
-        partials, dw, dbias, (int)outputs, (int)row, (int)columns, (int)blocks);
-    UMT_CUDA_LAUNCHED();
-    return UMT_OK;
+    return finish_partials(partials, dw, y ? dbias : NULL, outputs, row, blocks);
 }
 
 umt_status umt_cuda_conv2d_forward_thin(const umt_conv_shape *s, const void *x, const void *w, const float *bias,
@@ -606,10 +613,5 @@ umt_status umt_cuda_conv2d_backward_filter_thin_f32(const umt_conv_shape *s, con
         thin_filter_f32_kernel<false, true><<<grid, THREADS, 0, stream>>>(x, NULL, dy, false, partials, t, by_plane, steps);
     else
         thin_filter_f32_kernel<false, false><<<grid, THREADS, 0, stream>>>(x, NULL, dy, false, partials, t, by_plane, steps);
-    UMT_CUDA_LAUNCHED();
-    int64_t columns = y && dbias ? row : outputs;
-    add_block_partials_kernel<<<umt_chunk_sum_blocks(columns), THREADS, 0, stream>>>(
-        partials, dw, dbias, (int)outputs, (int)row, (int)columns, (int)blocks);
-    UMT_CUDA_LAUNCHED();
-    return UMT_OK;
+    return finish_partials(partials, dw, y ? dbias : NULL, outputs, row, blocks);
 }
