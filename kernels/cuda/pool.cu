@@ -25,6 +25,7 @@
 #include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/fast_divide.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/pool_scatter.h"
@@ -89,6 +90,51 @@ static __global__ void max_pool_forward_kernel(umt_pool_shape s, const float *x,
     }
 }
 
+/* The same in 32-bit indices (every tensor under 2^31 elements), an output's coordinates by
+ * multiply-shift divisions (kernels/cuda/fast_divide.h): the 64-bit divisions of the kernel above
+ * were most of its instructions, about a hundred each. by_plane: p * q; by_q: q; by_c: c. */
+static __global__ void max_pool_forward_fast_kernel(umt_pool_shape s, umt_fast_divisor by_plane, umt_fast_divisor by_q,
+                                                    umt_fast_divisor by_c, const float *x, const float *bias, float *y,
+                                                    int32_t *argmax, uint8_t *pick) {
+    int total = (int)(s.n * s.c * s.p * s.q), h = (int)s.h, w = (int)s.w, c = (int)s.c, window = (int)s.window;
+    for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
+        int plane = umt_fast_divide(out, by_plane), within = out - plane * (int)(s.p * s.q);
+        int oy = umt_fast_divide(within, by_q), ox = within - oy * (int)s.q;
+        int channel = plane - umt_fast_divide(plane, by_c) * c;
+        const float *x_plane = x + plane * h * w;
+        int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride, best_index = y0 * w + x0, best_at = 0;
+        float best = biased_relu(x_plane[best_index], bias, channel, UMT_F32);
+        for (int i = 0; i < window; i++) {
+            for (int j = 0; j < window; j++) {
+                int at = (y0 + i) * w + x0 + j;
+                float v = biased_relu(x_plane[at], bias, channel, UMT_F32);
+                if (takes_over(v, best)) {
+                    best = v;
+                    best_index = at, best_at = i * window + j;
+                }
+            }
+        }
+        y[out] = best;
+        if (pick)
+            pick[out] = (uint8_t)best_at;
+        else
+            argmax[out] = best_index;
+    }
+}
+
+/* f32 max pool forward (NCHW): the 32-bit kernel where every index fits. */
+static umt_status max_pool_forward_f32(const umt_pool_shape *s, const float *x, const float *bias, float *y,
+                                       int32_t *argmax, uint8_t *pick) {
+    int64_t outputs = s->n * s->c * s->p * s->q;
+    if (s->n * s->c * s->h * s->w >= INT32_MAX) {
+        LAUNCH_OVER(outputs, max_pool_forward_kernel, *s, x, bias, y, argmax, pick);
+        return UMT_OK;
+    }
+    LAUNCH_OVER(outputs, max_pool_forward_fast_kernel, *s, umt_fast_divisor_of((int)(s->p * s->q)),
+                umt_fast_divisor_of((int)s->q), umt_fast_divisor_of((int)s->c), x, bias, y, argmax, pick);
+    return UMT_OK;
+}
+
 static __global__ void max_pool_backward_kernel(umt_pool_shape s, const int32_t *argmax, const float *dy,
                                                 float *dx) {
     FOR_EACH_INDEX(in, s.n * s.c * s.h * s.w) {
@@ -143,8 +189,7 @@ static bool scatter_applies(const umt_pool_shape *s) {
 extern "C" umt_status umt_cuda_max_pool_forward(const umt_pool_shape *shape, const float *x, float *y,
                                                 int32_t *argmax) {
     UMT_TRY(umt_cpu_check_pool_shape("max_pool_forward", shape));
-    LAUNCH_OVER(shape->n * shape->c * shape->p * shape->q, max_pool_forward_kernel, *shape, x, NULL, y, argmax, NULL);
-    return UMT_OK;
+    return max_pool_forward_f32(shape, x, NULL, y, argmax, NULL);
 }
 
 extern "C" umt_status umt_cuda_max_pool_backward(const umt_pool_shape *shape, const int32_t *argmax, const float *dy,
@@ -473,6 +518,28 @@ static __global__ void pick_write_nhwc8_kernel(umt_pool_shape s, const uint64_t 
     }
 }
 
+/* The same for f32 NCHW: a thread writes its window's values whole, 0 + dy at the pick and 0
+ * elsewhere (the memset and the scatter's single addition give those bits), its rows as float2
+ * where the window is 2 wide and rows are 8-byte aligned. by_plane: p * q; by_q: q. */
+template <bool PAIRS>
+static __global__ void pick_write_f32_kernel(umt_pool_shape s, umt_fast_divisor by_plane, umt_fast_divisor by_q,
+                                             const uint8_t *pick, const float *dy, float *dx) {
+    int total = (int)(s.n * s.c * s.p * s.q), h = (int)s.h, w = (int)s.w, window = (int)s.window;
+    for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
+        int plane = umt_fast_divide(out, by_plane), within = out - plane * (int)(s.p * s.q);
+        int oy = umt_fast_divide(within, by_q), ox = within - oy * (int)s.q, picked = pick[out];
+        float value = __fadd_rn(0.0f, dy[out]);
+        float *corner = dx + plane * h * w + oy * window * w + ox * window;
+        for (int i = 0; i < window; i++) {
+            if constexpr (PAIRS)
+                *(float2 *)(corner + i * w) =
+                    make_float2(picked == 2 * i ? value : 0.0f, picked == 2 * i + 1 ? value : 0.0f);
+            else
+                for (int j = 0; j < window; j++) corner[i * w + j] = picked == i * window + j ? value : 0.0f;
+        }
+    }
+}
+
 /* The f32 checks, plus a half dtype. */
 static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
     if (s->dtype != UMT_BF16 && s->dtype != UMT_F16)
@@ -527,8 +594,7 @@ extern "C" umt_status umt_cuda_bias_relu_max_pool_forward(const umt_pool_shape *
         return max_pool_forward_half(s, x, bias, y, NULL, pick);
     }
     UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_forward", s));
-    LAUNCH_OVER(s->n * s->c * s->p * s->q, max_pool_forward_kernel, *s, (const float *)x, bias, (float *)y, NULL, pick);
-    return UMT_OK;
+    return max_pool_forward_f32(s, (const float *)x, bias, (float *)y, NULL, pick);
 }
 
 extern "C" umt_status umt_cuda_max_pool_backward_lp(const umt_pool_shape *shape, const int32_t *argmax, const void *dy,
@@ -577,6 +643,15 @@ extern "C" umt_status umt_cuda_pick_scatter(const umt_pool_shape *s, const uint8
                         (long long)(s->n * s->c * s->h * s->w));
     bool tiles = s->stride == s->window && s->h == s->p * s->window && s->w == s->q * s->window;
     int64_t outputs = s->n * s->c * s->p * s->q;
+    if (fresh && tiles && s->dtype == UMT_F32 && !s->nhwc) {
+        umt_fast_divisor by_plane = umt_fast_divisor_of((int)(s->p * s->q)), by_q = umt_fast_divisor_of((int)s->q);
+        bool pairs = s->window == 2 && s->w % 2 == 0 && (uintptr_t)dx % sizeof(float2) == 0;
+        if (pairs)
+            LAUNCH_OVER(outputs, pick_write_f32_kernel<true>, *s, by_plane, by_q, pick, (const float *)dy, (float *)dx);
+        else
+            LAUNCH_OVER(outputs, pick_write_f32_kernel<false>, *s, by_plane, by_q, pick, (const float *)dy, (float *)dx);
+        return UMT_OK;
+    }
     if (fresh && tiles && s->dtype != UMT_F32 && lanes_apply(s, dy, dx, pick)) {
         if (s->dtype == UMT_BF16)
             LAUNCH_OVER(outputs / LANES, pick_write_nhwc8_kernel<UMT_BF16>, *s, (const uint64_t *)pick,
