@@ -313,8 +313,8 @@ static __device__ float warp_channel_sum(float v, int quads) {
 /* Writes the block's partial: row = k * terms + k floats at partials[block * row], dw's in
  * K,C,R,S order, then with MASKED the bias's. warp_sums (shared) holds [warp][row]. */
 template <bool MASKED>
-static __device__ __forceinline__ void write_block_partial(const thin_sums &sums, const thin_shape &s, float *warp_sums,
-                                           float *partials) {
+static __device__ __forceinline__ void write_block_partial(const thin_sums &sums, const thin_shape &s,
+                                                           float *warp_sums, float *partials) {
     int outputs = s.k * s.terms, row = outputs + s.k, quads = 2 * s.groups;
     int lane = (int)threadIdx.x % 32, warp = (int)threadIdx.x / 32, first_channel = QUAD * (lane % quads);
 #pragma unroll
@@ -482,7 +482,8 @@ static __global__ void __launch_bounds__(THREADS, 3)
         bool is_bias = t == s.terms;
         if (k >= s.k || (is_bias && !MASKED)) continue;
         float total = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / 32; w++) total += warp_sums[w][e * (THIN_TERMS + 1) + (is_bias ? THIN_TERMS : t)];
+        int column = e * (THIN_TERMS + 1) + (is_bias ? THIN_TERMS : t);
+        for (int w = 0; w < (int)blockDim.x / 32; w++) total += warp_sums[w][column];
         partials[blockIdx.x * row + (is_bias ? outputs + k : (k * s.c + c) * s.r * s.s + rs)] = total;
     }
 }
@@ -534,7 +535,8 @@ static umt_status backward_filter(const umt_conv_shape *s, const void *x, const 
     int64_t per_block = (vectors + blocks - 1) / blocks;
     per_block = (per_block + t.groups - 1) / t.groups * t.groups;
     blocks = (vectors + per_block - 1) / per_block;
-    size_t tiles = (size_t)2 * (y ? 2 : 1) * TILE_VECTORS * sizeof(uint4) + (size_t)TILE_PIXELS * THIN_TERMS * sizeof(float);
+    size_t tiles = (size_t)2 * (y ? 2 : 1) * TILE_VECTORS * sizeof(uint4);
+    tiles += (size_t)TILE_PIXELS * THIN_TERMS * sizeof(float); /* the window terms beside them */
     size_t sums = (size_t)(THREADS / 32 * row) * sizeof(float);
     size_t shared = tiles > sums ? tiles : sums;
     float *partials = (float *)workspace;
@@ -552,7 +554,8 @@ umt_status umt_cuda_conv2d_forward_thin(const umt_conv_shape *s, const void *x, 
                                         bool relu, void *y) {
     if (s->n == 0) return UMT_OK;
     if (s->dtype == UMT_BF16)
-        return s->pad ? forward<UMT_BF16, true>(s, x, w, bias, relu, y) : forward<UMT_BF16, false>(s, x, w, bias, relu, y);
+        return s->pad ? forward<UMT_BF16, true>(s, x, w, bias, relu, y)
+                      : forward<UMT_BF16, false>(s, x, w, bias, relu, y);
     return s->pad ? forward<UMT_F16, true>(s, x, w, bias, relu, y) : forward<UMT_F16, false>(s, x, w, bias, relu, y);
 }
 
@@ -605,13 +608,8 @@ umt_status umt_cuda_conv2d_backward_filter_thin_f32(const umt_conv_shape *s, con
     dim3 grid((unsigned int)blocks, (unsigned int)channel_runs);
     umt_fast_divisor by_plane = umt_fast_divisor_of(t.p * t.q);
     int steps = (int)per_block;
-    if (y && s->pad)
-        thin_filter_f32_kernel<true, true><<<grid, THREADS, 0, stream>>>(x, y, dy, keep_dy, partials, t, by_plane, steps);
-    else if (y)
-        thin_filter_f32_kernel<true, false><<<grid, THREADS, 0, stream>>>(x, y, dy, keep_dy, partials, t, by_plane, steps);
-    else if (s->pad)
-        thin_filter_f32_kernel<false, true><<<grid, THREADS, 0, stream>>>(x, NULL, dy, false, partials, t, by_plane, steps);
-    else
-        thin_filter_f32_kernel<false, false><<<grid, THREADS, 0, stream>>>(x, NULL, dy, false, partials, t, by_plane, steps);
+    auto kernel = y ? (s->pad ? thin_filter_f32_kernel<true, true> : thin_filter_f32_kernel<true, false>)
+                    : (s->pad ? thin_filter_f32_kernel<false, true> : thin_filter_f32_kernel<false, false>);
+    kernel<<<grid, THREADS, 0, stream>>>(x, y, dy, y && keep_dy, partials, t, by_plane, steps);
     return finish_partials(partials, dw, y ? dbias : NULL, outputs, row, blocks);
 }

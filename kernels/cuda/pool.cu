@@ -646,10 +646,8 @@ extern "C" umt_status umt_cuda_pick_scatter(const umt_pool_shape *s, const uint8
     if (fresh && tiles && s->dtype == UMT_F32 && !s->nhwc) {
         umt_fast_divisor by_plane = umt_fast_divisor_of((int)(s->p * s->q)), by_q = umt_fast_divisor_of((int)s->q);
         bool pairs = s->window == 2 && s->w % 2 == 0 && (uintptr_t)dx % sizeof(float2) == 0;
-        if (pairs)
-            LAUNCH_OVER(outputs, pick_write_f32_kernel<true>, *s, by_plane, by_q, pick, (const float *)dy, (float *)dx);
-        else
-            LAUNCH_OVER(outputs, pick_write_f32_kernel<false>, *s, by_plane, by_q, pick, (const float *)dy, (float *)dx);
+        auto kernel = pairs ? pick_write_f32_kernel<true> : pick_write_f32_kernel<false>;
+        LAUNCH_OVER(outputs, kernel, *s, by_plane, by_q, pick, (const float *)dy, (float *)dx);
         return UMT_OK;
     }
     if (fresh && tiles && s->dtype != UMT_F32 && lanes_apply(s, dy, dx, pick)) {
