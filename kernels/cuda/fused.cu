@@ -24,6 +24,7 @@
 #include "kernels/cuda/bias_rows.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/fast_divide.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/pool_scatter.h"
@@ -190,21 +191,27 @@ static __global__ void mask_rows_vector_kernel(const uint4 *y, uint4 *dy, float 
     }
 }
 
-/* NCHW: block (channel, chunk) walks its chunk's planes of the channel contiguously and sums in
- * double, as kernels/cuda/conv.cu's sum_channel_bias does. */
+/* NCHW: block (channel, chunk) walks its chunk's planes of the channel and sums in double, as
+ * kernels/cuda/conv.cu's sum_channel_bias does. Its threads take the chunk's (image, pixel) pairs
+ * in turn, so that planes smaller than the block (a pooled 12x12 has 144) keep every thread busy;
+ * a pair's image by a multiply-shift division (kernels/cuda/fast_divide.h; by_hw divides by hw,
+ * and images_per_chunk * hw < 2^31, mask_planes checks). */
 template <umt_dtype D>
 static __global__ void mask_planes_kernel(const void *y, void *dy, float *dbias, double *plane_partials, int64_t n,
-                                          int64_t k, int64_t hw, int64_t images_per_chunk, bool chunked, float scale) {
+                                          int64_t k, int64_t hw, umt_fast_divisor by_hw, int64_t images_per_chunk,
+                                          bool chunked, float scale) {
     __shared__ double partial[THREADS];
     int64_t channel = blockIdx.x, chunk = blockIdx.y, first = chunk * images_per_chunk;
     int64_t last = first + images_per_chunk < n ? first + images_per_chunk : n;
+    int pairs = (int)((last - first) * hw);
     double sum = 0.0;
-    for (int64_t image = first; image < last; image++)
-        for (int64_t i = (image * k + channel) * hw + threadIdx.x; i < (image * k + channel + 1) * hw; i += THREADS) {
-            float g = load<D>(y, i) > 0.0f ? passed<D>(load<D>(dy, i), scale) : 0.0f;
-            store<D>(dy, i, g);
-            sum += g;
-        }
+    for (int pair = (int)threadIdx.x; pair < pairs; pair += THREADS) {
+        int image = umt_fast_divide(pair, by_hw), pixel = pair - image * (int)hw;
+        int64_t i = ((first + image) * k + channel) * hw + pixel;
+        float g = load<D>(y, i) > 0.0f ? passed<D>(load<D>(dy, i), scale) : 0.0f;
+        store<D>(dy, i, g);
+        sum += g;
+    }
     partial[threadIdx.x] = sum;
     __syncthreads();
     for (int half = THREADS / 2; half > 0; half /= 2) {
@@ -280,8 +287,11 @@ static umt_status mask_planes(const void *y, void *dy, float *dbias, int64_t n, 
     double *partials = scratch->fused_plane_partials;
     cudaStream_t stream = umt_cuda_stream();
     int64_t per_chunk = 0, chunks = chunks_for(n, k, k, &per_chunk);
+    if (per_chunk * hw >= INT32_MAX)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "bias_relu_backward: %lld images of %lld pixels a block (at most 2^31 - 1)",
+                        (long long)per_chunk, (long long)hw);
     mask_planes_kernel<D><<<dim3((unsigned int)k, (unsigned int)chunks), THREADS, 0, stream>>>(
-        y, dy, dbias, partials, n, k, hw, per_chunk, chunks > 1, scale);
+        y, dy, dbias, partials, n, k, hw, umt_fast_divisor_of((int)hw), per_chunk, chunks > 1, scale);
     return finish_sums<double>(partials, dbias, k, chunks);
 }
 
