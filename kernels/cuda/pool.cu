@@ -62,63 +62,54 @@ static __device__ float biased_relu(float v, const float *bias, int64_t channel,
     return dtype == UMT_BF16 ? umt_dev_bf16_to_f32(umt_dev_f32_to_bf16(v)) : umt_dev_f16_to_f32(umt_dev_f32_to_f16(v));
 }
 
-/* Every max-pool forward writes, per output, either argmax (the pick's index in its plane) or,
- * when pick is given instead, the pick's position in its window, i * window + j, in one byte. */
+/* One output's window, scanned in Index arithmetic (int64_t, or int where every tensor is under
+ * 2^31 elements): the first of its largest ReLU(x + bias) values (takes_over). Every max-pool
+ * forward writes, per output, either argmax (the pick's index in its plane) or, when pick is
+ * given instead, the pick's position in its window, i * window + j, in one byte. */
+template <typename Index>
+static __device__ void pool_window(const float *x_plane, const float *bias, Index channel, Index y0, Index x0,
+                                   Index w, Index window, Index out, float *y, int32_t *argmax, uint8_t *pick) {
+    Index best_index = y0 * w + x0, best_at = 0;
+    float best = biased_relu(x_plane[best_index], bias, channel, UMT_F32);
+    for (Index i = 0; i < window; i++) {
+        for (Index j = 0; j < window; j++) {
+            Index at = (y0 + i) * w + x0 + j;
+            float v = biased_relu(x_plane[at], bias, channel, UMT_F32);
+            if (takes_over(v, best)) {
+                best = v;
+                best_index = at, best_at = i * window + j;
+            }
+        }
+    }
+    y[out] = best;
+    if (pick)
+        pick[out] = (uint8_t)best_at;
+    else
+        argmax[out] = (int32_t)best_index;
+}
+
 static __global__ void max_pool_forward_kernel(umt_pool_shape s, const float *x, const float *bias, float *y,
                                                int32_t *argmax, uint8_t *pick) {
     FOR_EACH_INDEX(out, s.n * s.c * s.p * s.q) {
         int64_t plane = out / (s.p * s.q), oy = out / s.q % s.p, ox = out % s.q, channel = plane % s.c;
-        const float *x_plane = x + plane * s.h * s.w;
-        int64_t y0 = oy * s.stride, x0 = ox * s.stride;
-        int64_t best_index = y0 * s.w + x0, best_at = 0;
-        float best = biased_relu(x_plane[best_index], bias, channel, UMT_F32);
-        for (int64_t i = 0; i < s.window; i++) {
-            for (int64_t j = 0; j < s.window; j++) {
-                int64_t at = (y0 + i) * s.w + x0 + j;
-                float v = biased_relu(x_plane[at], bias, channel, UMT_F32);
-                if (takes_over(v, best)) {
-                    best = v;
-                    best_index = at, best_at = i * s.window + j;
-                }
-            }
-        }
-        y[out] = best;
-        if (pick)
-            pick[out] = (uint8_t)best_at;
-        else
-            argmax[out] = (int32_t)best_index;
+        pool_window<int64_t>(x + plane * s.h * s.w, bias, channel, oy * s.stride, ox * s.stride, s.w, s.window, out,
+                             y, argmax, pick);
     }
 }
 
-/* The same in 32-bit indices (every tensor under 2^31 elements), an output's coordinates by
- * multiply-shift divisions (kernels/cuda/fast_divide.h): the 64-bit divisions of the kernel above
- * were most of its instructions, about a hundred each. by_plane: p * q; by_q: q; by_c: c. */
+/* The same in 32-bit indices, an output's coordinates by multiply-shift divisions
+ * (kernels/cuda/fast_divide.h): the 64-bit divisions of the kernel above were most of its
+ * instructions, about a hundred each. by_plane: p * q; by_q: q; by_c: c. */
 static __global__ void max_pool_forward_fast_kernel(umt_pool_shape s, umt_fast_divisor by_plane, umt_fast_divisor by_q,
                                                     umt_fast_divisor by_c, const float *x, const float *bias, float *y,
                                                     int32_t *argmax, uint8_t *pick) {
-    int total = (int)(s.n * s.c * s.p * s.q), h = (int)s.h, w = (int)s.w, c = (int)s.c, window = (int)s.window;
+    int total = (int)(s.n * s.c * s.p * s.q), c = (int)s.c;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int plane = umt_fast_divide(out, by_plane), within = out - plane * (int)(s.p * s.q);
         int oy = umt_fast_divide(within, by_q), ox = within - oy * (int)s.q;
         int channel = plane - umt_fast_divide(plane, by_c) * c;
-        const float *x_plane = x + plane * h * w;
-        int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride, best_index = y0 * w + x0, best_at = 0;
-        float best = biased_relu(x_plane[best_index], bias, channel, UMT_F32);
-        for (int i = 0; i < window; i++) {
-            for (int j = 0; j < window; j++) {
-                int at = (y0 + i) * w + x0 + j;
-                float v = biased_relu(x_plane[at], bias, channel, UMT_F32);
-                if (takes_over(v, best)) {
-                    best = v;
-                    best_index = at, best_at = i * window + j;
-                }
-            }
-        }
-        y[out] = best;
-        if (pick)
-            pick[out] = (uint8_t)best_at;
-        else
-            argmax[out] = best_index;
+        pool_window<int>(x + plane * (int)(s.h * s.w), bias, channel, oy * (int)s.stride, ox * (int)s.stride,
+                         (int)s.w, (int)s.window, out, y, argmax, pick);
     }
 }
 
