@@ -49,6 +49,7 @@ static umt_status start_cuda(umt_context *ctx) {
     UMT_TRY(umt_cuda_state_create(device, workspace, UMT_CUBLAS_WORKSPACE_BYTES, !ctx->options.one_stream, scratch,
                                   umt_cuda_scratch_bytes(), &ctx->cuda));
     umt_cuda_state_set_tf32(ctx->cuda, ctx->options.tf32);
+    umt_cuda_state_set_conv_workspace_limit(ctx->cuda, umt_budget_conv_workspace_limit(ctx->memory.budget_bytes));
     ctx->memory.stream = umt_cuda_compute_stream();
     ctx->backend = umt_cuda_backend();
     return UMT_OK;

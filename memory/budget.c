@@ -57,6 +57,11 @@ umt_status umt_budget_compute(size_t free_bytes, size_t total_bytes, const char 
     return UMT_OK;
 }
 
+size_t umt_budget_conv_workspace_limit(size_t budget_bytes) {
+    size_t least = (size_t)256 << 20, most = (size_t)8 << 30, eighth = budget_bytes / 8;
+    return eighth < least ? least : eighth > most ? most : eighth;
+}
+
 size_t umt_budget_guard(size_t total_bytes) { return umt_budget_headroom(total_bytes) / 4; }
 
 size_t umt_budget_shared(size_t budget, size_t capacity_bytes, size_t others_bytes) {

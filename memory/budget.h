@@ -18,6 +18,14 @@
 /* The headroom left free on a GPU with total_bytes: 5% of it, at least 512 MiB. */
 size_t umt_budget_headroom(size_t total_bytes);
 
+/* The most workspace one convolution's algorithm may take (kernels/cuda/conv.cu) under a budget:
+ * an eighth of it, at least 256 MiB (what every budget had before) and at most 8 GiB. cuDNN's
+ * FFT algorithms need gigabytes at large batches (MNIST's second convolution at batch 4096 in
+ * fp32: 3.8 GiB), and run its data gradient in half the time of those within 256 MiB. The
+ * algorithms, and so an fp32 run's last bits, may therefore differ between budgets; a run at a
+ * fixed UMT_DEVICE_BUDGET has fixed ones. */
+size_t umt_budget_conv_workspace_limit(size_t budget_bytes);
+
 /* The budget from the measured free and total bytes and the UMT_DEVICE_BUDGET text (NULL when
  * unset): min(free - headroom, UMT_DEVICE_BUDGET). A malformed variable is an error. */
 umt_status umt_budget_compute(size_t free_bytes, size_t total_bytes, const char *env_value, size_t *budget);

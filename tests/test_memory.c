@@ -199,6 +199,18 @@ static void test_budget_is_free_memory_less_headroom_and_the_variable_only_lower
     assert_non_null(strstr(umt_last_error(), "UMT_DEVICE_BUDGET"));
 }
 
+static void test_the_convolution_workspace_limit_is_an_eighth_of_the_budget_between_256_mib_and_8_gib(void **state) {
+    (void)state;
+    size_t mib = (size_t)1 << 20, gib = (size_t)1 << 30;
+    assert_int_equal(umt_budget_conv_workspace_limit(0), 256 * mib);
+    assert_int_equal(umt_budget_conv_workspace_limit(2 * gib), 256 * mib); /* UMT_DEVICE_BUDGET=2G: as before */
+    assert_int_equal(umt_budget_conv_workspace_limit(2 * gib + 8), 256 * mib + 1);
+    assert_int_equal(umt_budget_conv_workspace_limit(10 * gib), 1280 * mib);
+    assert_int_equal(umt_budget_conv_workspace_limit(64 * gib), 8 * gib);
+    assert_int_equal(umt_budget_conv_workspace_limit(66 * gib), 8 * gib); /* an 80 GiB card, 70 GiB free */
+    assert_int_equal(umt_budget_conv_workspace_limit(SIZE_MAX), 8 * gib);
+}
+
 static void test_the_hosts_available_memory_is_read_from_meminfo(void **state) {
     (void)state;
     const char *meminfo = "MemTotal:       131072000 kB\nMemFree:         2048000 kB\n"
@@ -265,6 +277,7 @@ int main(void) {
         cmocka_unit_test(test_conversion_to_bf16_and_back_keeps_representable_values),
         cmocka_unit_test(test_sizes_parse_with_binary_units_and_bad_text_is_refused),
         cmocka_unit_test(test_budget_is_free_memory_less_headroom_and_the_variable_only_lowers_it),
+        cmocka_unit_test(test_the_convolution_workspace_limit_is_an_eighth_of_the_budget_between_256_mib_and_8_gib),
         cmocka_unit_test(test_the_hosts_available_memory_is_read_from_meminfo),
         cmocka_unit_test(test_placement_follows_the_table_device_and_mode),
         cmocka_unit_test(test_memory_modes_and_devices_parse_by_name),

@@ -69,6 +69,7 @@ struct umt_cuda_state {
     bool on_side;                 /* between branch_begin and branch_end */
     umt_conv_plans *plans;        /* conv.cu's plans, made with this state's cuDNN handle */
     bool tf32;                    /* fp32 convolutions may use TF32 tensor cores (umt_context_options) */
+    size_t conv_workspace_limit;  /* the most workspace a convolution's algorithm may take (0: default) */
     umt_cuda_scratch scratch;     /* the kernels' partials and the label report (scratch.h) */
 };
 
@@ -192,6 +193,14 @@ static umt_status check_buffer(const char *what, const void *buffer, size_t byte
 extern "C" void umt_cuda_state_set_tf32(umt_cuda_state *s, bool on) { s->tf32 = on; }
 
 extern "C" bool umt_cuda_tf32(void) { return current && current->tf32; }
+
+extern "C" void umt_cuda_state_set_conv_workspace_limit(umt_cuda_state *s, size_t bytes) {
+    s->conv_workspace_limit = bytes;
+}
+
+extern "C" size_t umt_cuda_conv_workspace_limit(void) {
+    return current && current->conv_workspace_limit ? current->conv_workspace_limit : UMT_CONV_WORKSPACE_DEFAULT;
+}
 
 extern "C" umt_status umt_cuda_state_create(int device, void *cublas_workspace, size_t workspace_bytes, bool side,
                                             void *scratch, size_t scratch_bytes, umt_cuda_state **out) {

@@ -12,7 +12,7 @@
  *     candidates, as PyTorch does with cudnn.allow_tf32 (its default);
  *   - deterministic: the same inputs give the same bits, as every kernel of this folder does
  *     (cuDNN's atomics-based backward algorithms are skipped);
- *   - a workspace of at most MAX_WORKSPACE_BYTES.
+ *   - a workspace of at most the context's limit (umt_cuda_conv_workspace_limit).
  * In bf16/f16 it is one set of engines per direction from cuDNN's graph API
  * (kernels/cuda/conv_engines.cu: the legacy calls do not reach Hopper's faster kernels), each
  * timed on its first run. The data gradient has two sets, one that overwrites dx and one that
@@ -55,7 +55,6 @@
 
 /* BIAS_THREADS must be a power of two (block_sum halves it). */
 enum { PLAN_SLOTS = 32, BIAS_THREADS = 256, SCRATCH_ALIGNMENT = 256 };
-static const size_t MAX_WORKSPACE_BYTES = (size_t)256 << 20;
 
 /* A half-precision plan's engine sets (conv_engines.h). */
 enum { FORWARD, DATA_WRITTEN, DATA_ADDED, FILTER, ENGINE_SETS };
@@ -71,6 +70,7 @@ typedef struct {
     cudnnConvolutionBwdDataAlgo_t backward_data;
     cudnnConvolutionBwdFilterAlgo_t backward_filter;
     bool tf32; /* its context allows TF32 tensor cores (umt_context_options.tf32) */
+    size_t workspace_limit; /* its context's limit on one algorithm's workspace, when made */
     /* bf16/f16: cuDNN's graph API, a set of engines per direction */
     umt_conv_engines *engines[ENGINE_SETS];
     size_t algorithm_bytes; /* the largest workspace of the algorithms or engines */
@@ -147,11 +147,12 @@ static bool acceptable(const conv_plan *p, cudnnStatus_t status, cudnnDeterminis
     return status == CUDNN_STATUS_SUCCESS && determinism == CUDNN_DETERMINISTIC && (p->tf32 || !tensor_ops);
 }
 
-static umt_status no_algorithm(const char *direction, const umt_conv_shape *s) {
+static umt_status no_algorithm(const char *direction, const conv_plan *p) {
+    const umt_conv_shape *s = &p->shape;
     return umt_fail(UMT_ERR_UNSUPPORTED,
                     "conv2d: cuDNN offers no deterministic %s %s algorithm within %zu MiB of workspace for "
                     "n=%lld c=%lld h=%lld w=%lld k=%lld r=%lld s=%lld stride=%lld pad=%lld",
-                    umt_dtype_name(s->dtype), direction, MAX_WORKSPACE_BYTES >> 20, (long long)s->n, (long long)s->c, (long long)s->h,
+                    umt_dtype_name(s->dtype), direction, p->workspace_limit >> 20, (long long)s->n, (long long)s->c, (long long)s->h,
                     (long long)s->w, (long long)s->k, (long long)s->r, (long long)s->s, (long long)s->stride,
                     (long long)s->pad);
 }
@@ -167,13 +168,13 @@ static umt_status choose_forward(cudnnHandle_t handle, conv_plan *p, size_t *byt
         if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionForwardWorkspaceSize(handle, p->x, p->w, p->conv, p->y, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
-            *bytes > MAX_WORKSPACE_BYTES) {
+            *bytes > p->workspace_limit) {
             continue;
         }
         p->forward = found[i].algo;
         return UMT_OK;
     }
-    return no_algorithm("forward", &p->shape);
+    return no_algorithm("forward", p);
 }
 
 static umt_status choose_backward_data(cudnnHandle_t handle, conv_plan *p, size_t *bytes) {
@@ -185,13 +186,13 @@ static umt_status choose_backward_data(cudnnHandle_t handle, conv_plan *p, size_
         if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionBackwardDataWorkspaceSize(handle, p->w, p->y, p->conv, p->x, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
-            *bytes > MAX_WORKSPACE_BYTES) {
+            *bytes > p->workspace_limit) {
             continue;
         }
         p->backward_data = found[i].algo;
         return UMT_OK;
     }
-    return no_algorithm("backward data", &p->shape);
+    return no_algorithm("backward data", p);
 }
 
 static umt_status choose_backward_filter(cudnnHandle_t handle, conv_plan *p, size_t *bytes) {
@@ -204,13 +205,13 @@ static umt_status choose_backward_filter(cudnnHandle_t handle, conv_plan *p, siz
         if (!acceptable(p, found[i].status, found[i].determinism, found[i].mathType)) continue;
         if (cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, p->x, p->y, p->conv, p->w, found[i].algo, bytes) !=
                 CUDNN_STATUS_SUCCESS ||
-            *bytes > MAX_WORKSPACE_BYTES) {
+            *bytes > p->workspace_limit) {
             continue;
         }
         p->backward_filter = found[i].algo;
         return UMT_OK;
     }
-    return no_algorithm("backward filter", &p->shape);
+    return no_algorithm("backward filter", p);
 }
 
 /* Mixed precision: the half-precision dw scratch sits behind the algorithms' workspace, at an
@@ -258,7 +259,7 @@ static umt_status make_engines(cudnnHandle_t handle, conv_plan *p) {
     for (int i = 0; i < ENGINE_SETS; i++) {
         size_t bytes = 0;
         UMT_TRY(umt_cuda_conv_engines_make(handle, &p->shape, sets[i].direction, sets[i].accumulate,
-                                           !sets[i].accumulate, MAX_WORKSPACE_BYTES, &p->engines[i], &bytes));
+                                           !sets[i].accumulate, p->workspace_limit, &p->engines[i], &bytes));
         if (bytes > p->algorithm_bytes) p->algorithm_bytes = bytes;
     }
     return UMT_OK;
@@ -266,6 +267,7 @@ static umt_status make_engines(cudnnHandle_t handle, conv_plan *p) {
 
 static umt_status make_plan(cudnnHandle_t handle, const umt_conv_shape *s, conv_plan *p) {
     p->shape = *s;
+    p->workspace_limit = umt_cuda_conv_workspace_limit();
     if (is_half(s->dtype) && !s->nhwc)
         return umt_fail(UMT_ERR_UNSUPPORTED, "conv2d: %s NCHW tensors; half-precision convolutions take NHWC",
                         umt_dtype_name(s->dtype));

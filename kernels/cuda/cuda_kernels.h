@@ -44,6 +44,11 @@ void umt_cuda_state_destroy(umt_cuda_state *state);
  * before its first convolution: plans keep the choice they were made with); the bound state's. */
 void umt_cuda_state_set_tf32(umt_cuda_state *state, bool on);
 bool umt_cuda_tf32(void);
+/* The most workspace one convolution algorithm or engine may take, for the plans made from now
+ * on (plans keep the limit they were made with); 0 sets the default. The bound state's. */
+#define UMT_CONV_WORKSPACE_DEFAULT ((size_t)256 << 20)
+void umt_cuda_state_set_conv_workspace_limit(umt_cuda_state *state, size_t bytes);
+size_t umt_cuda_conv_workspace_limit(void);
 /* Makes state the calling thread's: the kernels called from this thread from now on run on its
  * stream, handles and scratch (and on its device). A state is used by one thread at a time. */
 void umt_cuda_bind(umt_cuda_state *state);

@@ -166,6 +166,31 @@ static void test_conv2d_plans_survive_more_shapes_than_the_cache_holds(void **st
     check_conv(mnist_conv2, twin_random(64 * 32 * 26 * 26, -1, 1), twin_random(64 * 32 * 9, -1, 1), 1e-4);
 }
 
+/* The workspace limit is the context's (an eighth of its budget, memory/budget.h; the default
+ * 256 MiB on a bare state). MNIST's second convolution at batch 512 under 1 GiB reaches algorithms
+ * of cuDNN's ranking that 256 MiB leaves out (FFT ones, on an H100 with cuDNN 9): each plan keeps
+ * within the limit it was made with, and still computes in fp32 (the one-tap filters above). */
+static void test_conv2d_keeps_within_its_workspace_limit_and_computes_in_fp32_under_a_larger_one(void **state) {
+    (void)state;
+    static const int64_t conv2_512[9] = {512, 32, 26, 26, 64, 3, 3, 1, 0};
+    umt_conv_shape s = conv_shape(conv2_512);
+    size_t small = 0, large = 0, limit = (size_t)1 << 30;
+    EXPECT_OK(gpu->f32.conv2d_workspace_bytes(&s, &small));
+    assert_true(small <= UMT_CONV_WORKSPACE_DEFAULT);
+    assert_int_equal(restart_backends(), 0); /* fresh plans, made under the new limit */
+    umt_cuda_state_set_conv_workspace_limit(twin_backend_state(), limit);
+    EXPECT_OK(gpu->f32.conv2d_workspace_bytes(&s, &large));
+    print_message("conv2 at batch 512: workspace %zu bytes under 256 MiB, %zu under 1 GiB\n", small, large);
+    assert_true(large <= limit);
+    int64_t w_numel = s.k * s.c * s.r * s.s;
+    float *filters = host_alloc((size_t)w_numel * sizeof *filters);
+    memset(filters, 0, (size_t)w_numel * sizeof *filters);
+    for (int64_t k = 0; k < s.k; k++) filters[k * s.c * 9 + random_u32() % (uint32_t)(s.c * 9)] = 1.0f;
+    check_conv(conv2_512, twin_random(s.n * s.c * s.h * s.w, 1, 2), twin_of(filters, (size_t)w_numel * 4), 3e-5);
+    check_conv(conv2_512, twin_random(s.n * s.c * s.h * s.w, -1, 1), twin_random(w_numel, -1, 1), 1e-4);
+    assert_int_equal(restart_backends(), 0); /* the default again, for the tests after this one */
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Channel bias                                                                                */
 
@@ -429,6 +454,7 @@ int main(void) {
         TEST(test_conv2d_and_its_backwards_match_the_cpu_within_1e_4_of_the_sum_of_terms),
         TEST(test_conv2d_computes_in_fp32_not_tf32),
         TEST(test_conv2d_plans_survive_more_shapes_than_the_cache_holds),
+        TEST(test_conv2d_keeps_within_its_workspace_limit_and_computes_in_fp32_under_a_larger_one),
         TEST(test_channel_bias_kernels_match_the_cpu_in_place_and_accumulating),
         TEST(test_max_and_avg_pool_match_the_cpu_bit_for_bit_through_ties_nans_and_overlaps),
         TEST(test_dropout_keeps_the_cpus_elements_and_matches_it_bit_for_bit),
