@@ -254,7 +254,7 @@ typedef struct {
 } plan_user;
 
 /* The step's loss on inputs of a micro-batch (recorded, not made: the batch comes after the plan,
- * in the dataset pool, and the plan adds its bytes as later_device_bytes). */
+ * in the dataset pool, and the plan adds its bytes as later_dataset_bytes). */
 static umt_tensor *plan_forward(umt_context *ctx, void *user, int64_t batch) {
     const plan_user *p = user;
     model micro = *p->m;
@@ -275,7 +275,7 @@ static int plan_memory(options *o, const model *m) {
     plan_user user = {o, m};
     umt_memory_plan_request rq = {.batch = o->grad_accum * o->batch, .micro_batches = o->grad_accum,
                                   .updates_in_backward = o->update_on == UMT_OFFLOAD_OPTIM_BACKWARD,
-                                  .later_device_bytes = (size_t)(o->grad_accum * o->batch) * (size_t)(o->width * 4 + 4)};
+                                  .later_dataset_bytes = (size_t)(o->grad_accum * o->batch) * (size_t)(o->width * 4 + 4)};
     umt_memory_plan plan;
     if (umt_memory_plan_make(m->ctx, &rq, plan_forward, &user, &plan)) return fail("memory plan");
     umt_memory_plan_print(&plan, stdout);

@@ -262,6 +262,9 @@ typedef struct {
     size_t later_device_bytes; /* device bytes the caller allocates after the plan and before the first
                                 * step (a loader's ring of batches: umt_loader_create), held beside
                                 * the step (0: none) */
+    size_t later_dataset_bytes; /* bytes the caller puts in the dataset pool after the plan (a batch
+                                 * made once and trained on at every step, as big_mlp's), held beside
+                                 * the step (0: none) */
     bool updates_in_backward;  /* the tier updates in backward (UMT_OFFLOAD_OPTIM_BACKWARD): its update
                                 * ring is counted beside the streamed parameters */
 } umt_memory_plan_request;

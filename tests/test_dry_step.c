@@ -245,6 +245,25 @@ static void test_the_largest_tensor_is_measured_and_an_element_limit_sets_k(void
     umt_context_destroy(ctx);
 }
 
+/* What the caller allocates after the plan is counted in its pool: a loader's ring in inputs, a
+ * batch made once in the dataset pool (big_mlp's), both in the device peak. */
+static void test_bytes_made_after_the_plan_are_counted_in_their_pools(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    model m;
+    build(ctx, &m, false);
+    umt_memory_plan_request rq = {.batch = 64};
+    umt_memory_plan before, after;
+    assert_int_equal(umt_memory_plan_make(ctx, &rq, plan_forward, &m, &before), UMT_OK);
+    rq.later_device_bytes = 1000;
+    rq.later_dataset_bytes = 70000;
+    assert_int_equal(umt_memory_plan_make(ctx, &rq, plan_forward, &m, &after), UMT_OK);
+    assert_int_equal(after.peak_bytes[UMT_POOL_INPUTS], before.peak_bytes[UMT_POOL_INPUTS] + 1000);
+    assert_int_equal(after.peak_bytes[UMT_POOL_DATASET], before.peak_bytes[UMT_POOL_DATASET] + 70000);
+    assert_int_equal(after.device_peak_bytes, before.device_peak_bytes + 71000);
+    umt_context_destroy(ctx);
+}
+
 static umt_tensor *forward_beginning_a_step(umt_context *ctx, void *user, int64_t batch) {
     if (umt_step_begin(ctx) != UMT_OK) return NULL;
     return plan_forward(ctx, user, batch);
@@ -292,6 +311,7 @@ int main(void) {
         cmocka_unit_test(test_a_plan_leaves_pools_tape_and_step_count_and_fires_no_hook),
         cmocka_unit_test(test_a_plan_predicts_every_pools_peak_of_the_first_steps),
         cmocka_unit_test(test_the_largest_tensor_is_measured_and_an_element_limit_sets_k),
+        cmocka_unit_test(test_bytes_made_after_the_plan_are_counted_in_their_pools),
         cmocka_unit_test(test_a_forward_that_begins_a_step_is_refused),
         cmocka_unit_test(test_the_plan_prints_one_short_table),
     };

@@ -149,7 +149,7 @@ static umt_fit_inputs fit_inputs(const umt_context *ctx, const umt_memory_plan_r
                          .budget_bytes = ctx->memory.budget_bytes,
                          .margin_bytes = ctx->memory.budget_bytes / 100 + UMT_PLAN_MARGIN_BYTES,
                          .held_bytes = (device_now > st->on_device ? device_now - st->on_device : 0) +
-                                       rq->later_device_bytes,
+                                       rq->later_device_bytes + rq->later_dataset_bytes,
                          .state_bytes = {st->bytes[0], st->bytes[1], st->bytes[2]}, .tier = cuda};
     /* Only where a budget binds: the least is a search over the stages, and the host a file read. */
     if (cuda && in.budget_bytes) {
@@ -245,9 +245,11 @@ umt_status umt_memory_plan_make(umt_context *ctx, const umt_memory_plan_request 
     if (status == UMT_OK) status = measure(&m, choice.micro_batch, &at);
     if (status == UMT_OK) {
         fill_plan(ctx, &in, &choice, &m.last, out);
-        /* What the caller adds later is in the inputs pool (a loader's ring) and on the device. */
+        /* What the caller adds later is on the device: a loader's ring in the inputs pool, a batch
+         * made once in the dataset pool. */
         out->peak_bytes[UMT_POOL_INPUTS] += rq.later_device_bytes;
-        out->device_peak_bytes += rq.later_device_bytes;
+        out->peak_bytes[UMT_POOL_DATASET] += rq.later_dataset_bytes;
+        out->device_peak_bytes += rq.later_device_bytes + rq.later_dataset_bytes;
         place_state(&in, &choice, rq.updates_in_backward, &st, out);
         add_step_values(ctx, &rq, out);
     }
