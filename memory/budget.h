@@ -18,12 +18,13 @@
 /* The headroom left free on a GPU with total_bytes: 5% of it, at least 512 MiB. */
 size_t umt_budget_headroom(size_t total_bytes);
 
-/* The most workspace one convolution's algorithm may take (kernels/cuda/conv.cu) under a budget:
- * an eighth of it, at least 256 MiB (what every budget had before) and at most 8 GiB. cuDNN's
- * FFT algorithms need gigabytes at large batches (MNIST's second convolution at batch 4096 in
- * fp32: 3.8 GiB), and run its data gradient in half the time of those within 256 MiB. The
- * algorithms, and so an fp32 run's last bits, may therefore differ between budgets; a run at a
- * fixed UMT_DEVICE_BUDGET has fixed ones. */
+/* The most workspace one fp32 convolution's algorithm may take (kernels/cuda/conv.cu; half
+ * precision keeps 256 MiB, conv.cu says why) under a budget: an eighth of it, at least 256 MiB
+ * (what every budget had before) and at most 8 GiB. cuDNN's FFT algorithms need gigabytes at
+ * large batches (MNIST's second convolution at batch 4096 in fp32: 3.8 GiB), and run its data
+ * gradient in half the time of those within 256 MiB. The algorithms, and so an fp32 run's last
+ * bits, may therefore differ between budgets; a run at a fixed UMT_DEVICE_BUDGET has fixed ones.
+ * The memory plan counts the workspace but does not lower the limit before it splits a batch. */
 size_t umt_budget_conv_workspace_limit(size_t budget_bytes);
 
 /* The budget from the measured free and total bytes and the UMT_DEVICE_BUDGET text (NULL when

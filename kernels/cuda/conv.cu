@@ -12,11 +12,13 @@
  *     candidates, as PyTorch does with cudnn.allow_tf32 (its default);
  *   - deterministic: the same inputs give the same bits, as every kernel of this folder does
  *     (cuDNN's atomics-based backward algorithms are skipped);
- *   - a workspace of at most the context's limit (umt_cuda_conv_workspace_limit).
+ *   - a workspace of at most the context's limit (umt_cuda_conv_workspace_limit: an eighth of its
+ *     budget; cuDNN's FFT algorithms need gigabytes at large batches, and are the fastest there).
  * In bf16/f16 it is one set of engines per direction from cuDNN's graph API
  * (kernels/cuda/conv_engines.cu: the legacy calls do not reach Hopper's faster kernels), each
- * timed on its first run. The data gradient has two sets, one that overwrites dx and one that
- * adds to it; only the first may be timed on the call's dx.
+ * timed on its first run, within the default limit (make_engines says why). The data gradient
+ * has two sets, one that overwrites dx and one that adds to it; only the first may be timed on
+ * the call's dx.
  * conv2d_workspace_bytes reports the largest workspace any of them may need, so the one buffer
  * the op takes from the workspace pool serves forward and both backwards.
  *
@@ -247,8 +249,12 @@ static umt_status choose_algorithms(cudnnHandle_t handle, conv_plan *p) {
 
 /* Forward and the weight gradient (into the dw scratch) overwrite what they write, so their
  * first runs may time candidates on the call's tensors; of the data gradient's two sets, only
- * the one that overwrites dx. */
+ * the one that overwrites dx. Half-precision engines keep to the default limit even where the
+ * context allows more: with more room the timed choice took engines of gigabytes for no
+ * measurable gain (docs/PERF.md, "The convolutions' workspace from the budget": MNIST's conv2 in
+ * bf16 at batch 60000 took 7.8 GiB for about 0.5%). */
 static umt_status make_engines(cudnnHandle_t handle, conv_plan *p) {
+    if (p->workspace_limit > UMT_CONV_WORKSPACE_DEFAULT) p->workspace_limit = UMT_CONV_WORKSPACE_DEFAULT;
     static const struct {
         umt_conv_direction direction;
         bool accumulate;
