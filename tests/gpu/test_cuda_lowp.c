@@ -505,13 +505,18 @@ static void check_conv(umt_dtype dtype, const int64_t *shape) {
  * (conv_thin.cu): the first layer at batch 64 spreads its weight gradient over hundreds of
  * blocks of one tile each, and at batch 600 over all of them with several tiles each, the last
  * one partial; c = 2 with 2x2 filters, k = 8, 16 and 128 vary their terms and channel groups
- * (k = 128: a lane per channel quad, no shuffles); k = 12 (not a multiple of 8) stays on cuDNN. */
+ * (k = 128: a lane per channel quad, no shuffles); k = 12 (not a multiple of 8) stays on cuDNN.
+ * Then cuDNN's engines on MNIST's second layer at batch 64 and on the shapes a weight gradient
+ * of our own took in a trial (docs/PERF.md): batch 130 with padding, k = 16 with 9 columns,
+ * k = 48, a 1x1 filter over 64 channels. */
 static const int64_t conv_shapes[][9] = {
     {4, 1, 12, 12, 32, 3, 3, 1, 0},  {4, 1, 12, 12, 32, 3, 3, 1, 1},  {4, 1, 12, 12, 32, 3, 3, 2, 0},
     {4, 1, 12, 12, 32, 3, 3, 2, 1},  {2, 32, 10, 10, 64, 3, 3, 1, 0}, {2, 32, 10, 10, 64, 3, 3, 1, 1},
     {2, 32, 9, 9, 64, 3, 3, 2, 0},   {2, 32, 9, 9, 64, 3, 3, 2, 1},   {64, 1, 28, 28, 32, 3, 3, 1, 0},
     {3, 2, 9, 9, 16, 2, 2, 1, 1},    {5, 1, 7, 7, 8, 3, 3, 2, 1},     {4, 1, 12, 12, 12, 3, 3, 1, 0},
     {600, 1, 28, 28, 32, 3, 3, 1, 0}, {6, 1, 10, 10, 128, 3, 3, 1, 1}, {300, 1, 16, 16, 8, 3, 3, 1, 1},
+    {64, 32, 26, 26, 64, 3, 3, 1, 0}, {130, 32, 14, 14, 64, 3, 3, 1, 1}, {3, 32, 7, 9, 16, 3, 3, 1, 1},
+    {5, 32, 20, 20, 48, 3, 3, 1, 1},  {2, 64, 6, 6, 32, 1, 1, 1, 0},
 };
 
 static void check_conv_shapes(void) {
