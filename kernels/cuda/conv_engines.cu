@@ -33,16 +33,26 @@
  * f32 sums differently: UMT_CONV_TIMING=0 takes the heuristic's first everywhere, for runs that
  * must match bit for bit. UMT_CONV_TIMING=all times every candidate whatever the first one's
  * time (the GPU tests use it to run every engine).
+ *
+ * A timed choice is remembered on disk (kernels/engine_cache.h says where, and why that is safe):
+ * a set made later, in this process or another, whose key (the GPU, its driver, cuDNN, the shape,
+ * the direction and the workspace limit) has an entry takes that candidate at once, without
+ * timing. That saves a run's start the timing, and repeats the first run's engines, and so its
+ * bits. UMT_CONV_TIMING=all leaves the file alone: it times every candidate every time.
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <mutex>
 
 #include "core/base/cuda_check.h"
 #include "core/base/error.h"
 #include "kernels/cuda/conv_engines.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/engine_cache.h"
 
 enum { MAX_CANDIDATES = 24, TIMED_RUNS = 8 };
 static const float WORTH_TIMING_US = 50.0f;
@@ -77,6 +87,7 @@ struct umt_conv_engines {
     /* The last run's variant pack (its tensors' addresses): a replayed step reuses it. */
     cudnnBackendDescriptor_t pack;
     const void *pack_pointers[4];
+    char cache_key[UMT_ENGINE_KEY_BYTES]; /* "" when the choice is not remembered */
 };
 
 /* Each direction's operation and the attribute names of its three tensors. */
@@ -315,6 +326,79 @@ static umt_status no_engine(umt_conv_direction direction, const umt_conv_shape *
                     (long long)s->s, (long long)s->stride, (long long)s->pad);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The engine cache (kernels/engine_cache.h)                                                   */
+
+/* The GPU part of a key, asked once a device a process (cudaGetDeviceProperties takes
+ * milliseconds, and a run makes a dozen sets): its name, compute capability, multiprocessors,
+ * the driver's version and cuDNN's. False when the GPU cannot be asked. */
+static bool gpu_identity(char *out, size_t bytes) {
+    enum { DEVICES = 64 };
+    static std::mutex lock;
+    static char identities[DEVICES][160];
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= DEVICES) return false;
+    std::lock_guard<std::mutex> hold(lock);
+    char *identity = identities[device];
+    if (!identity[0]) {
+        cudaDeviceProp prop;
+        int driver = 0;
+        if (cudaGetDeviceProperties(&prop, device) != cudaSuccess || cudaDriverGetVersion(&driver) != cudaSuccess)
+            return false;
+        for (char *c = prop.name; *c; c++) { /* a key has no spaces */
+            bool plain = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                         *c == '-' || *c == '.';
+            if (!plain) *c = '_';
+        }
+        snprintf(identity, sizeof identities[0], "%.64s/sm%d%d/%dsms/driver%d/cudnn%zu", prop.name, prop.major,
+                 prop.minor, prop.multiProcessorCount, driver, cudnnGetVersion());
+    }
+    return (size_t)snprintf(out, bytes, "%s", identity) < bytes;
+}
+
+/* The key of a timed set: everything that decides its candidate list, '/'-separated, without
+ * spaces. False when the GPU cannot be asked or the key does not fit. */
+static bool cache_key(const umt_conv_shape *s, umt_conv_direction direction, bool accumulate, size_t max_workspace,
+                      char *key, size_t bytes) {
+    char gpu[160];
+    if (!gpu_identity(gpu, sizeof gpu)) return false;
+    static const char *const names[3] = {"forward", "data", "filter"};
+    int n = snprintf(key, bytes,
+                     "v1/%s/candidates%d/%s/%s%s/n%lld.c%lld.h%lld.w%lld.k%lld.r%lld.s%lld.stride%lld.pad%lld/"
+                     "workspace%zu",
+                     gpu, (int)MAX_CANDIDATES, umt_dtype_name(s->dtype), names[direction], accumulate ? "-added" : "",
+                     (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k,
+                     (long long)s->r, (long long)s->s, (long long)s->stride, (long long)s->pad, max_workspace);
+    return n > 0 && (size_t)n < bytes;
+}
+
+/* A remembered choice for e's key, taken when the candidate is there and builds: true if so. */
+static umt_status take_remembered(umt_conv_engines *e, bool *taken) {
+    *taken = false;
+    char path[4096];
+    if (!e->cache_key[0] || !umt_engine_cache_path(path, sizeof path)) return UMT_OK;
+    int index = umt_engine_cache_find(path, e->cache_key);
+    if (index < 0 || index >= e->count) return UMT_OK;
+    bool built;
+    UMT_TRY(build(e, &e->candidates[index], &built));
+    if (!built) return UMT_OK;
+    keep(e, index);
+    *taken = true;
+    return UMT_OK;
+}
+
+/* Remembers a timed choice. A cache that cannot be written costs only the next run's timing:
+ * said once a process, and the run goes on. */
+static void remember(const umt_conv_engines *e, int index) {
+    char path[4096];
+    if (!e->cache_key[0] || !umt_engine_cache_path(path, sizeof path)) return;
+    if (umt_engine_cache_add(path, e->cache_key, index) == UMT_OK) return;
+    static int said = 0;
+    if (__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED) == 0)
+        fprintf(stderr, "umtrain: cuDNN's engine choices are not remembered: %s (UMT_CONV_CACHE=0 turns the cache "
+                        "off)\n", umt_last_error());
+}
+
 umt_status umt_cuda_conv_engines_make(cudnnHandle_t handle, const umt_conv_shape *s, umt_conv_direction direction,
                                       bool accumulate, bool timed, size_t max_workspace, umt_conv_engines **out,
                                       size_t *workspace_bytes) {
@@ -330,6 +414,15 @@ umt_status umt_cuda_conv_engines_make(cudnnHandle_t handle, const umt_conv_shape
     if (status == UMT_OK) status = build_first(e);
     if (status == UMT_OK && e->count == 0) status = no_engine(direction, s, max_workspace);
     if (status == UMT_OK && !timed) keep(e, 0);
+    bool remembered = false;
+    char path[4096];
+    if (status == UMT_OK && timed && strcmp(timing_setting(), "all") != 0 && umt_engine_cache_path(path, sizeof path)) {
+        if (cache_key(s, direction, accumulate, max_workspace, e->cache_key, sizeof e->cache_key))
+            status = take_remembered(e, &remembered);
+        else
+            e->cache_key[0] = '\0';
+    }
+    if (remembered) e->cache_key[0] = '\0'; /* nothing to time, nothing to remember */
     if (status != UMT_OK) {
         umt_cuda_conv_engines_free(e);
         return status;
@@ -408,7 +501,10 @@ static umt_status choose(umt_conv_engines *e) {
     cudaStreamCaptureStatus capture;
     UMT_CUDA_TRY(cudaStreamIsCapturing(umt_cuda_stream(), &capture));
     int best = 0;
-    if (capture == cudaStreamCaptureStatusNone) UMT_TRY(fastest(e, &best));
+    if (capture == cudaStreamCaptureStatusNone) {
+        UMT_TRY(fastest(e, &best));
+        remember(e, best);
+    }
     keep(e, best);
     return UMT_OK;
 }

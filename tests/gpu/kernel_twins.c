@@ -36,6 +36,9 @@ void choose_run_seed(void) {
 int start_backends(void **state) {
     (void)state;
     choose_run_seed();
+    /* Engine choices on disk (kernels/engine_cache.h) stay out of the kernel tests unless a test,
+     * or the caller, names a file: each run times its own. */
+    setenv("UMT_CONV_CACHE", "0", 0);
     if (cudaMalloc(&cublas_workspace, CUBLAS_WORKSPACE_BYTES) != cudaSuccess) return -1;
     if (cudaMalloc(&scratch, umt_cuda_scratch_bytes()) != cudaSuccess) return -1;
     return restart_backends();

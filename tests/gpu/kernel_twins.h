@@ -38,8 +38,8 @@ extern uint32_t run_seed;
 /* The run's seed (printed) and both tables, not started: a test that starts CUDA through a
  * context calls this once, then seed_next_test and release_buffers around each test. */
 void choose_run_seed(void);
-/* The group's setup (choose_run_seed, the CUDA table started with cuBLAS's workspace) and
- * teardown. */
+/* The group's setup (choose_run_seed, the CUDA table started with cuBLAS's workspace, the
+ * engine cache off unless UMT_CONV_CACHE names a file) and teardown. */
 int start_backends(void **state);
 int stop_backends(void **state);
 /* The CUDA state made again (fresh convolution plans, a clear label report); 0 or -1. */

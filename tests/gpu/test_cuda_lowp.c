@@ -26,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -545,6 +547,81 @@ static void test_conv2d_lp_matches_the_cpu_with_every_engine_timed_and_with_none
     assert_int_equal(restart_backends(), 0);
 }
 
+/* The three timed sets' outputs of one convolution on fresh plans: forward y, the data
+ * gradient overwriting dx, the weight gradient into a zeroed f32 dw; their bytes, one after
+ * another. */
+static uint8_t *timed_outputs(const umt_conv_shape *h, pair x, pair w, pair dy, size_t *bytes) {
+    assert_int_equal(restart_backends(), 0);
+    size_t ws_bytes = 0;
+    EXPECT_OK(gpu->f32.conv2d_workspace_bytes(h, &ws_bytes));
+    void *ws = device_alloc(ws_bytes);
+    dims xd = {h->n, h->c, h->h * h->w}, wd = {h->k, h->c, h->r * h->s}, yd = {h->n, h->k, h->p * h->q};
+    size_t y_bytes = (size_t)numel(yd) * 2, dx_bytes = (size_t)numel(xd) * 2, dw_bytes = (size_t)numel(wd) * 4;
+    void *y = device_alloc(y_bytes), *dx = device_alloc(dx_bytes);
+    void *zeros = host_alloc(dw_bytes);
+    memset(zeros, 0, dw_bytes);
+    void *dw = to_device(zeros, dw_bytes);
+    EXPECT_OK(gpu->lowp.conv2d_forward(h, x.dev, w.dev, y, ws, ws_bytes));
+    EXPECT_OK(gpu->lowp.conv2d_backward_data(h, w.dev, dy.dev, dx, true, ws, ws_bytes));
+    EXPECT_OK(gpu->lowp.conv2d_backward_filter(h, x.dev, dy.dev, (float *)dw, ws, ws_bytes));
+    *bytes = y_bytes + dx_bytes + dw_bytes;
+    uint8_t *out = host_alloc(*bytes);
+    memcpy(out, from_device(y, y_bytes), y_bytes);
+    memcpy(out + y_bytes, from_device(dx, dx_bytes), dx_bytes);
+    memcpy(out + y_bytes + dx_bytes, from_device(dw, dw_bytes), dw_bytes);
+    return out;
+}
+
+static long file_bytes(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+/* Timed engine choices are remembered (kernels/engine_cache.h): fresh plans for MNIST's second
+ * convolution at batch 512, with the default timing and an empty cache file, write a line for
+ * each timed set; fresh plans again read them, time nothing (the file does not grow) and give
+ * the same bytes as the plans that timed. With the cache off, nothing is written. */
+static void test_timed_engine_choices_are_remembered_and_taken_again(void **state) {
+    (void)state;
+    static const int64_t conv2[9] = {512, 32, 26, 26, 64, 3, 3, 1, 0};
+    char path[] = "/tmp/umt_engine_cache_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(setenv("UMT_CONV_CACHE", path, 1), 0);
+    for (int t = 0; t < 2; t++) {
+        umt_conv_shape h = conv_shape(conv2);
+        h.dtype = HALVES[t];
+        h.nhwc = true;
+        CONTEXT("engine cache, %s", umt_dtype_name(h.dtype));
+        dims xd = {h.n, h.c, h.h * h.w}, wd = {h.k, h.c, h.r * h.s}, yd = {h.n, h.k, h.p * h.q};
+        pair x = pair_random(h.dtype, true, xd, -1, 1), w = pair_random(h.dtype, true, wd, -1, 1);
+        pair dy = pair_random(h.dtype, true, yd, -1, 1);
+        long before = file_bytes(path);
+        size_t bytes = 0, again_bytes = 0;
+        uint8_t *timed = timed_outputs(&h, x, w, dy, &bytes);
+        long written = file_bytes(path);
+        if (written <= before) fail_msg("%s: the timed sets wrote nothing to %s (%ld bytes)", context, path, written);
+        uint8_t *again = timed_outputs(&h, x, w, dy, &again_bytes);
+        assert_int_equal(file_bytes(path), written);
+        assert_int_equal(again_bytes, bytes);
+        if (memcmp(timed, again, bytes) != 0) fail_msg("%s: the remembered engines gave other bytes", context);
+    }
+    long full = file_bytes(path);
+    assert_int_equal(setenv("UMT_CONV_CACHE", "0", 1), 0);
+    assert_int_equal(unlink(path), 0);
+    umt_conv_shape h = conv_shape(conv2);
+    h.dtype = UMT_BF16;
+    h.nhwc = true;
+    dims xd = {h.n, h.c, h.h * h.w}, wd = {h.k, h.c, h.r * h.s}, yd = {h.n, h.k, h.p * h.q};
+    size_t bytes = 0;
+    timed_outputs(&h, pair_random(h.dtype, true, xd, -1, 1), pair_random(h.dtype, true, wd, -1, 1),
+                  pair_random(h.dtype, true, yd, -1, 1), &bytes);
+    assert_int_equal(file_bytes(path), -1);
+    print_message("engine cache: %ld bytes of lines for the two dtypes\n", full);
+    assert_int_equal(restart_backends(), 0);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Pooling                                                                                     */
 
@@ -648,6 +725,7 @@ int main(void) {
         TEST(test_dropout_keeps_the_cpus_elements_and_scales_them_within_tolerance),
         TEST(test_conv2d_lp_and_its_backwards_match_the_cpu_within_tolerance_of_the_sum_of_terms),
         TEST(test_conv2d_lp_matches_the_cpu_with_every_engine_timed_and_with_none),
+        TEST(test_timed_engine_choices_are_remembered_and_taken_again),
         TEST(test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows),
     };
     return cmocka_run_group_tests(tests, start_backends, stop_backends);
