@@ -273,9 +273,10 @@ static umt_tensor *plan_forward(umt_context *ctx, void *user, int64_t batch) {
  * whether saved activations go home. --reserve or --offload-activations keep the caller's choice. */
 static int plan_memory(options *o, const model *m) {
     plan_user user = {o, m};
+    size_t batch_bytes = (size_t)(o->grad_accum * o->batch) * (size_t)(o->width * 4 + 4); /* x and labels */
     umt_memory_plan_request rq = {.batch = o->grad_accum * o->batch, .micro_batches = o->grad_accum,
                                   .updates_in_backward = o->update_on == UMT_OFFLOAD_OPTIM_BACKWARD,
-                                  .later_dataset_bytes = (size_t)(o->grad_accum * o->batch) * (size_t)(o->width * 4 + 4)};
+                                  .later_dataset_bytes = batch_bytes};
     umt_memory_plan plan;
     if (umt_memory_plan_make(m->ctx, &rq, plan_forward, &user, &plan)) return fail("memory plan");
     umt_memory_plan_print(&plan, stdout);

@@ -154,7 +154,8 @@ static void test_the_path_follows_the_environment(void **state) {
     /* The scratch folder's removal goes one level down: these go first. */
     unlink(want);
     const char *folders[] = {"home/.cache/umtrain", "home/.cache", "home", "xdg/umtrain", "xdg"};
-    for (size_t i = 0; i < sizeof folders / sizeof folders[0]; i++) assert_int_equal(rmdir(scratch_path(folders[i])), 0);
+    for (size_t i = 0; i < sizeof folders / sizeof folders[0]; i++)
+        assert_int_equal(rmdir(scratch_path(folders[i])), 0);
 }
 
 int main(void) {

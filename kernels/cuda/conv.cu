@@ -154,9 +154,9 @@ static umt_status no_algorithm(const char *direction, const conv_plan *p) {
     return umt_fail(UMT_ERR_UNSUPPORTED,
                     "conv2d: cuDNN offers no deterministic %s %s algorithm within %zu MiB of workspace for "
                     "n=%lld c=%lld h=%lld w=%lld k=%lld r=%lld s=%lld stride=%lld pad=%lld",
-                    umt_dtype_name(s->dtype), direction, p->workspace_limit >> 20, (long long)s->n, (long long)s->c, (long long)s->h,
-                    (long long)s->w, (long long)s->k, (long long)s->r, (long long)s->s, (long long)s->stride,
-                    (long long)s->pad);
+                    umt_dtype_name(s->dtype), direction, p->workspace_limit >> 20, (long long)s->n, (long long)s->c,
+                    (long long)s->h, (long long)s->w, (long long)s->k, (long long)s->r, (long long)s->s,
+                    (long long)s->stride, (long long)s->pad);
 }
 
 /* The three choosers differ only in cuDNN's types and function names. The workspace size is
