@@ -10,13 +10,16 @@
  * writes its partial sum into `partials`, then one block adds those in a fixed order. No float
  * atomics, so the same inputs always give the same bits.
  *
- * Labels are checked on the device: a kernel records the lowest row whose label is out of
- * range in `report`, and the kernels skip all work when one is set (so outputs stay untouched,
- * as on the CPU). The losses and their backwards never wait for that verdict: a last one-thread
- * kernel latches the first bad label (the op, row, value) into `verdict`, and the next host
- * read (umt_cuda_download, umt_cuda_synchronize) turns it into the CPU's error message. So a
- * training step queues without a single host wait, and can be captured into a CUDA graph.
- * count_correct returns a host count anyway, so it waits and reports at once.
+ * Labels are checked on the device. In the losses and their backwards every block first scans
+ * all the labels (a batch's few thousand ints, read from L2) for the lowest row whose label is
+ * out of range, so that no block writes anything when one is (outputs stay untouched, as on the
+ * CPU), without a launch of its own before the op's. They never wait for that verdict: block 0
+ * latches the first bad label (the op, row, value) into `verdict`, and the next host read
+ * (umt_cuda_download, umt_cuda_synchronize) turns it into the CPU's error message.
+ * So a training step queues without a single host wait, and can be captured into a CUDA graph;
+ * and a loss is one launch, its backward another (the last block of the loss's grid, which the
+ * counter in `report` names, adds the blocks' partial sums). count_correct returns a host count
+ * anyway: a kernel records the lowest bad row in `report`, and it waits and reports at once.
  *
  * `partials`, `report` and `verdict` are the context's own (its scratch, kernels/cuda/scratch.h): a
  * context's calls run in order on its stream, so they never overlap on the device, and two
@@ -36,8 +39,9 @@ enum { MAX_PARTIALS = UMT_LOSS_PARTIALS };
 #define NO_BAD_ROW 0xffffffffffffffffull
 
 typedef struct {
-    unsigned long long first_bad_row; /* NO_BAD_ROW when every label is in range */
+    unsigned long long first_bad_row; /* count_correct's check: NO_BAD_ROW when every label is in range */
     unsigned long long correct;       /* count_correct's result */
+    unsigned int blocks_done;         /* a loss's blocks finished so far (0 between launches) */
 } label_report;
 
 /* The ops whose verdict is deferred, by the code `verdict` records. */
@@ -70,7 +74,7 @@ static umt_status scratch_for(const char *op, loss_scratch *out) {
 }
 
 extern "C" umt_status umt_cuda_label_scratch_clear(const umt_cuda_scratch *scratch, cudaStream_t stream) {
-    static const label_report clear_report = {NO_BAD_ROW, 0};
+    static const label_report clear_report = {NO_BAD_ROW, 0, 0};
     static const label_verdict no_verdict = {-1, 0, 0, 0};
     UMT_CUDA_TRY(cudaMemcpyAsync(scratch->label_report, &clear_report, sizeof clear_report, cudaMemcpyHostToDevice,
                                  stream));
@@ -130,11 +134,8 @@ static __device__ double shifted_log_sum_exp(const float *x, int64_t cols, float
     return log(block_reduce(sum, false));
 }
 
-/* out[0] = sign * (sum of partials[0, count)) / divisor, unless labelled and a bad label was
- * reported. */
-static __global__ void finish_mean_kernel(loss_scratch s,
-                                          int count, double sign, double divisor, bool labelled, float *out) {
-    if (labelled && s.report->first_bad_row != NO_BAD_ROW) return;
+/* out[0] = sign * (sum of partials[0, count)) / divisor. */
+static __global__ void finish_mean_kernel(loss_scratch s, int count, double sign, double divisor, float *out) {
     double sum = 0.0;
     for (int i = threadIdx.x; i < count; i += blockDim.x) sum += s.partials[i];
     sum = block_reduce(sum, false);
@@ -144,38 +145,76 @@ static __global__ void finish_mean_kernel(loss_scratch s,
 /* ------------------------------------------------------------------------------------------ */
 /* Label checks                                                                                */
 
+/* The lowest row whose label is out of range (NO_BAD_ROW when none), found by the whole block
+ * (every thread must call it): each block of a loss finds the same one. */
+static __device__ unsigned long long lowest_bad_row(const int32_t *labels, int64_t rows, int64_t cols) {
+    __shared__ unsigned long long lowest;
+    if (threadIdx.x == 0) lowest = NO_BAD_ROW;
+    __syncthreads();
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+        if (labels[r] < 0 || labels[r] >= cols) {
+            atomicMin(&lowest, (unsigned long long)r); /* a minimum: the same whatever the order */
+            break; /* this thread's later rows are higher */
+        }
+    }
+    __syncthreads();
+    return lowest;
+}
+
+/* Keeps the first bad label for the host (a later one does not overwrite it): one thread. */
+static __device__ void latch_verdict(loss_scratch s, int op, const int32_t *labels, unsigned long long row,
+                                     int64_t cols) {
+    if (s.verdict->op < 0) *s.verdict = label_verdict{op, labels[row], (long long)row, (long long)cols};
+}
+
+/* Whether this block is the last of its grid to finish: every other block's writes are then
+ * visible to it. The last one sets the count back to 0 for the next launch (a replayed graph's
+ * too). Every thread must call it, after its writes. */
+static __device__ bool finishes_last(loss_scratch s) {
+    __shared__ bool last;
+    __threadfence(); /* this block's partial is visible to every block before the count says so */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(&s.report->blocks_done, 1u) == gridDim.x - 1;
+        if (last) s.report->blocks_done = 0;
+    }
+    __syncthreads();
+    return last;
+}
+
+/* The loss in out[0] = sign * (sum of the grid's partials) / divisor, by the last block: the same
+ * sums in the same order as finish_mean_kernel, so the same bits. */
+static __device__ void finish_loss(loss_scratch s, double sign, double divisor, float *out) {
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) sum += __ldcg(&s.partials[i]);
+    sum = block_reduce(sum, false);
+    if (threadIdx.x == 0) out[0] = (float)(sign * sum / divisor);
+}
+
+/* Whether every label is in range. If not, block 0 latches the verdict for op, and the caller's
+ * block returns having written nothing. Every thread must call it. */
+static __device__ bool labels_in_range(loss_scratch s, int op, const int32_t *labels, int64_t rows, int64_t cols) {
+    unsigned long long bad = lowest_bad_row(labels, rows, cols);
+    if (bad == NO_BAD_ROW) return true;
+    if (blockIdx.x == 0 && threadIdx.x == 0) latch_verdict(s, op, labels, bad, cols);
+    return false;
+}
+
 static __global__ void reset_report_kernel(loss_scratch s) {
     s.report->first_bad_row = NO_BAD_ROW;
     s.report->correct = 0;
 }
 
+/* count_correct's check: the lowest bad row into the report, which the kernel after it reads. */
 static __global__ void check_labels_kernel(loss_scratch s, const int32_t *labels, int64_t rows, int64_t cols) {
     FOR_EACH_INDEX(r, rows) {
         if (labels[r] < 0 || labels[r] >= cols) atomicMin(&s.report->first_bad_row, (unsigned long long)r);
     }
 }
 
-/* One thread, after a deferred call's kernels: keeps the first bad label for the host (a later
- * one does not overwrite it) and clears the report for the next call. */
-static __global__ void latch_verdict_kernel(loss_scratch s, int op, const int32_t *labels, int64_t cols) {
-    if (s.report->first_bad_row != NO_BAD_ROW && s.verdict->op < 0)
-        *s.verdict = label_verdict{op, labels[s.report->first_bad_row], (long long)s.report->first_bad_row,
-                                   (long long)cols};
-    s.report->first_bad_row = NO_BAD_ROW;
-    s.report->correct = 0;
-}
-
-/* Queues the check of every label; the kernels that follow look at its verdict. The report is
- * clear here: it starts clear, and every call clears it when done. */
+/* Queues that check. The report is clear here: it starts clear, and finish_label_check clears it. */
 static umt_status start_label_check(loss_scratch s, const int32_t *labels, int64_t rows, int64_t cols) {
     check_labels_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(s, labels, rows, cols);
-    UMT_CUDA_LAUNCHED();
-    return UMT_OK;
-}
-
-/* Ends a deferred call: the verdict waits on the device for the next host read. */
-static umt_status defer_label_check(loss_scratch s, int op, const int32_t *labels, int64_t cols) {
-    latch_verdict_kernel<<<1, 1, 0, umt_cuda_stream()>>>(s, op, labels, cols);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
@@ -239,7 +278,7 @@ extern "C" umt_status umt_cuda_mean(const float *x, float *out, int64_t n) {
     unsigned int blocks = partial_blocks_for(n, THREADS);
     sum_partials_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(s, x, n);
     UMT_CUDA_LAUNCHED();
-    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>(s, (int)blocks, 1.0, (double)n, false, out);
+    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>(s, (int)blocks, 1.0, (double)n, out);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
@@ -304,19 +343,21 @@ extern "C" umt_status umt_cuda_log_softmax_backward(const float *y, const float 
 /* ------------------------------------------------------------------------------------------ */
 /* Negative log-likelihood                                                                     */
 
-static __global__ void nll_partials_kernel(loss_scratch s,
-                                           const float *logp, const int32_t *labels, int64_t rows, int64_t cols) {
-    if (s.report->first_bad_row != NO_BAD_ROW) return;
+/* The blocks' partial sums of logp[r, label r]; the last block to finish makes the loss. */
+static __global__ void nll_loss_kernel(loss_scratch s, const float *logp, const int32_t *labels, float *loss,
+                                       int64_t rows, int64_t cols) {
+    if (!labels_in_range(s, NLL_LOSS, labels, rows, cols)) return;
     double sum = 0.0;
     FOR_EACH_INDEX(r, rows) sum += logp[r * cols + labels[r]];
     sum = block_reduce(sum, false);
     if (threadIdx.x == 0) s.partials[blockIdx.x] = sum;
+    if (finishes_last(s)) finish_loss(s, -1.0, (double)rows, loss);
 }
 
 static __global__ void nll_loss_backward_kernel(loss_scratch s,
                                                 const float *dloss, const int32_t *labels, float *dlogp, int64_t rows,
                                                 int64_t cols) {
-    if (s.report->first_bad_row != NO_BAD_ROW) return;
+    if (!labels_in_range(s, NLL_LOSS_BACKWARD, labels, rows, cols)) return;
     float share = (float)(-(double)dloss[0] / (double)rows);
     FOR_EACH_INDEX(r, rows) dlogp[r * cols + labels[r]] += share;
 }
@@ -325,35 +366,31 @@ extern "C" umt_status umt_cuda_nll_loss(const float *logp, const int32_t *labels
                                         int64_t cols) {
     loss_scratch s;
     UMT_TRY(scratch_for("nll_loss", &s));
-    UMT_TRY(start_label_check(s, labels, rows, cols));
-    unsigned int blocks = partial_blocks_for(rows, THREADS);
-    nll_partials_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(s, logp, labels, rows, cols);
+    nll_loss_kernel<<<partial_blocks_for(rows, THREADS), THREADS, 0, umt_cuda_stream()>>>(s, logp, labels, loss, rows,
+                                                                                          cols);
     UMT_CUDA_LAUNCHED();
-    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>(s, (int)blocks, -1.0, (double)rows, true, loss);
-    UMT_CUDA_LAUNCHED();
-    return defer_label_check(s, NLL_LOSS, labels, cols);
+    return UMT_OK;
 }
 
 extern "C" umt_status umt_cuda_nll_loss_backward(const float *dloss, const int32_t *labels, float *dlogp,
                                                  int64_t rows, int64_t cols) {
     loss_scratch s;
     UMT_TRY(scratch_for("nll_loss_backward", &s));
-    UMT_TRY(start_label_check(s, labels, rows, cols));
     nll_loss_backward_kernel<<<blocks_for(rows), THREADS, 0, umt_cuda_stream()>>>(s, dloss, labels, dlogp, rows, cols);
     UMT_CUDA_LAUNCHED();
-    return defer_label_check(s, NLL_LOSS_BACKWARD, labels, cols);
+    return UMT_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Softmax cross-entropy                                                                       */
 
 /* One block per row: probs = softmax(row), and the row's -log p[label] added to the block's
- * partial sum. The loss is taken from the logits, not from probs: a probability that underflowed
- * to 0 would give an infinite loss where the true one is merely large. */
-static __global__ void softmax_xent_kernel(loss_scratch s,
-                                           const float *logits, const int32_t *labels, float *probs, int64_t rows,
-                                           int64_t cols) {
-    if (s.report->first_bad_row != NO_BAD_ROW) return;
+ * partial sum; the last block to finish makes the loss. The loss is taken from the logits, not
+ * from probs: a probability that underflowed to 0 would give an infinite loss where the true one
+ * is merely large. */
+static __global__ void softmax_xent_kernel(loss_scratch s, const float *logits, const int32_t *labels, float *probs,
+                                           float *loss, int64_t rows, int64_t cols) {
+    if (!labels_in_range(s, SOFTMAX_XENT, labels, rows, cols)) return;
     double block_loss = 0.0;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *x_row = logits + r * cols;
@@ -366,13 +403,14 @@ static __global__ void softmax_xent_kernel(loss_scratch s,
         block_loss += log_sum - ((double)x_row[labels[r]] - max);
     }
     if (threadIdx.x == 0) s.partials[blockIdx.x] = block_loss;
+    if (finishes_last(s)) finish_loss(s, 1.0, (double)rows, loss);
 }
 
 /* dlogits += dloss[0] / rows * (probs - onehot(labels)) */
 static __global__ void softmax_xent_backward_kernel(loss_scratch s,
                                                     const float *probs, const int32_t *labels, const float *dloss,
                                                     float *dlogits, int64_t rows, int64_t cols) {
-    if (s.report->first_bad_row != NO_BAD_ROW) return;
+    if (!labels_in_range(s, SOFTMAX_XENT_BACKWARD, labels, rows, cols)) return;
     float scale = (float)((double)dloss[0] / (double)rows);
     FOR_EACH_INDEX(i, rows * cols) {
         float onehot = i % cols == labels[i / cols] ? 1.0f : 0.0f;
@@ -384,25 +422,21 @@ extern "C" umt_status umt_cuda_softmax_xent(const float *logits, const int32_t *
                                             int64_t rows, int64_t cols) {
     loss_scratch s;
     UMT_TRY(scratch_for("softmax_xent", &s));
-    UMT_TRY(start_label_check(s, labels, rows, cols));
-    unsigned int blocks = partial_blocks_for(rows, 1);
-    softmax_xent_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(s, logits, labels, probs, rows, cols);
+    softmax_xent_kernel<<<partial_blocks_for(rows, 1), THREADS, 0, umt_cuda_stream()>>>(s, logits, labels, probs, loss,
+                                                                                         rows, cols);
     UMT_CUDA_LAUNCHED();
-    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>(s, (int)blocks, 1.0, (double)rows, true, loss);
-    UMT_CUDA_LAUNCHED();
-    return defer_label_check(s, SOFTMAX_XENT, labels, cols);
+    return UMT_OK;
 }
 
 extern "C" umt_status umt_cuda_softmax_xent_backward(const float *probs, const int32_t *labels, const float *dloss,
                                                      float *dlogits, int64_t rows, int64_t cols) {
     loss_scratch s;
     UMT_TRY(scratch_for("softmax_xent_backward", &s));
-    UMT_TRY(start_label_check(s, labels, rows, cols));
     int64_t n = rows * cols;
     softmax_xent_backward_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(s, probs, labels, dloss, dlogits,
                                                                                     rows, cols);
     UMT_CUDA_LAUNCHED();
-    return defer_label_check(s, SOFTMAX_XENT_BACKWARD, labels, cols);
+    return UMT_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
