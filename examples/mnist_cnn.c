@@ -256,6 +256,7 @@ typedef struct {
     bool offload;              /* the offload tier is on: the memory plan needs it (examples/example_common.h) */
     example_nonfinite nonfinite;
     umt_rng_state epoch_rng; /* the RNG as the epoch in progress began: its shuffle's, for a save inside it */
+    int64_t next_steps;      /* the next epoch's steps once started early (before the evaluation), or 0 */
     int stopped_by;          /* the SIGINT or SIGTERM that stopped the run, or 0 */
     int64_t stopped_after;   /* the steps of its epoch taken then */
 } run_state;
@@ -428,9 +429,22 @@ static int stop_after(run_state *r, int64_t epoch, int64_t base, int64_t step, i
 }
 
 /* An epoch from its step first_step on (0, or where a resumed run goes on). */
+/* Starts the epoch after this one now, whose first batches the loader's threads then assemble
+ * while the evaluation runs (otherwise the first step of every epoch waited for its data). Called
+ * after the epoch's checkpoint is saved: the save keeps the RNG from before this shuffle's draw,
+ * as a run resumed there draws it again. The evaluation draws nothing from the RNG, so every
+ * later draw is the one it was. */
+static int start_next_epoch(run_state *r, const options *o) {
+    int64_t n = example_limit(train_size(r), o->train_limit);
+    r->next_steps = start_epoch(r, n, r->step_batch * r->ranks, 0);
+    return r->next_steps < 0 ? -1 : 0;
+}
+
 static int train_epoch(run_state *r, const options *o, int64_t epoch, int64_t first_step) {
     int64_t n = example_limit(train_size(r), o->train_limit);
-    int64_t global = r->step_batch * r->ranks, steps = start_epoch(r, n, global, first_step), window_images = 0;
+    int64_t global = r->step_batch * r->ranks, window_images = 0;
+    int64_t steps = r->next_steps ? r->next_steps : start_epoch(r, n, global, first_step);
+    r->next_steps = 0;
     if (steps < 0) return -1;
     /* The progress line counts the steps this run takes of the epoch (a resumed one starts inside). */
     example_progress_epoch(&r->progress, epoch, steps - first_step);
@@ -605,6 +619,12 @@ static int train(run_state *r, const options *o) {
         double accuracy = 0;
         if (timed_epoch(r, o, epoch, epoch == info.epoch ? info.epoch_step : 0, &timing)) return -1;
         if (r->stopped_by) return save_stopped(r, o, epoch, r->stopped_after);
+        /* The epoch's checkpoint, then the next epoch's start (start_next_epoch says why this
+         * order), then the evaluation. */
+        info = (umt_checkpoint_info){.epoch = epoch + 1, .step = umt_optimizer_steps(r->opt)};
+        if (r->rank == 0 && o->save && example_check(program, umt_checkpoint_save(r->ctx, r->opt, &info, o->save)))
+            return -1;
+        if (epoch + 1 < o->epochs && start_next_epoch(r, o)) return -1;
         if (evaluate(r, o, &accuracy) ||
             example_metrics_eval_line(r->metrics, r->ctx, epoch + 1, umt_optimizer_steps(r->opt), accuracy))
             return -1;
@@ -613,9 +633,6 @@ static int train(run_state *r, const options *o) {
         bool done = o->target_accuracy && accuracy >= o->target_accuracy;
         if (done && r->rank == 0) report_reached(o, &timing, epoch, accuracy);
         fflush(stdout);
-        info = (umt_checkpoint_info){.epoch = epoch + 1, .step = umt_optimizer_steps(r->opt)};
-        if (r->rank == 0 && o->save && example_check(program, umt_checkpoint_save(r->ctx, r->opt, &info, o->save)))
-            return -1;
         if (done) return 0;
         /* A signal during the evaluation or the save: the epoch's checkpoint is written. */
         if ((r->stopped_by = example_signals_stop_requested()) != 0) return save_stopped(r, o, epoch + 1, 0);
