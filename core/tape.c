@@ -107,18 +107,20 @@ umt_status umt_step_begin(umt_context *ctx) {
     return UMT_OK;
 }
 
-/* The gradients the context zeroes itself go 32 to a call (one launch each on a GPU, where a
- * small model's step has few kernels to spare for zero fills). */
+/* The gradients the context zeroes itself go ZERO_BATCH to a call (one launch each on a GPU,
+ * where a small model's step has few kernels to spare for zero fills). */
+enum { ZERO_BATCH = 32 };
+
 umt_status umt_zero_grad(umt_context *ctx) {
     if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_zero_grad: ctx is NULL");
-    void *blocks[32];
-    size_t bytes[32];
+    void *blocks[ZERO_BATCH];
+    size_t bytes[ZERO_BATCH];
     int count = 0;
     for (int i = 0; i < ctx->parameter_count; ++i) {
         umt_tensor *g = ctx->parameters[i]->grad;
         if (umt_hooks_zero_grad(ctx, ctx->parameters[i])) continue; /* a subsystem's gradient, zeroed there */
         blocks[count] = g->data, bytes[count++] = (size_t)g->numel * sizeof(float);
-        if (count < 32) continue;
+        if (count < ZERO_BATCH) continue;
         UMT_TRY(umt_kernels(ctx)->f32.zero_many(count, blocks, bytes));
         count = 0;
     }

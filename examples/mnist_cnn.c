@@ -256,7 +256,8 @@ typedef struct {
     bool offload;              /* the offload tier is on: the memory plan needs it (examples/example_common.h) */
     example_nonfinite nonfinite;
     umt_rng_state epoch_rng; /* the RNG as the epoch in progress began: its shuffle's, for a save inside it */
-    int64_t next_steps;      /* the next epoch's steps once started early (before the evaluation), or 0 */
+    bool next_started;       /* the next epoch was started early (before the evaluation) */
+    int64_t next_steps;      /* its steps then */
     int stopped_by;          /* the SIGINT or SIGTERM that stopped the run, or 0 */
     int64_t stopped_after;   /* the steps of its epoch taken then */
 } run_state;
@@ -428,7 +429,6 @@ static int stop_after(run_state *r, int64_t epoch, int64_t base, int64_t step, i
     return example_nonfinite_check(program, r->opt, &r->nonfinite, true, epoch, base, steps) ? -1 : 1;
 }
 
-/* An epoch from its step first_step on (0, or where a resumed run goes on). */
 /* Starts the epoch after this one now, whose first batches the loader's threads then assemble
  * while the evaluation runs (otherwise the first step of every epoch waited for its data). Called
  * after the epoch's checkpoint is saved: the save keeps the RNG from before this shuffle's draw,
@@ -437,14 +437,16 @@ static int stop_after(run_state *r, int64_t epoch, int64_t base, int64_t step, i
 static int start_next_epoch(run_state *r, const options *o) {
     int64_t n = example_limit(train_size(r), o->train_limit);
     r->next_steps = start_epoch(r, n, r->step_batch * r->ranks, 0);
-    return r->next_steps < 0 ? -1 : 0;
+    r->next_started = r->next_steps >= 0;
+    return r->next_started ? 0 : -1;
 }
 
+/* An epoch from its step first_step on (0, or where a resumed run goes on). */
 static int train_epoch(run_state *r, const options *o, int64_t epoch, int64_t first_step) {
     int64_t n = example_limit(train_size(r), o->train_limit);
     int64_t global = r->step_batch * r->ranks, window_images = 0;
-    int64_t steps = r->next_steps ? r->next_steps : start_epoch(r, n, global, first_step);
-    r->next_steps = 0;
+    int64_t steps = r->next_started ? r->next_steps : start_epoch(r, n, global, first_step);
+    r->next_started = false;
     if (steps < 0) return -1;
     /* The progress line counts the steps this run takes of the epoch (a resumed one starts inside). */
     example_progress_epoch(&r->progress, epoch, steps - first_step);

@@ -16,7 +16,7 @@
  *     budget; cuDNN's FFT algorithms need gigabytes at large batches, and are the fastest there).
  * In bf16/f16 it is one set of engines per direction from cuDNN's graph API
  * (kernels/cuda/conv_engines.cu: the legacy calls do not reach Hopper's faster kernels), each
- * timed on its first run, within the default limit (make_engines says why). The data gradient
+ * timed on its first run, within the default limit (make_plan says why). The data gradient
  * has two sets, one that overwrites dx and one that adds to it; only the first may be timed on
  * the call's dx.
  * conv2d_workspace_bytes reports the largest workspace any of them may need, so the one buffer
@@ -249,12 +249,8 @@ static umt_status choose_algorithms(cudnnHandle_t handle, conv_plan *p) {
 
 /* Forward and the weight gradient (into the dw scratch) overwrite what they write, so their
  * first runs may time candidates on the call's tensors; of the data gradient's two sets, only
- * the one that overwrites dx. Half-precision engines keep to the default limit even where the
- * context allows more: with more room the timed choice took engines of gigabytes for no
- * measurable gain (docs/PERF.md, "The convolutions' workspace from the budget": MNIST's conv2 in
- * bf16 at batch 60000 took 7.8 GiB for about 0.5%). */
+ * the one that overwrites dx. */
 static umt_status make_engines(cudnnHandle_t handle, conv_plan *p) {
-    if (p->workspace_limit > UMT_CONV_WORKSPACE_DEFAULT) p->workspace_limit = UMT_CONV_WORKSPACE_DEFAULT;
     static const struct {
         umt_conv_direction direction;
         bool accumulate;
@@ -273,7 +269,13 @@ static umt_status make_engines(cudnnHandle_t handle, conv_plan *p) {
 
 static umt_status make_plan(cudnnHandle_t handle, const umt_conv_shape *s, conv_plan *p) {
     p->shape = *s;
+    /* Half-precision engines keep to the default limit even where the context allows more: with
+     * more room the timed choice took engines of gigabytes for no measurable gain (docs/PERF.md,
+     * "The convolutions' workspace from the budget": MNIST's conv2 in bf16 at batch 60000 took
+     * 7.8 GiB for about 0.5%). */
     p->workspace_limit = umt_cuda_conv_workspace_limit();
+    if (is_half(s->dtype) && p->workspace_limit > UMT_CONV_WORKSPACE_DEFAULT)
+        p->workspace_limit = UMT_CONV_WORKSPACE_DEFAULT;
     if (is_half(s->dtype) && !s->nhwc)
         return umt_fail(UMT_ERR_UNSUPPORTED, "conv2d: %s NCHW tensors; half-precision convolutions take NHWC",
                         umt_dtype_name(s->dtype));

@@ -576,15 +576,9 @@ umt_status umt_cuda_conv2d_forward_thin_f32(const umt_conv_shape *s, const float
     size_t shared = (size_t)(t.k * F32_STRIDE + t.k) * sizeof(float);
     unsigned int blocks = blocks_for(s->n * s->p * s->q);
     umt_fast_divisor by_plane = umt_fast_divisor_of(t.p * t.q);
-    cudaStream_t stream = umt_cuda_stream();
-    if (relu && s->pad)
-        thin_forward_f32_kernel<true, true><<<blocks, THREADS, shared, stream>>>(x, w, bias, y, t, by_plane);
-    else if (relu)
-        thin_forward_f32_kernel<true, false><<<blocks, THREADS, shared, stream>>>(x, w, bias, y, t, by_plane);
-    else if (s->pad)
-        thin_forward_f32_kernel<false, true><<<blocks, THREADS, shared, stream>>>(x, w, NULL, y, t, by_plane);
-    else
-        thin_forward_f32_kernel<false, false><<<blocks, THREADS, shared, stream>>>(x, w, NULL, y, t, by_plane);
+    auto kernel = relu ? (s->pad ? thin_forward_f32_kernel<true, true> : thin_forward_f32_kernel<true, false>)
+                       : (s->pad ? thin_forward_f32_kernel<false, true> : thin_forward_f32_kernel<false, false>);
+    kernel<<<blocks, THREADS, shared, umt_cuda_stream()>>>(x, w, relu ? bias : NULL, y, t, by_plane);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
@@ -607,9 +601,8 @@ umt_status umt_cuda_conv2d_backward_filter_thin_f32(const umt_conv_shape *s, con
     cudaStream_t stream = umt_cuda_stream();
     dim3 grid((unsigned int)blocks, (unsigned int)channel_runs);
     umt_fast_divisor by_plane = umt_fast_divisor_of(t.p * t.q);
-    int steps = (int)per_block;
     auto kernel = y ? (s->pad ? thin_filter_f32_kernel<true, true> : thin_filter_f32_kernel<true, false>)
                     : (s->pad ? thin_filter_f32_kernel<false, true> : thin_filter_f32_kernel<false, false>);
-    kernel<<<grid, THREADS, 0, stream>>>(x, y, dy, y && keep_dy, partials, t, by_plane, steps);
+    kernel<<<grid, THREADS, 0, stream>>>(x, y, dy, y && keep_dy, partials, t, by_plane, (int)per_block);
     return finish_partials(partials, dw, y ? dbias : NULL, outputs, row, blocks);
 }

@@ -134,12 +134,18 @@ static __device__ double shifted_log_sum_exp(const float *x, int64_t cols, float
     return log(block_reduce(sum, false));
 }
 
-/* out[0] = sign * (sum of partials[0, count)) / divisor. */
-static __global__ void finish_mean_kernel(loss_scratch s, int count, double sign, double divisor, float *out) {
+/* out[0] = sign * (sum of partials[0, count)) / divisor, by the whole block, in a fixed order.
+ * The loads bypass L1: a loss's last block reads partials that other blocks wrote. */
+static __device__ void write_mean(loss_scratch s, int count, double sign, double divisor, float *out) {
     double sum = 0.0;
-    for (int i = threadIdx.x; i < count; i += blockDim.x) sum += s.partials[i];
+    for (int i = threadIdx.x; i < count; i += blockDim.x) sum += __ldcg(&s.partials[i]);
     sum = block_reduce(sum, false);
     if (threadIdx.x == 0) out[0] = (float)(sign * sum / divisor);
+}
+
+/* out[0] = the mean of x from its blocks' partials (umt_cuda_mean's second launch). */
+static __global__ void finish_mean_kernel(loss_scratch s, int count, double divisor, float *out) {
+    write_mean(s, count, 1.0, divisor, out);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -180,15 +186,6 @@ static __device__ bool finishes_last(loss_scratch s) {
     }
     __syncthreads();
     return last;
-}
-
-/* The loss in out[0] = sign * (sum of the grid's partials) / divisor, by the last block: the same
- * sums in the same order as finish_mean_kernel, so the same bits. */
-static __device__ void finish_loss(loss_scratch s, double sign, double divisor, float *out) {
-    double sum = 0.0;
-    for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) sum += __ldcg(&s.partials[i]);
-    sum = block_reduce(sum, false);
-    if (threadIdx.x == 0) out[0] = (float)(sign * sum / divisor);
 }
 
 /* Whether every label is in range. If not, block 0 latches the verdict for op, and the caller's
@@ -278,7 +275,7 @@ extern "C" umt_status umt_cuda_mean(const float *x, float *out, int64_t n) {
     unsigned int blocks = partial_blocks_for(n, THREADS);
     sum_partials_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(s, x, n);
     UMT_CUDA_LAUNCHED();
-    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>(s, (int)blocks, 1.0, (double)n, out);
+    finish_mean_kernel<<<1, THREADS, 0, umt_cuda_stream()>>>(s, (int)blocks, (double)n, out);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
@@ -351,7 +348,7 @@ static __global__ void nll_loss_kernel(loss_scratch s, const float *logp, const 
     FOR_EACH_INDEX(r, rows) sum += logp[r * cols + labels[r]];
     sum = block_reduce(sum, false);
     if (threadIdx.x == 0) s.partials[blockIdx.x] = sum;
-    if (finishes_last(s)) finish_loss(s, -1.0, (double)rows, loss);
+    if (finishes_last(s)) write_mean(s, (int)gridDim.x, -1.0, (double)rows, loss);
 }
 
 static __global__ void nll_loss_backward_kernel(loss_scratch s,
@@ -403,7 +400,7 @@ static __global__ void softmax_xent_kernel(loss_scratch s, const float *logits, 
         block_loss += log_sum - ((double)x_row[labels[r]] - max);
     }
     if (threadIdx.x == 0) s.partials[blockIdx.x] = block_loss;
-    if (finishes_last(s)) finish_loss(s, 1.0, (double)rows, loss);
+    if (finishes_last(s)) write_mean(s, (int)gridDim.x, 1.0, (double)rows, loss);
 }
 
 /* dlogits += dloss[0] / rows * (probs - onehot(labels)) */
