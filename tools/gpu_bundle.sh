@@ -39,6 +39,10 @@ cp bazel-bin/examples/mnist_mlp bazel-bin/examples/mnist_cnn bazel-bin/examples/
 for lib in libcmocka.so.0; do
     cp -L "$(ldconfig -p | awk -v lib="$lib" '$1 == lib {print $NF; exit}')" "$bundle"/lib/
 done
+# The GPU timeline's injection library (bench/kernel_timeline.sh), and CUPTI in case the machine's
+# CUDA has none.
+cp bazel-bin/bench/libumt_timeline.so "$bundle"/lib/
+cp -L /usr/local/cuda/lib64/libcupti.so.13 "$bundle"/lib/
 # Compressed, the four MNIST files travel in 12 MB instead of 55 (the IDX reader inflates them).
 for f in data/mnist/*-ubyte; do gzip -9 -c "$f" > "$bundle/data/$(basename "$f").gz"; done
 cp tools/gpu_run_all.sh "$bundle"/run_all.sh
@@ -55,6 +59,6 @@ cp tools/gpu_run_dist.sh "$bundle"/run_dist.sh
 cp bench/torch_ddp.py "$bundle"/
 mkdir -p "$bundle/bench"
 cp bench/dist_bench.sh bench/speed.sh bench/speed_table.py bench/graph_speed.sh bench/common.sh bench/plan_accuracy.sh \
-    bench/sweep.sh "$bundle"/bench/
+    bench/sweep.sh bench/kernel_timeline.sh bench/kernel_timeline.py "$bundle"/bench/
 if [[ -n $mpi_binary ]]; then mv "$mpi_binary" "$bundle"/bin/mnist_cnn_mpi; chmod +x "$bundle"/bin/mnist_cnn_mpi; fi
 du -sh "$bundle"
