@@ -19,7 +19,7 @@ cd "$(dirname "$0")"
 export LD_LIBRARY_PATH="$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 batch="${1:-4096}" precision="${2:-bf16}"
 steps=25
-first_kernel=gather_images_kernel
+first_kernel=gather_batch_kernel
 csv=$(mktemp)
 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     bin/mnist_cnn --device cuda --data-dir data --precision "$precision" --bench $((steps - 20)) \

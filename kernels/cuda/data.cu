@@ -20,24 +20,24 @@ typedef struct {
     float value[PIXEL_VALUES];
 } normalise_table;
 
-/* images_out[i, j] = table[samples[indices[i], j]]: a block per image (grid-strided), its
- * threads across the image's pixels, so that no thread divides to find its row (a 64-bit
- * division per pixel made this small kernel slow: docs/PERF.md, "Figures behind the comments"). */
-static __global__ void gather_images_kernel(const uint8_t *samples, const int64_t *indices, int64_t count,
-                                            int64_t sample_numel, normalise_table table, float *images_out) {
+/* images_out[i, j] = table[samples[indices[i], j]] and labels_out[i] = labels[indices[i]]: a
+ * block per image (grid-strided), its threads across the image's pixels, so that no thread
+ * divides to find its row (a 64-bit division per pixel made this small kernel slow: docs/PERF.md,
+ * "Figures behind the comments"); the block's first thread takes the label, so that a step's
+ * batch is one launch, not two. */
+static __global__ void gather_batch_kernel(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
+                                           int64_t count, int64_t sample_numel, normalise_table table,
+                                           float *images_out, int32_t *labels_out) {
     __shared__ float shared_table[PIXEL_VALUES];
     for (int v = threadIdx.x; v < PIXEL_VALUES; v += blockDim.x) shared_table[v] = table.value[v];
     __syncthreads();
     for (int64_t row = blockIdx.x; row < count; row += gridDim.x) {
-        const uint8_t *sample = samples + indices[row] * sample_numel;
+        int64_t index = indices[row];
+        if (threadIdx.x == 0) labels_out[row] = labels[index];
+        const uint8_t *sample = samples + index * sample_numel;
         float *image = images_out + row * sample_numel;
         for (int64_t j = threadIdx.x; j < sample_numel; j += blockDim.x) image[j] = shared_table[sample[j]];
     }
-}
-
-static __global__ void gather_labels_kernel(const uint8_t *labels, const int64_t *indices, int64_t count,
-                                            int32_t *labels_out) {
-    FOR_EACH_INDEX(i, count) labels_out[i] = labels[indices[i]];
 }
 
 extern "C" umt_status umt_cuda_gather_batch(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
@@ -46,13 +46,9 @@ extern "C" umt_status umt_cuda_gather_batch(const uint8_t *samples, const uint8_
     if (count <= 0) return UMT_OK;
     normalise_table table;
     for (int v = 0; v < PIXEL_VALUES; v++) table.value[v] = ((float)v / 255.0f - mean) / std;
-    if (sample_numel > 0) {
-        unsigned int blocks = count < MAX_BLOCKS ? (unsigned int)count : (unsigned int)MAX_BLOCKS;
-        gather_images_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(
-            samples, indices, count, sample_numel, table, images_out);
-        UMT_CUDA_LAUNCHED();
-    }
-    gather_labels_kernel<<<blocks_for(count), THREADS, 0, umt_cuda_stream()>>>(labels, indices, count, labels_out);
+    unsigned int blocks = count < MAX_BLOCKS ? (unsigned int)count : (unsigned int)MAX_BLOCKS;
+    gather_batch_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(samples, labels, indices, count, sample_numel,
+                                                                   table, images_out, labels_out);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }

@@ -127,8 +127,16 @@ typedef struct {
     int blocks;
 } zero_list;
 
+/* Four words to a store where a block starts on 16 bytes (a pool's blocks do), the last
+ * count % 4 words one by one; a block elsewhere word by word. A quarter of the threads and
+ * stores that one word each took: the zero fill is on every step's path. */
 static __global__ void zero_many_kernel(zero_list list) {
-    for (int b = 0; b < list.blocks; b++) FOR_EACH_INDEX(i, list.count[b]) list.words[b][i] = 0;
+    for (int b = 0; b < list.blocks; b++) {
+        uint32_t *words = list.words[b];
+        int64_t count = list.count[b], whole = ((uintptr_t)words % sizeof(uint4)) ? 0 : count / 4;
+        FOR_EACH_INDEX(i, whole)((uint4 *)words)[i] = make_uint4(0, 0, 0, 0);
+        FOR_EACH_INDEX(i, count - whole * 4) words[whole * 4 + i] = 0;
+    }
 }
 
 extern "C" umt_status umt_cuda_zero_many(int count, void *const *blocks, const size_t *bytes) {
@@ -143,7 +151,7 @@ extern "C" umt_status umt_cuda_zero_many(int count, void *const *blocks, const s
             list.blocks++;
         }
         if (most == 0) continue;
-        zero_many_kernel<<<blocks_for(most), THREADS, 0, umt_cuda_stream()>>>(list);
+        zero_many_kernel<<<blocks_for((most + 3) / 4), THREADS, 0, umt_cuda_stream()>>>(list);
         UMT_CUDA_LAUNCHED();
     }
     return UMT_OK;

@@ -397,6 +397,59 @@ static void test_the_decision_over_many_tensors_names_a_nonfinite_one_past_the_f
     }
 }
 
+/* The CUDA sum of squares in its own order, replayed on the host: partial `share` of a gradient
+ * is thread t's walk (elements share * 256 + t, then every 32 * 256 on, in order, in double),
+ * then the block's fixed tree over its 256 threads. */
+static double replayed_partial(const float *grad, int64_t n, int share) {
+    enum { BLOCK = 256 };
+    double walks[BLOCK];
+    const int64_t stride = (int64_t)UMT_GRAD_SUMSQ_PARTIALS * BLOCK;
+    for (int t = 0; t < BLOCK; t++) {
+        walks[t] = 0.0;
+        for (int64_t i = (int64_t)share * BLOCK + t; i < n; i += stride) walks[t] += (double)grad[i] * grad[i];
+    }
+    for (int half = BLOCK / 2; half > 0; half /= 2)
+        for (int t = 0; t < half; t++) walks[t] += walks[t + half];
+    return walks[0];
+}
+
+/* Gradients long enough that each thread walks far (a linear layer's 1,179,648, with several
+ * loads in flight at once): every partial equals the host's replay of the kernel's order, bit
+ * for bit, and the norm is the CPU's within rounding. */
+static void test_the_sum_of_squares_of_long_gradients_keeps_its_order(void **state) {
+    (void)state;
+    enum { COUNT = 4 };
+    const int64_t lengths[COUNT] = {65537, 1179648, 300001, 8 * 8192 * 3 + 5};
+    twin grads[COUNT];
+    umt_update_tensor on_cpu[COUNT], on_gpu[COUNT];
+    for (int i = 0; i < COUNT; i++) {
+        grads[i] = twin_random(lengths[i], -1, 1);
+        on_cpu[i] = (umt_update_tensor){.grad = grads[i].host, .n = lengths[i]};
+        on_gpu[i] = (umt_update_tensor){.grad = grads[i].device, .n = lengths[i]};
+    }
+    umt_step_scalars initial = umt_step_scalars_initial(false, 1.0f);
+    twin scalars = twin_of(&initial, sizeof initial);
+    twin partials = twin_poisoned((size_t)COUNT * UMT_GRAD_SUMSQ_PARTIALS * sizeof(double));
+    umt_step_options options = {.growth_interval = 1, .nonfinite = UMT_NONFINITE_SKIP};
+    EXPECT_OK(gpu->f32.step_decide(on_gpu, COUNT, partials.device, scalars.device, options));
+    const double *got = downloaded(partials);
+    for (int i = 0; i < COUNT; i++)
+        for (int share = 0; share < UMT_GRAD_SUMSQ_PARTIALS; share++) {
+            double want = replayed_partial(grads[i].host, lengths[i], share);
+            double have = got[i * UMT_GRAD_SUMSQ_PARTIALS + share];
+            if (memcmp(&want, &have, sizeof want) != 0)
+                fail_msg("gradient %d (%lld elements), partial %d: cuda %.17g, replayed %.17g (seed %u)", i,
+                         (long long)lengths[i], share, have, want, run_seed);
+        }
+    umt_step_scalars on_device;
+    memcpy(&on_device, downloaded(scalars), sizeof on_device);
+    EXPECT_OK(cpu->f32.step_decide(on_cpu, COUNT, partials.host, scalars.host, options));
+    const umt_step_scalars *on_host = scalars.host;
+    if (!close_enough(on_device.grad_norm, on_host->grad_norm))
+        fail_msg("grad_norm: cuda %.9g, cpu %.9g (seed %u)", on_device.grad_norm, on_host->grad_norm, run_seed);
+    assert_int_equal(on_device.found_inf, 0);
+}
+
 static void test_loss_scale_growth_and_backoff_match_the_cpu(void **state) {
     (void)state;
     const int64_t n = 4096;
@@ -644,6 +697,7 @@ int main(void) {
         TEST(test_an_inf_or_nan_gradient_skips_the_step_on_the_gpu_as_on_the_cpu),
         TEST(test_the_nonfinite_check_decides_on_the_gpu_as_on_the_cpu),
         TEST(test_the_decision_over_many_tensors_names_a_nonfinite_one_past_the_first_launch),
+        TEST(test_the_sum_of_squares_of_long_gradients_keeps_its_order),
         TEST(test_loss_scale_growth_and_backoff_match_the_cpu),
         TEST(test_scaled_backward_and_clipped_step_on_a_cuda_context_match_the_cpu),
         TEST(test_multi_tensor_update_matches_the_per_tensor_updates_bit_for_bit),
