@@ -558,14 +558,18 @@ typedef struct {
     int64_t n, channels, pixels;
 } multi_case;
 
-/* A fresh tensor and its copy with the same bytes: sizes cross chunks and one is a conv weight
- * whose copy is NHWC (64 filters of 32 channels x 3x3). */
+/* A fresh tensor and its copy with the same bytes: sizes cross chunks, one is a conv weight
+ * whose copy is NHWC (64 filters of 32 channels x 3x3), one a flattened linear weight's whose
+ * channels and pixels (40 x 21) leave the multi-tensor kernel's last tiles part empty, and one
+ * of one channel (its copy in the master's order). */
 static void make_pair(int i, multi_case *a, multi_case *b) {
-    static const int64_t sizes[] = {1, 7, 1000, 4097, 64 * 32 * 9};
-    int64_t n = sizes[i % 5];
+    enum { KINDS = 7 };
+    static const int64_t sizes[KINDS] = {1, 7, 1000, 4097, 64 * 32 * 9, 5 * 40 * 21, 32 * 1 * 9};
+    static const int64_t channels[KINDS] = {0, 0, 0, 0, 32, 40, 1}, pixels[KINDS] = {0, 0, 0, 0, 9, 21, 9};
+    int64_t n = sizes[i % KINDS];
     a->n = b->n = n;
-    a->channels = b->channels = i % 5 == 4 ? 32 : 0;
-    a->pixels = b->pixels = i % 5 == 4 ? 9 : 0;
+    a->channels = b->channels = channels[i % KINDS];
+    a->pixels = b->pixels = pixels[i % KINDS];
     a->param = twin_random(n, -1, 1);
     a->grad = twin_random(n, -1, 1);
     a->s0 = twin_random(n, 0, 1);
