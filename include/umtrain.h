@@ -565,6 +565,14 @@ umt_tensor *umt_relu(umt_context *ctx, umt_tensor *x);
 umt_tensor *umt_reshape(umt_context *ctx, umt_tensor *x, int ndim, const int64_t *shape);
 /* [N, d1, d2, ...] -> [N, d1*d2*...] */
 umt_tensor *umt_flatten(umt_context *ctx, umt_tensor *x);
+/* umt_linear(umt_flatten(x), weight, bias) and the same with the ReLU, as one op. Under bf16 and
+ * fp16 a 4-D x is NHWC while flattened features are in C,H,W order (PyTorch's, the checkpoints'),
+ * so umt_flatten transposes it, and its backward transposes the gradient back; this op reads x
+ * as it lies, with the weight's compute copy in H,W,C column order instead. The same products
+ * in another order: results equal umt_flatten + umt_linear up to rounding (exactly under fp32,
+ * where it is that). A weight used here cannot also go to umt_linear (refused, named). */
+umt_tensor *umt_flatten_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias);
+umt_tensor *umt_flatten_linear_relu(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias);
 /* Mean of all elements -> a 1-element tensor. */
 umt_tensor *umt_mean(umt_context *ctx, umt_tensor *x);
 /* Row-wise log-softmax of a 2-D tensor. */
@@ -628,6 +636,8 @@ umt_layer *umt_batchnorm_layer_new(umt_context *ctx, const char *name, int64_t c
 umt_tensor *umt_layer_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x);
 /* relu(umt_layer_forward(...)), as one fused op for the layers that have one (linear, conv2d). */
 umt_tensor *umt_layer_forward_relu(umt_context *ctx, umt_layer *layer, umt_tensor *x);
+/* umt_layer_forward_relu(umt_flatten(x)): for a linear layer, umt_flatten_linear_relu. */
+umt_tensor *umt_layer_forward_flatten_relu(umt_context *ctx, umt_layer *layer, umt_tensor *x);
 /* umt_max_pool2d_dropout(umt_layer_forward_relu(...), window, stride, p): for a conv2d layer
  * with a bias and windows apart, its product, then umt_bias_relu_max_pool2d_dropout. */
 umt_tensor *umt_layer_forward_relu_max_pool2d_dropout(umt_context *ctx, umt_layer *layer, umt_tensor *x,

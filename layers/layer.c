@@ -59,6 +59,12 @@ umt_tensor *umt_layer_forward_relu(umt_context *ctx, umt_layer *layer, umt_tenso
     return umt_relu(ctx, layer->forward(ctx, layer, x));
 }
 
+umt_tensor *umt_layer_forward_flatten_relu(umt_context *ctx, umt_layer *layer, umt_tensor *x) {
+    if (!layer_call_ok("umt_layer_forward_flatten_relu", ctx, layer, x)) return NULL;
+    if (layer->flatten_relu) return layer->flatten_relu(ctx, layer, x);
+    return umt_layer_forward_relu(ctx, layer, umt_flatten(ctx, x));
+}
+
 umt_tensor *umt_layer_forward_relu_max_pool2d_dropout(umt_context *ctx, umt_layer *layer, umt_tensor *x,
                                                       int64_t window, int64_t stride, float p) {
     if (!layer_call_ok("umt_layer_forward_relu_max_pool2d_dropout", ctx, layer, x)) return NULL;

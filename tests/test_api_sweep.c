@@ -256,6 +256,10 @@ CALL(umt_mul) { POINTER(umt_mul(CTX(0), OWN(1, x), OWN(2, y))); }
 CALL(umt_relu) { POINTER(umt_relu(CTX(0), OWN(1, x))); }
 CALL(umt_reshape) { POINTER(umt_reshape(CTX(0), OWN(1, x), 2, ARG(2, shape32))); }
 CALL(umt_flatten) { POINTER(umt_flatten(CTX(0), OWN(1, x))); }
+CALL(umt_flatten_linear) { POINTER(umt_flatten_linear(CTX(0), OWN(1, x), OWN(2, fc_weight), OWN(3, fc_bias))); }
+CALL(umt_flatten_linear_relu) {
+    POINTER(umt_flatten_linear_relu(CTX(0), OWN(1, x), OWN(2, fc_weight), OWN(3, fc_bias)));
+}
 CALL(umt_mean) { POINTER(umt_mean(CTX(0), OWN(1, x))); }
 CALL(umt_log_softmax) { POINTER(umt_log_softmax(CTX(0), OWN(1, x))); }
 CALL(umt_nll_loss) { POINTER(umt_nll_loss(CTX(0), OWN(1, x), OWN(2, labels))); }
@@ -279,6 +283,7 @@ CALL(umt_conv2d_layer_new) { POINTER(umt_conv2d_layer_new(CTX(0), ARG(1, "extra"
 CALL(umt_batchnorm_layer_new) { POINTER(umt_batchnorm_layer_new(CTX(0), ARG(1, "extra"), 3)); }
 CALL(umt_layer_forward) { POINTER(umt_layer_forward(CTX(0), OWN(1, fc), OWN(2, x))); }
 CALL(umt_layer_forward_relu) { POINTER(umt_layer_forward_relu(CTX(0), OWN(1, fc), OWN(2, x))); }
+CALL(umt_layer_forward_flatten_relu) { POINTER(umt_layer_forward_flatten_relu(CTX(0), OWN(1, fc), OWN(2, x))); }
 CALL(umt_layer_forward_relu_max_pool2d_dropout) {
     POINTER(umt_layer_forward_relu_max_pool2d_dropout(CTX(0), OWN(1, conv), OWN(2, image), 2, 2, 0.5f));
 }
@@ -489,6 +494,8 @@ static const row table[] = {
     ROW(umt_relu, N("ctx"), K("x")),
     ROW(umt_reshape, N("ctx"), K("x"), N("shape")),
     ROW(umt_flatten, N("ctx"), K("x")),
+    ROW(umt_flatten_linear, N("ctx"), K("x"), K("weight"), AO("bias")),
+    ROW(umt_flatten_linear_relu, N("ctx"), K("x"), K("weight"), AO("bias")),
     ROW(umt_mean, N("ctx"), K("x")),
     ROW(umt_log_softmax, N("ctx"), K("x")),
     ROW(umt_nll_loss, N("ctx"), K("log_probs"), K("labels")),
@@ -508,6 +515,7 @@ static const row table[] = {
     ROW(umt_batchnorm_layer_new, N("ctx"), N("name")),
     ROW(umt_layer_forward, N("ctx"), NO("layer"), K("x")),
     ROW(umt_layer_forward_relu, N("ctx"), NO("layer"), K("x")),
+    ROW(umt_layer_forward_flatten_relu, N("ctx"), NO("layer"), K("x")),
     ROW(umt_layer_forward_relu_max_pool2d_dropout, N("ctx"), NO("layer"), K("x")),
     ROW(umt_nonfinite_policy_parse, N("name"), N("out")),
     NO_POINTERS(umt_nonfinite_policy_name),

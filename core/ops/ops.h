@@ -66,6 +66,11 @@ umt_tensor *umt_to_f32(umt_context *ctx, umt_tensor *x);
 /* The storage a matrix op reads for parameter w: w itself under fp32, else its compute copy,
  * made on first use (4-D weights as K,R,S,C) and converted again if the host wrote w since. */
 umt_tensor *umt_weight_for_compute(umt_context *ctx, umt_tensor *w);
+/* Under bf16/fp16, the compute copy of a linear weight w [out, c*h*w] that reads x [n,c,h,w]
+ * NHWC as it lies (core/ops/flatten_linear.c): [out,c,h,w] stored K,R,S,C, so that its columns
+ * follow x's H,W,C storage. *out is NULL, with UMT_OK, when w already has a copy in another
+ * layout (the offload tier's plain one): the caller then flattens as usual. */
+umt_status umt_weight_for_compute_hwc(umt_context *ctx, umt_tensor *w, const umt_tensor *x, umt_tensor **out);
 
 /* A tensor's images, channels and pixels for recast: [n,c,h,w] -> n, c, h*w; else 1, 1, numel. */
 void umt_recast_dims(const umt_tensor *t, int64_t *n, int64_t *c, int64_t *hw);

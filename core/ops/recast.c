@@ -52,21 +52,22 @@ umt_tensor *umt_to_f32(umt_context *ctx, umt_tensor *x) { return umt_recast(ctx,
 /* ----------------------------------------------------------------------------------------- */
 /* Compute copies of weights */
 
-umt_tensor *umt_weight_for_compute(umt_context *ctx, umt_tensor *w) {
-    /* A subsystem holding the weights elsewhere brings them in first (core/hooks.h). */
-    if (w && umt_hooks_parameter_read(ctx, w) != UMT_OK) return NULL;
+/* w's compute copy: made at its first use (shape and layout as given, in the weights pool beside
+ * its master: it lives as long, and is read every step), and converted again from the master
+ * when the host wrote w since (lowp_stale). The conversion takes the copy's own dims, so a copy
+ * laid out as a 4-D K,R,S,C block over a 2-D master (umt_weight_for_compute_hwc) refreshes in
+ * its layout too. */
+static umt_tensor *compute_copy(umt_context *ctx, umt_tensor *w, int ndim, const int64_t *shape, bool nhwc) {
     umt_dtype dtype = umt_compute_dtype(ctx);
-    if (!w || !umt_dtype_is_lowp(dtype) || w->dtype != UMT_F32) return w;
     if (!w->lowp) {
-        /* In the weights pool beside its master: it lives as long, and is read every step. */
-        w->lowp = umt_tensor_alloc(ctx, UMT_POOL_WEIGHTS, dtype, w->ndim, w->shape);
+        w->lowp = umt_tensor_alloc(ctx, UMT_POOL_WEIGHTS, dtype, ndim, shape);
         if (!w->lowp) return NULL;
-        w->lowp->nhwc = w->ndim == 4;
+        w->lowp->nhwc = nhwc;
         w->lowp_stale = true;
     }
     if (w->lowp_stale) {
         int64_t n, c, hw;
-        umt_recast_dims(w, &n, &c, &hw);
+        umt_recast_dims(w->lowp, &n, &c, &hw);
         umt_status st = umt_kernels(ctx)->lowp.recast(w->data, UMT_F32, false, w->lowp->data, dtype, w->lowp->nhwc, n, c, hw, false);
         if (st != UMT_OK) {
             umt_fail(st, "compute copy of %s: %s", w->name ? w->name : "a parameter", umt_last_error());
@@ -75,4 +76,31 @@ umt_tensor *umt_weight_for_compute(umt_context *ctx, umt_tensor *w) {
         w->lowp_stale = false;
     }
     return w->lowp;
+}
+
+umt_tensor *umt_weight_for_compute(umt_context *ctx, umt_tensor *w) {
+    /* A subsystem holding the weights elsewhere brings them in first (core/hooks.h). */
+    if (w && umt_hooks_parameter_read(ctx, w) != UMT_OK) return NULL;
+    umt_dtype dtype = umt_compute_dtype(ctx);
+    if (!w || !umt_dtype_is_lowp(dtype) || w->dtype != UMT_F32) return w;
+    if (w->lowp && w->lowp->ndim != w->ndim) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT,
+                 "%s: its compute copy is laid out for umt_flatten_linear (columns in H,W,C order), not as a "
+                 "matrix: use this weight with umt_flatten_linear only",
+                 w->name ? w->name : "a parameter");
+        return NULL;
+    }
+    return compute_copy(ctx, w, w->ndim, w->shape, w->ndim == 4);
+}
+
+umt_status umt_weight_for_compute_hwc(umt_context *ctx, umt_tensor *w, const umt_tensor *x, umt_tensor **out) {
+    *out = NULL;
+    UMT_TRY(umt_hooks_parameter_read(ctx, w));
+    const int64_t shape[4] = {w->shape[0], x->shape[1], x->shape[2], x->shape[3]};
+    const umt_tensor *have = w->lowp;
+    bool same = have && have->ndim == 4 && have->nhwc && have->shape[1] == shape[1] && have->shape[2] == shape[2] &&
+                have->shape[3] == shape[3];
+    if (have && !same) return UMT_OK; /* a plain copy (the offload tier's, or another op's): flatten as usual */
+    *out = compute_copy(ctx, w, 4, shape, true);
+    return *out ? UMT_OK : umt_last_status();
 }

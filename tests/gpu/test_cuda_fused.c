@@ -258,6 +258,112 @@ static void test_linear_relu_matches_relu_of_linear(void **state) {
     }
 }
 
+/* ----------------------------------------------------------------------------------------- */
+/* flatten then linear as one op (core/ops/flatten_linear.c): under bf16 the convolution's NHWC
+ * output is read as it lies, through a compute copy of the weight in H,W,C column order. Two
+ * weights with the same values, one through umt_flatten_linear_relu, one through umt_flatten and
+ * umt_linear_relu: the outputs and every gradient agree; after an SGD step on both (the fused
+ * update rewrites each copy in its own layout) the next pass agrees again; the H,W,C weight is
+ * refused by umt_linear, by name; and a weight first used at a batch of fewer rows than 8 per
+ * output keeps a plain copy (the rule in core/ops/flatten_linear.c). */
+
+/* 64 rows for 8 outputs: the batch from which a weight's copy is made H,W,C. */
+enum { FLAT_BATCH = 64, FLAT_OUT = 8, FLAT_IN = 16 * 7 * 7 };
+
+typedef struct {
+    umt_tensor *image, *conv, *weight, *bias;
+} flatten_case;
+
+/* One pass of k through the one op or the three, its backward adding to k's own gradients. */
+static float *flatten_pass(umt_context *ctx, const flatten_case *k, umt_tensor *r, bool one_op) {
+    umt_tensor *x = umt_conv2d(ctx, k->image, k->conv, NULL, 1, 0); /* [8,16,7,7], NHWC under bf16 */
+    umt_tensor *y = one_op ? umt_flatten_linear_relu(ctx, x, k->weight, k->bias)
+                           : umt_linear_relu(ctx, umt_flatten(ctx, x), k->weight, k->bias);
+    umt_tensor *out = umt_to_f32(ctx, y);
+    umt_tensor *loss = umt_mean(ctx, umt_mul(ctx, out, r));
+    if (!loss) fail_msg("flatten_linear (one op %d): %s", one_op, umt_last_error());
+    EXPECT_OK(umt_backward(ctx, loss));
+    return host_copy(out);
+}
+
+/* Two sets of the same random values: each pass has parameters (and gradients) of its own. */
+static void make_twins(umt_context *ctx, flatten_case k[2]) {
+    const int64_t shapes[4][4] = {{FLAT_BATCH, 3, 9, 9}, {16, 3, 3, 3}, {FLAT_OUT, FLAT_IN}, {FLAT_OUT}};
+    const int ndims[4] = {4, 4, 2, 1};
+    const float bounds[4] = {1.0f, 0.5f, 0.05f, 0.1f};
+    for (int t = 0; t < 4; t++) {
+        umt_tensor *pair[2];
+        for (int i = 0; i < 2; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "%s%d", t == 2 ? (i ? "fc_plain" : "fc_hwc") : "t", t);
+            if (!(pair[i] = umt_parameter_new(ctx, name, ndims[t], shapes[t]))) fail_msg("%s: %s", name, umt_last_error());
+        }
+        fill(pair[0], -bounds[t], bounds[t]);
+        float *values = host_copy(pair[0]);
+        EXPECT_OK(umt_tensor_copy_from_host(pair[1], values, (size_t)umt_tensor_numel(pair[0]) * sizeof(float)));
+        free(values);
+        for (int i = 0; i < 2; i++) {
+            umt_tensor **slot = t == 0 ? &k[i].image : t == 1 ? &k[i].conv : t == 2 ? &k[i].weight : &k[i].bias;
+            *slot = pair[i];
+        }
+    }
+}
+
+static void test_flatten_linear_matches_linear_of_flatten(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        umt_context *ctx = gpu_context(PRECISIONS[p]);
+        const char *precision = umt_precision_name(PRECISIONS[p]);
+        double tolerance = PRECISIONS[p] == UMT_PRECISION_FP32 ? 1e-5 : 1e-2;
+        umt_tensor *r = umt_tensor_new(ctx, UMT_POOL_DATASET, UMT_F32, 2, (int64_t[]){FLAT_BATCH, FLAT_OUT});
+        if (!r) fail_msg("R: %s", umt_last_error());
+        fill(r, -1.0f, 1.0f);
+        flatten_case k[2];
+        make_twins(ctx, k);
+        umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_SGD);
+        oo.lr = 0.5f;
+        umt_optimizer *opt = NULL;
+        EXPECT_OK(umt_optimizer_create(ctx, &oo, &opt));
+        const char *names[4] = {"image", "conv weight", "fc weight", "fc bias"};
+        for (int round = 0; round < 2; round++) {
+            float *out[2], *grads[2][4];
+            EXPECT_OK(umt_step_begin(ctx));
+            EXPECT_OK(umt_zero_grad(ctx));
+            for (int i = 0; i < 2; i++) {
+                out[i] = flatten_pass(ctx, &k[i], r, i == 0);
+                const umt_tensor *of[4] = {k[i].image, k[i].conv, k[i].weight, k[i].bias};
+                for (int g = 0; g < 4; g++) grads[i][g] = host_copy(umt_tensor_grad(of[g]));
+            }
+            char what[160];
+            snprintf(what, sizeof what, "flatten_linear %s round %d output", precision, round);
+            expect_close(what, out[0], out[1], FLAT_BATCH * FLAT_OUT, tolerance);
+            const umt_tensor *of[4] = {k[0].image, k[0].conv, k[0].weight, k[0].bias};
+            for (int g = 0; g < 4; g++) {
+                snprintf(what, sizeof what, "flatten_linear %s round %d gradient of the %s", precision, round, names[g]);
+                expect_close_gradient(what, grads[0][g], grads[1][g], umt_tensor_numel(of[g]), tolerance);
+            }
+            for (int i = 0; i < 2; i++) {
+                free(out[i]);
+                for (int g = 0; g < 4; g++) free(grads[i][g]);
+            }
+            /* Both sets take the same step from (nearly) the same gradients. */
+            EXPECT_OK(umt_optimizer_step(opt));
+        }
+        if (PRECISIONS[p] != UMT_PRECISION_BF16) continue;
+        assert_true(k[0].weight->lowp && k[0].weight->lowp->ndim == 4 && k[0].weight->lowp->nhwc);
+        assert_true(k[1].weight->lowp && k[1].weight->lowp->ndim == 2);
+        EXPECT_OK(umt_step_begin(ctx));
+        umt_tensor *x = umt_conv2d(ctx, k[0].image, k[0].conv, NULL, 1, 0);
+        assert_null(umt_linear(ctx, umt_flatten(ctx, x), k[0].weight, k[0].bias));
+        if (!strstr(umt_last_error(), "fc_hwc") || !strstr(umt_last_error(), "umt_flatten_linear"))
+            fail_msg("the refusal names neither the weight nor the op: %s", umt_last_error());
+        umt_tensor *narrow = umt_parameter_new(ctx, "fc_narrow", 2, (int64_t[]){FLAT_BATCH / 8 + 1, FLAT_IN});
+        if (!narrow) fail_msg("fc_narrow: %s", umt_last_error());
+        assert_non_null(umt_flatten_linear_relu(ctx, umt_conv2d(ctx, k[0].image, k[0].conv, NULL, 1, 0), narrow, NULL));
+        assert_true(narrow->lowp && narrow->lowp->ndim == 2);
+    }
+}
+
 static void test_max_pool2d_dropout_matches_dropout_of_max_pool2d(void **state) {
     (void)state;
     /* 64 channels (the CNN's pool, the eight-lane pool under bf16); 5 channels of odd size. */
@@ -330,6 +436,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_conv2d_relu_matches_relu_of_conv2d, destroy_current),
         cmocka_unit_test_teardown(test_linear_relu_matches_relu_of_linear, destroy_current),
+        cmocka_unit_test_teardown(test_flatten_linear_matches_linear_of_flatten, destroy_current),
         cmocka_unit_test_teardown(test_max_pool2d_dropout_matches_dropout_of_max_pool2d, destroy_current),
         cmocka_unit_test_teardown(test_softmax_cross_entropy_matches_nll_of_log_softmax, destroy_current),
         cmocka_unit_test_teardown(test_mnist_cnn_fused_step_matches_the_unfused_step, destroy_current),
