@@ -179,14 +179,19 @@ static __host__ __device__ bool copy_transposed(const umt_update_tensor &x) {
     return x.lowp && x.lowp_channels > 1 && x.lowp_pixels > 1;
 }
 
-/* Such a tensor's blocks are tiles of TILE_CHANNELS channels by TILE_PIXELS pixels of one k. */
-enum { TILE_CHANNELS = 16, TILE_PIXELS = MULTI_CHUNK / TILE_CHANNELS };
+/* Such a tensor's blocks are tiles of TILE_CHANNELS channels by TILE_PIXELS pixels of one k, in
+ * a launch with a tensor of TILED_LEAST elements or more in it. The tiles' kernel takes more
+ * registers (41 against 32), so fewer blocks run at once: a launch of small tensors only (a
+ * conv weight's copy, 18K elements in the MNIST CNN) stays on the plain kernel, where its copy
+ * is written element by element as before (at batch 64 the tiled kernel took 17.9 us a step
+ * against 14.8). */
+enum { TILE_CHANNELS = 16, TILE_PIXELS = MULTI_CHUNK / TILE_CHANNELS, TILED_LEAST = 1 << 16 };
 
 static __host__ __device__ int64_t tiles_of(int64_t count, int64_t tile) { return (count + tile - 1) / tile; }
 
-/* Tensor x's blocks: chunks of MULTI_CHUNK elements, or its tiles. */
-static int64_t multi_blocks(const umt_update_tensor &x) {
-    if (!copy_transposed(x)) return tiles_of(x.n, MULTI_CHUNK);
+/* Tensor x's blocks: chunks of MULTI_CHUNK elements, or its tiles in a tiled launch. */
+static int64_t multi_blocks(const umt_update_tensor &x, bool tiled) {
+    if (!tiled || !copy_transposed(x)) return tiles_of(x.n, MULTI_CHUNK);
     int64_t k = x.n / (x.lowp_channels * x.lowp_pixels);
     return k * tiles_of(x.lowp_channels, TILE_CHANNELS) * tiles_of(x.lowp_pixels, TILE_PIXELS);
 }
@@ -219,6 +224,7 @@ static __device__ void multi_update_tile(const umt_update_tensor &x, int block, 
     }
 }
 
+template <bool TILED>
 static __global__ void multi_update_kernel(multi_table table, umt_update_rule rule, adam_factors f,
                                            umt_update_fusion common) {
     if (step_skipped(common.scalars)) return;
@@ -232,7 +238,7 @@ static __global__ void multi_update_kernel(multi_table table, umt_update_rule ru
     fusion.lowp_channels = x.lowp_channels;
     fusion.lowp_pixels = x.lowp_pixels;
     int64_t block = (int64_t)blockIdx.x - table.first_block[t];
-    if (copy_transposed(x)) {
+    if (TILED && copy_transposed(x)) {
         multi_update_tile(x, (int)block, rule, lr, f, fusion);
         return;
     }
@@ -361,16 +367,24 @@ extern "C" umt_status umt_cuda_multi_update(const umt_update_tensor *tensors, in
         multi_table table;
         table.count = count - first < MULTI_TENSORS ? count - first : MULTI_TENSORS;
         table.first_block[0] = 0;
+        bool tiled = false;
+        for (int t = 0; t < table.count; ++t) {
+            const umt_update_tensor &x = tensors[first + t];
+            tiled = tiled || (copy_transposed(x) && x.n >= TILED_LEAST);
+        }
         for (int t = 0; t < table.count; ++t) {
             table.tensors[t] = tensors[first + t];
-            table.first_block[t + 1] = table.first_block[t] + multi_blocks(tensors[first + t]);
+            table.first_block[t + 1] = table.first_block[t] + multi_blocks(tensors[first + t], tiled);
         }
         int64_t blocks = table.first_block[table.count];
         if (blocks == 0) continue;
         if (blocks > INT32_MAX)
             return umt_fail(UMT_ERR_UNSUPPORTED, "multi_update: %lld blocks of %d elements in one launch",
                             (long long)blocks, (int)MULTI_CHUNK);
-        multi_update_kernel<<<(unsigned int)blocks, THREADS, 0, umt_cuda_stream()>>>(table, rule, f, common);
+        if (tiled)
+            multi_update_kernel<true><<<(unsigned int)blocks, THREADS, 0, umt_cuda_stream()>>>(table, rule, f, common);
+        else
+            multi_update_kernel<false><<<(unsigned int)blocks, THREADS, 0, umt_cuda_stream()>>>(table, rule, f, common);
         UMT_CUDA_LAUNCHED();
     }
     return UMT_OK;

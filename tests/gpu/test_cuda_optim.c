@@ -559,12 +559,12 @@ typedef struct {
 } multi_case;
 
 /* A fresh tensor and its copy with the same bytes: sizes cross chunks, one is a conv weight
- * whose copy is NHWC (64 filters of 32 channels x 3x3), one a flattened linear weight's whose
- * channels and pixels (40 x 21) leave the multi-tensor kernel's last tiles part empty, and one
- * of one channel (its copy in the master's order). */
+ * whose copy is NHWC (64 filters of 32 channels x 3x3), one a flattened linear weight's, large
+ * enough for the multi-tensor kernel's tiles, whose channels and pixels (40 x 21) leave the
+ * last tiles part empty, and one of one channel (its copy in the master's order). */
 static void make_pair(int i, multi_case *a, multi_case *b) {
     enum { KINDS = 7 };
-    static const int64_t sizes[KINDS] = {1, 7, 1000, 4097, 64 * 32 * 9, 5 * 40 * 21, 32 * 1 * 9};
+    static const int64_t sizes[KINDS] = {1, 7, 1000, 4097, 64 * 32 * 9, 80 * 40 * 21, 32 * 1 * 9};
     static const int64_t channels[KINDS] = {0, 0, 0, 0, 32, 40, 1}, pixels[KINDS] = {0, 0, 0, 0, 9, 21, 9};
     int64_t n = sizes[i % KINDS];
     a->n = b->n = n;
