@@ -355,7 +355,10 @@ static void test_mean_and_its_backward_match_the_cpu(void **state) {
     }
 }
 
-static const int64_t softmax_shapes[][2] = {{1, 1}, {3, 10}, {512, 10}, {64, 1000}, {2, 65537}};
+/* softmax_xent takes a row of at most 32 columns by a warp (32 and 33 on either side; 9000 rows:
+ * several rounds of eight rows a block, the last part full), longer ones by the block. */
+static const int64_t softmax_shapes[][2] = {{1, 1}, {3, 10}, {512, 10}, {9000, 10}, {100, 32}, {100, 33},
+                                            {64, 1000}, {2, 65537}};
 #define SOFTMAX_SHAPE_COUNT (sizeof softmax_shapes / sizeof softmax_shapes[0])
 
 /* The classifier's pipeline: log_softmax, then nll_loss on its (CPU) output, then both backwards. */
