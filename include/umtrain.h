@@ -568,9 +568,12 @@ umt_tensor *umt_flatten(umt_context *ctx, umt_tensor *x);
 /* umt_linear(umt_flatten(x), weight, bias) and the same with the ReLU, as one op. Under bf16 and
  * fp16 a 4-D x is NHWC while flattened features are in C,H,W order (PyTorch's, the checkpoints'),
  * so umt_flatten transposes it, and its backward transposes the gradient back; this op reads x
- * as it lies, with the weight's compute copy in H,W,C column order instead. The same products
- * in another order: results equal umt_flatten + umt_linear up to rounding (exactly under fp32,
- * where it is that). A weight used here cannot also go to umt_linear (refused, named). */
+ * as it lies, with the weight's compute copy in H,W,C column order instead, when that copy is
+ * made (the weight's first use) at a batch of 8 rows or more per output feature: below that the
+ * transposes cost less than the H,W,C copy's upkeep, and the op is umt_flatten + umt_linear,
+ * exactly (as under fp32). Read as it lies, the same products are summed in another order: the
+ * results equal umt_flatten + umt_linear up to rounding. A weight whose copy is H,W,C cannot
+ * also go to umt_linear (refused, named). */
 umt_tensor *umt_flatten_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias);
 umt_tensor *umt_flatten_linear_relu(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias);
 /* Mean of all elements -> a 1-element tensor. */
