@@ -398,8 +398,8 @@ static void test_the_decision_over_many_tensors_names_a_nonfinite_one_past_the_f
 }
 
 /* The CUDA sum of squares in its own order, replayed on the host: partial `share` of a gradient
- * is thread t's walk (elements share * 256 + t, then every 32 * 256 on, in order, in double),
- * then the block's fixed tree over its 256 threads. */
+ * is thread t's walk (elements share * 256 + t, then every UMT_GRAD_SUMSQ_PARTIALS * 256 on, in
+ * order, in double), then the block's fixed tree over its 256 threads. */
 static double replayed_partial(const float *grad, int64_t n, int share) {
     enum { BLOCK = 256 };
     double walks[BLOCK];
@@ -413,9 +413,9 @@ static double replayed_partial(const float *grad, int64_t n, int share) {
     return walks[0];
 }
 
-/* Gradients long enough that each thread walks far (a linear layer's 1,179,648, with several
- * loads in flight at once): every partial equals the host's replay of the kernel's order, bit
- * for bit, and the norm is the CPU's within rounding. */
+/* Gradients long enough that each thread walks far (a linear layer's 1,179,648): every partial
+ * equals the host's replay of the kernel's order, bit for bit, and the norm is the CPU's within
+ * rounding. */
 static void test_the_sum_of_squares_of_long_gradients_keeps_its_order(void **state) {
     (void)state;
     enum { COUNT = 4 };
