@@ -47,10 +47,10 @@ extern "C" {
 
 /* Partial sums per gradient: a fixed split, so that the finishing sum adds the same numbers in
  * the same order on every run (a deterministic reduction). On CUDA each is a block's, so a large
- * gradient is walked by this many blocks: with 32 the MNIST CNN's fc1 (1.2M elements) kept the
- * step's decision at 7.9 us of a 163 us step at batch 64 on an H100, with 128 it takes 6.5
- * (docs/PERF.md, ninth session). The split only orders the norm's additions: it changes the
- * norm's last bits, and so a clipped step's, never an unclipped one. */
+ * gradient is walked by this many blocks: 32 left the MNIST CNN's fc1 (1.2M elements) to too few
+ * blocks, a visible share of a small step (docs/PERF.md, "The step's decision with 128 partials").
+ * The split only orders the norm's additions: it changes the norm's last bits, and so a clipped
+ * step's, never an unclipped one. */
 #define UMT_GRAD_SUMSQ_PARTIALS 128
 
 /* PyTorch's GradScaler factors. */

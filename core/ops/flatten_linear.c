@@ -4,20 +4,20 @@
  * A convolution stack's activations are NHWC under bf16/fp16 (core/precision.h), but a flattened
  * feature vector means C,H,W order: PyTorch's, and the checkpoints'. umt_flatten therefore
  * transposes the activation, and its backward transposes the gradient back: two passes over the
- * largest tensors a small CNN's head sees (the MNIST CNN's [N,64,12,12], 5% of a step at batch
- * 4096). Here the product reads x as it lies, [N, h*w*c], against a compute copy of the weight
- * whose columns are in the same H,W,C order: the copy is [out, c, h, w] stored K,R,S,C, the
- * layout of a convolution weight's copy with the feature map as its kernel, so the optimizer's
- * fused update keeps it that way (core/optim/optim.c) and the master stays in C,H,W order.
+ * largest tensors a small CNN's head sees (the MNIST CNN's [N,64,12,12]). Here the product reads
+ * x as it lies, [N, h*w*c], against a compute copy of the weight whose columns are in the same
+ * H,W,C order: the copy is [out, c, h, w] stored K,R,S,C, the layout of a convolution weight's
+ * copy with the feature map as its kernel, so the optimizer's fused update keeps it that way
+ * (core/optim/optim.c) and the master stays in C,H,W order.
  *   forward   y = x_hwc W_hwcᵀ (+ bias, ReLU)     the same products summed in another order
  *   dx        dx_hwc = dy W_hwc                   x's gradient in x's own layout
  *   dW        scratch = dyᵀ x_hwc, then added into the master's gradient transposed to C,H,W
  *             (a pass over the weight, 4.7 MB for the MNIST CNN's fc1, not over activations)
  * It pays only at large batches: the update then writes the copy through tiles (a transpose,
  * kernels/cuda/optim.cu), and the weight gradient is transposed each step, costs that scale
- * with the weight, while the transposes saved scale with the batch. On an H100 the MNIST CNN
- * (fc1: 128 outputs) gained 4% at batch 4096, and lost 5% at 64 and 2% at 512 (docs/PERF.md,
- * "Flattened features as they lie"). So the weight's copy takes this layout only when it is made
+ * with the weight, while the transposes saved scale with the batch: taken at every batch, the
+ * MNIST CNN (fc1: 128 outputs) gained at 4096 and lost at 64 and 512 (docs/PERF.md, "Flattened
+ * features as they lie"). So the weight's copy takes this layout only when it is made
  * (its first use) at a batch of at least HWC_ROWS_PER_OUTPUT rows per output feature; then
  * every later call keeps to the layout its copy has.
  * Anything else (fp32, an f32 or NCHW x, a smaller first batch, a weight whose copy the offload

@@ -405,7 +405,7 @@ static __device__ double warp_row_loss(const float *x_row, float *p_row, int32_t
 /* Block b takes rows b, b + blocks, ...: probs = softmax(row), and the row's -log p[label] added to
  * the block's partial sum in that order; the last block to finish makes the loss. A row of at
  * most 32 columns (MNIST's 10) is a warp's, eight rows at once, where a row of the whole block
- * spent two block-wide reductions on ten values (20 us at batch 4096 on an H100). The loss is
+ * spent two block-wide reductions on ten values (docs/PERF.md, "The loss by warps"). The loss is
  * taken from the logits, not from probs: a probability that underflowed to 0 would give an
  * infinite loss where the true one is merely large. */
 static __global__ void softmax_xent_kernel(loss_scratch s, const float *logits, const int32_t *labels, float *probs,

@@ -183,8 +183,8 @@ static __host__ __device__ bool copy_transposed(const umt_update_tensor &x) {
  * a launch with a tensor of TILED_LEAST elements or more in it. The tiles' kernel takes more
  * registers (41 against 32), so fewer blocks run at once: a launch of small tensors only (a
  * conv weight's copy, 18K elements in the MNIST CNN) stays on the plain kernel, where its copy
- * is written element by element as before (at batch 64 the tiled kernel took 17.9 us a step
- * against 14.8). */
+ * is written element by element as before: the tiled kernel for all was slower at batch 64
+ * (docs/PERF.md, "Flattened features as they lie"). */
 enum { TILE_CHANNELS = 16, TILE_PIXELS = MULTI_CHUNK / TILE_CHANNELS, TILED_LEAST = 1 << 16 };
 
 static __host__ __device__ int64_t tiles_of(int64_t count, int64_t tile) { return (count + tile - 1) / tile; }
@@ -199,8 +199,8 @@ static int64_t multi_blocks(const umt_update_tensor &x, bool tiled) {
 /* Block `block` of x as a tile: the master's elements read along pixels (the master's order),
  * the new values kept in shared memory, then the copy written along channels (the copy's
  * order). Element by element the copy's index was three 64-bit divisions and a scattered
- * 2-byte store each, and the MNIST CNN's fc1 (1.2M elements, its copy H,W,C) doubled the
- * update's time. The values are the same. The tile's place is found in 32-bit arithmetic (a
+ * 2-byte store each, which for the MNIST CNN's fc1 (1.2M elements, its copy H,W,C) made the
+ * update several times slower per element than a plain copy's. The values are the same. The tile's place is found in 32-bit arithmetic (a
  * launch has at most INT32_MAX blocks), each element's offset from the tile's corner too (a
  * tile spans less than 2^31 elements: the launcher checks channels * pixels). */
 static __device__ void multi_update_tile(const umt_update_tensor &x, int block, const umt_update_rule &rule,
