@@ -41,36 +41,37 @@ static umt_status hwc_weight_product(umt_context *ctx, const umt_node *node, voi
 }
 
 /* The weight gradient on the side stream beside dx where the branch takes it (core/branch.h),
- * with a scratch of its own there; else in order on the compute stream after dx. */
-static umt_status hwc_weight_gradient(umt_context *ctx, const umt_node *node, const void *dx, void *dw, bool before_dx) {
+ * with a scratch of its own there, called before dx so that the side starts from the point
+ * before it; *dw is then NULL, so the caller makes it in order after dx only if not (as
+ * core/ops/matmul.c's weight_product_beside). */
+static umt_status hwc_weight_gradient_beside(umt_context *ctx, const umt_node *node, const void *dx, void **dw) {
     const umt_tensor *x = node->inputs[0], *w = node->inputs[1];
-    size_t bytes = (size_t)w->numel * sizeof(float);
     double flops = 2.0 * (double)x->numel * (double)w->shape[0];
-    bool beside = umt_branch_takes(ctx, w, dx, flops);
-    if (beside != before_dx) return UMT_OK;
+    if (!*dw || !umt_branch_takes(ctx, w, dx, flops)) return UMT_OK;
     void *scratch = NULL;
-    if (!beside) {
-        UMT_TRY(umt_context_workspace(ctx, bytes, &scratch));
-        return hwc_weight_product(ctx, node, dw, scratch);
-    }
-    UMT_TRY(umt_branch_workspace(ctx, bytes, &scratch));
+    UMT_TRY(umt_branch_workspace(ctx, (size_t)w->numel * sizeof(float), &scratch));
     UMT_TRY(umt_branch_begin(ctx, true));
-    return umt_branch_end(ctx, hwc_weight_product(ctx, node, dw, scratch));
+    UMT_TRY(umt_branch_end(ctx, hwc_weight_product(ctx, node, *dw, scratch)));
+    *dw = NULL;
+    return UMT_OK;
 }
 
 static umt_status flatten_linear_backward_from(umt_context *ctx, const umt_node *node, bool sum_bias) {
-    const umt_tensor *x = node->inputs[0], *y = node->output;
-    const umt_tensor *w_hwc = node->inputs[1]->lowp; /* the H,W,C copy the forward read */
+    const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *y = node->output;
+    const umt_tensor *w_hwc = w->lowp; /* the H,W,C copy the forward read */
     int64_t batch = x->shape[0], in = x->numel / batch, out = y->shape[1];
     void *dx = umt_input_grad(node, 0), *dw = umt_input_grad(node, 1);
     float *dbias = sum_bias && node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
     const umt_backend *be = umt_kernels(ctx);
-    /* First, so that the side starts from the point before the input gradient. */
-    if (dw) UMT_TRY(hwc_weight_gradient(ctx, node, dx, dw, true));
+    UMT_TRY(hwc_weight_gradient_beside(ctx, node, dx, &dw));
     if (dx)
         UMT_TRY(be->lowp.gemm(false, false, batch, in, out, 1.0f, y->grad->data, out, w_hwc->data, in,
                               umt_input_grad_fresh(node, 0) ? 0.0f : 1.0f, dx, in, y->dtype, x->grad->dtype));
-    if (dw) UMT_TRY(hwc_weight_gradient(ctx, node, dx, dw, false));
+    if (dw) {
+        void *scratch = NULL;
+        UMT_TRY(umt_context_workspace(ctx, (size_t)w->numel * sizeof(float), &scratch));
+        UMT_TRY(hwc_weight_product(ctx, node, dw, scratch));
+    }
     if (dbias) UMT_TRY(be->lowp.sum_rows(y->dtype, y->grad->data, dbias, batch, out));
     return UMT_OK;
 }

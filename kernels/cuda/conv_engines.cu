@@ -372,11 +372,11 @@ static bool cache_key(const umt_conv_shape *s, umt_conv_direction direction, boo
     return n > 0 && (size_t)n < bytes;
 }
 
-/* A remembered choice for e's key, taken when the candidate is there and builds: true if so. */
-static umt_status take_remembered(umt_conv_engines *e, bool *taken) {
+/* A remembered choice for e's key in the cache at path, taken when the candidate is there and
+ * builds: true if so. */
+static umt_status take_remembered(umt_conv_engines *e, const char *path, bool *taken) {
     *taken = false;
-    char path[4096];
-    if (!e->cache_key[0] || !umt_engine_cache_path(path, sizeof path)) return UMT_OK;
+    if (!e->cache_key[0]) return UMT_OK;
     int index = umt_engine_cache_find(path, e->cache_key);
     if (index < 0 || index >= e->count) return UMT_OK;
     bool built;
@@ -418,7 +418,7 @@ umt_status umt_cuda_conv_engines_make(cudnnHandle_t handle, const umt_conv_shape
     char path[4096];
     if (status == UMT_OK && timed && strcmp(timing_setting(), "all") != 0 && umt_engine_cache_path(path, sizeof path)) {
         if (cache_key(s, direction, accumulate, max_workspace, e->cache_key, sizeof e->cache_key))
-            status = take_remembered(e, &remembered);
+            status = take_remembered(e, path, &remembered);
         else
             e->cache_key[0] = '\0';
     }

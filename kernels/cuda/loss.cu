@@ -402,28 +402,28 @@ static __device__ double warp_row_loss(const float *x_row, float *p_row, int32_t
     return log_sum - ((double)x_row[label] - max);
 }
 
-/* Block b takes rows b, b + blocks, ...: probs = softmax(row), and the row's -log p[label] added to
- * the block's partial sum in that order; the last block to finish makes the loss. A row of at
- * most 32 columns (MNIST's 10) is a warp's, eight rows at once, where a row of the whole block
- * spent two block-wide reductions on ten values (docs/PERF.md, "The loss by warps"). The loss is
- * taken from the logits, not from probs: a probability that underflowed to 0 would give an
- * infinite loss where the true one is merely large. */
-static __global__ void softmax_xent_kernel(loss_scratch s, const float *logits, const int32_t *labels, float *probs,
-                                           float *loss, int64_t rows, int64_t cols) {
-    if (!labels_in_range(s, SOFTMAX_XENT, labels, rows, cols)) return;
+/* Rows of at most 32 columns, eight at a time (a warp each): block b takes rows b, b + blocks,
+ * ..., and returns the sum of their -log p[label] in that order. */
+static __device__ double warp_rows_loss(const float *logits, const int32_t *labels, float *probs, int64_t rows,
+                                        int64_t cols) {
+    __shared__ double row_loss[THREADS / 32];
+    int warp = threadIdx.x / 32, warps = blockDim.x / 32;
     double block_loss = 0.0;
-    if (cols <= 32) {
-        __shared__ double row_loss[THREADS / 32];
-        int warp = threadIdx.x / 32, warps = blockDim.x / 32;
-        for (int64_t first = blockIdx.x; first < rows; first += (int64_t)warps * gridDim.x) {
-            int64_t r = first + (int64_t)warp * gridDim.x;
-            if (r < rows) row_loss[warp] = warp_row_loss(logits + r * cols, probs + r * cols, labels[r], cols);
-            __syncthreads();
-            for (int w = 0; w < warps && first + (int64_t)w * gridDim.x < rows; w++) block_loss += row_loss[w];
-            __syncthreads();
-        }
+    for (int64_t first = blockIdx.x; first < rows; first += (int64_t)warps * gridDim.x) {
+        int64_t r = first + (int64_t)warp * gridDim.x;
+        if (r < rows) row_loss[warp] = warp_row_loss(logits + r * cols, probs + r * cols, labels[r], cols);
+        __syncthreads();
+        for (int w = 0; w < warps && first + (int64_t)w * gridDim.x < rows; w++) block_loss += row_loss[w];
+        __syncthreads();
     }
-    for (int64_t r = cols <= 32 ? rows : blockIdx.x; r < rows; r += gridDim.x) {
+    return block_loss;
+}
+
+/* Any rows, one at a time by the whole block: the same rows, order and sum as warp_rows_loss. */
+static __device__ double block_rows_loss(const float *logits, const int32_t *labels, float *probs, int64_t rows,
+                                         int64_t cols) {
+    double block_loss = 0.0;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *x_row = logits + r * cols;
         float *p_row = probs + r * cols;
         float max = row_max(x_row, cols);
@@ -433,6 +433,20 @@ static __global__ void softmax_xent_kernel(loss_scratch s, const float *logits, 
         }
         block_loss += log_sum - ((double)x_row[labels[r]] - max);
     }
+    return block_loss;
+}
+
+/* probs = softmax(row) for every row, and the mean of the rows' -log p[label]: each block's rows
+ * summed into its partial, and the last block to finish makes the loss. A row of at most 32
+ * columns (MNIST's 10) is a warp's, where a row of the whole block spent two block-wide
+ * reductions on ten values (docs/PERF.md, "The loss by warps"). The loss is taken from the
+ * logits, not from probs: a probability that underflowed to 0 would give an infinite loss where
+ * the true one is merely large. */
+static __global__ void softmax_xent_kernel(loss_scratch s, const float *logits, const int32_t *labels, float *probs,
+                                           float *loss, int64_t rows, int64_t cols) {
+    if (!labels_in_range(s, SOFTMAX_XENT, labels, rows, cols)) return;
+    double block_loss = cols <= 32 ? warp_rows_loss(logits, labels, probs, rows, cols)
+                                   : block_rows_loss(logits, labels, probs, rows, cols);
     if (threadIdx.x == 0) s.partials[blockIdx.x] = block_loss;
     if (finishes_last(s)) write_mean(s, (int)gridDim.x, 1.0, (double)rows, loss);
 }
