@@ -47,6 +47,17 @@ typedef struct {
     bool nhwc;
 } umt_pool_shape;
 
+/* A dropout drawn by the kernel that writes its input (bias_relu_max_pool_dropout_forward):
+ * output element i is kept when umt_dropout_keep(seed, first + i, p), below, and scaled by
+ * 1/(1-p), exactly as dropout_forward over the stored output computes it; p = 0: none. No mask
+ * is written (the backward reads the output instead). seed_on_device as in dropout_forward. */
+typedef struct {
+    float p;
+    uint64_t seed;
+    const uint64_t *seed_on_device;
+    int64_t first;
+} umt_dropout_draw;
+
 /* --- Group 1, the f32 reference: each op's f32 kernel, the fused ones included (bias + ReLU,
  *     max pool + dropout, the optimizer's fused steps). Every backend fills every slot; the CPU
  *     backend (kernels/cpu/) is exactly this group. The few slots that take a dtype compute f32
@@ -151,15 +162,18 @@ typedef struct {
      * shape->dtype and layout as above, windows apart and at most 256 positions each: y = the
      * window's first maximum of max(x + bias[channel], 0) rounded to the dtype, bit for bit
      * bias_relu then max_pool_forward, without the full-size intermediate; pick[o] = the
-     * maximum's position in its window, i * window + j (one byte, where argmax takes four). */
-    umt_status (*bias_relu_max_pool_forward)(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
-                                             uint8_t *pick);
+     * maximum's position in its window, i * window + j (one byte, where argmax takes four);
+     * then the dropout `drop` over y (NULL: none), as dropout_forward in place would leave y. */
+    umt_status (*bias_relu_max_pool_dropout_forward)(const umt_pool_shape *shape, const void *x, const float *bias,
+                                                     void *y, uint8_t *pick, const umt_dropout_draw *drop);
     /* Its backward, after the dropout of probability p that followed (0: none), y that
-     * dropout's output (0 wherever the ReLU or the dropout zeroed it): IN PLACE dy = y > 0 ?
-     * dy / (1 - p) rounded to the dtype : 0 (the gradient before the dropout and the ReLU, as
-     * the unfused backwards store it), dbias[channel] += its sums (NULL: none), and dx[the
-     * input at pick[o] in o's window] += dy[o] (NULL: none); dx_fresh: dx holds no values yet (the tape's unzeroed
-     * new gradient, core/tape.h) and every element is written, 0 off the picks. */
+     * dropout's output (0 wherever the ReLU or the dropout zeroed it): g = y > 0 ? dy / (1 - p)
+     * rounded to the dtype : 0 (the gradient before the dropout and the ReLU, as the unfused
+     * backwards store it), dbias[channel] += g's sums (NULL: none), and dx[the input at pick[o]
+     * in o's window] += g[o] (NULL: none); dx_fresh: dx holds no values yet (the tape's
+     * unzeroed new gradient, core/tape.h) and every element is written, 0 off the picks. dy is
+     * the backward's scratch: it may be left holding g (a kernel that writes g there and reads
+     * it back) or as it was (one that never stores g). */
     umt_status (*bias_relu_max_pool_dropout_backward)(const umt_pool_shape *shape, const uint8_t *pick,
                                                       const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
                                                       float p);
@@ -170,8 +184,9 @@ typedef struct {
      *     the same counter-based draw on every backend; kept elements are scaled by 1/(1-p).
      *     first is element 0's index in the whole batch's tensor (0 unless the batch runs as
      *     micro-batches: core/micro_batch.c), so that a micro-batch draws the masks the whole
-     *     batch would. mask[i] = 1 if kept, else 0; dx accumulates. A non-NULL seed_on_device is
-     *     read (in stream order) instead of seed: a CUDA graph replays with a new seed there --- */
+     *     batch would. mask[i] = 1 if kept, else 0 (mask NULL: none written); dx accumulates.
+     *     A non-NULL seed_on_device is read (in stream order) instead of seed: a CUDA graph
+     *     replays with a new seed there --- */
     umt_status (*dropout_forward)(const float *x, float *y, uint8_t *mask, int64_t n, int64_t first, float p,
                                   uint64_t seed, const uint64_t *seed_on_device);
     umt_status (*dropout_backward)(const uint8_t *mask, const float *dy, float *dx, int64_t n, float p);
@@ -313,17 +328,26 @@ typedef struct umt_backend {
 
 /* Dropout's draw for element i: a counter-based hash of (seed, i) -> uniform in [0, 1),
  * compared with p. The same inline code runs on the CPU and in CUDA kernels, so both backends
- * drop the same elements for the same seed. */
+ * drop the same elements for the same seed. The hash is splitmix64's of the counter seed + (i +
+ * 1) * the golden ratio: consecutive counters give independent-looking bits. A kernel drawing
+ * several neighbours adds UMT_DROPOUT_STEP to one counter for the next (the same sum modulo
+ * 2^64, with no multiplication) and calls umt_dropout_keep_counter. */
+#define UMT_DROPOUT_STEP 0x9e3779b97f4a7c15ULL
 #ifdef __CUDACC__
 __host__ __device__
 #endif
-static inline bool umt_dropout_keep(uint64_t seed, uint64_t i, float p) {
-    /* splitmix64 of seed + i * golden ratio: consecutive i give independent-looking bits. */
-    uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ULL;
+static inline bool umt_dropout_keep_counter(uint64_t z, float p) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     z ^= z >> 31;
     return (float)(z >> 40) * (1.0f / 16777216.0f) >= p;
+}
+
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline bool umt_dropout_keep(uint64_t seed, uint64_t i, float p) {
+    return umt_dropout_keep_counter(seed + (i + 1) * UMT_DROPOUT_STEP, p);
 }
 
 /* The CPU backend (kernels/cpu/cpu_backend.c). */

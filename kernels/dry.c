@@ -77,8 +77,8 @@ static umt_status max_pool_backward(const umt_pool_shape *shape, const int32_t *
                                     float *dx) NOTHING
 static umt_status max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax, const uint8_t *mask,
                                             const void *dy, void *dx, float p) NOTHING
-static umt_status bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
-                                             uint8_t *pick) NOTHING
+static umt_status bias_relu_max_pool_dropout_forward(const umt_pool_shape *shape, const void *x, const float *bias,
+                                                     void *y, uint8_t *pick, const umt_dropout_draw *drop) NOTHING
 static umt_status bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const uint8_t *pick,
                                                       const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
                                                       float p) NOTHING
@@ -214,7 +214,7 @@ void umt_backend_dry(const umt_backend *real, umt_backend *out) {
     DRY(f32, max_pool_forward, max_pool_forward);
     DRY(f32, max_pool_backward, max_pool_backward);
     DRY(f32, max_pool_dropout_backward, max_pool_dropout_backward);
-    DRY(f32, bias_relu_max_pool_forward, bias_relu_max_pool_forward);
+    DRY(f32, bias_relu_max_pool_dropout_forward, bias_relu_max_pool_dropout_forward);
     DRY(f32, bias_relu_max_pool_dropout_backward, bias_relu_max_pool_dropout_backward);
     DRY(f32, avg_pool_forward, avg_pool_forward);
     DRY(f32, avg_pool_backward, avg_pool_backward);

@@ -181,7 +181,8 @@ static void other_kernels_at(int threads, const float *inputs, float *out) {
     float *y = out, *dy = out + POOL_OUT, *dx = dy + POOL_OUT, *dbias = dx + POOL_IN, *dconv = dbias + POOL_C;
     uint8_t *pick = malloc(POOL_OUT), *mask = malloc(POOL_IN);
     assert_non_null(pick), assert_non_null(mask);
-    assert_int_equal(umt_cpu_bias_relu_max_pool_forward(&s, x, bias, y, pick), UMT_OK);
+    umt_dropout_draw drop = {.p = 0.3f, .seed = 91, .first = 7};
+    assert_int_equal(umt_cpu_bias_relu_max_pool_dropout_forward(&s, x, bias, y, pick, &drop), UMT_OK);
     memcpy(dy, inputs + POOL_IN + POOL_C, POOL_OUT * sizeof *dy);
     memset(dbias, 0, 2 * POOL_C * sizeof *dbias);
     assert_int_equal(umt_cpu_bias_relu_max_pool_dropout_backward(&s, pick, y, dy, dx, true, dbias, 0.25f), UMT_OK);

@@ -154,24 +154,22 @@ umt_tensor *umt_bias_relu_max_pool2d_dropout(umt_context *ctx, umt_tensor *x, um
     if (check_bias_relu_pool(ctx, x, bias, window, stride, p) != UMT_OK) return NULL;
     umt_pool_shape s = pool_shape(x, window, stride);
     umt_tensor *y = umt_op_output_typed(ctx, x->dtype, x->nhwc, 4, (int64_t[]){s.n, s.c, s.p, s.q});
-    /* Each output's pick (its window position, a byte), then the dropout's mask. */
-    umt_tensor *saved = y ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_U8, 1, (int64_t[]){y->numel * 2}) : NULL;
+    /* Each output's pick (its window position, a byte). */
+    umt_tensor *saved = y ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_U8, 1, (int64_t[]){y->numel}) : NULL;
     if (!saved) return NULL;
-    uint8_t *pick = saved->data, *mask = pick + y->numel;
-    const umt_backend *be = umt_kernels(ctx);
-    umt_status st = be->f32.bias_relu_max_pool_forward(&s, x->data, bias->data, y->data, pick);
-    /* Dropout as umt_dropout would draw it (in evaluation, or with p = 0, none). The backward
-     * needs no mask: the output is 0 wherever the dropout or the ReLU zeroed it. */
+    /* Dropout as umt_dropout would draw it (in evaluation, or with p = 0, none), drawn by the
+     * pool's kernel as it writes y. The backward needs no mask: the output is 0 wherever the
+     * dropout or the ReLU zeroed it. */
     float dropped = ctx->training ? p : 0.0f;
-    uint64_t seed;
-    void *seed_on_device;
-    int64_t first;
-    if (st == UMT_OK && dropped > 0.0f)
-        st = umt_dropout_seed(ctx, y, "umt_bias_relu_max_pool2d_dropout", &seed, &seed_on_device, &first);
-    if (st == UMT_OK && dropped > 0.0f)
-        st = umt_dtype_is_lowp(s.dtype)
-                 ? be->lowp.dropout_forward(s.dtype, y->data, y->data, mask, y->numel, first, p, seed, seed_on_device)
-                 : be->f32.dropout_forward(y->data, y->data, mask, y->numel, first, p, seed, seed_on_device);
+    umt_dropout_draw drop = {.p = dropped};
+    void *seed_on_device = NULL;
+    umt_status st = UMT_OK;
+    if (dropped > 0.0f)
+        st = umt_dropout_seed(ctx, y, "umt_bias_relu_max_pool2d_dropout", &drop.seed, &seed_on_device, &drop.first);
+    drop.seed_on_device = seed_on_device;
+    if (st == UMT_OK)
+        st = umt_kernels(ctx)->f32.bias_relu_max_pool_dropout_forward(&s, x->data, bias->data, y->data, saved->data,
+                                                                      dropped > 0.0f ? &drop : NULL);
     /* Its backward writes x's whole gradient (0 off the picks) when it is the first to. */
     return umt_op_overwrites_input_grad(ctx,
                                         umt_op_finish_with(ctx, st, "umt_bias_relu_max_pool2d_dropout",

@@ -37,7 +37,7 @@ static void dropout_elements(void *arg, int64_t begin, int64_t end) {
     const dropout_job *job = arg;
     for (int64_t i = begin; i < end; i++) {
         bool keep = umt_dropout_keep(job->seed, (uint64_t)(job->first + i), job->p);
-        job->mask[i] = keep ? 1 : 0;
+        if (job->mask) job->mask[i] = keep ? 1 : 0;
         job->y[i] = keep ? job->x[i] * job->scale : 0.0f;
     }
 }

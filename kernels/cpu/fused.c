@@ -129,17 +129,21 @@ static void bias_relu_max_pool_planes(void *arg, int64_t first, int64_t end) {
     }
 }
 
-umt_status umt_cpu_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
-                                              uint8_t *pick) {
+umt_status umt_cpu_bias_relu_max_pool_dropout_forward(const umt_pool_shape *shape, const void *x, const float *bias,
+                                                      void *y, uint8_t *pick, const umt_dropout_draw *drop) {
     const umt_pool_shape *s = shape;
-    UMT_TRY(check_pooled("bias_relu_max_pool_forward", s, 0.0f));
+    const char *op = "bias_relu_max_pool_dropout_forward";
+    UMT_TRY(check_pooled(op, s, drop ? drop->p : 0.0f));
     if (s->window > 16) /* each pick is one byte */
-        return umt_fail(UMT_ERR_UNSUPPORTED, "bias_relu_max_pool_forward: window %lld (expected at most 16)",
-                        (long long)s->window);
-    UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_forward", s));
+        return umt_fail(UMT_ERR_UNSUPPORTED, "%s: window %lld (expected at most 16)", op, (long long)s->window);
+    UMT_TRY(umt_cpu_check_pool_shape(op, s));
+    if (drop && drop->first < 0)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: first = %lld, expected >= 0", op, (long long)drop->first);
     pool_forward_job job = {s, x, bias, y, pick};
     umt_cpu_parallel_range(s->n * s->c, PLANES_PER_PART(s), bias_relu_max_pool_planes, &job);
-    return UMT_OK;
+    if (!drop || drop->p == 0.0f) return UMT_OK;
+    return umt_cpu_dropout_forward(y, y, NULL, s->n * s->c * s->p * s->q, drop->first, drop->p, drop->seed,
+                                   drop->seed_on_device);
 }
 
 /* dropout_backward and bias_relu_backward at the pooled size (the mask is y > 0), then

@@ -28,7 +28,7 @@ static __global__ void dropout_forward_kernel(const float *x, float *y, uint8_t 
     if (seed_on_device) seed = *seed_on_device;
     FOR_EACH_INDEX(i, n) {
         bool keep = umt_dropout_keep(seed, (uint64_t)(first + i), p);
-        mask[i] = keep ? 1 : 0;
+        if (mask) mask[i] = keep ? 1 : 0;
         y[i] = keep ? __fmul_rn(x[i], scale) : 0.0f;
     }
 }

@@ -21,6 +21,7 @@
 
 #include "core/base/cuda_check.h"
 #include "core/base/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/bias_rows.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -159,36 +160,69 @@ static __global__ void mask_rows_kernel(const void *y, void *dy, float *dbias, f
 /* Channels last, bf16/f16 with k % 8 == 0 and k / 8 dividing THREADS: lanes = k / 8 threads
  * cover a row with 16-byte loads, THREADS / lanes rows at a time; thread t always holds the
  * eight channels of lane t % lanes, and the block adds its lanes' sums in thread order. */
+
+/* One vector of the masked gradient (eight channels of a row, y's and dy's), added to sum. */
 template <umt_dtype D>
-static __global__ void mask_rows_vector_kernel(const uint4 *y, uint4 *dy, float *dbias, float *row_partials,
-                                               int64_t rows, int64_t k, int64_t rows_per_chunk, bool chunked,
-                                               float scale) {
-    __shared__ float sums[THREADS][VECTOR];
-    int lanes = (int)(k / VECTOR), lane = threadIdx.x % lanes, rows_at_once = THREADS / lanes;
-    int64_t chunk = blockIdx.x, first = chunk * rows_per_chunk;
-    int64_t last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
-    float sum[VECTOR] = {0};
-    for (int64_t r = first + threadIdx.x / lanes; r < last; r += rows_at_once) {
-        umt_halves8 out, grad;
-        out.bits = y[r * lanes + lane];
-        grad.bits = dy[r * lanes + lane];
-        for (int e = 0; e < VECTOR; e++) {
-            if (!(load<D>(out.h, e) > 0.0f))
-                grad.h[e] = 0;
-            else if (scale != 0.0f)
-                grad.h[e] = umt_dev_narrow<D>(passed<D>(load<D>(grad.h, e), scale));
-            sum[e] += load<D>(grad.h, e);
-        }
-        dy[r * lanes + lane] = grad.bits;
+static __device__ __forceinline__ umt_halves8 masked_vector(uint4 y, uint4 dy, float scale, float sum[VECTOR]) {
+    umt_halves8 out, grad;
+    out.bits = y;
+    grad.bits = dy;
+#pragma unroll
+    for (int e = 0; e < VECTOR; e++) {
+        if (!(load<D>(out.h, e) > 0.0f))
+            grad.h[e] = 0;
+        else if (scale != 0.0f)
+            grad.h[e] = umt_dev_narrow<D>(passed<D>(load<D>(grad.h, e), scale));
+        sum[e] += load<D>(grad.h, e);
     }
+    return grad;
+}
+
+/* The block's channel sums: its threads' sums added in thread order, lane by lane. */
+static __device__ void put_vector_sums(const float sum[VECTOR], int lanes, float *dbias, float *row_partials,
+                                       int64_t chunk, int64_t k, bool chunked) {
+    __shared__ float sums[THREADS][VECTOR];
     for (int e = 0; e < VECTOR; e++) sums[threadIdx.x][e] = sum[e];
     __syncthreads();
     if ((int)threadIdx.x >= lanes || !dbias) return;
+    int lane = (int)threadIdx.x;
     for (int e = 0; e < VECTOR; e++) {
         float total = 0.0f;
         for (int t = lane; t < THREADS; t += lanes) total += sums[t][e];
         put_sum<float>(dbias, row_partials, chunk, k, (int64_t)lane * VECTOR + e, total, chunked);
     }
+}
+
+template <umt_dtype D>
+static __global__ void mask_rows_vector_kernel(const uint4 *y, uint4 *dy, float *dbias, float *row_partials,
+                                               int64_t rows, int64_t k, int64_t rows_per_chunk, bool chunked,
+                                               float scale) {
+    int lanes = (int)(k / VECTOR), lane = threadIdx.x % lanes, rows_at_once = THREADS / lanes;
+    int64_t chunk = blockIdx.x, first = chunk * rows_per_chunk;
+    int64_t last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
+    float sum[VECTOR] = {0};
+    for (int64_t r = first + threadIdx.x / lanes; r < last; r += rows_at_once)
+        dy[r * lanes + lane] = masked_vector<D>(y[r * lanes + lane], dy[r * lanes + lane], scale, sum).bits;
+    put_vector_sums(sum, lanes, dbias, row_partials, chunk, k, chunked);
+}
+
+/* The same rows, chunks and sums for bias + ReLU + max pool + dropout's backward, with each
+ * masked vector written onto its window of a fresh dx (the gradient at the picks, 0 elsewhere:
+ * pool.cu's pick write) instead of back into dy, to be read again by a second kernel: rows are
+ * the pooled pixels, whose windows tile the input (stride = window, no tail). */
+template <umt_dtype D>
+static __global__ void mask_pick_write_kernel(umt_pool_shape s, const uint4 *y, const uint4 *dy, const uint64_t *pick,
+                                              uint4 *dx, float *dbias, float *row_partials, int rows_per_chunk,
+                                              bool chunked, float scale) {
+    int lanes = (int)(s.c / VECTOR), lane = threadIdx.x % lanes, rows_at_once = THREADS / lanes;
+    int rows = (int)(s.n * s.p * s.q), chunk = blockIdx.x, first = chunk * rows_per_chunk;
+    int last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
+    float sum[VECTOR] = {0};
+    for (int r = first + (int)threadIdx.x / lanes; r < last; r += rows_at_once) {
+        int v = r * lanes + lane;
+        umt_dev_pick_write8<D>(s, r, lane, pick[v], masked_vector<D>(y[v], dy[v], scale, sum), dx);
+    }
+    put_vector_sums(sum, lanes, dbias, row_partials, chunk, s.c, chunked);
 }
 
 /* NCHW: block (channel, chunk) walks its chunk's planes of the channel and sums in double, as
@@ -314,9 +348,33 @@ extern "C" umt_status umt_cuda_bias_relu_backward(umt_dtype dtype, bool nhwc, co
     }
 }
 
+/* mask_pick_write_kernel's shapes: a fresh dx of bf16/f16 NHWC in eights whose windows tile it,
+ * k / 8 dividing THREADS, every pointer aligned for its vectors, 32-bit indices. */
+static bool mask_pick_write_applies(const umt_pool_shape *s, const void *y, const void *dy, const void *dx,
+                                    const uint8_t *pick, bool dx_fresh) {
+    bool tiles = s->stride == s->window && s->h == s->p * s->window && s->w == s->q * s->window;
+    bool lanes = s->c % VECTOR == 0 && THREADS % (s->c / VECTOR) == 0;
+    bool aligned = aligned16(y, dy) && aligned16(dx, dx) && (uintptr_t)pick % sizeof(uint64_t) == 0;
+    return dx && dx_fresh && s->dtype != UMT_F32 && s->nhwc && tiles && lanes && aligned &&
+           s->n * s->c * s->h * s->w < INT32_MAX;
+}
+
+template <umt_dtype D>
+static umt_status mask_pick_write(const umt_pool_shape *s, const uint8_t *pick, const void *y, const void *dy,
+                                  void *dx, float *dbias, float scale) {
+    const umt_cuda_scratch *scratch;
+    UMT_TRY(umt_cuda_scratch_get("bias_relu_max_pool_dropout_backward", &scratch));
+    float *partials = scratch->fused_row_partials;
+    int64_t per_chunk = 0, chunks = chunks_for(s->n * s->p * s->q, 1, s->c, &per_chunk);
+    mask_pick_write_kernel<D><<<(unsigned int)chunks, THREADS, 0, umt_cuda_stream()>>>(
+        *s, (const uint4 *)y, (const uint4 *)dy, (const uint64_t *)pick, (uint4 *)dx, dbias, partials, (int)per_chunk,
+        chunks > 1, scale);
+    return finish_sums<float>(partials, dbias, s->c, chunks);
+}
+
 /* Bias + ReLU + max pool + dropout, backward (kernels/backend.h): the masked, scaled gradient and
  * its channel sums at the pooled size (the mask is y > 0), then the pool's scatter onto the
- * picks (windows apart: one addition each). */
+ * picks (windows apart: one addition each); in one pass where mask_pick_write applies. */
 extern "C" umt_status umt_cuda_bias_relu_max_pool_dropout_backward(const umt_pool_shape *s, const uint8_t *pick,
                                                                    const void *y, void *dy, void *dx, bool dx_fresh,
                                                                    float *dbias, float p) {
@@ -329,6 +387,10 @@ extern "C" umt_status umt_cuda_bias_relu_max_pool_dropout_backward(const umt_poo
     float scale = 1.0f / (1.0f - p); /* as the dropout kernels compute it */
     int64_t n = s->n, k = s->c, pixels = s->p * s->q;
     if (n == 0 || k == 0 || pixels == 0) return UMT_OK;
+    if (dx) UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_dropout_backward", s));
+    if (mask_pick_write_applies(s, y, dy, dx, pick, dx_fresh))
+        return s->dtype == UMT_BF16 ? mask_pick_write<UMT_BF16>(s, pick, y, dy, dx, dbias, scale)
+                                    : mask_pick_write<UMT_F16>(s, pick, y, dy, dx, dbias, scale);
     switch (s->dtype) {
     case UMT_BF16: UMT_TRY(bias_relu_backward<UMT_BF16>(s->nhwc, y, dy, dbias, n, k, pixels, scale)); break;
     case UMT_F16: UMT_TRY(bias_relu_backward<UMT_F16>(s->nhwc, y, dy, dbias, n, k, pixels, scale)); break;

@@ -14,6 +14,7 @@
 #include "kernels/cuda/bias_rows.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/dropout8.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/scratch.h"
@@ -504,7 +505,7 @@ static __global__ void dropout_forward_lp_kernel(umt_dtype dtype, const void *x,
     if (seed_on_device) seed = *seed_on_device;
     FOR_EACH_INDEX(i, n) {
         bool keep = umt_dropout_keep(seed, (uint64_t)(first + i), p);
-        mask[i] = keep ? 1 : 0;
+        if (mask) mask[i] = keep ? 1 : 0;
         umt_dev_store_from_f32(y, dtype, i, keep ? umt_dev_load_as_f32(x, dtype, i) * scale : 0.0f);
     }
 }
@@ -517,16 +518,11 @@ static __global__ void dropout_forward_lp_vector_kernel(const uint4 *x, uint4 *y
                                                         const uint64_t *seed_on_device) {
     if (seed_on_device) seed = *seed_on_device;
     FOR_EACH_INDEX(v, vectors) {
-        umt_halves8 in, out;
+        umt_halves8 in;
         in.bits = x[v];
-        uint64_t kept = 0;
-        for (int e = 0; e < VECTOR; e++) {
-            bool keep = umt_dropout_keep(seed, (uint64_t)(first + v * VECTOR + e), p);
-            kept |= (uint64_t)keep << (8 * e); /* mask byte e: little-endian, element v * 8 + e */
-            out.h[e] = umt_dev_narrow<D>(keep ? umt_dev_widen<D>(in.h[e]) * scale : 0.0f);
-        }
-        y[v] = out.bits;
-        mask[v] = kept;
+        uint64_t kept;
+        y[v] = umt_dev_dropout8<D>(in, seed, (uint64_t)(first + v * VECTOR), p, scale, &kept).bits;
+        if (mask) mask[v] = kept;
     }
 }
 

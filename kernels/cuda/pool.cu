@@ -25,6 +25,7 @@
 #include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/dropout8.h"
 #include "kernels/cuda/fast_divide.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
@@ -51,7 +52,7 @@ static __device__ void covering(int64_t i, int64_t window, int64_t stride, int64
 
 static __device__ bool takes_over(float value, float best) { return value > best || (isnan(value) && !isnan(best)); }
 
-/* With a bias (bias_relu_max_pool_forward), each input is first max(x + bias[channel], 0) as
+/* With a bias (bias_relu_max_pool_dropout_forward), each input is first max(x + bias[channel], 0) as
  * bias_relu computes it (a NaN passes the ReLU), then rounded to the dtype as bias_relu stores
  * it: the pool then scans exactly the values it would have read. */
 static __device__ float biased_relu(float v, const float *bias, int64_t channel, umt_dtype dtype) {
@@ -381,48 +382,90 @@ static __global__ void max_pool_forward_lp_fast_kernel(umt_pool_shape s, const v
 /* NHWC with channels in eights: a thread takes eight neighbouring channels of one output pixel,
  * reading each window position as one 16-byte load; each lane keeps its own first maximum.
  * WINDOW: the window's size when known at compile time (0: read from the shape). A known window
- * unrolls the loops, so that a thread issues all its loads before it compares: with the 2x2
- * window read in a loop, conv2's pool at batch 4096 waited on one load at a time. */
+ * has all its loads issued before any comparison (with the 2x2 window read in a loop, conv2's
+ * pool at batch 4096 waited on one load at a time). PICK: write each output's pick (its window
+ * position, a byte), else its argmax (four bytes). drop.p > 0: the dropout that follows, drawn
+ * on the rounded outputs before they are stored (scale its 1/(1-p)), as the dropout kernel
+ * reading them back would: a pass over the output saved. The kernel is bound by its integer
+ * work, not its bytes (docs/PERF.md, "Dropout drawn by the pool"): each channel's bias is read
+ * once, and a lane keeps its best value's bits, so that no value is rounded twice. */
 enum { LANES = UMT_HALVES_PER_VECTOR }; /* one umt_halves8 (kernels/cuda/float16.h) */
 
-template <umt_dtype D, int WINDOW>
+/* A lane's first maximum so far: the value, its bits in the dtype, where it lies. */
+typedef struct {
+    float value[LANES];
+    uint16_t bits[LANES];
+    int index[LANES], at[LANES];
+} lane_best;
+
+/* Window position (i, j) of the thread's output, its eight channels in v: with a bias, each is
+ * max(x + bias, 0) rounded to the dtype (biased_relu's value) before the comparison. */
+template <umt_dtype D>
+static __device__ __forceinline__ void scan_position(umt_halves8 v, bool biased, const float (&b)[LANES], bool first,
+                                                     int index, int at, lane_best *best) {
+#pragma unroll
+    for (int e = 0; e < LANES; e++) {
+        uint16_t h = v.h[e];
+        if (biased) {
+            float r = __fadd_rn(umt_dev_widen<D>(h), b[e]);
+            h = umt_dev_narrow<D>(r < 0.0f ? 0.0f : r);
+        }
+        float f = umt_dev_widen<D>(h);
+        if (first || takes_over(f, best->value[e])) {
+            best->value[e] = f, best->bits[e] = h;
+            best->index[e] = index, best->at[e] = at;
+        }
+    }
+}
+
+template <umt_dtype D, int WINDOW, bool PICK>
 static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const uint4 *__restrict__ x,
                                                         const float *__restrict__ bias, uint4 *y, int4 *argmax,
-                                                        uint64_t *pick) {
+                                                        uint64_t *pick, umt_dropout_draw drop, float scale) {
     const int window = WINDOW ? WINDOW : (int)s.window;
+    uint64_t seed = drop.p > 0.0f && drop.seed_on_device ? *drop.seed_on_device : drop.seed;
     int groups = (int)s.c / LANES, w = (int)s.w, q = (int)s.q, p = (int)s.p;
     int total = (int)(s.n * s.p * s.q) * groups;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
         int group = out % groups, pixel = out / groups, ox = pixel % q, oy = pixel / q % p, n = pixel / (q * p);
         int y0 = oy * (int)s.stride, x0 = ox * (int)s.stride;
-        float best[LANES];
-        int best_index[LANES], best_at[LANES];
+        const uint4 *corner = x + ((n * (int)s.h + y0) * w + x0) * groups + group;
+        float b[LANES];
 #pragma unroll
-        for (int i = 0; i < window; i++) {
+        for (int e = 0; e < LANES; e++) b[e] = bias ? bias[group * LANES + e] : 0.0f;
+        lane_best best;
+        if constexpr (WINDOW > 0) {
+            umt_halves8 v[WINDOW * WINDOW];
 #pragma unroll
-            for (int j = 0; j < window; j++) {
-                umt_halves8 v;
-                v.bits = x[((n * (int)s.h + y0 + i) * w + x0 + j) * groups + group];
-                for (int e = 0; e < LANES; e++) {
-                    float f = biased_relu(umt_dev_load_as_f32(v.h, D, e), bias, group * LANES + e, D);
-                    if ((i == 0 && j == 0) || takes_over(f, best[e])) {
-                        best[e] = f;
-                        best_index[e] = (y0 + i) * w + x0 + j, best_at[e] = i * window + j;
-                    }
+            for (int t = 0; t < WINDOW * WINDOW; t++) v[t].bits = corner[(t / WINDOW * w + t % WINDOW) * groups];
+#pragma unroll
+            for (int t = 0; t < WINDOW * WINDOW; t++)
+                scan_position<D>(v[t], bias, b, t == 0, (y0 + t / WINDOW) * w + x0 + t % WINDOW, t, &best);
+        } else {
+            for (int i = 0; i < window; i++)
+                for (int j = 0; j < window; j++) {
+                    umt_halves8 v;
+                    v.bits = corner[(i * w + j) * groups];
+                    scan_position<D>(v, bias, b, i == 0 && j == 0, (y0 + i) * w + x0 + j, i * window + j, &best);
                 }
-            }
         }
+        /* Without a bias the input's value is stored as a rounding of it would (a NaN quieted). */
         umt_halves8 result;
-        for (int e = 0; e < LANES; e++) umt_dev_store_from_f32(result.h, D, e, best[e]);
+#pragma unroll
+        for (int e = 0; e < LANES; e++) result.h[e] = bias ? best.bits[e] : umt_dev_narrow<D>(best.value[e]);
+        uint64_t kept;
+        if (drop.p > 0.0f) result = umt_dev_dropout8<D>(result, seed, (uint64_t)drop.first + (uint64_t)out * LANES,
+                                                        drop.p, scale, &kept);
         y[out] = result.bits;
-        if (pick) { /* eight bytes, channel e's in byte e */
+        if (PICK) { /* eight bytes, channel e's in byte e */
             uint64_t bytes = 0;
-            for (int e = 0; e < LANES; e++) bytes |= (uint64_t)best_at[e] << (8 * e);
+#pragma unroll
+            for (int e = 0; e < LANES; e++) bytes |= (uint64_t)best.at[e] << (8 * e);
             pick[out] = bytes;
-            continue;
+        } else {
+            argmax[2 * out] = make_int4(best.index[0], best.index[1], best.index[2], best.index[3]);
+            argmax[2 * out + 1] = make_int4(best.index[4], best.index[5], best.index[6], best.index[7]);
         }
-        argmax[2 * out] = make_int4(best_index[0], best_index[1], best_index[2], best_index[3]);
-        argmax[2 * out + 1] = make_int4(best_index[4], best_index[5], best_index[6], best_index[7]);
     }
 }
 
@@ -484,28 +527,15 @@ static __global__ void pick_scatter_kernel(umt_pool_shape s, const uint8_t *pick
     }
 }
 
-/* The same for a fresh gradient whose windows tile the input exactly (stride = window, no
- * tail), NHWC halves in eights: each thread writes its windows' eight channels whole, the
- * gradient at the picks and 0 elsewhere, as 16-byte stores; nothing is read from dx, and
- * nothing zeroed it first. Each value is the scatter's (0 + (0 + dy)), rounded the same. */
+/* The same for a fresh gradient whose windows tile the input exactly, NHWC halves in eights:
+ * a thread writes its output's window whole (umt_dev_pick_write8, pool_scatter.h). */
 template <umt_dtype D>
 static __global__ void pick_write_nhwc8_kernel(umt_pool_shape s, const uint64_t *pick, const uint4 *dy, uint4 *dx) {
-    int groups = (int)s.c / LANES, w = (int)s.w, q = (int)s.q, p = (int)s.p, window = (int)s.window;
-    int total = (int)(s.n * s.p * s.q) * groups;
+    int groups = (int)s.c / LANES, total = (int)(s.n * s.p * s.q) * groups;
     for (int out = blockIdx.x * blockDim.x + threadIdx.x; out < total; out += gridDim.x * blockDim.x) {
-        int group = out % groups, pixel = out / groups, ox = pixel % q, oy = pixel / q % p, n = pixel / (q * p);
-        uint64_t picks = pick[out]; /* channel e's in byte e */
         umt_halves8 grad;
         grad.bits = dy[out];
-        for (int i = 0; i < window; i++)
-            for (int j = 0; j < window; j++) {
-                umt_halves8 v;
-                for (int e = 0; e < LANES; e++)
-                    v.h[e] = (int)(picks >> (8 * e) & 0xffu) == i * window + j
-                                 ? umt_dev_narrow<D>(0.0f + (0.0f + umt_dev_widen<D>(grad.h[e])))
-                                 : (uint16_t)0;
-                dx[((n * (int)s.h + oy * window + i) * w + ox * window + j) * groups + group] = v.bits;
-            }
+        umt_dev_pick_write8<D>(s, out / groups, out % groups, pick[out], grad, dx);
     }
 }
 
@@ -539,19 +569,26 @@ static umt_status check_pool_shape_lp(const char *op, const umt_pool_shape *s) {
 }
 
 /* The half-precision forward, with or without a bias and ReLU on the way in (checked shape),
- * writing argmax or pick (the other NULL). */
+ * writing argmax or pick (the other NULL), then the dropout `drop` (NULL: none) over y: drawn by
+ * the eight-lane kernel as it writes, or by the dropout kernel after the others. */
 static umt_status max_pool_forward_half(const umt_pool_shape *shape, const void *x, const float *bias, void *y,
-                                        int32_t *argmax, uint8_t *pick) {
+                                        int32_t *argmax, uint8_t *pick, const umt_dropout_draw *drop) {
     int64_t outputs = shape->n * shape->c * shape->p * shape->q;
     const void *picks = argmax ? (const void *)argmax : (const void *)pick;
     if (shape->n * shape->c * shape->h * shape->w < INT32_MAX && lanes_apply(shape, x, y, picks)) {
         int64_t groups = outputs / LANES;
         bool bf16 = shape->dtype == UMT_BF16, two = shape->window == 2;
-        auto kernel = bf16 ? (two ? max_pool_forward_lp_nhwc8_kernel<UMT_BF16, 2>
-                                  : max_pool_forward_lp_nhwc8_kernel<UMT_BF16, 0>)
-                           : (two ? max_pool_forward_lp_nhwc8_kernel<UMT_F16, 2>
-                                  : max_pool_forward_lp_nhwc8_kernel<UMT_F16, 0>);
-        LAUNCH_OVER(groups, kernel, *shape, (const uint4 *)x, bias, (uint4 *)y, (int4 *)argmax, (uint64_t *)pick);
+        auto kernel = pick ? (bf16 ? (two ? max_pool_forward_lp_nhwc8_kernel<UMT_BF16, 2, true>
+                                          : max_pool_forward_lp_nhwc8_kernel<UMT_BF16, 0, true>)
+                                   : (two ? max_pool_forward_lp_nhwc8_kernel<UMT_F16, 2, true>
+                                          : max_pool_forward_lp_nhwc8_kernel<UMT_F16, 0, true>))
+                           : (bf16 ? (two ? max_pool_forward_lp_nhwc8_kernel<UMT_BF16, 2, false>
+                                          : max_pool_forward_lp_nhwc8_kernel<UMT_BF16, 0, false>)
+                                   : (two ? max_pool_forward_lp_nhwc8_kernel<UMT_F16, 2, false>
+                                          : max_pool_forward_lp_nhwc8_kernel<UMT_F16, 0, false>));
+        umt_dropout_draw none = {0.0f, 0, NULL, 0}, draw = drop ? *drop : none;
+        LAUNCH_OVER(groups, kernel, *shape, (const uint4 *)x, bias, (uint4 *)y, (int4 *)argmax, (uint64_t *)pick,
+                    draw, 1.0f / (1.0f - draw.p));
         return UMT_OK;
     }
     if (shape->n * shape->c * shape->h * shape->w < INT32_MAX) {
@@ -559,33 +596,44 @@ static umt_status max_pool_forward_half(const umt_pool_shape *shape, const void 
             LAUNCH_OVER(outputs, max_pool_forward_lp_fast_kernel<UMT_BF16>, *shape, x, bias, y, argmax, pick);
         else
             LAUNCH_OVER(outputs, max_pool_forward_lp_fast_kernel<UMT_F16>, *shape, x, bias, y, argmax, pick);
-        return UMT_OK;
+    } else {
+        LAUNCH_OVER(outputs, max_pool_forward_lp_kernel, *shape, x, bias, y, argmax, pick);
     }
-    LAUNCH_OVER(outputs, max_pool_forward_lp_kernel, *shape, x, bias, y, argmax, pick);
-    return UMT_OK;
+    if (!drop || drop->p == 0.0f) return UMT_OK;
+    return umt_cuda_dropout_forward_lp(shape->dtype, y, y, NULL, outputs, drop->first, drop->p, drop->seed,
+                                       drop->seed_on_device);
 }
 
 extern "C" umt_status umt_cuda_max_pool_forward_lp(const umt_pool_shape *shape, const void *x, void *y,
                                                    int32_t *argmax) {
     UMT_TRY(check_pool_shape_lp("max_pool_forward_lp", shape));
-    return max_pool_forward_half(shape, x, NULL, y, argmax, NULL);
+    return max_pool_forward_half(shape, x, NULL, y, argmax, NULL, NULL);
 }
 
-/* Bias + ReLU + max pool (kernels/backend.h): f32 NCHW, or a half dtype in either layout. */
-extern "C" umt_status umt_cuda_bias_relu_max_pool_forward(const umt_pool_shape *shape, const void *x,
-                                                          const float *bias, void *y, uint8_t *pick) {
+/* Bias + ReLU + max pool + dropout (kernels/backend.h): f32 NCHW, or a half dtype in either
+ * layout. */
+extern "C" umt_status umt_cuda_bias_relu_max_pool_dropout_forward(const umt_pool_shape *shape, const void *x,
+                                                                  const float *bias, void *y, uint8_t *pick,
+                                                                  const umt_dropout_draw *drop) {
     const umt_pool_shape *s = shape;
+    const char *op = "bias_relu_max_pool_dropout_forward";
     if ((s->dtype == UMT_F32 && s->nhwc) || s->stride < s->window || s->window > 16)
         return umt_fail(UMT_ERR_UNSUPPORTED,
-                        "bias_relu_max_pool_forward: dtype %s, %s, window %lld, stride %lld (expected f32 NCHW or "
-                        "bf16/f16, stride >= window, window <= 16)", umt_dtype_name(s->dtype),
-                        s->nhwc ? "NHWC" : "NCHW", (long long)s->window, (long long)s->stride);
+                        "%s: dtype %s, %s, window %lld, stride %lld (expected f32 NCHW or bf16/f16, stride >= window, "
+                        "window <= 16)", op, umt_dtype_name(s->dtype), s->nhwc ? "NHWC" : "NCHW",
+                        (long long)s->window, (long long)s->stride);
+    if (drop && (!(drop->p >= 0.0f && drop->p < 1.0f) || drop->first < 0))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: p = %g, first = %lld (expected 0 <= p < 1, first >= 0)", op,
+                        (double)drop->p, (long long)drop->first);
     if (s->dtype != UMT_F32) {
-        UMT_TRY(check_pool_shape_lp("bias_relu_max_pool_forward", s));
-        return max_pool_forward_half(s, x, bias, y, NULL, pick);
+        UMT_TRY(check_pool_shape_lp(op, s));
+        return max_pool_forward_half(s, x, bias, y, NULL, pick, drop);
     }
-    UMT_TRY(umt_cpu_check_pool_shape("bias_relu_max_pool_forward", s));
-    return max_pool_forward_f32(s, (const float *)x, bias, (float *)y, NULL, pick);
+    UMT_TRY(umt_cpu_check_pool_shape(op, s));
+    UMT_TRY(max_pool_forward_f32(s, (const float *)x, bias, (float *)y, NULL, pick));
+    if (!drop || drop->p == 0.0f) return UMT_OK;
+    return umt_cuda_dropout_forward((const float *)y, (float *)y, NULL, s->n * s->c * s->p * s->q, drop->first,
+                                    drop->p, drop->seed, drop->seed_on_device);
 }
 
 extern "C" umt_status umt_cuda_max_pool_backward_lp(const umt_pool_shape *shape, const int32_t *argmax, const void *dy,
