@@ -178,15 +178,17 @@ static __device__ __forceinline__ umt_halves8 masked_vector(uint4 y, uint4 dy, f
     return grad;
 }
 
-/* The block's channel sums: its threads' sums added in thread order, lane by lane. */
+/* The block's channel sums: for each channel, its threads' sums added in thread order. A thread
+ * per channel adds them (a lane's eight channels in eight threads: one thread a lane, adding its
+ * eight channels' 8 x THREADS / lanes sums in turn, was the kernel's tail at small batches). */
 static __device__ void put_vector_sums(const float sum[VECTOR], int lanes, float *dbias, float *row_partials,
                                        int64_t chunk, int64_t k, bool chunked) {
     __shared__ float sums[THREADS][VECTOR];
     for (int e = 0; e < VECTOR; e++) sums[threadIdx.x][e] = sum[e];
     __syncthreads();
-    if ((int)threadIdx.x >= lanes || !dbias) return;
-    int lane = (int)threadIdx.x;
-    for (int e = 0; e < VECTOR; e++) {
+    if (!dbias) return;
+    for (int i = (int)threadIdx.x; i < lanes * VECTOR; i += THREADS) {
+        int lane = i % lanes, e = i / lanes;
         float total = 0.0f;
         for (int t = lane; t < THREADS; t += lanes) total += sums[t][e];
         put_sum<float>(dbias, row_partials, chunk, k, (int64_t)lane * VECTOR + e, total, chunked);

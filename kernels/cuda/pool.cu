@@ -50,7 +50,11 @@ static __device__ void covering(int64_t i, int64_t window, int64_t stride, int64
 /* ------------------------------------------------------------------------------------------ */
 /* Max pooling                                                                                 */
 
-static __device__ bool takes_over(float value, float best) { return value > best || (isnan(value) && !isnan(best)); }
+/* Bitwise, not short-circuit: a test with no branch, where a scan unrolled over a window made one
+ * branch a value of `||` and `&&`. */
+static __device__ bool takes_over(float value, float best) {
+    return (value > best) | (isnan(value) & !isnan(best));
+}
 
 /* With a bias (bias_relu_max_pool_dropout_forward), each input is first max(x + bias[channel], 0) as
  * bias_relu computes it (a NaN passes the ReLU), then rounded to the dtype as bias_relu stores
