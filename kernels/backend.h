@@ -280,6 +280,15 @@ typedef struct {
                                     void *dx);
     umt_status (*avg_pool_forward)(const umt_pool_shape *shape, const void *x, void *y);
     umt_status (*avg_pool_backward)(const umt_pool_shape *shape, const void *dy, void *dx);
+    /* Softmax cross-entropy over logits of dtype, each widened to f32 as it is read: group 1's
+     * probs and loss for the widened logits, bit for bit, with no f32 copy of them made */
+    umt_status (*softmax_xent)(umt_dtype dtype, const void *logits, const int32_t *labels, float *probs, float *loss,
+                               int64_t rows, int64_t cols);
+    /* Its backward into a dtype gradient: g = group 1's gradient into a zeroed f32 one (0 +
+     * dloss[0] / rows * (probs - onehot)), then dlogits = round(g + dlogits), or round(g) when
+     * fresh (dlogits holds no values yet: the tape's unzeroed new gradient, core/tape.h) */
+    umt_status (*softmax_xent_backward)(umt_dtype dtype, const float *probs, const int32_t *labels,
+                                        const float *dloss, void *dlogits, int64_t rows, int64_t cols, bool fresh);
 } umt_backend_lowp;
 
 /* --- Group 3, fused fast paths: one kernel for what an op otherwise does with several slots of

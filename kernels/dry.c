@@ -148,6 +148,11 @@ static umt_status lp_max_pool_backward(const umt_pool_shape *shape, const int32_
                                        void *dx) NOTHING
 static umt_status lp_avg_pool_forward(const umt_pool_shape *shape, const void *x, void *y) NOTHING
 static umt_status lp_avg_pool_backward(const umt_pool_shape *shape, const void *dy, void *dx) NOTHING
+static umt_status lp_softmax_xent(umt_dtype dtype, const void *logits, const int32_t *labels, float *probs,
+                                  float *loss, int64_t rows, int64_t cols) NOTHING
+static umt_status lp_softmax_xent_backward(umt_dtype dtype, const float *probs, const int32_t *labels,
+                                           const float *dloss, void *dlogits, int64_t rows, int64_t cols,
+                                           bool fresh) NOTHING
 
 /* ----------------------------------------------------------------------------------------- */
 /* Group 3: fused fast paths */
@@ -249,6 +254,8 @@ void umt_backend_dry(const umt_backend *real, umt_backend *out) {
     DRY(lowp, max_pool_backward, lp_max_pool_backward);
     DRY(lowp, avg_pool_forward, lp_avg_pool_forward);
     DRY(lowp, avg_pool_backward, lp_avg_pool_backward);
+    DRY(lowp, softmax_xent, lp_softmax_xent);
+    DRY(lowp, softmax_xent_backward, lp_softmax_xent_backward);
 
     /* A question again: whether the fused path takes the shape. */
     out->fused.conv2d_relu_supports = real->fused.conv2d_relu_supports;

@@ -72,22 +72,35 @@ umt_tensor *umt_nll_loss(umt_context *ctx, umt_tensor *log_probs, umt_tensor *la
 }
 
 static umt_status xent_backward(umt_context *ctx, const umt_node *node) {
-    const umt_tensor *probs = node->saved;
-    return umt_kernels(ctx)->f32.softmax_xent_backward(probs->data, node->inputs[1]->data, node->output->grad->data,
-                                               umt_input_grad(node, 0), probs->shape[0], probs->shape[1]);
+    const umt_tensor *probs = node->saved, *logits = node->inputs[0];
+    const umt_backend *be = umt_kernels(ctx);
+    if (logits->dtype != UMT_F32)
+        return be->lowp.softmax_xent_backward(logits->dtype, probs->data, node->inputs[1]->data,
+                                              node->output->grad->data, umt_input_grad(node, 0), probs->shape[0],
+                                              probs->shape[1], umt_input_grad_fresh(node, 0));
+    return be->f32.softmax_xent_backward(probs->data, node->inputs[1]->data, node->output->grad->data,
+                                         umt_input_grad(node, 0), probs->shape[0], probs->shape[1]);
 }
 
 umt_tensor *umt_softmax_cross_entropy(umt_context *ctx, umt_tensor *logits, umt_tensor *labels) {
     if (!logits || !labels) return NULL;
     if (check_scores_labels(ctx, "umt_softmax_cross_entropy", "logits", logits, labels) != UMT_OK) return NULL;
-    if (!(logits = umt_to_f32(ctx, logits))) return NULL;
+    /* bf16/fp16 logits are read as they lie where the backend can (their gradient is written
+     * in their dtype, whole: no f32 copy either way, no zeroed gradient); else widened first. */
+    const umt_backend *be = umt_kernels(ctx);
+    bool half = umt_dtype_is_lowp(logits->dtype) && be->lowp.softmax_xent;
+    if (!half && !(logits = umt_to_f32(ctx, logits))) return NULL;
     /* The probabilities are kept for backward: (p - onehot) is the whole gradient. */
     umt_tensor *probs = umt_op_output(ctx, 2, logits->shape);
     umt_tensor *loss = probs ? umt_op_output(ctx, 1, scalar_shape) : NULL;
     if (!loss) return NULL;
-    umt_status st = umt_kernels(ctx)->f32.softmax_xent(logits->data, labels->data, probs->data, loss->data, logits->shape[0],
-                                               logits->shape[1]);
-    return umt_op_finish(ctx, st, "umt_softmax_cross_entropy", xent_backward, loss, probs, logits, labels, NULL);
+    int64_t rows = logits->shape[0], cols = logits->shape[1];
+    umt_status st = half ? be->lowp.softmax_xent(logits->dtype, logits->data, labels->data, probs->data, loss->data,
+                                                 rows, cols)
+                         : be->f32.softmax_xent(logits->data, labels->data, probs->data, loss->data, rows, cols);
+    umt_tensor *out = umt_op_finish(ctx, st, "umt_softmax_cross_entropy", xent_backward, loss, probs, logits, labels,
+                                    NULL);
+    return half ? umt_op_overwrites_input_grad(ctx, out, 0) : out;
 }
 
 umt_status umt_count_correct(umt_context *ctx, const umt_tensor *scores, const umt_tensor *labels, int64_t *correct) {

@@ -407,6 +407,8 @@ static const umt_backend cuda_backend = {
         .max_pool_backward = umt_cuda_max_pool_backward_lp,
         .avg_pool_forward = umt_cuda_avg_pool_forward_lp,
         .avg_pool_backward = umt_cuda_avg_pool_backward_lp,
+        .softmax_xent = umt_cuda_softmax_xent_lp,
+        .softmax_xent_backward = umt_cuda_softmax_xent_backward_lp,
     },
     .fused = {
         .conv2d_relu_supports = umt_cuda_conv2d_relu_fused,

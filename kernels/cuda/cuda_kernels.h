@@ -108,6 +108,11 @@ umt_status umt_cuda_softmax_xent(const float *logits, const int32_t *labels, flo
                                  int64_t cols);
 umt_status umt_cuda_softmax_xent_backward(const float *probs, const int32_t *labels, const float *dloss,
                                           float *dlogits, int64_t rows, int64_t cols);
+umt_status umt_cuda_softmax_xent_lp(umt_dtype dtype, const void *logits, const int32_t *labels, float *probs,
+                                    float *loss, int64_t rows, int64_t cols);
+umt_status umt_cuda_softmax_xent_backward_lp(umt_dtype dtype, const float *probs, const int32_t *labels,
+                                             const float *dloss, void *dlogits, int64_t rows, int64_t cols,
+                                             bool fresh);
 umt_status umt_cuda_count_correct(const float *scores, const int32_t *labels, int64_t rows, int64_t cols,
                                   int64_t *correct);
 /* After a wait for the stream: the error of the first out-of-range label a loss or its backward

@@ -30,6 +30,7 @@
 #include "core/base/cuda_check.h"
 #include "core/base/error.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/scratch.h"
 
@@ -118,8 +119,15 @@ static __device__ double block_reduce(double v, bool take_max) {
     return result;
 }
 
+/* A row of logits in dtype D, read as f32 (bf16/f16 widened exactly) by x[c]: what the row
+ * functions below take, besides a plain float pointer. */
+template <umt_dtype D> struct half_row {
+    const uint16_t *x;
+    __device__ float operator[](int64_t c) const { return umt_dev_widen<D>(x[c]); }
+};
+
 /* The row's maximum, ignoring NaNs like the CPU's strict ">" (-inf for an empty row). */
-static __device__ float row_max(const float *x, int64_t cols) {
+template <typename Row> static __device__ float row_max(Row x, int64_t cols) {
     float max = -INFINITY;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
         if (x[c] > max) max = x[c];
@@ -136,7 +144,7 @@ static __device__ double warp_reduce(double v, bool take_max) {
 }
 
 /* log(sum_c exp(x[c] - max)), never overflowing. */
-static __device__ double shifted_log_sum_exp(const float *x, int64_t cols, float max) {
+template <typename Row> static __device__ double shifted_log_sum_exp(Row x, int64_t cols, float max) {
     double sum = 0.0;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += exp((double)x[c] - max);
     return log(block_reduce(sum, false));
@@ -392,7 +400,8 @@ extern "C" umt_status umt_cuda_nll_loss_backward(const float *dloss, const int32
 /* A row of at most 32 columns by one warp, lane c holding column c: probs = softmax(row), and the
  * row's -log p[label] returned to every lane. The same arithmetic as the block's rows below
  * (row_max, shifted_log_sum_exp: warp_reduce is their block_reduce here), so the same bits. */
-static __device__ double warp_row_loss(const float *x_row, float *p_row, int32_t label, int64_t cols) {
+template <typename Row>
+static __device__ double warp_row_loss(Row x_row, float *p_row, int32_t label, int64_t cols) {
     int lane = threadIdx.x % 32;
     float x = lane < cols ? x_row[lane] : 0.0f, own = -INFINITY;
     if (lane < cols && x > own) own = x; /* as row_max: a NaN never becomes the maximum */
@@ -402,16 +411,23 @@ static __device__ double warp_row_loss(const float *x_row, float *p_row, int32_t
     return log_sum - ((double)x_row[label] - max);
 }
 
+/* Row r of logits of dtype D: a float pointer for f32, else a half_row. */
+template <umt_dtype D> static __device__ auto logits_row(const void *logits, int64_t r, int64_t cols) {
+    if constexpr (D == UMT_F32) return (const float *)logits + r * cols;
+    else return half_row<D>{(const uint16_t *)logits + r * cols};
+}
+
 /* Rows of at most 32 columns, eight at a time (a warp each): block b takes rows b, b + blocks,
  * ..., and returns the sum of their -log p[label] in that order. */
-static __device__ double warp_rows_loss(const float *logits, const int32_t *labels, float *probs, int64_t rows,
+template <umt_dtype D>
+static __device__ double warp_rows_loss(const void *logits, const int32_t *labels, float *probs, int64_t rows,
                                         int64_t cols) {
     __shared__ double row_loss[THREADS / 32];
     int warp = threadIdx.x / 32, warps = blockDim.x / 32;
     double block_loss = 0.0;
     for (int64_t first = blockIdx.x; first < rows; first += (int64_t)warps * gridDim.x) {
         int64_t r = first + (int64_t)warp * gridDim.x;
-        if (r < rows) row_loss[warp] = warp_row_loss(logits + r * cols, probs + r * cols, labels[r], cols);
+        if (r < rows) row_loss[warp] = warp_row_loss(logits_row<D>(logits, r, cols), probs + r * cols, labels[r], cols);
         __syncthreads();
         for (int w = 0; w < warps && first + (int64_t)w * gridDim.x < rows; w++) block_loss += row_loss[w];
         __syncthreads();
@@ -420,11 +436,12 @@ static __device__ double warp_rows_loss(const float *logits, const int32_t *labe
 }
 
 /* Any rows, one at a time by the whole block: the same rows, order and sum as warp_rows_loss. */
-static __device__ double block_rows_loss(const float *logits, const int32_t *labels, float *probs, int64_t rows,
+template <umt_dtype D>
+static __device__ double block_rows_loss(const void *logits, const int32_t *labels, float *probs, int64_t rows,
                                          int64_t cols) {
     double block_loss = 0.0;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float *x_row = logits + r * cols;
+        auto x_row = logits_row<D>(logits, r, cols);
         float *p_row = probs + r * cols;
         float max = row_max(x_row, cols);
         double log_sum = shifted_log_sum_exp(x_row, cols, max);
@@ -441,14 +458,22 @@ static __device__ double block_rows_loss(const float *logits, const int32_t *lab
  * columns (MNIST's 10) is a warp's, where a row of the whole block spent two block-wide
  * reductions on ten values (docs/PERF.md, "The loss by warps"). The loss is taken from the
  * logits, not from probs: a probability that underflowed to 0 would give an infinite loss where
- * the true one is merely large. */
-static __global__ void softmax_xent_kernel(loss_scratch s, const float *logits, const int32_t *labels, float *probs,
+ * the true one is merely large. D: the logits' dtype (bf16/f16 ones widened as they are read). */
+template <umt_dtype D>
+static __global__ void softmax_xent_kernel(loss_scratch s, const void *logits, const int32_t *labels, float *probs,
                                            float *loss, int64_t rows, int64_t cols) {
     if (!labels_in_range(s, SOFTMAX_XENT, labels, rows, cols)) return;
-    double block_loss = cols <= 32 ? warp_rows_loss(logits, labels, probs, rows, cols)
-                                   : block_rows_loss(logits, labels, probs, rows, cols);
+    double block_loss = cols <= 32 ? warp_rows_loss<D>(logits, labels, probs, rows, cols)
+                                   : block_rows_loss<D>(logits, labels, probs, rows, cols);
     if (threadIdx.x == 0) s.partials[blockIdx.x] = block_loss;
     if (finishes_last(s)) write_mean(s, (int)gridDim.x, 1.0, (double)rows, loss);
+}
+
+/* Element i's share of the gradient, scale * (probs - onehot(labels)), scale = dloss[0] / rows. */
+static __device__ float xent_gradient(float scale, const float *probs, const int32_t *labels, int64_t i,
+                                      int64_t cols) {
+    float onehot = i % cols == labels[i / cols] ? 1.0f : 0.0f;
+    return __fmul_rn(scale, probs[i] - onehot);
 }
 
 /* dlogits += dloss[0] / rows * (probs - onehot(labels)) */
@@ -457,9 +482,21 @@ static __global__ void softmax_xent_backward_kernel(loss_scratch s,
                                                     float *dlogits, int64_t rows, int64_t cols) {
     if (!labels_in_range(s, SOFTMAX_XENT_BACKWARD, labels, rows, cols)) return;
     float scale = (float)((double)dloss[0] / (double)rows);
+    FOR_EACH_INDEX(i, rows * cols) dlogits[i] = __fadd_rn(dlogits[i], xent_gradient(scale, probs, labels, i, cols));
+}
+
+/* The same into a bf16/f16 gradient (D): the share as the f32 kernel adds it to a zeroed
+ * gradient, then added to dlogits (unless fresh) and rounded once, as the recast back does. */
+template <umt_dtype D>
+static __global__ void softmax_xent_backward_half_kernel(loss_scratch s, const float *probs, const int32_t *labels,
+                                                         const float *dloss, uint16_t *dlogits, int64_t rows,
+                                                         int64_t cols, bool fresh) {
+    if (!labels_in_range(s, SOFTMAX_XENT_BACKWARD, labels, rows, cols)) return;
+    float scale = (float)((double)dloss[0] / (double)rows);
     FOR_EACH_INDEX(i, rows * cols) {
-        float onehot = i % cols == labels[i / cols] ? 1.0f : 0.0f;
-        dlogits[i] = __fadd_rn(dlogits[i], __fmul_rn(scale, probs[i] - onehot));
+        float g = __fadd_rn(0.0f, xent_gradient(scale, probs, labels, i, cols));
+        if (!fresh) g += umt_dev_widen<D>(dlogits[i]);
+        dlogits[i] = umt_dev_narrow<D>(g);
     }
 }
 
@@ -467,8 +504,24 @@ extern "C" umt_status umt_cuda_softmax_xent(const float *logits, const int32_t *
                                             int64_t rows, int64_t cols) {
     loss_scratch s;
     UMT_TRY(scratch_for("softmax_xent", &s));
-    softmax_xent_kernel<<<partial_blocks_for(rows, 1), THREADS, 0, umt_cuda_stream()>>>(s, logits, labels, probs, loss,
-                                                                                         rows, cols);
+    softmax_xent_kernel<UMT_F32><<<partial_blocks_for(rows, 1), THREADS, 0, umt_cuda_stream()>>>(
+        s, logits, labels, probs, loss, rows, cols);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+static umt_status check_half(const char *op, umt_dtype dtype) {
+    if (dtype == UMT_BF16 || dtype == UMT_F16) return UMT_OK;
+    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: dtype %s (expected bf16 or f16)", op, umt_dtype_name(dtype));
+}
+
+extern "C" umt_status umt_cuda_softmax_xent_lp(umt_dtype dtype, const void *logits, const int32_t *labels,
+                                               float *probs, float *loss, int64_t rows, int64_t cols) {
+    UMT_TRY(check_half("softmax_xent_lp", dtype));
+    loss_scratch s;
+    UMT_TRY(scratch_for("softmax_xent", &s));
+    auto kernel = dtype == UMT_BF16 ? softmax_xent_kernel<UMT_BF16> : softmax_xent_kernel<UMT_F16>;
+    kernel<<<partial_blocks_for(rows, 1), THREADS, 0, umt_cuda_stream()>>>(s, logits, labels, probs, loss, rows, cols);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
@@ -480,6 +533,20 @@ extern "C" umt_status umt_cuda_softmax_xent_backward(const float *probs, const i
     int64_t n = rows * cols;
     softmax_xent_backward_kernel<<<blocks_for(n), THREADS, 0, umt_cuda_stream()>>>(s, probs, labels, dloss, dlogits,
                                                                                     rows, cols);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_softmax_xent_backward_lp(umt_dtype dtype, const float *probs, const int32_t *labels,
+                                                        const float *dloss, void *dlogits, int64_t rows, int64_t cols,
+                                                        bool fresh) {
+    UMT_TRY(check_half("softmax_xent_backward_lp", dtype));
+    loss_scratch s;
+    UMT_TRY(scratch_for("softmax_xent_backward", &s));
+    auto kernel = dtype == UMT_BF16 ? softmax_xent_backward_half_kernel<UMT_BF16>
+                                    : softmax_xent_backward_half_kernel<UMT_F16>;
+    kernel<<<blocks_for(rows * cols), THREADS, 0, umt_cuda_stream()>>>(s, probs, labels, dloss, (uint16_t *)dlogits,
+                                                                       rows, cols, fresh);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }

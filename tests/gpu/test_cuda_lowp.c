@@ -712,6 +712,52 @@ static void test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Softmax cross-entropy on half logits: the f32 slot's results on the widened logits, exactly   */
+
+/* Whether two device buffers hold the same bytes. */
+static bool same_bytes(const void *a_device, const void *b_device, size_t bytes) {
+    return memcmp(from_device(a_device, bytes), from_device(b_device, bytes), bytes) == 0;
+}
+
+static void check_softmax_xent(umt_dtype dtype, int64_t rows, int64_t cols, bool fresh) {
+    CONTEXT("softmax_xent_lp %s, %lld x %lld, %s", umt_dtype_name(dtype), (long long)rows, (long long)cols,
+            fresh ? "fresh" : "accumulating");
+    dims d = flat(rows * cols);
+    pair logits = pair_random(dtype, false, d, -8, 8);
+    int32_t *labels = host_alloc((size_t)rows * sizeof *labels);
+    for (int64_t r = 0; r < rows; r++) labels[r] = (int32_t)(random_u32() % (uint32_t)cols);
+    int32_t *labels_dev = to_device(labels, (size_t)rows * sizeof *labels);
+    size_t bytes = (size_t)(rows * cols) * sizeof(float);
+    /* The reference: the f32 slots on the widened logits, the gradient into zeros, recast back. */
+    float *wide = to_device(logits.ref, bytes), *probs = device_alloc(bytes), *loss = device_alloc(sizeof(float));
+    float *half_probs = device_alloc(bytes), *half_loss = device_alloc(sizeof(float)), one = 1.5f;
+    float *dloss = to_device(&one, sizeof one), *wide_grad = to_device(poison(bytes), bytes);
+    EXPECT_OK(gpu->f32.zero(wide_grad, bytes));
+    EXPECT_OK(gpu->f32.softmax_xent(wide, labels_dev, probs, loss, rows, cols));
+    EXPECT_OK(gpu->lowp.softmax_xent(dtype, logits.dev, labels_dev, half_probs, half_loss, rows, cols));
+    if (!same_bytes(probs, half_probs, bytes) || !same_bytes(loss, half_loss, sizeof(float)))
+        fail_msg("%s: probabilities or loss differ from the f32 slot's (seed %u)", context, run_seed);
+    /* The half gradient before: random values added to, or poison that a fresh one overwrites. */
+    size_t half_bytes = (size_t)numel(d) * umt_dtype_size(dtype);
+    void *want = pair_random(dtype, false, d, -1, 1).dev;
+    void *got = to_device(fresh ? poison(half_bytes) : from_device(want, half_bytes), half_bytes);
+    EXPECT_OK(gpu->f32.softmax_xent_backward(probs, labels_dev, dloss, wide_grad, rows, cols));
+    EXPECT_OK(gpu->lowp.recast(wide_grad, UMT_F32, false, want, dtype, false, 1, 1, numel(d), !fresh));
+    EXPECT_OK(gpu->lowp.softmax_xent_backward(dtype, probs, labels_dev, dloss, got, rows, cols, fresh));
+    if (!same_bytes(want, got, half_bytes))
+        fail_msg("%s: the gradient differs from the f32 backward recast back (seed %u)", context, run_seed);
+}
+
+static void test_softmax_xent_on_half_logits_equals_the_f32_slots_on_their_widened_values_bit_for_bit(void **state) {
+    (void)state;
+    /* 10 columns (a warp a row) and 33 (a block a row); 64 and 4099 rows */
+    static const int64_t shapes[][2] = {{64, 10}, {4099, 10}, {70, 33}};
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            for (int fresh = 0; fresh < 2; fresh++) check_softmax_xent(HALVES[t], shapes[i][0], shapes[i][1], fresh);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -727,6 +773,7 @@ int main(void) {
         TEST(test_conv2d_lp_matches_the_cpu_with_every_engine_timed_and_with_none),
         TEST(test_timed_engine_choices_are_remembered_and_taken_again),
         TEST(test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows),
+        TEST(test_softmax_xent_on_half_logits_equals_the_f32_slots_on_their_widened_values_bit_for_bit),
     };
     return cmocka_run_group_tests(tests, start_backends, stop_backends);
 }
