@@ -63,7 +63,8 @@ enum {
     TILE_VECTORS = 512,
     TILE_PIXELS = 256,
     F32_CHANNELS = 4,
-    F32_BLOCKS = 528
+    F32_BLOCKS = 528,
+    PIXELS = 2
 };
 
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
@@ -170,43 +171,53 @@ template <umt_dtype D> static __device__ uint32_t narrow_pair(float lo, float hi
     return *(uint32_t *)&v;
 }
 
-/* One group's eight channels of a pixel (y = round(conv), with RELU max(y + bias, 0) rounded
- * again: bias_relu after the plain forward, bit for bit). The weights sit in shared memory as
- * [group][THIN_TERMS terms][8 channels], zero past c*r*s, so that each term's eight weights are
- * two 16-byte reads that every thread of the block makes alike (one broadcast). */
+/* One group's eight channels of PIXELS pixels (y = round(conv), with RELU max(y + bias, 0)
+ * rounded again: bias_relu after the plain forward, bit for bit). The weights sit in shared
+ * memory as [group][THIN_TERMS terms][8 channels], zero past c*r*s, so that each term's eight
+ * weights are two 16-byte reads that every thread of the block makes alike (one broadcast),
+ * once for all of the thread's pixels: those reads were most of the kernel's shared-memory
+ * traffic, which bound it (docs/PERF.md, "Dropout drawn by the pool"). */
 template <umt_dtype D, bool RELU>
-static __device__ __forceinline__ uint4 forward_group(const float4 *filter, const float *biases, const float *terms) {
-    float sum[GROUP] = {};
+static __device__ __forceinline__ void forward_group(const float4 *filter, const float *biases,
+                                                     const float (&terms)[PIXELS][THIN_TERMS], uint4 (&out)[PIXELS]) {
+    float sum[PIXELS][GROUP] = {};
 #pragma unroll
     for (int t = 0; t < THIN_TERMS; t++) {
         float4 a = filter[2 * t], b = filter[2 * t + 1];
-        sum[0] += a.x * terms[t], sum[1] += a.y * terms[t], sum[2] += a.z * terms[t];
-        sum[3] += a.w * terms[t], sum[4] += b.x * terms[t], sum[5] += b.y * terms[t];
-        sum[6] += b.z * terms[t], sum[7] += b.w * terms[t];
-    }
-    uint32_t pairs[GROUP / 2];
 #pragma unroll
-    for (int e = 0; e < GROUP / 2; e++) {
-        pairs[e] = narrow_pair<D>(sum[2 * e], sum[2 * e + 1]);
-        if (!RELU) continue;
-        float lo = umt_dev_widen<D>((uint16_t)(pairs[e] & 0xffffu)), hi = umt_dev_widen<D>((uint16_t)(pairs[e] >> 16));
-        pairs[e] = narrow_pair<D>(relu(lo + biases[2 * e]), relu(hi + biases[2 * e + 1]));
+        for (int i = 0; i < PIXELS; i++) {
+            float v = terms[i][t];
+            sum[i][0] += a.x * v, sum[i][1] += a.y * v, sum[i][2] += a.z * v, sum[i][3] += a.w * v;
+            sum[i][4] += b.x * v, sum[i][5] += b.y * v, sum[i][6] += b.z * v, sum[i][7] += b.w * v;
+        }
     }
-    return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+#pragma unroll
+    for (int i = 0; i < PIXELS; i++) {
+        uint32_t pairs[GROUP / 2];
+#pragma unroll
+        for (int e = 0; e < GROUP / 2; e++) {
+            pairs[e] = narrow_pair<D>(sum[i][2 * e], sum[i][2 * e + 1]);
+            if (!RELU) continue;
+            float lo = umt_dev_widen<D>((uint16_t)(pairs[e] & 0xffffu));
+            float hi = umt_dev_widen<D>((uint16_t)(pairs[e] >> 16));
+            pairs[e] = narrow_pair<D>(relu(lo + biases[2 * e]), relu(hi + biases[2 * e + 1]));
+        }
+        out[i] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+    }
 }
 
 /* STAGED vectors per pixel at a time: four (64 bytes, two whole sectors), or all of a smaller k's. */
 enum { STAGED = 4 };
 
-/* Each block takes THREADS pixels at a time, a thread each; their outputs, STAGED groups at a
- * time, are stored from shared memory in order: a warp writes 512 contiguous bytes (or runs of
- * 64 where k > 32). */
+/* Each block takes PIXELS * THREADS pixels at a time, thread t pixels t, t + THREADS, ...;
+ * their outputs, STAGED groups at a time, are stored from shared memory in order: a warp
+ * writes 512 contiguous bytes (or runs of 64 where k > 32). */
 template <umt_dtype D, bool RELU, bool PADDED>
 static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w, const float *bias, uint4 *y,
                                            thin_shape s) {
     extern __shared__ float4 shared[]; /* the weights, then the k biases */
     __shared__ window_table table;
-    __shared__ uint4 staged[STAGED * THREADS];
+    __shared__ uint4 staged[STAGED * PIXELS * THREADS];
     float *weights = (float *)shared, *biases = weights + s.k * THIN_TERMS;
     for (int i = threadIdx.x; i < s.k * THIN_TERMS; i += blockDim.x) {
         int k = i / THIN_TERMS, t = i % THIN_TERMS; /* w is K,R,S,C: k's terms in (r, s, c) order */
@@ -217,17 +228,26 @@ static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w,
     make_window_table(s, &table);
     __syncthreads();
     int pixels = s.n * s.p * s.q, chunk = min(s.groups, (int)STAGED), chunk_shift = chunk == 4 ? 2 : chunk - 1;
-    for (int first = blockIdx.x * THREADS; first < pixels; first += gridDim.x * THREADS) {
-        int pixel = first + threadIdx.x;
-        float terms[THIN_TERMS];
-        if (pixel < pixels) window_terms<D, PADDED>(x, s, &table, pixel, terms);
+    for (int first = blockIdx.x * PIXELS * THREADS; first < pixels; first += gridDim.x * PIXELS * THREADS) {
+        float terms[PIXELS][THIN_TERMS]; /* a pixel past the end computes from zeros, unstored */
+#pragma unroll
+        for (int i = 0; i < PIXELS; i++) {
+            int pixel = first + i * THREADS + (int)threadIdx.x;
+            if (pixel < pixels) window_terms<D, PADDED>(x, s, &table, pixel, terms[i]);
+            else
+#pragma unroll
+                for (int t = 0; t < THIN_TERMS; t++) terms[i][t] = 0.0f;
+        }
         for (int group = 0; group < s.groups; group += chunk) {
-            if (pixel < pixels)
-                for (int g = 0; g < chunk; g++)
-                    staged[threadIdx.x * chunk + g] = forward_group<D, RELU>(
-                        shared + (group + g) * THIN_TERMS * 2, biases + (group + g) * GROUP, terms);
+            for (int g = 0; g < chunk; g++) {
+                uint4 out[PIXELS];
+                forward_group<D, RELU>(shared + (group + g) * THIN_TERMS * 2, biases + (group + g) * GROUP, terms,
+                                       out);
+#pragma unroll
+                for (int i = 0; i < PIXELS; i++) staged[(i * THREADS + threadIdx.x) * chunk + g] = out[i];
+            }
             __syncthreads();
-            for (int v = threadIdx.x; v < chunk * THREADS; v += THREADS) {
+            for (int v = threadIdx.x; v < chunk * PIXELS * THREADS; v += THREADS) {
                 int at = first + (v >> chunk_shift);
                 if (at < pixels) y[at * s.groups + group + (v & (chunk - 1))] = staged[v];
             }
@@ -512,7 +532,7 @@ template <umt_dtype D, bool PADDED>
 static umt_status forward(const umt_conv_shape *s, const void *x, const void *w, const float *bias, bool relu,
                           void *y) {
     size_t shared = (size_t)(s->k * THIN_TERMS + s->k) * sizeof(float);
-    unsigned int blocks = blocks_for(s->n * s->p * s->q);
+    unsigned int blocks = blocks_for((s->n * s->p * s->q + PIXELS - 1) / PIXELS);
     if (relu)
         thin_forward_kernel<D, true, PADDED><<<blocks, THREADS, shared, umt_cuda_stream()>>>(
             (const uint16_t *)x, (const uint16_t *)w, bias, (uint4 *)y, thin(s));

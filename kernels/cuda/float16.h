@@ -78,4 +78,21 @@ template <umt_dtype D> static __device__ inline uint16_t umt_dev_narrow(float v)
     return D == UMT_BF16 ? umt_dev_f32_to_bf16(v) : umt_dev_f32_to_f16(v);
 }
 
+/* The same for values known to be numbers (no NaN in or out): the hardware's conversions alone,
+ * which give exactly the results above for every number, infinities included. */
+template <umt_dtype D> static __device__ inline float umt_dev_widen_number(uint16_t v) {
+    return D == UMT_BF16 ? umt_dev_bf16_to_f32(v) : __half2float(__ushort_as_half(v));
+}
+template <umt_dtype D> static __device__ inline uint16_t umt_dev_narrow_number(float v) {
+    return D == UMT_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
+}
+
+/* Whether none of the eight halves is an infinity or a NaN (exponent bits all set). */
+template <umt_dtype D> static __device__ inline bool umt_dev_all_finite8(uint4 v) {
+    const unsigned int exponent = D == UMT_BF16 ? 0x7f807f80u : 0x7c007c00u;
+    unsigned int any = __vcmpeq2(v.x & exponent, exponent) | __vcmpeq2(v.y & exponent, exponent) |
+                       __vcmpeq2(v.z & exponent, exponent) | __vcmpeq2(v.w & exponent, exponent);
+    return any == 0;
+}
+
 #endif /* UMT_KERNELS_CUDA_FLOAT16_H */

@@ -403,19 +403,23 @@ typedef struct {
 } lane_best;
 
 /* Window position (i, j) of the thread's output, its eight channels in v: with a bias, each is
- * max(x + bias, 0) rounded to the dtype (biased_relu's value) before the comparison. */
-template <umt_dtype D>
+ * max(x + bias, 0) rounded to the dtype (biased_relu's value) before the comparison. FINITE:
+ * every input and bias of the window is finite, so no value met is a NaN (a sum overflows to an
+ * infinity at worst): the conversions and the comparison need no NaN case, about a third of the
+ * scan's integer work, where the kernel is bound by it. */
+template <umt_dtype D, bool FINITE>
 static __device__ __forceinline__ void scan_position(umt_halves8 v, bool biased, const float (&b)[LANES], bool first,
                                                      int index, int at, lane_best *best) {
 #pragma unroll
     for (int e = 0; e < LANES; e++) {
         uint16_t h = v.h[e];
         if (biased) {
-            float r = __fadd_rn(umt_dev_widen<D>(h), b[e]);
-            h = umt_dev_narrow<D>(r < 0.0f ? 0.0f : r);
+            float r = __fadd_rn(FINITE ? umt_dev_widen_number<D>(h) : umt_dev_widen<D>(h), b[e]);
+            r = r < 0.0f ? 0.0f : r;
+            h = FINITE ? umt_dev_narrow_number<D>(r) : umt_dev_narrow<D>(r);
         }
-        float f = umt_dev_widen<D>(h);
-        if (first || takes_over(f, best->value[e])) {
+        float f = FINITE ? umt_dev_widen_number<D>(h) : umt_dev_widen<D>(h);
+        if (first || (FINITE ? f > best->value[e] : takes_over(f, best->value[e]))) {
             best->value[e] = f, best->bits[e] = h;
             best->index[e] = index, best->at[e] = at;
         }
@@ -440,17 +444,29 @@ static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const 
         lane_best best;
         if constexpr (WINDOW > 0) {
             umt_halves8 v[WINDOW * WINDOW];
+            bool finite = true;
 #pragma unroll
-            for (int t = 0; t < WINDOW * WINDOW; t++) v[t].bits = corner[(t / WINDOW * w + t % WINDOW) * groups];
+            for (int t = 0; t < WINDOW * WINDOW; t++) {
+                v[t].bits = corner[(t / WINDOW * w + t % WINDOW) * groups];
+                finite = finite & umt_dev_all_finite8<D>(v[t].bits);
+            }
 #pragma unroll
-            for (int t = 0; t < WINDOW * WINDOW; t++)
-                scan_position<D>(v[t], bias, b, t == 0, (y0 + t / WINDOW) * w + x0 + t % WINDOW, t, &best);
+            for (int e = 0; e < LANES; e++) finite = finite & (isfinite(b[e]) != 0);
+            if (finite)
+#pragma unroll
+                for (int t = 0; t < WINDOW * WINDOW; t++)
+                    scan_position<D, true>(v[t], bias, b, t == 0, (y0 + t / WINDOW) * w + x0 + t % WINDOW, t, &best);
+            else
+#pragma unroll
+                for (int t = 0; t < WINDOW * WINDOW; t++)
+                    scan_position<D, false>(v[t], bias, b, t == 0, (y0 + t / WINDOW) * w + x0 + t % WINDOW, t, &best);
         } else {
             for (int i = 0; i < window; i++)
                 for (int j = 0; j < window; j++) {
                     umt_halves8 v;
                     v.bits = corner[(i * w + j) * groups];
-                    scan_position<D>(v, bias, b, i == 0 && j == 0, (y0 + i) * w + x0 + j, i * window + j, &best);
+                    scan_position<D, false>(v, bias, b, i == 0 && j == 0, (y0 + i) * w + x0 + j, i * window + j,
+                                            &best);
                 }
         }
         /* Without a bias the input's value is stored as a rounding of it would (a NaN quieted). */

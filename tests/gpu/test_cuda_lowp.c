@@ -711,6 +711,76 @@ static void test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows
     }
 }
 
+/* Ties (five levels, -0.0 and 0.0 among them), and one value in 40 an infinity of either sign
+ * or a NaN with a payload the half dtype keeps: the eight-lane pool scans windows of numbers
+ * apart from windows that hold one of those (their own path). */
+static pair nonfinite_input(umt_dtype dtype, bool nhwc, dims d) {
+    static const float levels[] = {-1.0f, -0.0f, 0.0f, 0.5f, 1.0f};
+    float *values = host_alloc((size_t)numel(d) * sizeof *values);
+    for (int64_t i = 0; i < numel(d); i++) {
+        uint32_t roll = random_u32() % 40, bits = 0x7fc00000u | (dtype == UMT_BF16 ? (random_u32() & 0x3fu) << 16
+                                                                                  : (random_u32() & 0x1ffu) << 13);
+        values[i] = levels[random_u32() % 5];
+        if (roll == 0) values[i] = INFINITY;
+        if (roll == 1) values[i] = -INFINITY;
+        if (roll == 2) memcpy(&values[i], &bits, sizeof bits);
+    }
+    return pair_of(values, dtype, nhwc, d);
+}
+
+/* The eight-lane max pool (NHWC, channels in eights, 2x2 windows) through infinities and NaNs:
+ * plain, against the CPU bit for bit (values and argmax); with a bias, the fused forward against
+ * bias_relu then the plain pool on the GPU (values, and each pick at its argmax). */
+static void check_pool_through_nonfinite_values(umt_dtype dtype, const int64_t *d, bool infinite_bias) {
+    umt_pool_shape f = {d[0], d[1], d[2], d[3], d[2] / 2, d[3] / 2, 2, 2, UMT_F32, false}, h = f;
+    h.dtype = dtype, h.nhwc = true;
+    CONTEXT("max pool %s NHWC through infinities and NaNs, x %lldx%lldx%lldx%lld%s", umt_dtype_name(dtype),
+            (long long)f.n, (long long)f.c, (long long)f.h, (long long)f.w, infinite_bias ? ", an infinite bias" : "");
+    dims xd = {f.n, f.c, f.h * f.w}, yd = {f.n, f.c, f.p * f.q};
+    int64_t outputs = numel(yd);
+    pair x = nonfinite_input(dtype, true, xd), y = pair_poisoned(dtype, true, yd);
+    int32_t *argmax = poison((size_t)outputs * 4), *argmax_dev = to_device(argmax, (size_t)outputs * 4);
+    EXPECT_OK(cpu->f32.max_pool_forward(&f, x.ref, y.ref, argmax));
+    EXPECT_OK(gpu->lowp.max_pool_forward(&h, x.dev, y.dev, argmax_dev));
+    expect_exact("max_pool_forward_lp y", y);
+    const int32_t *got = downloaded_nchw(argmax_dev, true, yd, sizeof(int32_t));
+    for (int64_t i = 0; i < outputs; i++)
+        if (got[i] != argmax[i]) fail_at("max_pool_forward_lp argmax", y, i, got[i], argmax[i], "expected the same");
+
+    float *bias = host_alloc((size_t)f.c * sizeof *bias);
+    for (int64_t c = 0; c < f.c; c++) bias[c] = uniform(-1, 1);
+    if (infinite_bias) bias[f.c / 2] = -INFINITY;
+    float *bias_dev = to_device(bias, (size_t)f.c * sizeof *bias);
+    size_t half = umt_dtype_size(dtype);
+    void *relu = device_alloc((size_t)numel(xd) * half), *unfused = device_alloc((size_t)outputs * half);
+    void *fused = device_alloc((size_t)outputs * half);
+    uint8_t *pick_dev = device_alloc((size_t)outputs);
+    EXPECT_OK(gpu->f32.bias_relu(dtype, true, x.dev, bias_dev, relu, f.n, f.c, f.h * f.w));
+    EXPECT_OK(gpu->lowp.max_pool_forward(&h, relu, unfused, argmax_dev));
+    EXPECT_OK(gpu->f32.bias_relu_max_pool_dropout_forward(&h, x.dev, bias_dev, fused, pick_dev, NULL));
+    if (memcmp(from_device(unfused, (size_t)outputs * half), from_device(fused, (size_t)outputs * half),
+               (size_t)outputs * half) != 0)
+        fail_msg("%s: the fused forward's values differ from bias_relu then the pool's (seed %u)", context, run_seed);
+    const int32_t *planes = from_device(argmax_dev, (size_t)outputs * 4);
+    const uint8_t *picks = from_device(pick_dev, (size_t)outputs);
+    for (int64_t o = 0; o < outputs; o++) { /* NHWC order: o = ((image * p + oy) * q + ox) * c + channel */
+        int64_t pixel = o / f.c, ox = pixel % f.q, oy = pixel / f.q % f.p;
+        int64_t at = (oy * 2 + picks[o] / 2) * f.w + ox * 2 + picks[o] % 2;
+        if (at != planes[o])
+            fail_msg("%s: output %lld picks window position %u (plane index %lld), the plain pool's argmax %d (seed "
+                     "%u)", context, (long long)o, picks[o], (long long)at, planes[o], run_seed);
+    }
+}
+
+static void test_the_eight_lane_pool_matches_through_infinities_and_nans(void **state) {
+    (void)state;
+    static const int64_t shapes[][4] = {{3, 64, 16, 16}, {2, 16, 12, 12}};
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            for (int infinite_bias = 0; infinite_bias < 2; infinite_bias++)
+                check_pool_through_nonfinite_values(HALVES[t], shapes[i], infinite_bias);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Softmax cross-entropy on half logits: the f32 slot's results on the widened logits, exactly   */
 
@@ -773,6 +843,7 @@ int main(void) {
         TEST(test_conv2d_lp_matches_the_cpu_with_every_engine_timed_and_with_none),
         TEST(test_timed_engine_choices_are_remembered_and_taken_again),
         TEST(test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows),
+        TEST(test_the_eight_lane_pool_matches_through_infinities_and_nans),
         TEST(test_softmax_xent_on_half_logits_equals_the_f32_slots_on_their_widened_values_bit_for_bit),
     };
     return cmocka_run_group_tests(tests, start_backends, stop_backends);
