@@ -64,7 +64,7 @@ enum {
     TILE_PIXELS = 256,
     F32_CHANNELS = 4,
     F32_BLOCKS = 528,
-    PIXELS = 2
+    PIXELS = 2 /* the forward's pixels a thread, which share its reads of the weights */
 };
 
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }

@@ -157,10 +157,6 @@ static __global__ void mask_rows_kernel(const void *y, void *dy, float *dbias, f
     put_sum<float>(dbias, row_partials, chunk, k, c, total, chunked);
 }
 
-/* Channels last, bf16/f16 with k % 8 == 0 and k / 8 dividing THREADS: lanes = k / 8 threads
- * cover a row with 16-byte loads, THREADS / lanes rows at a time; thread t always holds the
- * eight channels of lane t % lanes, and the block adds its lanes' sums in thread order. */
-
 /* One vector of the masked gradient (eight channels of a row, y's and dy's), added to sum. */
 template <umt_dtype D>
 static __device__ __forceinline__ umt_halves8 masked_vector(uint4 y, uint4 dy, float scale, float sum[VECTOR]) {
@@ -195,6 +191,9 @@ static __device__ void put_vector_sums(const float sum[VECTOR], int lanes, float
     }
 }
 
+/* Channels last, bf16/f16 with k % 8 == 0 and k / 8 dividing THREADS: lanes = k / 8 threads
+ * cover a row with 16-byte loads, THREADS / lanes rows at a time; thread t always holds the
+ * eight channels of lane t % lanes, and the block adds its lanes' sums in thread order. */
 template <umt_dtype D>
 static __global__ void mask_rows_vector_kernel(const uint4 *y, uint4 *dy, float *dbias, float *row_partials,
                                                int64_t rows, int64_t k, int64_t rows_per_chunk, bool chunked,

@@ -426,6 +426,40 @@ static __device__ __forceinline__ void scan_position(umt_halves8 v, bool biased,
     }
 }
 
+/* The thread's window, its top-left vector at corner (rows w vectors of groups apart), scanned
+ * into best. A window known at compile time has its loads issued together, and a window of
+ * numbers alone (the inputs and the biases all finite) takes scan_position's FINITE case. */
+template <umt_dtype D, int WINDOW>
+static __device__ __forceinline__ void scan_window(const uint4 *corner, int w, int groups, int window, bool biased,
+                                                   const float (&b)[LANES], int y0, int x0, lane_best *best) {
+    if constexpr (WINDOW > 0) {
+        umt_halves8 v[WINDOW * WINDOW];
+        bool finite = true;
+#pragma unroll
+        for (int t = 0; t < WINDOW * WINDOW; t++) {
+            v[t].bits = corner[(t / WINDOW * w + t % WINDOW) * groups];
+            finite = finite & umt_dev_all_finite8<D>(v[t].bits);
+        }
+#pragma unroll
+        for (int e = 0; e < LANES; e++) finite = finite & (isfinite(b[e]) != 0);
+        if (finite)
+#pragma unroll
+            for (int t = 0; t < WINDOW * WINDOW; t++)
+                scan_position<D, true>(v[t], biased, b, t == 0, (y0 + t / WINDOW) * w + x0 + t % WINDOW, t, best);
+        else
+#pragma unroll
+            for (int t = 0; t < WINDOW * WINDOW; t++)
+                scan_position<D, false>(v[t], biased, b, t == 0, (y0 + t / WINDOW) * w + x0 + t % WINDOW, t, best);
+    } else {
+        for (int i = 0; i < window; i++)
+            for (int j = 0; j < window; j++) {
+                umt_halves8 v;
+                v.bits = corner[(i * w + j) * groups];
+                scan_position<D, false>(v, biased, b, i == 0 && j == 0, (y0 + i) * w + x0 + j, i * window + j, best);
+            }
+    }
+}
+
 template <umt_dtype D, int WINDOW, bool PICK>
 static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const uint4 *__restrict__ x,
                                                         const float *__restrict__ bias, uint4 *y, int4 *argmax,
@@ -442,33 +476,7 @@ static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const 
 #pragma unroll
         for (int e = 0; e < LANES; e++) b[e] = bias ? bias[group * LANES + e] : 0.0f;
         lane_best best;
-        if constexpr (WINDOW > 0) {
-            umt_halves8 v[WINDOW * WINDOW];
-            bool finite = true;
-#pragma unroll
-            for (int t = 0; t < WINDOW * WINDOW; t++) {
-                v[t].bits = corner[(t / WINDOW * w + t % WINDOW) * groups];
-                finite = finite & umt_dev_all_finite8<D>(v[t].bits);
-            }
-#pragma unroll
-            for (int e = 0; e < LANES; e++) finite = finite & (isfinite(b[e]) != 0);
-            if (finite)
-#pragma unroll
-                for (int t = 0; t < WINDOW * WINDOW; t++)
-                    scan_position<D, true>(v[t], bias, b, t == 0, (y0 + t / WINDOW) * w + x0 + t % WINDOW, t, &best);
-            else
-#pragma unroll
-                for (int t = 0; t < WINDOW * WINDOW; t++)
-                    scan_position<D, false>(v[t], bias, b, t == 0, (y0 + t / WINDOW) * w + x0 + t % WINDOW, t, &best);
-        } else {
-            for (int i = 0; i < window; i++)
-                for (int j = 0; j < window; j++) {
-                    umt_halves8 v;
-                    v.bits = corner[(i * w + j) * groups];
-                    scan_position<D, false>(v, bias, b, i == 0 && j == 0, (y0 + i) * w + x0 + j, i * window + j,
-                                            &best);
-                }
-        }
+        scan_window<D, WINDOW>(corner, w, groups, window, bias, b, y0, x0, &best);
         /* Without a bias the input's value is stored as a rounding of it would (a NaN quieted). */
         umt_halves8 result;
 #pragma unroll
