@@ -307,7 +307,9 @@ typedef struct {
                              * where offload.needed says so, host memory holding what it keeps) */
     int64_t batch;          /* B */
     int64_t micro_batches;  /* k */
-    int64_t micro_batch;    /* ceil(B / k): the samples of one micro-batch */
+    int64_t micro_batch;    /* ceil(B / k): the samples of one micro-batch. A step runs as k near-equal
+                             * micro-batches (ceil and floor of B / k samples, the larger first), an
+                             * epoch's last step as as many; the plan measured each of those sizes */
     size_t peak_bytes[UMT_POOL_COUNT];   /* each pool's predicted peak (as umt_pool_stats.peak_bytes) */
     const char *place[UMT_POOL_COUNT];   /* where it lives: "managed", "device", "pinned", "host" */
     size_t activations_planned_bytes;    /* the activation arena from the second step on */

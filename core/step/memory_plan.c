@@ -3,9 +3,10 @@
  * decides, and the plan is printed as one short table before the first step.
  *
  * A measure at micro-batch b is a short epoch in dry steps (core/step/dry_step.h): two training
- * passes of b (the first recorded, the second on the arena's plan), the epoch's last shorter
- * step, and two evaluation passes, each begun as umt_step_begin begins a step. So every pool's
- * peak is what the arena's own code reaches over an epoch, not an estimate of it.
+ * passes of b (the first recorded, the second on the arena's plan), the other sizes the epoch's
+ * micro-batches take (epoch_passes), and two evaluation passes, each begun as umt_step_begin
+ * begins a step. So every pool's peak is what the arena's own code reaches over an epoch, not
+ * an estimate of it.
  */
 #include <limits.h>
 #include <stdint.h>
@@ -87,13 +88,31 @@ typedef struct {
     umt_dry_result last; /* the latest measure's dry result */
 } measuring;
 
-/* The dry passes of an epoch at micro-batch b: evaluation keeps its batch while the training
- * step is whole, and takes micro-batches no larger than the training's once it is split. */
-static int epoch_passes(const umt_memory_plan_request *rq, int64_t b, umt_dry_pass passes[5]) {
-    int count = 0;
-    passes[count++] = (umt_dry_pass){b, true};
-    passes[count++] = (umt_dry_pass){b, true};
-    if (rq->last_batch > 0) passes[count++] = (umt_dry_pass){smaller(rq->last_batch, b), true};
+/* The most dry passes a measure runs (epoch_passes). */
+enum { MAX_PASSES = 7 };
+
+/* The sizes of `samples` samples in `parts` near-equal micro-batches: ceil and floor of samples
+ * / parts, the larger first (the floor only where it differs and is not 0); returns how many. */
+static int split_sizes(int64_t samples, int64_t parts, int64_t sizes[2]) {
+    sizes[0] = (samples + parts - 1) / parts, sizes[1] = samples / parts;
+    return sizes[1] == sizes[0] || sizes[1] == 0 ? 1 : 2;
+}
+
+/* The dry passes of an epoch at micro-batch b, at every size its steps will run: a step of the
+ * batch as k = ceil(batch / b) near-equal micro-batches (two passes of the larger, the first
+ * recorded, the second on the arena's plan, then the smaller), the epoch's last shorter step as
+ * as many (include/umtrain.h, umt_memory_plan.micro_batch), and two evaluation passes. Every
+ * size, not b alone: a convolution's workspace is its engines', which cuDNN chooses by the exact
+ * shape (a size the plan had not measured once asked for more workspace than the budget had
+ * left: docs/PERF.md, "Dropout drawn by the pool"). Evaluation keeps its batch while the
+ * training step is whole, and takes micro-batches no larger than the training's once split. */
+static int epoch_passes(const umt_memory_plan_request *rq, int64_t b, umt_dry_pass passes[MAX_PASSES]) {
+    int64_t k = (rq->batch + b - 1) / b, sizes[2];
+    int count = 0, parts = split_sizes(rq->batch, k, sizes);
+    passes[count++] = (umt_dry_pass){sizes[0], true};
+    for (int i = 0; i < parts; ++i) passes[count++] = (umt_dry_pass){sizes[i], true};
+    parts = rq->last_batch > 0 ? split_sizes(rq->last_batch, smaller(rq->last_batch, k), sizes) : 0;
+    for (int i = 0; i < parts; ++i) passes[count++] = (umt_dry_pass){sizes[i], true};
     int64_t eval = b == rq->batch ? rq->eval_batch : smaller(rq->eval_batch, b);
     for (int i = 0; i < 2 && eval > 0; ++i) passes[count++] = (umt_dry_pass){eval, false};
     return count;
@@ -103,7 +122,7 @@ static int epoch_passes(const umt_memory_plan_request *rq, int64_t b, umt_dry_pa
  * (with the state the tier holds counted as if it were on the device). */
 static umt_status measure(void *user, int64_t micro_batch, umt_fit_measure *out) {
     measuring *m = user;
-    umt_dry_pass passes[5];
+    umt_dry_pass passes[MAX_PASSES];
     int count = epoch_passes(m->request, micro_batch, passes);
     umt_status st = umt_dry_steps(m->ctx, passes, count, m->forward, m->user, &m->last);
     const umt_fit_inputs *in = m->in;
