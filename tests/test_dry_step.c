@@ -245,6 +245,39 @@ static void test_the_largest_tensor_is_measured_and_an_element_limit_sets_k(void
     umt_context_destroy(ctx);
 }
 
+/* The batch sizes a plan's forward was called with, in order. */
+typedef struct {
+    model *m;
+    int64_t sizes[64];
+    int count;
+} recording;
+
+static umt_tensor *recording_forward(umt_context *ctx, void *user, int64_t batch) {
+    recording *r = user;
+    if (r->count < 64) r->sizes[r->count++] = batch;
+    return plan_forward(ctx, r->m, batch);
+}
+
+/* A step of 10 as 3 micro-batches runs 4, 3 and 3 samples; the epoch's last step of 7 as 3, 2
+ * and 2; evaluation takes micro-batches of 4: the plan's last measure passes each size (a
+ * convolution's workspace follows the exact shape), the larger of the step's twice. */
+static void test_the_plan_measures_every_micro_batch_size_an_epoch_runs(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    model m;
+    build(ctx, &m, false);
+    recording r = {.m = &m};
+    umt_memory_plan_request rq = {.batch = 10, .micro_batches = 3, .last_batch = 7, .eval_batch = 5};
+    umt_memory_plan plan;
+    assert_int_equal(umt_memory_plan_make(ctx, &rq, recording_forward, &r, &plan), UMT_OK);
+    assert_int_equal(plan.micro_batch, 4);
+    static const int64_t last_measure[] = {4, 4, 3, 3, 2, 4, 4};
+    int n = (int)(sizeof last_measure / sizeof last_measure[0]);
+    assert_true(r.count >= n);
+    for (int i = 0; i < n; ++i) assert_int_equal(r.sizes[r.count - n + i], last_measure[i]);
+    umt_context_destroy(ctx);
+}
+
 /* What the caller allocates after the plan is counted in its pool: a loader's ring in inputs, a
  * batch made once in the dataset pool (big_mlp's), both in the device peak. */
 static void test_bytes_made_after_the_plan_are_counted_in_their_pools(void **state) {
@@ -311,6 +344,7 @@ int main(void) {
         cmocka_unit_test(test_a_plan_leaves_pools_tape_and_step_count_and_fires_no_hook),
         cmocka_unit_test(test_a_plan_predicts_every_pools_peak_of_the_first_steps),
         cmocka_unit_test(test_the_largest_tensor_is_measured_and_an_element_limit_sets_k),
+        cmocka_unit_test(test_the_plan_measures_every_micro_batch_size_an_epoch_runs),
         cmocka_unit_test(test_bytes_made_after_the_plan_are_counted_in_their_pools),
         cmocka_unit_test(test_a_forward_that_begins_a_step_is_refused),
         cmocka_unit_test(test_the_plan_prints_one_short_table),
