@@ -147,6 +147,9 @@ umt_status umt_cuda_bias_relu_max_pool_dropout_forward(const umt_pool_shape *sha
 umt_status umt_cuda_bias_relu_max_pool_dropout_backward(const umt_pool_shape *shape, const uint8_t *pick,
                                                         const void *y, void *dy, void *dx, bool dx_fresh, float *dbias,
                                                         float p);
+/* Inside kernels/cuda (lowp.cu, for every _lp entry point): UMT_OK for bf16 or f16, else op's
+ * refusal naming the dtype. */
+umt_status umt_cuda_check_half(const char *op, umt_dtype dtype);
 /* Inside kernels/cuda (fused.cu -> pool.cu): the pool's scatter from window positions (pick),
  * windows apart, any dtype; fresh: dx holds nothing yet and is written whole (0 off the picks). */
 umt_status umt_cuda_pick_scatter(const umt_pool_shape *shape, const uint8_t *pick, const void *dy, void *dx,

@@ -12,8 +12,8 @@
 /* Elements first .. first + 7 of a tensor, held in `in` (their draws umt_dropout_keep's, from
  * one counter stepped: kernels/backend.h): each kept one scaled by `scale` (1/(1-p), computed
  * once on the host) in f32 and rounded to D, a dropped one 0 (not x * 0, so that a dropped NaN
- * or infinity does not pass). *kept gets element e's mask byte in byte e (little-endian: the 8
- * mask bytes as one 8-byte store). */
+ * or infinity does not pass). *kept (NULL: not wanted) gets element e's mask byte in byte e
+ * (little-endian: the 8 mask bytes as one 8-byte store). */
 template <umt_dtype D>
 static __device__ inline umt_halves8 umt_dev_dropout8(umt_halves8 in, uint64_t seed, uint64_t first, float p,
                                                       float scale, uint64_t *kept) {
@@ -25,7 +25,7 @@ static __device__ inline umt_halves8 umt_dev_dropout8(umt_halves8 in, uint64_t s
         bytes |= (uint64_t)keep << (8 * e);
         out.h[e] = umt_dev_narrow<D>(keep ? umt_dev_widen<D>(in.h[e]) * scale : 0.0f);
     }
-    *kept = bytes;
+    if (kept) *kept = bytes;
     return out;
 }
 

@@ -353,10 +353,9 @@ extern "C" umt_status umt_cuda_bias_relu_backward(umt_dtype dtype, bool nhwc, co
  * k / 8 dividing THREADS, every pointer aligned for its vectors, 32-bit indices. */
 static bool mask_pick_write_applies(const umt_pool_shape *s, const void *y, const void *dy, const void *dx,
                                     const uint8_t *pick, bool dx_fresh) {
-    bool tiles = s->stride == s->window && s->h == s->p * s->window && s->w == s->q * s->window;
     bool lanes = s->c % VECTOR == 0 && THREADS % (s->c / VECTOR) == 0;
     bool aligned = aligned16(y, dy) && aligned16(dx, dx) && (uintptr_t)pick % sizeof(uint64_t) == 0;
-    return dx && dx_fresh && s->dtype != UMT_F32 && s->nhwc && tiles && lanes && aligned &&
+    return dx && dx_fresh && s->dtype != UMT_F32 && s->nhwc && umt_pool_windows_tile(s) && lanes && aligned &&
            s->n * s->c * s->h * s->w < INT32_MAX;
 }
 

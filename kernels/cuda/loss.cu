@@ -510,14 +510,9 @@ extern "C" umt_status umt_cuda_softmax_xent(const float *logits, const int32_t *
     return UMT_OK;
 }
 
-static umt_status check_half(const char *op, umt_dtype dtype) {
-    if (dtype == UMT_BF16 || dtype == UMT_F16) return UMT_OK;
-    return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: dtype %s (expected bf16 or f16)", op, umt_dtype_name(dtype));
-}
-
 extern "C" umt_status umt_cuda_softmax_xent_lp(umt_dtype dtype, const void *logits, const int32_t *labels,
                                                float *probs, float *loss, int64_t rows, int64_t cols) {
-    UMT_TRY(check_half("softmax_xent_lp", dtype));
+    UMT_TRY(umt_cuda_check_half("softmax_xent_lp", dtype));
     loss_scratch s;
     UMT_TRY(scratch_for("softmax_xent", &s));
     auto kernel = dtype == UMT_BF16 ? softmax_xent_kernel<UMT_BF16> : softmax_xent_kernel<UMT_F16>;
@@ -540,7 +535,7 @@ extern "C" umt_status umt_cuda_softmax_xent_backward(const float *probs, const i
 extern "C" umt_status umt_cuda_softmax_xent_backward_lp(umt_dtype dtype, const float *probs, const int32_t *labels,
                                                         const float *dloss, void *dlogits, int64_t rows, int64_t cols,
                                                         bool fresh) {
-    UMT_TRY(check_half("softmax_xent_backward_lp", dtype));
+    UMT_TRY(umt_cuda_check_half("softmax_xent_backward_lp", dtype));
     loss_scratch s;
     UMT_TRY(scratch_for("softmax_xent_backward", &s));
     auto kernel = dtype == UMT_BF16 ? softmax_xent_backward_half_kernel<UMT_BF16>

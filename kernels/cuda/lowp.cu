@@ -108,7 +108,7 @@ static __global__ void add_rows_lp_vector_kernel(const uint4 *x, const float *bi
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
 static bool is_float(umt_dtype dtype) { return dtype == UMT_F32 || is_half(dtype); }
 
-static umt_status check_half(const char *op, umt_dtype dtype) {
+extern "C" umt_status umt_cuda_check_half(const char *op, umt_dtype dtype) {
     if (is_half(dtype)) return UMT_OK;
     return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: dtype %s (expected bf16 or f16)", op, umt_dtype_name(dtype));
 }
@@ -398,7 +398,7 @@ static __global__ void add_row_chunks_kernel(const float *row_chunk_partials, fl
 
 extern "C" umt_status umt_cuda_add_rows_lp(umt_dtype dtype, const void *x, const float *bias, void *out, int64_t rows,
                                            int64_t cols) {
-    UMT_TRY(check_half("add_rows_lp", dtype));
+    UMT_TRY(umt_cuda_check_half("add_rows_lp", dtype));
     if (rows <= 0 || cols <= 0) return UMT_OK;
     if (cols % VECTOR == 0 && vectorizable(rows * cols, x, out, out)) {
         LAUNCH_VECTORS_OF(dtype, rows * cols, add_rows_lp_vector_kernel, (const uint4 *)x, bias, (uint4 *)out,
@@ -410,7 +410,7 @@ extern "C" umt_status umt_cuda_add_rows_lp(umt_dtype dtype, const void *x, const
 }
 
 extern "C" umt_status umt_cuda_sum_rows_lp(umt_dtype dtype, const void *dy, float *dbias, int64_t rows, int64_t cols) {
-    UMT_TRY(check_half("sum_rows_lp", dtype));
+    UMT_TRY(umt_cuda_check_half("sum_rows_lp", dtype));
     if (rows <= 0 || cols <= 0) return UMT_OK;
     int64_t tiles = (cols + SUM_COLUMNS - 1) / SUM_COLUMNS;
     /* Chunk the rows when the column tiles alone would not fill the GPU and the partials fit. */
@@ -464,7 +464,7 @@ static __global__ void sum_channel_bias_nchw_lp_kernel(umt_dtype dtype, const vo
 extern "C" umt_status umt_cuda_add_channel_bias_lp(umt_dtype dtype, bool nhwc, const void *x, const float *bias,
                                                    void *y, int64_t n, int64_t k, int64_t hw) {
     if (nhwc) return umt_cuda_add_rows_lp(dtype, x, bias, y, n * hw, k);
-    UMT_TRY(check_half("add_channel_bias_lp", dtype));
+    UMT_TRY(umt_cuda_check_half("add_channel_bias_lp", dtype));
     LAUNCH_OVER(n * k * hw, add_channel_bias_nchw_lp_kernel, dtype, x, bias, y, n, k, hw);
     return UMT_OK;
 }
@@ -472,7 +472,7 @@ extern "C" umt_status umt_cuda_add_channel_bias_lp(umt_dtype dtype, bool nhwc, c
 extern "C" umt_status umt_cuda_sum_channel_bias_lp(umt_dtype dtype, bool nhwc, const void *dy, float *dbias, int64_t n,
                                                    int64_t k, int64_t hw) {
     if (nhwc) return umt_cuda_sum_rows_lp(dtype, dy, dbias, n * hw, k);
-    UMT_TRY(check_half("sum_channel_bias_lp", dtype));
+    UMT_TRY(umt_cuda_check_half("sum_channel_bias_lp", dtype));
     if (n <= 0 || k <= 0 || hw <= 0) return UMT_OK;
     if (k > 0x7fffffff) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "sum_channel_bias_lp: %lld channels", (long long)k);
     sum_channel_bias_nchw_lp_kernel<<<(unsigned int)k, THREADS, 0, umt_cuda_stream()>>>(dtype, dy, dbias, n, k, hw);
@@ -536,7 +536,7 @@ static __global__ void dropout_backward_lp_kernel(umt_dtype dtype, const uint8_t
 }
 
 extern "C" umt_status umt_cuda_relu_lp(umt_dtype dtype, const void *x, void *y, int64_t n) {
-    UMT_TRY(check_half("relu_lp", dtype));
+    UMT_TRY(umt_cuda_check_half("relu_lp", dtype));
     if (vectorizable(n, x, y, y)) {
         LAUNCH_VECTORS_OF(dtype, n, relu_lp_vector_kernel, (const uint4 *)x, (uint4 *)y, n / VECTOR);
         return UMT_OK;
@@ -546,7 +546,7 @@ extern "C" umt_status umt_cuda_relu_lp(umt_dtype dtype, const void *x, void *y, 
 }
 
 extern "C" umt_status umt_cuda_relu_backward_lp(umt_dtype dtype, const void *y, const void *dy, void *dx, int64_t n) {
-    UMT_TRY(check_half("relu_backward_lp", dtype));
+    UMT_TRY(umt_cuda_check_half("relu_backward_lp", dtype));
     if (vectorizable(n, y, dy, dx)) {
         LAUNCH_VECTORS_OF(dtype, n, relu_backward_lp_vector_kernel, (const uint4 *)y, (const uint4 *)dy, (uint4 *)dx,
                           n / VECTOR);
@@ -557,7 +557,7 @@ extern "C" umt_status umt_cuda_relu_backward_lp(umt_dtype dtype, const void *y, 
 }
 
 static umt_status check_dropout(const char *op, umt_dtype dtype, float p) {
-    UMT_TRY(check_half(op, dtype));
+    UMT_TRY(umt_cuda_check_half(op, dtype));
     if (!(p >= 0.0f && p < 1.0f)) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: p = %g (expected 0 <= p < 1)", op, p);
     return UMT_OK;
 }

@@ -481,9 +481,8 @@ static __global__ void max_pool_forward_lp_nhwc8_kernel(umt_pool_shape s, const 
         umt_halves8 result;
 #pragma unroll
         for (int e = 0; e < LANES; e++) result.h[e] = bias ? best.bits[e] : umt_dev_narrow<D>(best.value[e]);
-        uint64_t kept;
         if (drop.p > 0.0f) result = umt_dev_dropout8<D>(result, seed, (uint64_t)drop.first + (uint64_t)out * LANES,
-                                                        drop.p, scale, &kept);
+                                                        drop.p, scale, NULL);
         y[out] = result.bits;
         if (PICK) { /* eight bytes, channel e's in byte e */
             uint64_t bytes = 0;
@@ -708,7 +707,7 @@ extern "C" umt_status umt_cuda_pick_scatter(const umt_pool_shape *s, const uint8
                         "bias_relu_max_pool_dropout_backward: window %lld, stride %lld, %lld elements (expected stride "
                         ">= window, window <= 16, fewer than 2^31 elements)", (long long)s->window, (long long)s->stride,
                         (long long)(s->n * s->c * s->h * s->w));
-    bool tiles = s->stride == s->window && s->h == s->p * s->window && s->w == s->q * s->window;
+    bool tiles = umt_pool_windows_tile(s);
     int64_t outputs = s->n * s->c * s->p * s->q;
     if (fresh && tiles && s->dtype == UMT_F32 && !s->nhwc) {
         umt_fast_divisor by_plane = umt_fast_divisor_of((int)(s->p * s->q)), by_q = umt_fast_divisor_of((int)s->q);

@@ -35,6 +35,12 @@ template <umt_dtype D> static __device__ inline void umt_dev_scatter_add(void *d
     umt_dev_store_from_f32(dx, D, at, umt_dev_load_as_f32(dx, D, at) + grad);
 }
 
+/* Whether the windows tile the input exactly: stride = window and no tail, so that every input
+ * element lies in one window (the whole-window writes below apply). */
+static inline bool umt_pool_windows_tile(const umt_pool_shape *s) {
+    return s->stride == s->window && s->h == s->p * s->window && s->w == s->q * s->window;
+}
+
 /* A fresh gradient whose windows tile the input exactly (stride = window, no tail), NHWC halves
  * in eights: writes the whole window of pooled pixel `pixel` (its flat n, p, q index) for
  * channels 8 * group on, each channel's gradient grad.h[e] at its pick (byte e of picks) and 0
