@@ -12,14 +12,12 @@
  *   1. descriptors: x, w, y as N,H,W,C tensors (w as K,R,S,C), the convolution (sums in f32),
  *      the operation (forward, backward data or backward filter, with its alpha and beta) and
  *      the graph that holds it; they live as long as the set;
- *   2. candidates: the MAX_CANDIDATES configurations that cuDNN's instant heuristic (mode A)
- *      ranks first (the fallback heuristic's when it offers none), kept when deterministic (no
+ *   2. candidates: the RANKED configurations that cuDNN's instant heuristic (mode A) ranks first
+ *      (the fallback heuristic's when it offers none), kept when deterministic (no
  *      NONDETERMINISTIC note, as every kernel of this folder), compiled ahead of time (run-time
- *      compilation costs seconds) and within the workspace limit. The first that cuDNN can
- *      build as an execution plan is built at once, so that a shape no engine takes fails
- *      here; the others are built only if they are timed.
- * Mode B, cuDNN's other ranking, takes tens of times longer a query than mode A and ranked no
- * better: with four sets per shape it added about a second to a run's start (docs/PERF.md).
+ *      compilation costs seconds), within the workspace limit, and not the same engine as one
+ *      kept already. The first that cuDNN can build as an execution plan is built at once, so
+ *      that a shape no engine takes fails here; the others are built only if they are timed.
  *
  * Mode A's order is a guess, and a poor one for the backward directions: its first
  * weight-gradient engine can be much slower than the fastest on its list. So a
@@ -29,16 +27,24 @@
  * more than a training run can win back. Timing makes the host wait for the GPU, so a first
  * run inside a CUDA graph capture takes the first candidate, as an untimed set does.
  *
+ * A set worth timing also times mode B's ranking, cuDNN's other one: at batch 4096 its 13th
+ * forward and 22nd data-gradient engines beat all of mode A's, though its own first ones are
+ * slower at smaller batches (docs/PERF.md). Its query takes tens of times longer than mode A's
+ * (a second or so for a run's sets), so it is asked only when timing is worth it, and only where
+ * the cache (below) has no choice yet. Its candidates must fit the workspace the set already
+ * reported, which the memory plan has counted.
+ *
  * Close timings may pick different engines in two runs of a program, and two engines may round
  * f32 sums differently: UMT_CONV_TIMING=0 takes the heuristic's first everywhere, for runs that
  * must match bit for bit. UMT_CONV_TIMING=all times every candidate whatever the first one's
  * time (the GPU tests use it to run every engine).
  *
- * A timed choice is remembered on disk (kernels/engine_cache.h says where, and why that is safe):
- * a set made later, in this process or another, whose key (the GPU, its driver, cuDNN, the shape,
- * the direction and the workspace limit) has an entry takes that candidate at once, without
- * timing. That saves a run's start the timing, and repeats the first run's engines, and so its
- * bits. UMT_CONV_TIMING=all leaves the file alone: it times every candidate every time.
+ * A timed choice is remembered on disk (kernels/engine_cache.h says where, and why that is safe)
+ * as the engine's identity, its global index and knobs: a set made later, in this process or
+ * another, whose key (the GPU, its driver, cuDNN, the shape, the direction and the workspace
+ * limit) has an entry builds that engine at once, without asking either heuristic or timing.
+ * That saves a run's start the queries and the timing, and repeats the first run's engines, and
+ * so its bits. UMT_CONV_TIMING=all leaves the file alone: it times every candidate every time.
  */
 #include <math.h>
 #include <stdint.h>
@@ -54,7 +60,8 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/engine_cache.h"
 
-enum { MAX_CANDIDATES = 24, TIMED_RUNS = 8 };
+/* RANKED configurations asked of each heuristic; a set holds both rankings' at most. */
+enum { RANKED = 24, MAX_CANDIDATES = 2 * RANKED, TIMED_RUNS = 8 };
 static const float WORTH_TIMING_US = 50.0f;
 /* The byte alignment the engines may assume of every tensor (16-byte vector loads); the pools
  * align each allocation to 256 bytes. */
@@ -76,6 +83,11 @@ typedef struct {
     cudnnBackendDescriptor_t config;
     cudnnBackendDescriptor_t plan; /* NULL until built */
     size_t workspace_bytes;        /* the configuration's */
+    umt_engine_identity engine;    /* which engine it is: its global index and knobs */
+    /* A configuration made from a remembered identity owns the engine and knob descriptors it
+     * was made of (a heuristic's configurations come whole). */
+    cudnnBackendDescriptor_t parts[1 + UMT_ENGINE_MOST_KNOBS];
+    int part_count;
 } candidate;
 
 struct umt_conv_engines {
@@ -84,6 +96,7 @@ struct umt_conv_engines {
     cudnnBackendDescriptor_t graph[DESCRIPTORS];
     candidate candidates[MAX_CANDIDATES];
     int count; /* 1 once chosen: candidates[0] is then the engine every run uses */
+    size_t workspace_bytes; /* what the set reported it needs: mode B's candidates must fit it */
     /* The last run's variant pack (its tensors' addresses): a replayed step reuses it. */
     cudnnBackendDescriptor_t pack;
     const void *pack_pointers[4];
@@ -186,7 +199,48 @@ static umt_status describe(umt_conv_engines *e, const umt_conv_shape *s, umt_con
 static void release_candidate(candidate *c) {
     if (c->plan) cudnnBackendDestroyDescriptor(c->plan);
     if (c->config) cudnnBackendDestroyDescriptor(c->config);
+    for (int i = c->part_count - 1; i >= 0; i--) cudnnBackendDestroyDescriptor(c->parts[i]);
     memset(c, 0, sizeof *c);
+}
+
+/* The engine of a configuration: cuDNN's global index of it, and each knob's kind and value. */
+static umt_status identity_of(cudnnBackendDescriptor_t config, umt_engine_identity *id) {
+    memset(id, 0, sizeof *id);
+    cudnnBackendDescriptor_t engine = NULL, knobs[UMT_ENGINE_MOST_KNOBS] = {NULL};
+    int64_t count = 0, knob_count = 0;
+    int made = 0;
+    cudnnStatus_t status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine);
+    for (; status == CUDNN_STATUS_SUCCESS && made < UMT_ENGINE_MOST_KNOBS; made++)
+        status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knobs[made]);
+    if (status == CUDNN_STATUS_SUCCESS)
+        status = cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count,
+                                          &engine);
+    if (status == CUDNN_STATUS_SUCCESS)
+        status = cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count,
+                                          &id->global_index);
+    if (status == CUDNN_STATUS_SUCCESS)
+        status = cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                          UMT_ENGINE_MOST_KNOBS, &knob_count, knobs);
+    for (int64_t k = 0; k < knob_count && k < UMT_ENGINE_MOST_KNOBS && status == CUDNN_STATUS_SUCCESS; k++) {
+        cudnnBackendKnobType_t type;
+        status = cudnnBackendGetAttribute(knobs[k], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &count,
+                                          &type);
+        if (status == CUDNN_STATUS_SUCCESS)
+            status = cudnnBackendGetAttribute(knobs[k], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &count,
+                                              &id->knob_value[k]);
+        id->knob_type[k] = (int64_t)type;
+        id->knob_count = (int)k + 1;
+    }
+    for (int i = 0; i < made; i++)
+        if (knobs[i]) cudnnBackendDestroyDescriptor(knobs[i]);
+    if (engine) cudnnBackendDestroyDescriptor(engine);
+    if (status != CUDNN_STATUS_SUCCESS)
+        return umt_fail(UMT_ERR_DEVICE, "conv2d: reading a cuDNN engine's index and knobs: %s",
+                        cudnnGetErrorString(status));
+    if (knob_count > UMT_ENGINE_MOST_KNOBS)
+        return umt_fail(UMT_ERR_DEVICE, "conv2d: a cuDNN engine with %lld knobs (expected at most %d)",
+                        (long long)knob_count, (int)UMT_ENGINE_MOST_KNOBS);
+    return UMT_OK;
 }
 
 /* Whether a configuration's engine may be used: deterministic and compiled ahead of time. */
@@ -221,7 +275,14 @@ static umt_status consider(umt_conv_engines *e, cudnnBackendDescriptor_t config,
     candidate *c = &e->candidates[e->count];
     c->config = config;
     bool ok = false;
-    UMT_TRY(usable(config, &ok));
+    umt_status status = usable(config, &ok);
+    if (status == UMT_OK) status = identity_of(config, &c->engine);
+    if (status != UMT_OK) {
+        release_candidate(c);
+        return status;
+    }
+    for (int i = 0; i < e->count && ok; i++) /* the other ranking's, or a remembered one's, already */
+        ok = !umt_engine_identity_equal(&e->candidates[i].engine, &c->engine);
     int64_t bytes = -1, count = 0;
     ok = ok &&
          cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count, &bytes) ==
@@ -269,8 +330,8 @@ static umt_status build_first(umt_conv_engines *e) {
     return UMT_OK;
 }
 
-/* The configurations heuristic `mode` ranks first (at most MAX_CANDIDATES), in its order;
- * none when the mode does not take this graph. */
+/* The configurations heuristic `mode` ranks first (at most RANKED), in its order; none when the
+ * mode does not take this graph. */
 static umt_status rank(umt_conv_engines *e, cudnnBackendHeurMode_t mode, cudnnBackendDescriptor_t *heuristic,
                        cudnnBackendDescriptor_t *configs, int64_t *count) {
     *count = 0;
@@ -279,24 +340,24 @@ static umt_status rank(umt_conv_engines *e, cudnnBackendHeurMode_t mode, cudnnBa
                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->graph[GRAPH]));
     UMT_CUDNN_TRY(cudnnBackendSetAttribute(*heuristic, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
     if (cudnnBackendFinalize(*heuristic) != CUDNN_STATUS_SUCCESS) return UMT_OK;
-    for (int i = 0; i < MAX_CANDIDATES; i++)
+    for (int i = 0; i < RANKED; i++)
         UMT_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &configs[i]));
     UMT_CUDNN_TRY(cudnnBackendGetAttribute(*heuristic, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                           MAX_CANDIDATES, count, configs));
-    if (*count > MAX_CANDIDATES) *count = MAX_CANDIDATES;
+                                           RANKED, count, configs));
+    if (*count > RANKED) *count = RANKED;
     return UMT_OK;
 }
 
 /* Considers heuristic `mode`'s ranking in order. */
 static umt_status add_ranked(umt_conv_engines *e, cudnnBackendHeurMode_t mode, size_t max_workspace) {
-    cudnnBackendDescriptor_t heuristic = NULL, configs[MAX_CANDIDATES] = {NULL};
+    cudnnBackendDescriptor_t heuristic = NULL, configs[RANKED] = {NULL};
     int64_t count = 0;
     umt_status status = rank(e, mode, &heuristic, configs, &count);
     for (int64_t i = 0; i < count && status == UMT_OK && e->count < MAX_CANDIDATES; i++) {
         status = consider(e, configs[i], max_workspace);
         configs[i] = NULL;
     }
-    for (int i = 0; i < MAX_CANDIDATES; i++)
+    for (int i = 0; i < RANKED; i++)
         if (configs[i]) cudnnBackendDestroyDescriptor(configs[i]);
     if (heuristic) cudnnBackendDestroyDescriptor(heuristic);
     return status;
@@ -356,35 +417,87 @@ static bool gpu_identity(char *out, size_t bytes) {
     return (size_t)snprintf(out, bytes, "%s", identity) < bytes;
 }
 
-/* The key of a timed set: everything that decides its candidate list, '/'-separated, without
- * spaces. False when the GPU cannot be asked or the key does not fit. */
+/* The key of a timed set: everything that decides which engines can run it, '/'-separated,
+ * without spaces. False when the GPU cannot be asked or the key does not fit. */
 static bool cache_key(const umt_conv_shape *s, umt_conv_direction direction, bool accumulate, size_t max_workspace,
                       char *key, size_t bytes) {
     char gpu[160];
     if (!gpu_identity(gpu, sizeof gpu)) return false;
     static const char *const names[3] = {"forward", "data", "filter"};
     int n = snprintf(key, bytes,
-                     "v1/%s/candidates%d/%s/%s%s/n%lld.c%lld.h%lld.w%lld.k%lld.r%lld.s%lld.stride%lld.pad%lld/"
-                     "workspace%zu",
-                     gpu, (int)MAX_CANDIDATES, umt_dtype_name(s->dtype), names[direction], accumulate ? "-added" : "",
+                     "v2/%s/%s/%s%s/n%lld.c%lld.h%lld.w%lld.k%lld.r%lld.s%lld.stride%lld.pad%lld/workspace%zu",
+                     gpu, umt_dtype_name(s->dtype), names[direction], accumulate ? "-added" : "",
                      (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k,
                      (long long)s->r, (long long)s->s, (long long)s->stride, (long long)s->pad, max_workspace);
     return n > 0 && (size_t)n < bytes;
 }
 
-/* A remembered choice for e's key in the cache at path, taken when the candidate is there and
- * builds: true if so. */
-static umt_status take_remembered(umt_conv_engines *e, const char *path, bool *taken) {
+/* A configuration of the remembered engine id in c (which then owns its parts), or none
+ * (c->config NULL) when cuDNN will not make one: the engine or a knob is unknown to this cuDNN. */
+static void config_of(umt_conv_engines *e, const umt_engine_identity *id, candidate *c) {
+    const cudnnBackendAttributeType_t described = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+    cudnnBackendDescriptor_t *engine = &c->parts[c->part_count++];
+    cudnnStatus_t status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, engine);
+    if (status == CUDNN_STATUS_SUCCESS)
+        status = cudnnBackendSetAttribute(*engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, described, 1, &e->graph[GRAPH]);
+    if (status == CUDNN_STATUS_SUCCESS)
+        status = cudnnBackendSetAttribute(*engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1,
+                                          &id->global_index);
+    if (status == CUDNN_STATUS_SUCCESS) status = cudnnBackendFinalize(*engine);
+    for (int k = 0; k < id->knob_count && status == CUDNN_STATUS_SUCCESS; k++) {
+        cudnnBackendDescriptor_t *knob = &c->parts[c->part_count++];
+        cudnnBackendKnobType_t type = (cudnnBackendKnobType_t)id->knob_type[k];
+        status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, knob);
+        if (status == CUDNN_STATUS_SUCCESS)
+            status = cudnnBackendSetAttribute(*knob, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &type);
+        if (status == CUDNN_STATUS_SUCCESS)
+            status = cudnnBackendSetAttribute(*knob, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
+                                              &id->knob_value[k]);
+        if (status == CUDNN_STATUS_SUCCESS) status = cudnnBackendFinalize(*knob);
+    }
+    if (status == CUDNN_STATUS_SUCCESS)
+        status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &c->config);
+    if (status == CUDNN_STATUS_SUCCESS)
+        status = cudnnBackendSetAttribute(c->config, CUDNN_ATTR_ENGINECFG_ENGINE, described, 1, engine);
+    if (status == CUDNN_STATUS_SUCCESS && id->knob_count)
+        status = cudnnBackendSetAttribute(c->config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, described, id->knob_count,
+                                          &c->parts[1]);
+    if (status == CUDNN_STATUS_SUCCESS) status = cudnnBackendFinalize(c->config);
+    if (status == CUDNN_STATUS_SUCCESS) return;
+    if (c->config) cudnnBackendDestroyDescriptor(c->config);
+    c->config = NULL;
+}
+
+/* The engine remembered for e's key in the cache at path, as the set's only candidate, when it
+ * is there, this cuDNN makes it, and it passes what every candidate must (deterministic, compiled
+ * ahead of time, within the workspace limit) and builds: true if so. Nothing is asked of the
+ * heuristics. */
+static umt_status take_remembered(umt_conv_engines *e, const char *path, size_t max_workspace, bool *taken) {
     *taken = false;
-    if (!e->cache_key[0]) return UMT_OK;
-    int index = umt_engine_cache_find(path, e->cache_key);
-    if (index < 0 || index >= e->count) return UMT_OK;
-    bool built;
-    UMT_TRY(build(e, &e->candidates[index], &built));
-    if (!built) return UMT_OK;
-    keep(e, index);
-    *taken = true;
-    return UMT_OK;
+    umt_engine_identity id;
+    if (!e->cache_key[0] || !umt_engine_cache_find(path, e->cache_key, &id)) return UMT_OK;
+    candidate made = {};
+    config_of(e, &id, &made);
+    if (!made.config) {
+        release_candidate(&made);
+        return UMT_OK;
+    }
+    /* consider() takes the configuration; the parts it was made of go with it. */
+    cudnnBackendDescriptor_t config = made.config;
+    made.config = NULL;
+    umt_status status = consider(e, config, max_workspace);
+    bool built = false;
+    if (status == UMT_OK && e->count == 1) status = build(e, &e->candidates[0], &built);
+    if (status == UMT_OK && built) {
+        memcpy(e->candidates[0].parts, made.parts, sizeof made.parts);
+        e->candidates[0].part_count = made.part_count;
+        *taken = true;
+        return UMT_OK;
+    }
+    if (e->count == 1) release_candidate(&e->candidates[0]);
+    e->count = 0;
+    release_candidate(&made);
+    return status;
 }
 
 /* Remembers a timed choice. A cache that cannot be written costs only the next run's timing:
@@ -392,11 +505,21 @@ static umt_status take_remembered(umt_conv_engines *e, const char *path, bool *t
 static void remember(const umt_conv_engines *e, int index) {
     char path[4096];
     if (!e->cache_key[0] || !umt_engine_cache_path(path, sizeof path)) return;
-    if (umt_engine_cache_add(path, e->cache_key, index) == UMT_OK) return;
+    if (umt_engine_cache_add(path, e->cache_key, &e->candidates[index].engine) == UMT_OK) return;
     static int said = 0;
     if (__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED) == 0)
         fprintf(stderr, "umtrain: cuDNN's engine choices are not remembered: %s (UMT_CONV_CACHE=0 turns the cache "
                         "off)\n", umt_last_error());
+}
+
+/* Mode A's candidates (the fallback heuristic's when it offers none), the first of them built. */
+static umt_status add_first_ranking(umt_conv_engines *e, const umt_conv_shape *s, umt_conv_direction direction,
+                                    size_t max_workspace) {
+    UMT_TRY(add_ranked(e, CUDNN_HEUR_MODE_A, max_workspace));
+    UMT_TRY(build_first(e));
+    if (e->count == 0) UMT_TRY(add_ranked(e, CUDNN_HEUR_MODE_FALLBACK, max_workspace));
+    UMT_TRY(build_first(e));
+    return e->count == 0 ? no_engine(direction, s, max_workspace) : UMT_OK;
 }
 
 umt_status umt_cuda_conv_engines_make(cudnnHandle_t handle, const umt_conv_shape *s, umt_conv_direction direction,
@@ -408,28 +531,26 @@ umt_status umt_cuda_conv_engines_make(cudnnHandle_t handle, const umt_conv_shape
     timed = timed && strcmp(timing_setting(), "0") != 0;
     e->worth_timing_us = strcmp(timing_setting(), "all") == 0 ? 0.0f : WORTH_TIMING_US;
     umt_status status = describe(e, s, direction, accumulate);
-    if (status == UMT_OK) status = add_ranked(e, CUDNN_HEUR_MODE_A, max_workspace);
-    if (status == UMT_OK) status = build_first(e);
-    if (status == UMT_OK && e->count == 0) status = add_ranked(e, CUDNN_HEUR_MODE_FALLBACK, max_workspace);
-    if (status == UMT_OK) status = build_first(e);
-    if (status == UMT_OK && e->count == 0) status = no_engine(direction, s, max_workspace);
-    if (status == UMT_OK && !timed) keep(e, 0);
+    /* A timed set's remembered engine first: then no heuristic is asked. */
     bool remembered = false;
     char path[4096];
     if (status == UMT_OK && timed && strcmp(timing_setting(), "all") != 0 && umt_engine_cache_path(path, sizeof path)) {
         if (cache_key(s, direction, accumulate, max_workspace, e->cache_key, sizeof e->cache_key))
-            status = take_remembered(e, path, &remembered);
+            status = take_remembered(e, path, max_workspace, &remembered);
         else
             e->cache_key[0] = '\0';
     }
-    if (remembered) e->cache_key[0] = '\0'; /* nothing to time, nothing to remember */
+    if (remembered || !timed) e->cache_key[0] = '\0'; /* nothing to time, nothing to remember */
+    if (status == UMT_OK && !remembered) status = add_first_ranking(e, s, direction, max_workspace);
+    if (status == UMT_OK && !timed) keep(e, 0);
     if (status != UMT_OK) {
         umt_cuda_conv_engines_free(e);
         return status;
     }
-    *workspace_bytes = 0;
+    e->workspace_bytes = 0;
     for (int i = 0; i < e->count; i++)
-        if (e->candidates[i].workspace_bytes > *workspace_bytes) *workspace_bytes = e->candidates[i].workspace_bytes;
+        if (e->candidates[i].workspace_bytes > e->workspace_bytes) e->workspace_bytes = e->candidates[i].workspace_bytes;
+    *workspace_bytes = e->workspace_bytes;
     *out = e;
     return UMT_OK;
 }
@@ -489,6 +610,8 @@ static umt_status fastest(umt_conv_engines *e, int *best) {
             *best = i;
         }
         if (i == 0 && best_us < e->worth_timing_us) break;
+        /* Worth timing: mode B's candidates too, within the workspace the set reported. */
+        if (i == 0 && status == UMT_OK) status = add_ranked(e, CUDNN_HEUR_MODE_B, e->workspace_bytes);
     }
     if (start) cudaEventDestroy(start);
     if (stop) cudaEventDestroy(stop);

@@ -577,10 +577,38 @@ static long file_bytes(const char *path) {
     return stat(path, &st) == 0 ? (long)st.st_size : -1;
 }
 
+/* The file at path, NUL-terminated, and its size. */
+static char *read_text(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char *text = host_alloc(1 << 20);
+    *size = fread(text, 1, (1 << 20) - 1, f);
+    text[*size] = '\0';
+    fclose(f);
+    return text;
+}
+
+/* Appends to the cache file at path, for each key in it, a line naming an engine no cuDNN has. */
+static void spoil_cache(const char *path) {
+    size_t size = 0;
+    char *text = read_text(path, &size);
+    FILE *f = fopen(path, "a");
+    assert_non_null(f);
+    for (char *line = text; line < text + size;) {
+        char *end = memchr(line, '\n', (size_t)(text + size - line)), *space = memchr(line, ' ', (size_t)(end - line));
+        assert_non_null(space);
+        fprintf(f, "%.*s 987654;1=2\n", (int)(space - line), line);
+        line = end + 1;
+    }
+    assert_int_equal(fclose(f), 0);
+}
+
 /* Timed engine choices are remembered (kernels/engine_cache.h): fresh plans for MNIST's second
  * convolution at batch 512, with the default timing and an empty cache file, write a line for
- * each timed set; fresh plans again read them, time nothing (the file does not grow) and give
- * the same bytes as the plans that timed. With the cache off, nothing is written. */
+ * each timed set, naming the engine by its identity (v2 keys); fresh plans again rebuild those
+ * engines, time nothing (the file does not grow) and give the same bytes as the plans that
+ * timed. Lines naming an engine that does not exist are passed over: the sets time again and
+ * write new lines, which the next plans take. With the cache off, nothing is written. */
 static void test_timed_engine_choices_are_remembered_and_taken_again(void **state) {
     (void)state;
     static const int64_t conv2[9] = {512, 32, 26, 26, 64, 3, 3, 1, 0};
@@ -606,6 +634,18 @@ static void test_timed_engine_choices_are_remembered_and_taken_again(void **stat
         assert_int_equal(file_bytes(path), written);
         assert_int_equal(again_bytes, bytes);
         if (memcmp(timed, again, bytes) != 0) fail_msg("%s: the remembered engines gave other bytes", context);
+        size_t size = 0;
+        char *text = read_text(path, &size);
+        if (strncmp(text, "v2/", 3) != 0) fail_msg("%s: the cache's first line is not a v2 key: %.80s", context, text);
+        spoil_cache(path);
+        long spoiled = file_bytes(path);
+        timed_outputs(&h, x, w, dy, &again_bytes);
+        long retimed = file_bytes(path);
+        if (retimed <= spoiled) fail_msg("%s: unknown engines in the cache were not timed again", context);
+        uint8_t *third = timed_outputs(&h, x, w, dy, &again_bytes);
+        uint8_t *fourth = timed_outputs(&h, x, w, dy, &again_bytes);
+        assert_int_equal(file_bytes(path), retimed);
+        if (memcmp(third, fourth, bytes) != 0) fail_msg("%s: the re-remembered engines gave other bytes", context);
     }
     long full = file_bytes(path);
     assert_int_equal(setenv("UMT_CONV_CACHE", "0", 1), 0);
