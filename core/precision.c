@@ -60,6 +60,11 @@ umt_precision umt_context_precision(const umt_context *ctx) {
     return ctx->options.precision;
 }
 
+umt_dtype umt_context_compute_dtype(const umt_context *ctx) {
+    if (!ctx) return umt_fail_null("umt_context_compute_dtype", "ctx"), UMT_F32;
+    return umt_compute_dtype(ctx);
+}
+
 umt_dtype umt_compute_dtype(const umt_context *ctx) {
     switch (ctx->options.precision) {
     case UMT_PRECISION_BF16: return UMT_BF16;

@@ -269,13 +269,15 @@ typedef struct {
 static bool holds_batches(const run_state *r) { return r->loader && r->loader_batch == r->step_batch; }
 
 /* Forward and backward of samples indices[0..count) of the resident dataset, or of the loader's
- * next batch: NLL loss, its gradient added to the parameters'. */
+ * next batch: NLL loss, its gradient added to the parameters'. Resident images are gathered in
+ * the dtype conv1 computes in (bf16 under bf16): the values its cast would make, without it. */
 static umt_tensor *forward_backward(run_state *r, const int64_t *indices, int64_t count) {
     umt_tensor *images = NULL, *labels = NULL;
+    umt_dtype dtype = umt_context_compute_dtype(r->ctx);
     umt_status got = holds_batches(r) ? umt_loader_take_held(r->loader, &images, &labels)
                      : r->loader      ? umt_loader_next(r->loader, &images, &labels)
-                                      : umt_dataset_batch(r->ctx, r->train, indices, count, MNIST_MEAN, MNIST_STD,
-                                                          &images, &labels);
+                                      : umt_dataset_batch_as(r->ctx, r->train, indices, count, MNIST_MEAN, MNIST_STD,
+                                                             dtype, &images, &labels);
     /* An epoch takes as many steps as the loader has batches, so images is there when got is OK. */
     if (got != UMT_OK || !images) return NULL;
     umt_tensor *loss = mnist_cnn_loss(r->ctx, &r->model, images, labels);

@@ -224,7 +224,8 @@ static umt_tensor *step(umt_context *ctx, void *user, const void *input, size_t 
     umt_tensor *images = NULL, *labels = NULL;
     int64_t count = (int64_t)(input_bytes / sizeof(int64_t));
     if (umt_step_begin(ctx) || umt_zero_grad(ctx) ||
-        umt_dataset_batch(ctx, r->train_share, input, count, MNIST_MEAN, MNIST_STD, &images, &labels))
+        umt_dataset_batch_as(ctx, r->train_share, input, count, MNIST_MEAN, MNIST_STD, umt_context_compute_dtype(ctx),
+                             &images, &labels))
         return NULL;
     umt_tensor *loss = mnist_cnn_loss(ctx, &r->model, images, labels);
     if (!loss || umt_backward_scaled(ctx, loss, r->opt) || umt_optimizer_step(r->opt)) return NULL;

@@ -192,6 +192,9 @@ umt_status umt_context_create(const umt_context_options *options, umt_context **
 void umt_context_destroy(umt_context *ctx);
 /* The precision the context computes in (its options' precision); UMT_PRECISION_FP32 for a NULL ctx. */
 umt_precision umt_context_precision(const umt_context *ctx);
+/* The dtype its layers compute in: UMT_F32, or UMT_BF16 / UMT_F16 under bf16 / fp16 (the images'
+ * dtype to ask umt_dataset_batch_as for); UMT_F32 for a NULL ctx. */
+umt_dtype umt_context_compute_dtype(const umt_context *ctx);
 /* Waits until the device has finished all queued work (a no-op on the CPU). */
 umt_status umt_synchronize(umt_context *ctx);
 
@@ -934,6 +937,15 @@ umt_status umt_dataset_share(umt_context *ctx, const umt_dataset *source, umt_da
 umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int64_t *indices,
                              int64_t count, float mean, float std, umt_tensor **images,
                              umt_tensor **labels);
+
+/* The same batch with its images in dtype: UMT_F32 as umt_dataset_batch, or bf16 or f16 (what
+ * a first layer computing in them casts its input to), each value the f32 one rounded once and
+ * laid out NHWC, as that cast makes them: a model then gets the same bits with no cast in its
+ * step. Half images need a backend with half-precision kernels (CUDA): elsewhere,
+ * UMT_ERR_UNSUPPORTED. */
+umt_status umt_dataset_batch_as(umt_context *ctx, const umt_dataset *ds, const int64_t *indices,
+                                int64_t count, float mean, float std, umt_dtype dtype,
+                                umt_tensor **images, umt_tensor **labels);
 
 /* Light-on-dark (as MNIST) from a file: keep it, invert it, or invert when the file's mean
  * grey level is above half (a dark figure on a light page). */

@@ -86,6 +86,9 @@ typedef struct {
     umt_status (*add_rows)(const float *x, const float *bias, float *out, int64_t rows, int64_t cols);
     /* dst += alpha * src */
     umt_status (*accumulate)(float *dst, const float *src, float alpha, int64_t n);
+    /* last = x and sum += x, in one pass: a running total that keeps the latest value too (the
+     * step graph's loss, core/step/step_graph.c: one launch a step instead of a copy and an add) */
+    umt_status (*keep_and_add)(float *last, float *sum, const float *x, int64_t n);
     /* dbias[c] += sum over r of dy[r,c] */
     umt_status (*sum_rows)(const float *dy, float *dbias, int64_t rows, int64_t cols);
     umt_status (*mul)(const float *a, const float *b, float *out, int64_t n);
@@ -289,6 +292,12 @@ typedef struct {
      * fresh (dlogits holds no values yet: the tape's unzeroed new gradient, core/tape.h) */
     umt_status (*softmax_xent_backward)(umt_dtype dtype, const float *probs, const int32_t *labels,
                                         const float *dloss, void *dlogits, int64_t rows, int64_t cols, bool fresh);
+    /* Group 1's gather_batch into images of dtype, NHWC (samples of c channels of hw pixels, each
+     * stored C,H,W): every value group 1's f32 one rounded once, as recast would round it, so a
+     * first layer that would cast the batch gets its bits without the cast's pass */
+    umt_status (*gather_batch)(umt_dtype dtype, const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
+                               int64_t count, int64_t c, int64_t hw, float mean, float std, void *images_out,
+                               int32_t *labels_out);
 } umt_backend_lowp;
 
 /* --- Group 3, fused fast paths: one kernel for what an op otherwise does with several slots of

@@ -32,6 +32,7 @@ static umt_status gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 static umt_status add(const float *a, const float *b, float *out, int64_t n) NOTHING
 static umt_status add_rows(const float *x, const float *bias, float *out, int64_t rows, int64_t cols) NOTHING
 static umt_status accumulate(float *dst, const float *src, float alpha, int64_t n) NOTHING
+static umt_status keep_and_add(float *last, float *sum, const float *x, int64_t n) NOTHING
 static umt_status sum_rows(const float *dy, float *dbias, int64_t rows, int64_t cols) NOTHING
 static umt_status mul(const float *a, const float *b, float *out, int64_t n) NOTHING
 static umt_status accumulate_product(float *dst, const float *a, const float *b, int64_t n) NOTHING
@@ -153,6 +154,9 @@ static umt_status lp_softmax_xent(umt_dtype dtype, const void *logits, const int
 static umt_status lp_softmax_xent_backward(umt_dtype dtype, const float *probs, const int32_t *labels,
                                            const float *dloss, void *dlogits, int64_t rows, int64_t cols,
                                            bool fresh) NOTHING
+static umt_status lp_gather_batch(umt_dtype dtype, const uint8_t *samples, const uint8_t *labels,
+                                  const int64_t *indices, int64_t count, int64_t c, int64_t hw, float mean, float std,
+                                  void *images_out, int32_t *labels_out) NOTHING
 
 /* ----------------------------------------------------------------------------------------- */
 /* Group 3: fused fast paths */
@@ -191,6 +195,7 @@ void umt_backend_dry(const umt_backend *real, umt_backend *out) {
     DRY(f32, add, add);
     DRY(f32, add_rows, add_rows);
     DRY(f32, accumulate, accumulate);
+    DRY(f32, keep_and_add, keep_and_add);
     DRY(f32, sum_rows, sum_rows);
     DRY(f32, mul, mul);
     DRY(f32, accumulate_product, accumulate_product);
@@ -256,6 +261,7 @@ void umt_backend_dry(const umt_backend *real, umt_backend *out) {
     DRY(lowp, avg_pool_backward, lp_avg_pool_backward);
     DRY(lowp, softmax_xent, lp_softmax_xent);
     DRY(lowp, softmax_xent_backward, lp_softmax_xent_backward);
+    DRY(lowp, gather_batch, lp_gather_batch);
 
     /* A question again: whether the fused path takes the shape. */
     out->fused.conv2d_relu_supports = real->fused.conv2d_relu_supports;

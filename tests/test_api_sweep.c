@@ -196,6 +196,7 @@ CALL(umt_parse_bytes) { STATUS(umt_parse_bytes(ARG(0, "2G"), ARG(1, &s->size)));
 CALL(umt_context_create) { STATUS(umt_context_create(ARG(0, &s->context_options), ARG(1, &s->context))); }
 CALL(umt_context_destroy) { VALUE(umt_context_destroy(CTX(0))); }
 CALL(umt_context_precision) { VALUE(umt_context_precision(CTX(0))); }
+CALL(umt_context_compute_dtype) { VALUE(umt_context_compute_dtype(CTX(0))); }
 CALL(umt_synchronize) { STATUS(umt_synchronize(CTX(0))); }
 CALL(umt_timer_start) { STATUS(umt_timer_start(CTX(0))); }
 CALL(umt_timer_stop) { STATUS(umt_timer_stop(CTX(0), ARG(1, &s->ms))); }
@@ -354,6 +355,10 @@ CALL(umt_dataset_batch) {
     STATUS(umt_dataset_batch(CTX(0), OWN(1, ds), ARG(2, indices), 2, 0.0f, 1.0f, ARG(3, &s->tensor),
                              ARG(4, &s->tensor2)));
 }
+CALL(umt_dataset_batch_as) {
+    STATUS(umt_dataset_batch_as(CTX(0), OWN(1, ds), ARG(2, indices), 2, 0.0f, 1.0f, UMT_F32, ARG(3, &s->tensor),
+                                ARG(4, &s->tensor2)));
+}
 CALL(umt_images_load) {
     const char *paths[1] = {bmp_path};
     STATUS(umt_images_load(CTX(0), ARG(1, paths), 1, 1, 2, 2, UMT_INVERT_NO, 0.0f, 1.0f, ARG(2, &s->tensor)));
@@ -437,6 +442,7 @@ static const row table[] = {
     ROW(umt_context_create, A("options"), N("out")),
     ROW(umt_context_destroy, A("ctx")),
     ROW(umt_context_precision, N("ctx")),
+    ROW(umt_context_compute_dtype, N("ctx")),
     ROW(umt_synchronize, N("ctx")),
     ROW(umt_timer_start, N("ctx")),
     ROW(umt_timer_stop, N("ctx"), N("elapsed_ms")),
@@ -559,6 +565,7 @@ static const row table[] = {
     ROW(umt_dataset_num_classes, N("ds")),
     ROW(umt_dataset_sample_shape, N("ds"), N("chw")),
     ROW(umt_dataset_batch, N("ctx"), NO("ds"), N("indices"), N("images"), N("labels")),
+    ROW(umt_dataset_batch_as, N("ctx"), NO("ds"), N("indices"), N("images"), N("labels")),
     ROW(umt_images_load, N("ctx"), N("paths"), N("out")),
     ROW(umt_permutation, N("ctx"), N("out")),
     ROW(umt_samples_load_idx, N("images_path"), N("labels_path"), N("out")),

@@ -235,6 +235,14 @@ static void test_accumulating_kernels_add_to_what_is_there(void **state) {
     float prod[3] = {1, 1, 1};
     assert_int_equal(umt_cpu_accumulate_product(prod, src, other, 3), UMT_OK);
     for (int i = 0; i < 3; i++) assert_near(prod[i], 1.0 + src[i] * other[i], 0.0, "accumulate_product", i);
+    float last[3] = {9, 9, 9}, sum[3] = {0.5f, 1, 2};
+    assert_int_equal(umt_cpu_keep_and_add(last, sum, src, 3), UMT_OK);
+    for (int i = 0; i < 3; i++) assert_near(last[i], src[i], 0.0, "keep_and_add last", i);
+    const float want_sum[3] = {1.5f, 3, 5};
+    for (int i = 0; i < 3; i++) assert_near(sum[i], want_sum[i], 0.0, "keep_and_add sum", i);
+    assert_int_equal(umt_cpu_keep_and_add(last, sum, sum, 3), UMT_OK); /* x may be sum itself */
+    for (int i = 0; i < 3; i++) assert_near(last[i], want_sum[i], 0.0, "keep_and_add last, x = sum", i);
+    for (int i = 0; i < 3; i++) assert_near(sum[i], 2 * want_sum[i], 0.0, "keep_and_add sum, x = sum", i);
     float dy[6] = {1, 2, 3, 4, 5, 6}, dbias[3] = {100, 200, 300};
     assert_int_equal(umt_cpu_sum_rows(dy, dbias, 2, 3), UMT_OK);
     const float want_dbias[3] = {105, 207, 309};
@@ -429,6 +437,7 @@ static void test_cpu_backend_fills_every_slot_with_its_kernels(void **state) {
     ASSERT_SLOT(add);
     ASSERT_SLOT(add_rows);
     ASSERT_SLOT(accumulate);
+    ASSERT_SLOT(keep_and_add);
     ASSERT_SLOT(sum_rows);
     ASSERT_SLOT(mul);
     ASSERT_SLOT(accumulate_product);

@@ -286,6 +286,37 @@ static void test_batch_rejects_an_index_out_of_range_naming_it(void **state) {
     umt_context_destroy(ctx);
 }
 
+/* umt_dataset_batch_as: f32 images are umt_dataset_batch's; an integer dtype is refused by name,
+ * and half images on the CPU (no half kernels) with the backend named, nothing returned. */
+static void test_batch_as_f32_is_the_batch_and_half_images_need_half_kernels(void **state) {
+    (void)state;
+    umt_context *ctx;
+    umt_dataset *ds = load_good(&ctx);
+    const int64_t indices[3] = {4, 2, 4};
+    umt_tensor *x, *y, *x_as, *y_as;
+    assert_int_equal(umt_dataset_batch(ctx, ds, indices, 3, 0.5f, 0.25f, &x, &y), UMT_OK);
+    assert_int_equal(umt_dataset_batch_as(ctx, ds, indices, 3, 0.5f, 0.25f, UMT_F32, &x_as, &y_as), UMT_OK);
+    assert_int_equal(umt_tensor_dtype(x_as), UMT_F32);
+    float pixels[18], pixels_as[18];
+    int32_t labels[3], labels_as[3];
+    assert_int_equal(umt_tensor_copy_to_host(x, pixels, sizeof pixels), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(x_as, pixels_as, sizeof pixels_as), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(y, labels, sizeof labels), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(y_as, labels_as, sizeof labels_as), UMT_OK);
+    assert_memory_equal(pixels, pixels_as, sizeof pixels);
+    assert_memory_equal(labels, labels_as, sizeof labels);
+    umt_tensor *kept = x;
+    assert_int_equal(umt_dataset_batch_as(ctx, ds, indices, 3, 0.5f, 0.25f, UMT_I32, &x, &y), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "images of i32"));
+    assert_null(x);
+    x = kept;
+    assert_int_equal(umt_dataset_batch_as(ctx, ds, indices, 3, 0.5f, 0.25f, UMT_BF16, &x, &y), UMT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(umt_last_error(), "bf16 images: the cpu backend"));
+    assert_null(x);
+    assert_null(y);
+    umt_context_destroy(ctx);
+}
+
 /* ----------------------------------------------------------------------------------------- */
 /* Bad files: the reader */
 
@@ -498,6 +529,7 @@ int main(void) {
         cmocka_unit_test(test_two_dimensional_images_are_samples_of_d_channels),
         cmocka_unit_test(test_batch_normalises_pixels_and_widens_labels_in_index_order),
         cmocka_unit_test(test_batch_rejects_an_index_out_of_range_naming_it),
+        cmocka_unit_test(test_batch_as_f32_is_the_batch_and_half_images_need_half_kernels),
         cmocka_unit_test(test_missing_file_is_an_io_error_with_the_system_reason),
         cmocka_unit_test(test_directory_is_an_io_error),
         cmocka_unit_test(test_empty_file_is_refused),

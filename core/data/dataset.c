@@ -18,6 +18,7 @@
 #include "core/base/error.h"
 #include "core/context.h"
 #include "core/data/idx.h"
+#include "core/precision.h"
 #include "core/step_values.h"
 #include "core/tensor.h"
 
@@ -178,31 +179,38 @@ void umt_dataset_sample_shape(const umt_dataset *ds, int64_t chw[3]) {
 /* ----------------------------------------------------------------------------------------- */
 /* Batches */
 
-static umt_status check_batch_request(const umt_dataset *ds, const int64_t *indices, int64_t count, float mean,
-                                      float std) {
-    if (count <= 0)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_batch: count %lld, expected > 0", (long long)count);
+static umt_status check_batch_request(const char *who, const umt_dataset *ds, const int64_t *indices, int64_t count,
+                                      float mean, float std) {
+    if (count <= 0) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: count %lld, expected > 0", who, (long long)count);
     if (!isfinite(mean) || !isfinite(std) || !(std > 0.0f))
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_batch: mean %g, std %g: expected finite, std > 0",
-                        (double)mean, (double)std);
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: mean %g, std %g: expected finite, std > 0", who, (double)mean,
+                        (double)std);
     for (int64_t i = 0; i < count; ++i)
         if (indices[i] < 0 || indices[i] >= ds->size)
-            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_dataset_batch: indices[%lld] is %lld, expected 0..%lld",
-                            (long long)i, (long long)indices[i], (long long)ds->size - 1);
+            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: indices[%lld] is %lld, expected 0..%lld", who, (long long)i,
+                            (long long)indices[i], (long long)ds->size - 1);
     return UMT_OK;
 }
 
-umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int64_t *indices, int64_t count, float mean,
-                             float std, umt_tensor **images, umt_tensor **labels) {
+/* umt_dataset_batch and umt_dataset_batch_as, whose name (who) their messages give. */
+static umt_status batch(const char *who, umt_context *ctx, const umt_dataset *ds, const int64_t *indices,
+                        int64_t count, float mean, float std, umt_dtype dtype, umt_tensor **images,
+                        umt_tensor **labels) {
     if (images) *images = NULL;
     if (labels) *labels = NULL;
     if (!ctx || !ds || !indices || !images || !labels)
-        return umt_fail_null("umt_dataset_batch",
-                             !ctx ? "ctx" : !ds ? "ds" : !indices ? "indices" : !images ? "images" : "labels");
-    UMT_TRY(umt_check_owner(ctx, "umt_dataset_batch", "ds", ds->ctx));
-    UMT_TRY(check_batch_request(ds, indices, count, mean, std));
-    umt_tensor *x =
-        umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_F32, 4, (int64_t[]){count, ds->chw[0], ds->chw[1], ds->chw[2]});
+        return umt_fail_null(who, !ctx ? "ctx" : !ds ? "ds" : !indices ? "indices" : !images ? "images" : "labels");
+    if (dtype != UMT_F32 && !umt_dtype_is_lowp(dtype))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: images of %s (expected f32, bf16 or f16)", who,
+                        umt_dtype_name(dtype));
+    bool half = dtype != UMT_F32;
+    if (half && !umt_kernels(ctx)->lowp.gather_batch)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "%s: %s images: the %s backend has no half-precision kernels (ask for "
+                        "f32)", who, umt_dtype_name(dtype), umt_kernels(ctx)->name);
+    UMT_TRY(umt_check_owner(ctx, who, "ds", ds->ctx));
+    UMT_TRY(check_batch_request(who, ds, indices, count, mean, std));
+    const int64_t shape[4] = {count, ds->chw[0], ds->chw[1], ds->chw[2]};
+    umt_tensor *x = umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, half ? dtype : UMT_F32, 4, shape);
     umt_tensor *y = x ? umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_I32, 1, (int64_t[]){count}) : NULL;
     /* Both live in the step arena, freed by the next umt_step_begin even when this fails. */
     if (!y) return umt_last_status();
@@ -210,9 +218,27 @@ umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int6
      * copy from pinned memory (core/step_values.h), so the host does not wait for them. */
     void *device_indices = NULL;
     UMT_TRY(umt_step_values_input(ctx, indices, (size_t)count * sizeof *indices, &device_indices));
-    UMT_TRY(umt_kernels(ctx)->f32.gather_batch(ds->sample_bytes, ds->label_bytes, device_indices, count,
-                                       ds->chw[0] * ds->chw[1] * ds->chw[2], mean, std, x->data, y->data));
+    const umt_backend *be = umt_kernels(ctx);
+    int64_t hw = ds->chw[1] * ds->chw[2];
+    if (half) {
+        x->nhwc = true;
+        UMT_TRY(be->lowp.gather_batch(dtype, ds->sample_bytes, ds->label_bytes, device_indices, count, ds->chw[0], hw,
+                                      mean, std, x->data, y->data));
+    } else {
+        UMT_TRY(be->f32.gather_batch(ds->sample_bytes, ds->label_bytes, device_indices, count, ds->chw[0] * hw, mean,
+                                     std, x->data, y->data));
+    }
     *images = x;
     *labels = y;
     return UMT_OK;
+}
+
+umt_status umt_dataset_batch(umt_context *ctx, const umt_dataset *ds, const int64_t *indices, int64_t count, float mean,
+                             float std, umt_tensor **images, umt_tensor **labels) {
+    return batch("umt_dataset_batch", ctx, ds, indices, count, mean, std, UMT_F32, images, labels);
+}
+
+umt_status umt_dataset_batch_as(umt_context *ctx, const umt_dataset *ds, const int64_t *indices, int64_t count,
+                                float mean, float std, umt_dtype dtype, umt_tensor **images, umt_tensor **labels) {
+    return batch("umt_dataset_batch_as", ctx, ds, indices, count, mean, std, dtype, images, labels);
 }

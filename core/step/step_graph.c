@@ -57,9 +57,7 @@ umt_status umt_step_graph_keep_loss(umt_step_graph *g, const umt_tensor *loss) {
     if (loss->numel != 1 || loss->dtype != UMT_F32)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_run: the step returned %lld elements of %s "
                         "(expected one f32 loss)", (long long)loss->numel, umt_dtype_name(loss->dtype));
-    const umt_backend *be = umt_kernels(g->ctx);
-    UMT_TRY(be->f32.copy(g->loss->data, loss->data, sizeof(float)));
-    return be->f32.accumulate(g->loss_sum->data, loss->data, 1.0f, 1);
+    return umt_kernels(g->ctx)->f32.keep_and_add(g->loss->data, g->loss_sum->data, loss->data, 1);
 }
 
 umt_status umt_step_graph_eager(umt_step_graph *g, umt_step_fn step, void *user, const void *input,

@@ -22,6 +22,7 @@ static const umt_backend cpu_backend = {
         .add = umt_cpu_add,
         .add_rows = umt_cpu_add_rows,
         .accumulate = umt_cpu_accumulate,
+        .keep_and_add = umt_cpu_keep_and_add,
         .sum_rows = umt_cpu_sum_rows,
         .mul = umt_cpu_mul,
         .accumulate_product = umt_cpu_accumulate_product,

@@ -73,6 +73,7 @@ void umt_cpu_gemm_one_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, i
 umt_status umt_cpu_add(const float *a, const float *b, float *out, int64_t n);
 umt_status umt_cpu_add_rows(const float *x, const float *bias, float *out, int64_t rows, int64_t cols);
 umt_status umt_cpu_accumulate(float *dst, const float *src, float alpha, int64_t n);
+umt_status umt_cpu_keep_and_add(float *last, float *sum, const float *x, int64_t n);
 umt_status umt_cpu_sum_rows(const float *dy, float *dbias, int64_t rows, int64_t cols);
 umt_status umt_cpu_mul(const float *a, const float *b, float *out, int64_t n);
 umt_status umt_cpu_accumulate_product(float *dst, const float *a, const float *b, int64_t n);

@@ -27,6 +27,15 @@ umt_status umt_cpu_accumulate(float *dst, const float *src, float alpha, int64_t
     return UMT_OK;
 }
 
+umt_status umt_cpu_keep_and_add(float *last, float *sum, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i]; /* x may be last or sum */
+        last[i] = v;
+        sum[i] += v;
+    }
+    return UMT_OK;
+}
+
 umt_status umt_cpu_sum_rows(const float *dy, float *dbias, int64_t rows, int64_t cols) {
     /* Row by row, so dy is read contiguously; dbias (one row) stays in cache. */
     for (int64_t r = 0; r < rows; r++) {

@@ -345,6 +345,7 @@ static const umt_backend cuda_backend = {
         .add = umt_cuda_add,
         .add_rows = umt_cuda_add_rows,
         .accumulate = umt_cuda_accumulate,
+        .keep_and_add = umt_cuda_keep_and_add,
         .sum_rows = umt_cuda_sum_rows,
         .mul = umt_cuda_mul,
         .accumulate_product = umt_cuda_accumulate_product,
@@ -409,6 +410,7 @@ static const umt_backend cuda_backend = {
         .avg_pool_backward = umt_cuda_avg_pool_backward_lp,
         .softmax_xent = umt_cuda_softmax_xent_lp,
         .softmax_xent_backward = umt_cuda_softmax_xent_backward_lp,
+        .gather_batch = umt_cuda_gather_batch_lp,
     },
     .fused = {
         .conv2d_relu_supports = umt_cuda_conv2d_relu_fused,

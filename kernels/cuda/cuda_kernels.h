@@ -90,6 +90,7 @@ umt_status umt_cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
 umt_status umt_cuda_add(const float *a, const float *b, float *out, int64_t n);
 umt_status umt_cuda_add_rows(const float *x, const float *bias, float *out, int64_t rows, int64_t cols);
 umt_status umt_cuda_accumulate(float *dst, const float *src, float alpha, int64_t n);
+umt_status umt_cuda_keep_and_add(float *last, float *sum, const float *x, int64_t n);
 umt_status umt_cuda_sum_rows(const float *dy, float *dbias, int64_t rows, int64_t cols);
 umt_status umt_cuda_mul(const float *a, const float *b, float *out, int64_t n);
 umt_status umt_cuda_accumulate_product(float *dst, const float *a, const float *b, int64_t n);
@@ -120,6 +121,9 @@ umt_status umt_cuda_count_correct(const float *scores, const int32_t *labels, in
 umt_status umt_cuda_take_label_verdict(void);
 
 /* data.cu */
+umt_status umt_cuda_gather_batch_lp(umt_dtype dtype, const uint8_t *samples, const uint8_t *labels,
+                                    const int64_t *indices, int64_t count, int64_t c, int64_t hw, float mean, float std,
+                                    void *images_out, int32_t *labels_out);
 umt_status umt_cuda_gather_batch(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
                                  int64_t count, int64_t sample_numel, float mean, float std, float *images_out,
                                  int32_t *labels_out);

@@ -12,6 +12,7 @@
 #include "core/base/cuda_check.h"
 #include "core/base/error.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 
 enum { PIXEL_VALUES = 256 };
@@ -40,15 +41,59 @@ static __global__ void gather_batch_kernel(const uint8_t *samples, const uint8_t
     }
 }
 
+/* The same batch in dtype D, NHWC: the table's values rounded once to D in shared memory (as
+ * recast rounds an f32 value), pixel p of channel ch written at p * c + ch. */
+template <umt_dtype D>
+static __global__ void gather_batch_half_kernel(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
+                                                int64_t count, int64_t c, int64_t hw, normalise_table table,
+                                                uint16_t *images_out, int32_t *labels_out) {
+    __shared__ uint16_t shared_table[PIXEL_VALUES];
+    for (int v = threadIdx.x; v < PIXEL_VALUES; v += blockDim.x) shared_table[v] = umt_dev_narrow<D>(table.value[v]);
+    __syncthreads();
+    int64_t sample_numel = c * hw;
+    for (int64_t row = blockIdx.x; row < count; row += gridDim.x) {
+        int64_t index = indices[row];
+        if (threadIdx.x == 0) labels_out[row] = labels[index];
+        const uint8_t *sample = samples + index * sample_numel;
+        uint16_t *image = images_out + row * sample_numel;
+        if (c == 1) {
+            for (int64_t j = threadIdx.x; j < hw; j += blockDim.x) image[j] = shared_table[sample[j]];
+        } else {
+            for (int64_t j = threadIdx.x; j < sample_numel; j += blockDim.x) {
+                int64_t ch = j / hw, p = j - ch * hw;
+                image[p * c + ch] = shared_table[sample[j]];
+            }
+        }
+    }
+}
+
+/* The table: the CPU file's expression for each pixel value. */
+static normalise_table table_for(float mean, float std) {
+    normalise_table table;
+    for (int v = 0; v < PIXEL_VALUES; v++) table.value[v] = ((float)v / 255.0f - mean) / std;
+    return table;
+}
+
+extern "C" umt_status umt_cuda_gather_batch_lp(umt_dtype dtype, const uint8_t *samples, const uint8_t *labels,
+                                               const int64_t *indices, int64_t count, int64_t c, int64_t hw,
+                                               float mean, float std, void *images_out, int32_t *labels_out) {
+    UMT_TRY(umt_cuda_check_half("gather_batch_lp", dtype));
+    if (count <= 0) return UMT_OK;
+    unsigned int blocks = count < MAX_BLOCKS ? (unsigned int)count : (unsigned int)MAX_BLOCKS;
+    auto kernel = dtype == UMT_BF16 ? gather_batch_half_kernel<UMT_BF16> : gather_batch_half_kernel<UMT_F16>;
+    kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(samples, labels, indices, count, c, hw, table_for(mean, std),
+                                                      (uint16_t *)images_out, labels_out);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
 extern "C" umt_status umt_cuda_gather_batch(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
                                             int64_t count, int64_t sample_numel, float mean, float std,
                                             float *images_out, int32_t *labels_out) {
     if (count <= 0) return UMT_OK;
-    normalise_table table;
-    for (int v = 0; v < PIXEL_VALUES; v++) table.value[v] = ((float)v / 255.0f - mean) / std;
     unsigned int blocks = count < MAX_BLOCKS ? (unsigned int)count : (unsigned int)MAX_BLOCKS;
     gather_batch_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(samples, labels, indices, count, sample_numel,
-                                                                   table, images_out, labels_out);
+                                                                   table_for(mean, std), images_out, labels_out);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }

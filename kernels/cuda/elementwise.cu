@@ -39,6 +39,14 @@ static __global__ void accumulate_kernel(float *dst, const float *src, float alp
     FOR_EACH_INDEX(i, n) dst[i] = __fadd_rn(dst[i], __fmul_rn(alpha, src[i]));
 }
 
+static __global__ void keep_and_add_kernel(float *last, float *sum, const float *x, int64_t n) {
+    FOR_EACH_INDEX(i, n) {
+        float v = x[i]; /* x may be last or sum */
+        last[i] = v;
+        sum[i] = __fadd_rn(sum[i], v);
+    }
+}
+
 /* dbias[c] += sum over r of dy[r, c]. A block takes 32 neighbouring columns (a warp reads 32
  * consecutive floats of a row) and 16 row groups: thread (x, y) sums rows y, y + 16, ... of its
  * column, then warp 0 adds the 16 partial sums of each column in a fixed order. The batch is
@@ -96,6 +104,11 @@ extern "C" umt_status umt_cuda_add_rows(const float *x, const float *bias, float
 
 extern "C" umt_status umt_cuda_accumulate(float *dst, const float *src, float alpha, int64_t n) {
     LAUNCH_OVER(n, accumulate_kernel, dst, src, alpha, n);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_keep_and_add(float *last, float *sum, const float *x, int64_t n) {
+    LAUNCH_OVER(n, keep_and_add_kernel, last, sum, x, n);
     return UMT_OK;
 }
 

@@ -417,25 +417,9 @@ template <umt_dtype D> static __device__ auto logits_row(const void *logits, int
     else return half_row<D>{(const uint16_t *)logits + r * cols};
 }
 
-/* Rows of at most 32 columns, eight at a time (a warp each): block b takes rows b, b + blocks,
- * ..., and returns the sum of their -log p[label] in that order. */
-template <umt_dtype D>
-static __device__ double warp_rows_loss(const void *logits, const int32_t *labels, float *probs, int64_t rows,
-                                        int64_t cols) {
-    __shared__ double row_loss[THREADS / 32];
-    int warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    double block_loss = 0.0;
-    for (int64_t first = blockIdx.x; first < rows; first += (int64_t)warps * gridDim.x) {
-        int64_t r = first + (int64_t)warp * gridDim.x;
-        if (r < rows) row_loss[warp] = warp_row_loss(logits_row<D>(logits, r, cols), probs + r * cols, labels[r], cols);
-        __syncthreads();
-        for (int w = 0; w < warps && first + (int64_t)w * gridDim.x < rows; w++) block_loss += row_loss[w];
-        __syncthreads();
-    }
-    return block_loss;
-}
-
-/* Any rows, one at a time by the whole block: the same rows, order and sum as warp_rows_loss. */
+/* The loss's partial sums: group g of G = partial_blocks_for(rows, 1) takes rows g, g + G, g + 2G,
+ * ... and sums their -log p[label] in that order, from 0.0; the last block to finish adds the G
+ * partials (write_mean). Rows of any width are a block's, a group a block. */
 template <umt_dtype D>
 static __device__ double block_rows_loss(const void *logits, const int32_t *labels, float *probs, int64_t rows,
                                          int64_t cols) {
@@ -453,20 +437,48 @@ static __device__ double block_rows_loss(const void *logits, const int32_t *labe
     return block_loss;
 }
 
-/* probs = softmax(row) for every row, and the mean of the rows' -log p[label]: each block's rows
- * summed into its partial, and the last block to finish makes the loss. A row of at most 32
- * columns (MNIST's 10) is a warp's, where a row of the whole block spent two block-wide
- * reductions on ten values (docs/PERF.md, "The loss by warps"). The loss is taken from the
- * logits, not from probs: a probability that underflowed to 0 would give an infinite loss where
- * the true one is merely large. D: the logits' dtype (bf16/f16 ones widened as they are read). */
+/* probs = softmax(row) for every row, and the mean of the rows' -log p[label]: each group's rows
+ * summed into its partial, and the last block to finish makes the loss. The loss is taken from
+ * the logits, not from probs: a probability that underflowed to 0 would give an infinite loss
+ * where the true one is merely large. D: the logits' dtype (bf16/f16 ones widened as they are
+ * read). A group a block: rows of any width. */
 template <umt_dtype D>
 static __global__ void softmax_xent_kernel(loss_scratch s, const void *logits, const int32_t *labels, float *probs,
                                            float *loss, int64_t rows, int64_t cols) {
     if (!labels_in_range(s, SOFTMAX_XENT, labels, rows, cols)) return;
-    double block_loss = cols <= 32 ? warp_rows_loss<D>(logits, labels, probs, rows, cols)
-                                   : block_rows_loss<D>(logits, labels, probs, rows, cols);
+    double block_loss = block_rows_loss<D>(logits, labels, probs, rows, cols);
     if (threadIdx.x == 0) s.partials[blockIdx.x] = block_loss;
     if (finishes_last(s)) write_mean(s, (int)gridDim.x, 1.0, (double)rows, loss);
+}
+
+/* The same for rows of at most 32 columns (MNIST's 10), a group a warp and eight a block: the
+ * same partials and sum, so the same bits. A row of the whole block spent two block-wide
+ * reductions on ten values (docs/PERF.md, "The loss by warps"), and a block a group made every
+ * one of up to UMT_LOSS_PARTIALS blocks scan the labels and count itself done. */
+template <umt_dtype D>
+static __global__ void softmax_xent_warps_kernel(loss_scratch s, const void *logits, const int32_t *labels,
+                                                 float *probs, float *loss, int64_t rows, int64_t cols, int groups) {
+    if (!labels_in_range(s, SOFTMAX_XENT, labels, rows, cols)) return;
+    int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (g < groups) {
+        double group_loss = 0.0;
+        for (int64_t r = g; r < rows; r += groups)
+            group_loss += warp_row_loss(logits_row<D>(logits, r, cols), probs + r * cols, labels[r], cols);
+        if (threadIdx.x % 32 == 0) s.partials[g] = group_loss;
+    }
+    if (finishes_last(s)) write_mean(s, groups, 1.0, (double)rows, loss);
+}
+
+/* The loss's launch for logits of dtype D: by warps when a row fits one. */
+template <umt_dtype D>
+static void launch_softmax_xent(loss_scratch s, const void *logits, const int32_t *labels, float *probs, float *loss,
+                                int64_t rows, int64_t cols) {
+    unsigned int groups = partial_blocks_for(rows, 1);
+    if (cols <= 32)
+        softmax_xent_warps_kernel<D><<<(groups + THREADS / 32 - 1) / (THREADS / 32), THREADS, 0, umt_cuda_stream()>>>(
+            s, logits, labels, probs, loss, rows, cols, (int)groups);
+    else
+        softmax_xent_kernel<D><<<groups, THREADS, 0, umt_cuda_stream()>>>(s, logits, labels, probs, loss, rows, cols);
 }
 
 /* Element i's share of the gradient, scale * (probs - onehot(labels)), scale = dloss[0] / rows. */
@@ -504,8 +516,7 @@ extern "C" umt_status umt_cuda_softmax_xent(const float *logits, const int32_t *
                                             int64_t rows, int64_t cols) {
     loss_scratch s;
     UMT_TRY(scratch_for("softmax_xent", &s));
-    softmax_xent_kernel<UMT_F32><<<partial_blocks_for(rows, 1), THREADS, 0, umt_cuda_stream()>>>(
-        s, logits, labels, probs, loss, rows, cols);
+    launch_softmax_xent<UMT_F32>(s, logits, labels, probs, loss, rows, cols);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
@@ -515,8 +526,8 @@ extern "C" umt_status umt_cuda_softmax_xent_lp(umt_dtype dtype, const void *logi
     UMT_TRY(umt_cuda_check_half("softmax_xent_lp", dtype));
     loss_scratch s;
     UMT_TRY(scratch_for("softmax_xent", &s));
-    auto kernel = dtype == UMT_BF16 ? softmax_xent_kernel<UMT_BF16> : softmax_xent_kernel<UMT_F16>;
-    kernel<<<partial_blocks_for(rows, 1), THREADS, 0, umt_cuda_stream()>>>(s, logits, labels, probs, loss, rows, cols);
+    if (dtype == UMT_BF16) launch_softmax_xent<UMT_BF16>(s, logits, labels, probs, loss, rows, cols);
+    else launch_softmax_xent<UMT_F16>(s, logits, labels, probs, loss, rows, cols);
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }

@@ -302,6 +302,10 @@ static void test_elementwise_kernels_match_the_cpu_and_accumulate_into_their_out
         expect_close("accumulate", acc, NULL, 0.0);
         BOTH(accumulate_product(P(acc), P(a), P(b), n));
         expect_close("accumulate_product", acc, NULL, 0.0);
+        twin last = twin_poisoned(bytes);
+        BOTH(keep_and_add(P(last), P(acc), P(b), n));
+        expect_close("keep_and_add last", last, NULL, 0.0);
+        expect_close("keep_and_add sum", acc, NULL, 0.0);
         /* relu's output (exact zeros included) decides where dy passes. */
         twin dx = twin_random(n, -1, 1);
         BOTH(relu_backward(P(relu), P(b), P(dx), n));
@@ -355,8 +359,9 @@ static void test_mean_and_its_backward_match_the_cpu(void **state) {
     }
 }
 
-/* softmax_xent takes a row of at most 32 columns by a warp (32 and 33 on either side; 9000 rows:
- * several rounds of eight rows a block, the last part full), longer ones by the block. */
+/* softmax_xent takes a row of at most 32 columns by a warp, eight groups of rows a block (32 and
+ * 33 on either side; 3 rows: one block with three groups; 9000 rows: 1024 groups of 8 or 9 rows,
+ * each group's sum a partial of the loss), longer ones by the block. */
 static const int64_t softmax_shapes[][2] = {{1, 1}, {3, 10}, {512, 10}, {9000, 10}, {100, 32}, {100, 33},
                                             {64, 1000}, {2, 65537}};
 #define SOFTMAX_SHAPE_COUNT (sizeof softmax_shapes / sizeof softmax_shapes[0])

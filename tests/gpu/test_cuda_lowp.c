@@ -869,6 +869,44 @@ static void test_softmax_xent_on_half_logits_equals_the_f32_slots_on_their_widen
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* A batch gathered straight into bf16/f16 NHWC images is the f32 gather cast by recast (what a
+ * first layer does to it), bit for bit, and its labels are the f32 gather's: one channel (MNIST)
+ * and three, odd sizes, repeated samples. */
+static void test_half_gather_equals_the_f32_gather_cast_bit_for_bit(void **state) {
+    (void)state;
+    enum { SAMPLES = 40 };
+    static const int64_t shapes[][3] = {{1, 1, 1}, {64, 1, 784}, {5, 3, 1025}, {3, 2, 65537}}; /* count, c, hw */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t count = shapes[s][0], c = shapes[s][1], hw = shapes[s][2], numel = c * hw;
+        uint8_t *pixels = host_alloc((size_t)(SAMPLES * numel)), *classes = host_alloc(SAMPLES);
+        int64_t *indices = host_alloc((size_t)count * sizeof *indices);
+        for (int64_t i = 0; i < SAMPLES * numel; i++) pixels[i] = (uint8_t)random_u32();
+        for (int64_t i = 0; i < SAMPLES; i++) classes[i] = (uint8_t)(random_u32() % 10);
+        for (int64_t i = 0; i < count; i++) indices[i] = (int64_t)(random_u32() % SAMPLES);
+        void *samples = to_device(pixels, (size_t)(SAMPLES * numel)), *labels = to_device(classes, SAMPLES);
+        void *index = to_device(indices, (size_t)count * sizeof *indices);
+        size_t half_bytes = (size_t)(count * numel) * 2, label_bytes = (size_t)count * sizeof(int32_t);
+        float *wide = device_alloc((size_t)(count * numel) * sizeof(float));
+        void *wide_labels = device_alloc(label_bytes);
+        EXPECT_OK(gpu->f32.gather_batch(samples, labels, index, count, numel, 0.1307f, 0.3081f, wide, wide_labels));
+        for (int t = 0; t < 2; t++) {
+            CONTEXT("gather_batch %s, %lld images of %lld x %lld", umt_dtype_name(HALVES[t]), (long long)count,
+                    (long long)c, (long long)hw);
+            void *cast = device_alloc(half_bytes), *gathered = device_alloc(half_bytes);
+            void *half_labels = device_alloc(label_bytes);
+            EXPECT_OK(gpu->lowp.recast(wide, UMT_F32, false, cast, HALVES[t], true, count, c, hw, false));
+            EXPECT_OK(gpu->lowp.gather_batch(HALVES[t], samples, labels, index, count, c, hw, 0.1307f, 0.3081f,
+                                             gathered, half_labels));
+            if (memcmp(from_device(cast, half_bytes), from_device(gathered, half_bytes), half_bytes) != 0)
+                fail_msg("%s: the images differ from the cast f32 gather", context);
+            if (memcmp(from_device(wide_labels, label_bytes), from_device(half_labels, label_bytes), label_bytes) != 0)
+                fail_msg("%s: the labels differ from the f32 gather's", context);
+        }
+    }
+    assert_int_equal(gpu->lowp.gather_batch(UMT_F32, NULL, NULL, NULL, 1, 1, 1, 0.0f, 1.0f, NULL, NULL),
+                     UMT_ERR_INVALID_ARGUMENT);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         TEST(test_zero_clears_exactly_the_bytes_asked_for),
@@ -885,6 +923,7 @@ int main(void) {
         TEST(test_pools_match_the_cpu_in_both_layouts_through_overlapping_windows),
         TEST(test_the_eight_lane_pool_matches_through_infinities_and_nans),
         TEST(test_softmax_xent_on_half_logits_equals_the_f32_slots_on_their_widened_values_bit_for_bit),
+        TEST(test_half_gather_equals_the_f32_gather_cast_bit_for_bit),
     };
     return cmocka_run_group_tests(tests, start_backends, stop_backends);
 }
