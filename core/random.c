@@ -15,7 +15,7 @@ umt_status umt_tensor_uniform(umt_context *ctx, umt_tensor *t, float low, float 
     float *host = malloc((size_t)t->numel * sizeof *host);
     if (!host) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "umt_tensor_uniform: no memory for %lld values", (long long)t->numel);
     for (int64_t i = 0; i < t->numel; ++i) host[i] = low + (high - low) * umt_rng_uniform(&ctx->rng);
-    t->lowp_stale = true;
+    umt_tensor_written(t);
     umt_status st = umt_kernels(ctx)->f32.upload(t->data, host, t->bytes);
     free(host);
     return st;

@@ -111,20 +111,33 @@ umt_status umt_step_begin(umt_context *ctx) {
  * where a small model's step has few kernels to spare for zero fills). */
 enum { ZERO_BATCH = 32 };
 
+/* The batch's count gradients (of parameters[which[..]]) filled in one call, and marked zero; a
+ * dry step's fill fills nothing, so it marks nothing. */
+static umt_status zero_batch(umt_context *ctx, int count, const int *which, void *const *blocks,
+                             const size_t *bytes) {
+    if (!count) return UMT_OK;
+    UMT_TRY(umt_kernels(ctx)->f32.zero_many(count, blocks, bytes));
+    for (int k = 0; k < count && !ctx->dry; ++k) ctx->parameters[which[k]]->grad_zeroed = true;
+    return UMT_OK;
+}
+
 umt_status umt_zero_grad(umt_context *ctx) {
     if (!ctx) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_zero_grad: ctx is NULL");
     void *blocks[ZERO_BATCH];
     size_t bytes[ZERO_BATCH];
-    int count = 0;
+    int which[ZERO_BATCH], count = 0;
     for (int i = 0; i < ctx->parameter_count; ++i) {
-        umt_tensor *g = ctx->parameters[i]->grad;
-        if (umt_hooks_zero_grad(ctx, ctx->parameters[i])) continue; /* a subsystem's gradient, zeroed there */
-        blocks[count] = g->data, bytes[count++] = (size_t)g->numel * sizeof(float);
+        umt_tensor *p = ctx->parameters[i], *g = p->grad;
+        if (umt_hooks_zero_grad(ctx, p)) continue; /* a subsystem's gradient, zeroed there */
+        /* Zero already: filled since its last write, or consumed by the last step's update
+         * (umt_optimizer_options.zero_grads_in_step). */
+        if (p->grad_zeroed) continue;
+        which[count] = i, blocks[count] = g->data, bytes[count++] = (size_t)g->numel * sizeof(float);
         if (count < ZERO_BATCH) continue;
-        UMT_TRY(umt_kernels(ctx)->f32.zero_many(count, blocks, bytes));
+        UMT_TRY(zero_batch(ctx, count, which, blocks, bytes));
         count = 0;
     }
-    return count ? umt_kernels(ctx)->f32.zero_many(count, blocks, bytes) : UMT_OK;
+    return zero_batch(ctx, count, which, blocks, bytes);
 }
 
 bool umt_set_grad_enabled(umt_context *ctx, bool enabled) {
@@ -179,6 +192,8 @@ umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *se
     if (ctx->tape.count == 0)
         return umt_fail(UMT_ERR_STATE, "umt_backward: the tape is empty (backward already ran since the forward pass)");
     forward_trace_end(ctx);
+    /* Every parameter's gradient may be added to from here on. */
+    for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->grad_zeroed = false;
     /* A micro-batch's mean loss counts samples / batch of the step's (core/micro_batch.h). The
      * seed is zeroed only where it is added to; a copy or a fill writes it whole. */
     float weight = umt_micro_batch_weight(ctx);

@@ -266,9 +266,14 @@ static umt_status check_bytes(const char *op, const umt_tensor *t, const void *h
     return UMT_OK;
 }
 
+void umt_tensor_written(umt_tensor *t) {
+    t->lowp_stale = true; /* a parameter's compute copy no longer matches (core/precision.c) */
+    if (t->owner && t->owner->grad == t) t->owner->grad_zeroed = false;
+}
+
 umt_status umt_tensor_copy_from_host(umt_tensor *t, const void *src, size_t bytes) {
     UMT_TRY(check_bytes("umt_tensor_copy_from_host", t, src, "src", bytes));
-    t->lowp_stale = true; /* a parameter's compute copy no longer matches (core/precision.c) */
+    umt_tensor_written(t);
     return umt_kernels(t->ctx)->f32.upload(t->data, src, bytes);
 }
 
@@ -279,7 +284,7 @@ umt_status umt_tensor_copy_to_host(const umt_tensor *t, void *dst, size_t bytes)
 
 umt_status umt_tensor_fill(umt_tensor *t, float value) {
     UMT_TRY(umt_check_tensor("umt_tensor_fill", "t", t, UMT_F32, 0));
-    t->lowp_stale = true;
+    umt_tensor_written(t);
     return umt_kernels(t->ctx)->f32.fill(t->data, t->numel, value);
 }
 
@@ -301,5 +306,6 @@ umt_status umt_tensor_convert(const umt_tensor *src, umt_tensor *dst) {
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_tensor_convert: src %s and dst %s differ in size",
                         umt_shape_string(src, a, sizeof a), umt_shape_string(dst, b, sizeof b));
     }
+    umt_tensor_written(dst);
     return umt_kernels(src->ctx)->f32.convert(src->data, src->dtype, dst->data, dst->dtype, src->numel);
 }

@@ -29,6 +29,8 @@ struct umt_tensor {
     bool is_parameter;
     bool nhwc;          /* 4-D activations under bf16/fp16: stored N,H,W,C (shape still reads N,C,H,W) */
     bool lowp_stale;    /* parameters: the master was written from the host since lowp was made */
+    bool grad_zeroed;   /* parameters: the gradient is zero (a zero fill, or an update that consumed it,
+                         * queued since it was last written): umt_zero_grad has nothing to fill */
     char *name;         /* parameters only */
     umt_tensor *grad;   /* parameters: in the grads pool; others: activations, made in backward */
     umt_tensor *lowp;   /* parameters under bf16/fp16 precision: the compute copy (weights pool), which
@@ -46,6 +48,10 @@ struct umt_tensor {
     } offload;
     umt_tensor *next;   /* the context's list this header is on */
 };
+
+/* t was written from the host: a parameter's compute copy, or its parameter's knowledge of a zero
+ * gradient when t is a gradient, no longer holds. */
+void umt_tensor_written(umt_tensor *t);
 
 /* A header over new storage of pool (the public umt_tensor_new). */
 umt_tensor *umt_tensor_alloc(umt_context *ctx, umt_pool pool, umt_dtype dtype, int ndim, const int64_t *shape);

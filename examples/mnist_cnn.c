@@ -529,6 +529,9 @@ static int make_optimizer(run_state *r, const options *o) {
     /* fp16's 5 exponent bits underflow small gradients unless the loss is scaled up first. */
     oo.loss_scaling = r->loss_scaling = umt_context_precision(r->ctx) == UMT_PRECISION_FP16;
     oo.on_nonfinite = r->nonfinite.policy = o->on_nonfinite;
+    /* Nothing reads the gradients after a step here: the update zeroes them as it goes, and the
+     * next step's umt_zero_grad has nothing to fill. */
+    oo.zero_grads_in_step = true;
     umt_status status = umt_optimizer_create(r->ctx, &oo, &r->opt);
     return status ? example_build_failed(program, status, r->ctx, r->offload, r->rank == 0 ? stdout : NULL) : 0;
 }

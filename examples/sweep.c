@@ -258,6 +258,7 @@ static int build(run *r) {
     /* The MNIST recipe's Adadelta rate is 1.0; other optimizers keep PyTorch's default. */
     oo.lr = r->lr = r->c->lr > 0 ? r->c->lr : r->c->optimizer == UMT_OPT_ADADELTA ? 1.0f : oo.lr;
     oo.loss_scaling = r->o->precision == UMT_PRECISION_FP16;
+    oo.zero_grads_in_step = true; /* as mnist_cnn: nothing reads the gradients after a step */
     if (check(r, umt_optimizer_create(r->ctx, &oo, &r->opt)) ||
         check(r, umt_step_graph_create(r->ctx, r->o->graph && r->o->device == UMT_DEVICE_CUDA, &r->graph)))
         return -1;

@@ -704,6 +704,13 @@ typedef struct {
      * steps it lets through are bit for bit those without it. With the offload tier, updates in
      * backward (UMT_OFFLOAD_OPTIM_BACKWARD) then run after backward, as they do with clipping. */
     umt_nonfinite_policy on_nonfinite;
+    /* The step consumes the gradients it updates from: its update writes a zero over each one it
+     * has read (over all of them when the step is skipped), so that they are zero after it, as
+     * after umt_zero_grad, and the next umt_zero_grad has nothing to fill for them: one pass over
+     * every gradient fewer a step, with the same updates bit for bit. Off by default: PyTorch
+     * keeps the gradients after a step, to read or to add to. A parameter that a subsystem
+     * updates itself (the offload tier) keeps that subsystem's own way. */
+    bool zero_grads_in_step;
 } umt_optimizer_options;
 
 /* PyTorch's defaults for the kind (SGD lr 0.01; Adam lr 1e-3; AdamW lr 1e-3 wd 1e-2;

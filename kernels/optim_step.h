@@ -110,7 +110,11 @@ typedef struct {
  *             only with scalars (its step size is then the scalars'), and for AdamW's decay;
  *   grad_bf16 — NULL, or the gradient rounded to bf16, read instead of grad (which may then be
  *             NULL): the offload tier's CPU threads under bf16 get gradients home at half the
- *             bytes (offload/host.c). The CPU backend only; the CUDA one refuses it. */
+ *             bytes (offload/host.c). The CPU backend only; the CUDA one refuses it;
+ *   zero_grad — the update consumes the (f32) gradient: each element is set to 0 once read, and
+ *             the whole gradient when the step is skipped, so that it is zero after the update
+ *             as after a zero fill, without the fill's pass (core/optim/optim.c). grad must be
+ *             writable then; not with grad_bf16. */
 typedef struct {
     const umt_step_scalars *scalars;
     const float *lr_on_device;
@@ -118,6 +122,7 @@ typedef struct {
     umt_dtype lowp_dtype;
     int64_t lowp_channels, lowp_pixels;
     const uint16_t *grad_bf16;
+    bool zero_grad;
 } umt_update_fusion;
 
 /* One parameter of a multi-tensor update: its buffers (state1 NULL for SGD, both state buffers

@@ -663,6 +663,91 @@ static void test_loss_scaler_skips_a_step_with_an_inf_or_nan_gradient_and_halves
     umt_context_destroy(f.ctx);
 }
 
+/* Two parameters' gradients read back. */
+static void read_grads(umt_tensor *a, umt_tensor *b, float out[3]) {
+    assert_int_equal(umt_tensor_copy_to_host(umt_tensor_grad(a), out, 2 * sizeof(float)), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(umt_tensor_grad(b), out + 2, sizeof(float)), UMT_OK);
+}
+
+/* zero_grads_in_step: every rule, per tensor and multi-tensor, moves the parameters as without
+ * it, bit for bit, and leaves the gradients zero; umt_zero_grad then fills nothing it need not,
+ * but a gradient written since (from the host) is zeroed again; a skipped step (an inf under
+ * loss scaling) zeroes them too and moves nothing. */
+static void test_a_step_that_consumes_its_gradients_zeroes_them_and_moves_the_same(void **state) {
+    (void)state;
+    const float a0[2] = {1.0f, -2.0f}, b0[1] = {0.5f};
+    const float grads[3][3] = {{0.5f, 0.25f, -1.0f}, {-0.125f, 2.0f, 0.75f}, {1.5f, -0.5f, 0.25f}};
+    for (int kind = UMT_OPT_SGD; kind <= UMT_OPT_ADADELTA; ++kind) {
+        for (int multi = 0; multi < 2; ++multi) {
+            umt_tensor *pa[2], *pb[2];
+            umt_context *ctx[2];
+            umt_optimizer *opt[2];
+            for (int side = 0; side < 2; ++side) {
+                ctx[side] = two_parameter_context(a0, b0, grads[0], grads[0] + 2, &pa[side], &pb[side]);
+                umt_optimizer_options o = umt_optimizer_defaults((umt_optimizer_kind)kind);
+                o.momentum = kind == UMT_OPT_SGD ? 0.9f : 0.0f;
+                o.multi_tensor = multi;
+                o.zero_grads_in_step = side == 1;
+                opt[side] = make_optimizer(ctx[side], o);
+            }
+            for (int step = 0; step < 3; ++step) {
+                for (int side = 0; side < 2; ++side) {
+                    assert_int_equal(umt_zero_grad(ctx[side]), UMT_OK);
+                    /* What a backward adds: the host's write stands for it. */
+                    assert_int_equal(umt_tensor_copy_from_host(umt_tensor_grad(pa[side]), grads[step], 8), UMT_OK);
+                    assert_int_equal(umt_tensor_copy_from_host(umt_tensor_grad(pb[side]), grads[step] + 2, 4), UMT_OK);
+                    assert_int_equal(umt_optimizer_step(opt[side]), UMT_OK);
+                }
+                float p[2][3], g[3];
+                for (int side = 0; side < 2; ++side) {
+                    assert_int_equal(umt_tensor_copy_to_host(pa[side], p[side], 2 * sizeof(float)), UMT_OK);
+                    assert_int_equal(umt_tensor_copy_to_host(pb[side], p[side] + 2, sizeof(float)), UMT_OK);
+                }
+                assert_memory_equal(p[0], p[1], sizeof p[0]);
+                read_grads(pa[1], pb[1], g);
+                for (int i = 0; i < 3; ++i) assert_true(g[i] == 0.0f && !signbit(g[i]));
+                read_grads(pa[0], pb[0], g); /* the plain step keeps them */
+                assert_memory_equal(g, grads[step], sizeof g);
+                /* What umt_zero_grad reads to skip a fill: set by the consuming step alone. */
+                assert_true(pa[1]->grad_zeroed && pb[1]->grad_zeroed);
+                assert_false(pa[0]->grad_zeroed || pb[0]->grad_zeroed);
+            }
+            /* Written from the host after the step: the next umt_zero_grad fills it again. */
+            assert_int_equal(umt_tensor_fill(umt_tensor_grad(pa[1]), 7.0f), UMT_OK);
+            assert_false(pa[1]->grad_zeroed);
+            assert_true(pb[1]->grad_zeroed);
+            assert_int_equal(umt_zero_grad(ctx[1]), UMT_OK);
+            assert_true(pa[1]->grad_zeroed);
+            float g[3];
+            read_grads(pa[1], pb[1], g);
+            for (int i = 0; i < 3; ++i) assert_true(g[i] == 0.0f);
+            for (int side = 0; side < 2; ++side) umt_context_destroy(ctx[side]);
+        }
+    }
+    /* A skipped step consumes its gradients all the same. */
+    umt_tensor *a, *b;
+    umt_context *ctx = two_parameter_context(a0, b0, (float[]){1.0f, INFINITY}, (float[]){2.0f}, &a, &b);
+    umt_optimizer_options o = scaled_options(UMT_OPT_SGD, 1024.0f, 2000);
+    o.zero_grads_in_step = true;
+    umt_optimizer *opt = make_optimizer(ctx, o);
+    assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+    assert_int_equal(umt_optimizer_skipped_steps(opt), 1);
+    float p[3], g[3];
+    assert_int_equal(umt_tensor_copy_to_host(a, p, 2 * sizeof(float)), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(b, p + 2, sizeof(float)), UMT_OK);
+    assert_memory_equal(p, ((float[]){1.0f, -2.0f, 0.5f}), sizeof p);
+    read_grads(a, b, g);
+    for (int i = 0; i < 3; ++i) assert_true(g[i] == 0.0f);
+    /* The kernels refuse zero_grad with bf16 gradients: there is no f32 gradient to consume. */
+    uint16_t g16[1] = {0};
+    float param[1] = {0}, s0[1] = {0}, s1[1] = {0};
+    assert_int_equal(umt_cpu_adadelta_update_fused(param, NULL, s0, s1, 1, 1.0f, 0.9f, 1e-6f, 0.0f,
+                                                   (umt_update_fusion){.grad_bf16 = g16, .zero_grad = true}),
+                     UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "zero_grad with grad_bf16"));
+    umt_context_destroy(ctx);
+}
+
 static void test_a_skipped_step_does_not_advance_adams_bias_correction(void **state) {
     (void)state;
     const float unscaled[3] = {0.3f, -2.0f, 0.01f}, values[3] = {1.0f, -1.0f, 0.5f};
@@ -716,6 +801,26 @@ static void gradients_of_mean_product(umt_context *ctx, umt_tensor *w, const umt
     assert_non_null(loss);
     assert_int_equal(opt ? umt_backward_scaled(ctx, loss, opt) : umt_backward(ctx, loss), UMT_OK);
     assert_int_equal(umt_tensor_copy_to_host(umt_tensor_grad(w), out, 4 * sizeof(float)), UMT_OK);
+}
+
+/* Training steps with zero_grads_in_step: backward adds to a gradient the last step consumed (so
+ * it is no longer known zero), the step consumes it again, and every step's gradient is that
+ * step's alone (nothing left over from the one before: mean(w * x) has dw = x / 4). */
+static void test_consumed_gradients_start_each_backward_from_zero(void **state) {
+    (void)state;
+    fixture f = make_fixture(4, (float[]){1, 1, 1, 1}, (float[]){0, 0, 0, 0});
+    umt_optimizer_options o = umt_optimizer_defaults(UMT_OPT_SGD);
+    o.zero_grads_in_step = true;
+    umt_optimizer *opt = make_optimizer(f.ctx, o);
+    for (int step = 0; step < 3; ++step) {
+        float g[4];
+        gradients_of_mean_product(f.ctx, f.param, NULL, g);
+        assert_false(f.param->grad_zeroed);
+        for (int i = 0; i < 4; ++i) assert_float_equal(g[i], (i + 1) / 4.0, 0.0);
+        assert_int_equal(umt_optimizer_step(opt), UMT_OK);
+        assert_true(f.param->grad_zeroed);
+    }
+    umt_context_destroy(f.ctx);
 }
 
 static void test_backward_scaled_multiplies_every_gradient_by_the_loss_scale(void **state) {
@@ -838,7 +943,9 @@ int main(void) {
         cmocka_unit_test(test_clipping_scales_every_gradient_by_max_norm_over_the_global_norm),
         cmocka_unit_test(test_loss_scaler_skips_a_step_with_an_inf_or_nan_gradient_and_halves_the_scale),
         cmocka_unit_test(test_a_skipped_step_does_not_advance_adams_bias_correction),
+        cmocka_unit_test(test_a_step_that_consumes_its_gradients_zeroes_them_and_moves_the_same),
         cmocka_unit_test(test_loss_scale_doubles_after_growth_interval_clean_steps_in_a_row),
+        cmocka_unit_test(test_consumed_gradients_start_each_backward_from_zero),
         cmocka_unit_test(test_backward_scaled_multiplies_every_gradient_by_the_loss_scale),
         cmocka_unit_test(test_step_options_are_checked_naming_the_option),
         cmocka_unit_test(test_defaults_turn_clipping_and_scaling_off_with_gradscalers_values_ready),

@@ -291,6 +291,12 @@ static umt_status update_arrays(const umt_optimizer_options *o, const umt_backen
     return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_optimizer_step: kind %d", (int)o->kind);
 }
 
+/* After p's update is queued: its gradient is zero once it runs when the update consumes it (a
+ * dry step's update runs nothing). */
+static void consumed(const umt_optimizer *opt, umt_tensor *p) {
+    if (opt->options.zero_grads_in_step && !opt->ctx->dry) p->grad_zeroed = true;
+}
+
 static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *slot, int64_t step,
                               const float *lr_on_device) {
     float *s0 = slot->state[0] ? slot->state[0]->data : NULL;
@@ -301,13 +307,16 @@ static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *sl
         .lr_on_device = lr_on_device,
         .lowp = lowp ? lowp->data : NULL,
         .lowp_dtype = lowp ? lowp->dtype : UMT_F32,
+        .zero_grad = opt->options.zero_grads_in_step,
     };
     if (lowp && lowp->nhwc) { /* a conv weight's copy is K,R,S,C (core/precision.c) */
         fusion.lowp_channels = lowp->shape[1];
         fusion.lowp_pixels = lowp->shape[2] * lowp->shape[3];
     }
-    return update_arrays(&opt->options, umt_kernels(opt->ctx), slot->param->data, slot->param->grad->data, s0, s1,
-                         slot->param->numel, step, fusion);
+    UMT_TRY(update_arrays(&opt->options, umt_kernels(opt->ctx), slot->param->data, slot->param->grad->data, s0, s1,
+                          slot->param->numel, step, fusion));
+    consumed(opt, slot->param);
+    return UMT_OK;
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -381,6 +390,7 @@ static umt_status update_all(const umt_optimizer *opt, int64_t step, const float
         .scalars = opt->scalars ? opt->scalars->data : NULL,
         .lr_on_device = lr_on_device,
         .lowp_dtype = UMT_F32,
+        .zero_grad = o->zero_grads_in_step,
     };
     for (int i = 0; i < opt->slot_count; ++i)
         if (opt->slots[i].param->lowp) common.lowp_dtype = opt->slots[i].param->lowp->dtype;
@@ -389,7 +399,9 @@ static umt_status update_all(const umt_optimizer *opt, int64_t step, const float
         .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .rho = o->rho,
         .decoupled = o->kind == UMT_OPT_ADAMW, .step = step,
     };
-    return umt_kernels(opt->ctx)->f32.multi_update(opt->tensors, opt->slot_count, rule, common);
+    UMT_TRY(umt_kernels(opt->ctx)->f32.multi_update(opt->tensors, opt->slot_count, rule, common));
+    for (int i = 0; i < opt->slot_count; ++i) consumed(opt, opt->slots[i].param);
+    return UMT_OK;
 }
 
 /* On the device, in stream order: every gradient's share of the sum of squares, then the one

@@ -9,6 +9,7 @@
  * the plain update, which is all the plain slots do. Step scalars are host memory here.
  */
 #include <math.h>
+#include <string.h>
 
 #include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -19,7 +20,17 @@ umt_status umt_update_fusion_check(const char *op, umt_update_fusion fusion) {
     if (fusion.lowp && fusion.lowp_dtype != UMT_BF16 && fusion.lowp_dtype != UMT_F16)
         return umt_fail(UMT_ERR_UNSUPPORTED, "%s: low-precision copy of dtype %s (expected bf16 or f16)", op,
                         umt_dtype_name(fusion.lowp_dtype));
+    if (fusion.zero_grad && fusion.grad_bf16)
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: zero_grad with grad_bf16 (the update consumes an f32 gradient "
+                        "only)", op);
     return UMT_OK;
+}
+
+/* After an update that ran (applied or skipped): its f32 gradient zeroed when the fusion says
+ * the update consumes it. A pass of its own here, where it replaces the zero fill's. */
+static umt_status consumed(umt_status status, const float *grad, int64_t n, umt_update_fusion fusion) {
+    if (status == UMT_OK && fusion.zero_grad && grad && n > 0) memset((float *)grad, 0, (size_t)n * sizeof *grad);
+    return status;
 }
 
 /* The gradient's element i, from grad or its bf16 copy, times the step's multiplier when there
@@ -65,8 +76,8 @@ static void store_lowp(umt_update_fusion fusion, int64_t i, float value) {
  *   v  = momentum * v + g'      (PyTorch starts v at g'; a zeroed v gives the same value)
  *   p  = p - lr * v
  * With momentum 0 there is no velocity: p = p - lr * g', and velocity may be NULL. */
-umt_status umt_cpu_sgd_update_fused(float *param, const float *grad, float *velocity, int64_t n, float lr,
-                                    float momentum, float weight_decay, umt_update_fusion fusion) {
+static umt_status sgd_update(float *param, const float *grad, float *velocity, int64_t n, float lr, float momentum,
+                             float weight_decay, umt_update_fusion fusion) {
     if (momentum != 0.0f && !velocity)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "sgd_update: momentum %g needs a velocity buffer (got NULL)",
                         momentum);
@@ -85,6 +96,11 @@ umt_status umt_cpu_sgd_update_fused(float *param, const float *grad, float *velo
         store_lowp(fusion, i, param[i]);
     }
     return UMT_OK;
+}
+
+umt_status umt_cpu_sgd_update_fused(float *param, const float *grad, float *velocity, int64_t n, float lr,
+                                    float momentum, float weight_decay, umt_update_fusion fusion) {
+    return consumed(sgd_update(param, grad, velocity, n, lr, momentum, weight_decay, fusion), grad, n, fusion);
 }
 
 umt_status umt_cpu_sgd_update(float *param, const float *grad, float *velocity, int64_t n, float lr, float momentum,
@@ -118,9 +134,9 @@ static inline void adam_element(float *param, float g, float *m, float *v, int64
     param[i] -= k->step_size * m[i] / denom;
 }
 
-umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
-                                     float beta1, float beta2, float eps, float weight_decay, bool decoupled,
-                                     int64_t step, umt_update_fusion fusion) {
+static umt_status adam_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
+                              float beta2, float eps, float weight_decay, bool decoupled, int64_t step,
+                              umt_update_fusion fusion) {
     if (step < 1) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "adam_update: step %lld (expected >= 1)", (long long)step);
     UMT_TRY(umt_update_fusion_check("adam_update", fusion));
     UMT_TRY(check_gradient("adam_update", grad, fusion));
@@ -162,6 +178,13 @@ umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, 
     return UMT_OK;
 }
 
+umt_status umt_cpu_adam_update_fused(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                                     float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                                     int64_t step, umt_update_fusion fusion) {
+    return consumed(adam_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, decoupled, step, fusion),
+                    grad, n, fusion);
+}
+
 umt_status umt_cpu_adam_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
                                float beta2, float eps, float weight_decay, bool decoupled, int64_t step) {
     return umt_cpu_adam_update_fused(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, decoupled, step,
@@ -190,9 +213,8 @@ static inline void adadelta_element(float *param, float g, float *square_avg, fl
     param[i] -= k->lr * delta;
 }
 
-umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float *square_avg, float *delta_avg,
-                                         int64_t n, float lr, float rho, float eps, float weight_decay,
-                                         umt_update_fusion fusion) {
+static umt_status adadelta_update(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,
+                                  float lr, float rho, float eps, float weight_decay, umt_update_fusion fusion) {
     UMT_TRY(umt_update_fusion_check("adadelta_update", fusion));
     UMT_TRY(check_gradient("adadelta_update", grad, fusion));
     if (fusion.scalars && fusion.scalars->found_inf) return UMT_OK;
@@ -214,6 +236,13 @@ umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float 
         store_lowp(fusion, i, param[i]);
     }
     return UMT_OK;
+}
+
+umt_status umt_cpu_adadelta_update_fused(float *param, const float *grad, float *square_avg, float *delta_avg,
+                                         int64_t n, float lr, float rho, float eps, float weight_decay,
+                                         umt_update_fusion fusion) {
+    return consumed(adadelta_update(param, grad, square_avg, delta_avg, n, lr, rho, eps, weight_decay, fusion), grad,
+                    n, fusion);
 }
 
 umt_status umt_cpu_adadelta_update(float *param, const float *grad, float *square_avg, float *delta_avg, int64_t n,

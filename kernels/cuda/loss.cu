@@ -168,15 +168,29 @@ static __global__ void finish_mean_kernel(loss_scratch s, int count, double divi
 /* Label checks                                                                                */
 
 /* The lowest row whose label is out of range (NO_BAD_ROW when none), found by the whole block
- * (every thread must call it): each block of a loss finds the same one. */
+ * (every thread must call it): each block of a loss finds the same one. A thread reads
+ * SCAN_LOADS of its rows at once before it looks at any: one at a time, each load waited for
+ * the one before (the check's branch comes first), and every block of a loss scans all labels. */
+enum { SCAN_LOADS = 4 };
 static __device__ unsigned long long lowest_bad_row(const int32_t *labels, int64_t rows, int64_t cols) {
     __shared__ unsigned long long lowest;
     if (threadIdx.x == 0) lowest = NO_BAD_ROW;
     __syncthreads();
-    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-        if (labels[r] < 0 || labels[r] >= cols) {
-            atomicMin(&lowest, (unsigned long long)r); /* a minimum: the same whatever the order */
-            break; /* this thread's later rows are higher */
+    bool found = false;
+    for (int64_t first = threadIdx.x; first < rows && !found; first += SCAN_LOADS * (int64_t)blockDim.x) {
+        int32_t label[SCAN_LOADS];
+#pragma unroll
+        for (int u = 0; u < SCAN_LOADS; u++) {
+            int64_t r = first + u * (int64_t)blockDim.x;
+            label[u] = r < rows ? __ldg(&labels[r]) : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < SCAN_LOADS; u++) {
+            int64_t r = first + u * (int64_t)blockDim.x;
+            if (!found && r < rows && (label[u] < 0 || label[u] >= cols)) {
+                atomicMin(&lowest, (unsigned long long)r); /* a minimum: the same whatever the order */
+                found = true; /* this thread's later rows are higher */
+            }
         }
     }
     __syncthreads();

@@ -32,6 +32,12 @@
 /* The step is skipped (an inf or NaN gradient): every thread returns before writing. */
 static __device__ bool step_skipped(const umt_step_scalars *scalars) { return scalars && scalars->found_inf; }
 
+/* grad[i] zeroed once read when the update consumes its gradient (umt_update_fusion.zero_grad;
+ * grad is then writable). */
+static __device__ void consume(const float *grad, int64_t i, const umt_update_fusion &fusion) {
+    if (fusion.zero_grad) const_cast<float *>(grad)[i] = 0.0f;
+}
+
 /* grad[i], times the multiplier when there are step scalars; a plain read otherwise. */
 static __device__ float gradient_at(const float *grad, int64_t i, const umt_step_scalars *scalars) {
     return scalars ? __fmul_rn(grad[i], scalars->multiplier) : grad[i];
@@ -118,29 +124,43 @@ static __device__ float adadelta_element(float *param, const float *grad, float 
 /* ------------------------------------------------------------------------------------------ */
 /* One tensor per launch                                                                       */
 
+/* A skipped step writes nothing but, when the update consumes it, a zeroed gradient. */
+static __device__ bool skipped_here(const float *grad, int64_t n, const umt_update_fusion &fusion) {
+    if (!step_skipped(fusion.scalars)) return false;
+    FOR_EACH_INDEX(i, n) consume(grad, i, fusion);
+    return true;
+}
+
 static __global__ void sgd_kernel(float *param, const float *grad, float *velocity, int64_t n, float lr,
                                   float momentum, float weight_decay, umt_update_fusion fusion) {
-    if (step_skipped(fusion.scalars)) return;
+    if (skipped_here(grad, n, fusion)) return;
     if (fusion.lr_on_device) lr = *fusion.lr_on_device;
-    FOR_EACH_INDEX(i, n) store_lowp(fusion, i, sgd_element(param, grad, velocity, i, lr, momentum, weight_decay, fusion));
+    FOR_EACH_INDEX(i, n) {
+        store_lowp(fusion, i, sgd_element(param, grad, velocity, i, lr, momentum, weight_decay, fusion));
+        consume(grad, i, fusion);
+    }
 }
 
 static __global__ void adam_kernel(float *param, const float *grad, float *m, float *v, int64_t n, float beta1,
                                    float beta2, float eps, float weight_decay, bool decoupled, adam_factors f,
                                    umt_update_fusion fusion) {
-    if (step_skipped(fusion.scalars)) return;
+    if (skipped_here(grad, n, fusion)) return;
     f = adam_factors_now(f, weight_decay, decoupled, fusion);
-    FOR_EACH_INDEX(i, n)
+    FOR_EACH_INDEX(i, n) {
         store_lowp(fusion, i, adam_element(param, grad, m, v, i, beta1, beta2, eps, weight_decay, decoupled, f, fusion));
+        consume(grad, i, fusion);
+    }
 }
 
 static __global__ void adadelta_kernel(float *param, const float *grad, float *square_avg, float *delta_avg,
                                        int64_t n, float lr, float rho, float eps, float weight_decay,
                                        umt_update_fusion fusion) {
-    if (step_skipped(fusion.scalars)) return;
+    if (skipped_here(grad, n, fusion)) return;
     if (fusion.lr_on_device) lr = *fusion.lr_on_device;
-    FOR_EACH_INDEX(i, n)
+    FOR_EACH_INDEX(i, n) {
         store_lowp(fusion, i, adadelta_element(param, grad, square_avg, delta_avg, i, lr, rho, eps, weight_decay, fusion));
+        consume(grad, i, fusion);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -204,7 +224,8 @@ static int64_t multi_blocks(const umt_update_tensor &x, bool tiled) {
  * launch has at most INT32_MAX blocks), each element's offset from the tile's corner too (a
  * tile spans less than 2^31 elements: the launcher checks channels * pixels). */
 static __device__ void multi_update_tile(const umt_update_tensor &x, int block, const umt_update_rule &rule,
-                                         float lr, const adam_factors &f, const umt_update_fusion &fusion) {
+                                         float lr, const adam_factors &f, const umt_update_fusion &fusion,
+                                         bool skipped) {
     __shared__ float tile[TILE_CHANNELS][TILE_PIXELS + 1];
     int channels = (int)x.lowp_channels, pixels = (int)x.lowp_pixels;
     int across = (pixels + TILE_PIXELS - 1) / TILE_PIXELS;
@@ -214,8 +235,12 @@ static __device__ void multi_update_tile(const umt_update_tensor &x, int block, 
     int64_t master = ((int64_t)k * channels + c0) * pixels + p0, copy = ((int64_t)k * pixels + p0) * channels + c0;
     for (int e = threadIdx.x; e < MULTI_CHUNK; e += blockDim.x) {
         int c = e / TILE_PIXELS, p = e % TILE_PIXELS;
-        if (c0 + c < channels && p0 + p < pixels) tile[c][p] = multi_element(x, master + c * pixels + p, rule, lr, f, fusion);
+        if (c0 + c >= channels || p0 + p >= pixels) continue;
+        int64_t i = master + c * pixels + p;
+        if (!skipped) tile[c][p] = multi_element(x, i, rule, lr, f, fusion);
+        consume(x.grad, i, fusion);
     }
+    if (skipped) return; /* the whole block: nothing of the copy is written */
     __syncthreads();
     for (int e = threadIdx.x; e < MULTI_CHUNK; e += blockDim.x) {
         int p = e / TILE_CHANNELS, c = e % TILE_CHANNELS;
@@ -227,7 +252,8 @@ static __device__ void multi_update_tile(const umt_update_tensor &x, int block, 
 template <bool TILED>
 static __global__ void multi_update_kernel(multi_table table, umt_update_rule rule, adam_factors f,
                                            umt_update_fusion common) {
-    if (step_skipped(common.scalars)) return;
+    bool skipped = step_skipped(common.scalars);
+    if (skipped && !common.zero_grad) return;
     float lr = common.lr_on_device ? *common.lr_on_device : rule.lr;
     f = adam_factors_now(f, rule.weight_decay, rule.decoupled, common);
     int t = 0;
@@ -239,13 +265,15 @@ static __global__ void multi_update_kernel(multi_table table, umt_update_rule ru
     fusion.lowp_pixels = x.lowp_pixels;
     int64_t block = (int64_t)blockIdx.x - table.first_block[t];
     if (TILED && copy_transposed(x)) {
-        multi_update_tile(x, (int)block, rule, lr, f, fusion);
+        multi_update_tile(x, (int)block, rule, lr, f, fusion, skipped);
         return;
     }
     int64_t begin = block * MULTI_CHUNK;
     int64_t end = begin + MULTI_CHUNK < x.n ? begin + MULTI_CHUNK : x.n;
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
-        store_lowp(fusion, i, multi_element(x, i, rule, lr, f, fusion));
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        if (!skipped) store_lowp(fusion, i, multi_element(x, i, rule, lr, f, fusion));
+        consume(x.grad, i, fusion);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */

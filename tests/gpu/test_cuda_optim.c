@@ -79,6 +79,7 @@ typedef struct {
     umt_step_options options;
     twin loss;                   /* the step's loss, read by the non-finite check */
     int64_t *doorbell[2];        /* the check's doorbell: CPU memory, and pinned memory for the GPU */
+    bool consume;                /* the updates zero the gradients they read (umt_update_fusion.zero_grad) */
 } rig;
 
 static rig make_rig(umt_optimizer_kind kind, int count, const int64_t *n, umt_step_options options) {
@@ -127,7 +128,8 @@ static void step_on(const umt_backend *be, rig *r, int64_t step) {
     }
     EXPECT_OK(be->f32.step_decide(tensors, r->count, P(r->partials), P(r->scalars), options));
     for (int i = 0; i < r->count; i++) {
-        umt_update_fusion fusion = {.scalars = P(r->scalars), .lowp = P(r->lowp[i]), .lowp_dtype = r->lowp_dtype};
+        umt_update_fusion fusion = {.scalars = P(r->scalars), .lowp = P(r->lowp[i]), .lowp_dtype = r->lowp_dtype,
+                                    .zero_grad = r->consume};
         switch (r->kind) {
         case UMT_OPT_SGD:
             EXPECT_OK(be->f32.sgd_update_fused(P(r->param[i]), P(r->grad[i]), P(r->s0[i]), r->n[i], 0.1f, 0.9f, 1e-2f,
@@ -281,6 +283,76 @@ static void test_an_inf_or_nan_gradient_skips_the_step_on_the_gpu_as_on_the_cpu(
                 }
             }
         }
+}
+
+/* Whether both sides of every gradient of the rig are all zeros (+0.0). */
+static void expect_zero_gradients(const rig *r, const char *when) {
+    for (int i = 0; i < r->count; i++) {
+        const uint8_t *host = r->grad[i].host, *device = downloaded(r->grad[i]);
+        for (size_t k = 0; k < r->grad[i].bytes; k++)
+            if (host[k] || device[k])
+                fail_msg("%s: gradient %d byte %zu: cpu %02x, cuda %02x (expected zeros; seed %u)", when, i, k,
+                         host[k], device[k], run_seed);
+    }
+}
+
+/* Updates that consume their gradients (zero_grad) move everything as those that do not, bit
+ * for bit, on both sides, and leave the gradients zero; a skipped step (an inf) zeroes them too
+ * and writes nothing else. */
+static void test_updates_that_consume_their_gradients_zero_them_and_move_the_same(void **state) {
+    (void)state;
+    const int64_t n[MAX_PARAMS] = {1000, 65537, 7};
+    for (int kind = UMT_OPT_SGD; kind <= UMT_OPT_ADADELTA; kind++) {
+        umt_step_options options = scaling_options((umt_optimizer_kind)kind, 0, 2000);
+        rig keep = make_rig((umt_optimizer_kind)kind, MAX_PARAMS, n, options);
+        rig eat = keep;
+        eat.consume = true;
+        for (int i = 0; i < MAX_PARAMS; i++) {
+            eat.param[i] = twin_of(keep.param[i].host, keep.param[i].bytes);
+            eat.s0[i] = twin_of(keep.s0[i].host, keep.s0[i].bytes);
+            eat.s1[i] = twin_of(keep.s1[i].host, keep.s1[i].bytes);
+            eat.lowp[i] = twin_of(keep.lowp[i].host, keep.lowp[i].bytes);
+            eat.grad[i] = twin_of(keep.grad[i].host, keep.grad[i].bytes);
+        }
+        eat.scalars = twin_of(keep.scalars.host, keep.scalars.bytes);
+        eat.partials = twin_of(keep.partials.host, keep.partials.bytes);
+        for (int64_t step = 1; step <= 2; step++) {
+            for (int i = 0; i < MAX_PARAMS; i++) {
+                refill(keep.grad[i], -1, 1, 1024.0f);
+                memcpy(eat.grad[i].host, keep.grad[i].host, keep.grad[i].bytes);
+                CUDA_OK(cudaMemcpy(eat.grad[i].device, keep.grad[i].host, keep.grad[i].bytes, cudaMemcpyHostToDevice));
+            }
+            step_both(&keep, step);
+            step_both(&eat, step);
+            expect_zero_gradients(&eat, "a clean step");
+            for (int i = 0; i < MAX_PARAMS; i++) {
+                const twin a[4] = {keep.param[i], keep.s0[i], keep.s1[i], keep.lowp[i]};
+                const twin b[4] = {eat.param[i], eat.s0[i], eat.s1[i], eat.lowp[i]};
+                for (int o = 0; o < 4; o++) {
+                    assert_memory_equal(a[o].host, b[o].host, a[o].bytes);
+                    assert_memory_equal(downloaded(a[o]), downloaded(b[o]), a[o].bytes);
+                }
+            }
+            expect_same_updates(&eat, true);
+        }
+        /* An inf: the step is skipped, the gradients are zeroed all the same, nothing else moves. */
+        for (int i = 0; i < MAX_PARAMS; i++) refill(eat.grad[i], -1, 1, 1024.0f);
+        ((float *)eat.grad[1].host)[5] = INFINITY;
+        CUDA_OK(cudaMemcpy(eat.grad[1].device, eat.grad[1].host, eat.grad[1].bytes, cudaMemcpyHostToDevice));
+        void *saved[MAX_PARAMS];
+        for (int i = 0; i < MAX_PARAMS; i++) {
+            saved[i] = malloc(eat.param[i].bytes);
+            memcpy(saved[i], eat.param[i].host, eat.param[i].bytes);
+        }
+        step_both(&eat, 3);
+        assert_int_equal(((umt_step_scalars *)eat.scalars.host)->found_inf, 1);
+        expect_zero_gradients(&eat, "a skipped step");
+        for (int i = 0; i < MAX_PARAMS; i++) {
+            assert_memory_equal(eat.param[i].host, saved[i], eat.param[i].bytes);
+            expect_same_bytes("skipped step's parameter", eat.param[i]);
+            free(saved[i]);
+        }
+    }
 }
 
 /* Sets both sides of a one-float twin. */
@@ -613,7 +685,8 @@ static void update_one(const umt_update_rule *rule, const multi_case *c, umt_upd
 }
 
 /* variant 0: plain; 1: step scalars (1/1024 loss scale) and bf16/f16 copies; 2: the same, and
- * the multi-tensor side reads the learning rate from the device. */
+ * the multi-tensor side reads the learning rate from the device; 3: as 2, both sides consuming
+ * their gradients (zero_grad: the tiled and the plain kernels leave them zero). */
 static void check_multi(umt_update_rule rule, int variant) {
     static multi_case a[MULTI_COUNT], b[MULTI_COUNT];
     umt_update_tensor tensors[MULTI_COUNT];
@@ -635,11 +708,11 @@ static void check_multi(umt_update_rule rule, int variant) {
     EXPECT_OK(gpu->f32.step_decide(tensors, MULTI_COUNT, partials.device, scalars.device, options));
     twin lr = twin_of(&rule.lr, sizeof rule.lr);
     umt_update_fusion common = {.scalars = variant ? scalars.device : NULL, .lowp_dtype = lowp_dtype,
-                                .lr_on_device = variant == 2 ? lr.device : NULL};
+                                .lr_on_device = variant >= 2 ? lr.device : NULL, .zero_grad = variant == 3};
     for (int i = 0; i < MULTI_COUNT; i++) {
         umt_update_fusion fusion = {.scalars = common.scalars, .lowp = variant ? a[i].lowp.device : NULL,
                                     .lowp_dtype = lowp_dtype, .lowp_channels = a[i].channels,
-                                    .lowp_pixels = a[i].pixels};
+                                    .lowp_pixels = a[i].pixels, .zero_grad = variant == 3};
         update_one(&rule, &a[i], fusion);
     }
     EXPECT_OK(gpu->f32.multi_update(tensors, MULTI_COUNT, rule, common));
@@ -648,6 +721,10 @@ static void check_multi(umt_update_rule rule, int variant) {
         expect_same_device_bytes("state 0", i, a[i].s0, b[i].s0);
         expect_same_device_bytes("state 1", i, a[i].s1, b[i].s1);
         expect_same_device_bytes("lowp copy", i, a[i].lowp, b[i].lowp);
+        expect_same_device_bytes("gradient", i, a[i].grad, b[i].grad);
+        const uint8_t *g = downloaded(b[i].grad);
+        for (size_t k = 0; variant == 3 && k < b[i].grad.bytes; k++)
+            if (g[k]) fail_msg("consumed gradient of tensor %d: byte %zu is %02x (seed %u)", i, k, g[k], run_seed);
     }
     /* Each case makes 11 blocks per tensor pair: give them back before the next case. */
     tear_down(NULL);
@@ -666,7 +743,7 @@ static void test_multi_tensor_update_matches_the_per_tensor_updates_bit_for_bit(
         {.kind = UMT_OPT_ADADELTA, .lr = 1.0f, .rho = 0.9f, .eps = 1e-6f, .weight_decay = 1e-2f},
     };
     for (size_t r = 0; r < sizeof rules / sizeof rules[0]; r++)
-        for (int variant = 0; variant < 3; variant++) check_multi(rules[r], variant);
+        for (int variant = 0; variant < 4; variant++) check_multi(rules[r], variant);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -699,6 +776,7 @@ int main(void) {
         TEST(test_fused_scaled_updates_and_lowp_copies_match_the_cpu_bit_for_bit),
         TEST(test_clipped_updates_over_several_parameters_match_the_cpu),
         TEST(test_an_inf_or_nan_gradient_skips_the_step_on_the_gpu_as_on_the_cpu),
+        TEST(test_updates_that_consume_their_gradients_zero_them_and_move_the_same),
         TEST(test_the_nonfinite_check_decides_on_the_gpu_as_on_the_cpu),
         TEST(test_the_decision_over_many_tensors_names_a_nonfinite_one_past_the_first_launch),
         TEST(test_the_sum_of_squares_of_long_gradients_keeps_its_order),
