@@ -182,6 +182,7 @@ umt_status umt_step_values_record_begin(umt_context *ctx, const void *input, siz
     v->input_bytes = input_bytes;
     v->record_count = 0;
     v->unreplayable = NULL;
+    v->skipped_zero_fill = false;
     return UMT_OK;
 }
 

@@ -50,6 +50,9 @@ typedef struct {
     int record_count, record_slots;
     const char *unreplayable; /* recording: why a replay could not remake this step, or NULL */
     size_t recorded_bytes;    /* the recorded step's bytes */
+    /* recording: umt_zero_grad left out the fill of a gradient the last step's update consumed
+     * (core/tape.c): a replay is then right only while such gradients are still zero */
+    bool skipped_zero_fill;
 } umt_step_values;
 
 /* The bytes per slot the ring takes for a step of bytes values (the most it grows to); the

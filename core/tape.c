@@ -130,14 +130,28 @@ umt_status umt_zero_grad(umt_context *ctx) {
         umt_tensor *p = ctx->parameters[i], *g = p->grad;
         if (umt_hooks_zero_grad(ctx, p)) continue; /* a subsystem's gradient, zeroed there */
         /* Zero already: filled since its last write, or consumed by the last step's update
-         * (umt_optimizer_options.zero_grads_in_step). */
-        if (p->grad_zeroed) continue;
+         * (umt_optimizer_options.zero_grads_in_step). A step graph's capture leaves out only the
+         * fills that every replay's own update makes unneeded, and says so (tape.h). */
+        if (p->grad_zeroed && (!ctx->values.recording || p->grad_consumed)) {
+            if (ctx->values.recording) ctx->values.skipped_zero_fill = true;
+            continue;
+        }
         which[count] = i, blocks[count] = g->data, bytes[count++] = (size_t)g->numel * sizeof(float);
         if (count < ZERO_BATCH) continue;
         UMT_TRY(zero_batch(ctx, count, which, blocks, bytes));
         count = 0;
     }
     return zero_batch(ctx, count, which, blocks, bytes);
+}
+
+bool umt_grads_zeroed_for_replay(const umt_context *ctx) {
+    for (int i = 0; i < ctx->parameter_count; ++i)
+        if (ctx->parameters[i]->grad_consumed && !ctx->parameters[i]->grad_zeroed) return false;
+    return true;
+}
+
+void umt_grads_forget_zeroed(umt_context *ctx) {
+    for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->grad_zeroed = false;
 }
 
 bool umt_set_grad_enabled(umt_context *ctx, bool enabled) {
@@ -192,8 +206,8 @@ umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *se
     if (ctx->tape.count == 0)
         return umt_fail(UMT_ERR_STATE, "umt_backward: the tape is empty (backward already ran since the forward pass)");
     forward_trace_end(ctx);
-    /* Every parameter's gradient may be added to from here on. */
-    for (int i = 0; i < ctx->parameter_count; ++i) ctx->parameters[i]->grad_zeroed = false;
+    /* Every parameter's gradient may be added to from here on (a dry backward adds nothing). */
+    if (!ctx->dry) umt_grads_forget_zeroed(ctx);
     /* A micro-batch's mean loss counts samples / batch of the step's (core/micro_batch.h). The
      * seed is zeroed only where it is added to; a copy or a fill writes it whole. */
     float weight = umt_micro_batch_weight(ctx);

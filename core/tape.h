@@ -46,6 +46,14 @@ umt_status umt_tape_record(umt_context *ctx, const char *op, umt_backward_fn bac
 /* Backward from loss (umt_backward), its gradient seeded with 1, or with the f32 at
  * seed_on_device (a copy in stream order: the host never reads it; umt_backward_scaled). */
 umt_status umt_tape_backward(umt_context *ctx, umt_tensor *loss, const float *seed_on_device);
+
+/* Gradients known zero (umt_tensor.grad_zeroed), which umt_zero_grad does not fill again. A step
+ * graph captured while it left out such fills (ctx->values.skipped_zero_fill; only for gradients
+ * an optimizer's step consumes) replays right only while they are still zero: nothing wrote them
+ * since the last step's update. A capture that failed ran none of the fills it queued: every
+ * mark is dropped. */
+bool umt_grads_zeroed_for_replay(const umt_context *ctx);
+void umt_grads_forget_zeroed(umt_context *ctx);
 void umt_tape_clear(umt_tape *tape);
 /* The step's tape, activations, views and workspace released, as a step (or a micro-batch:
  * core/micro_batch.h) starts; the parameters' pending uses restart from 0. */

@@ -31,6 +31,7 @@ struct umt_tensor {
     bool lowp_stale;    /* parameters: the master was written from the host since lowp was made */
     bool grad_zeroed;   /* parameters: the gradient is zero (a zero fill, or an update that consumed it,
                          * queued since it was last written): umt_zero_grad has nothing to fill */
+    bool grad_consumed; /* parameters: an optimizer's step consumes the gradient (zero_grads_in_step) */
     char *name;         /* parameters only */
     umt_tensor *grad;   /* parameters: in the grads pool; others: activations, made in backward */
     umt_tensor *lowp;   /* parameters under bf16/fp16 precision: the compute copy (weights pool), which

@@ -10,7 +10,8 @@
  *      Adam's bias corrections for the steps really applied, and moves the loss scale
  *      (PyTorch's GradScaler rules);
  *   2. the fused updates, once per parameter (or in one launch), read that decision from the same
- *      memory: a skipped step writes nothing.
+ *      memory: a skipped step writes nothing (but zeros over the gradients an update consumes:
+ *      umt_update_fusion.zero_grad below).
  * umt_backward_scaled seeds the loss gradient from loss_scale with a device-to-device copy.
  * The block lives in the optim pool; the host reads it only when asked (a synchronising read).
  *

@@ -269,6 +269,9 @@ umt_status umt_optimizer_create(umt_context *ctx, const umt_optimizer_options *o
 
 void umt_optimizer_destroy(umt_optimizer *opt) {
     if (!opt) return;
+    /* No step consumes its parameters' gradients any more (a context's end frees them all). */
+    for (int i = 0; i < opt->slot_count && opt->options.zero_grads_in_step; ++i)
+        opt->slots[i].param->grad_consumed = false;
     umt_context_disown(opt->ctx, opt);
     release(opt);
 }
@@ -292,9 +295,10 @@ static umt_status update_arrays(const umt_optimizer_options *o, const umt_backen
 }
 
 /* After p's update is queued: its gradient is zero once it runs when the update consumes it (a
- * dry step's update runs nothing). */
+ * dry step's update runs nothing), and will be after every step's (core/tape.h). */
 static void consumed(const umt_optimizer *opt, umt_tensor *p) {
-    if (opt->options.zero_grads_in_step && !opt->ctx->dry) p->grad_zeroed = true;
+    if (!opt->options.zero_grads_in_step || opt->ctx->dry) return;
+    p->grad_zeroed = p->grad_consumed = true;
 }
 
 static umt_status update_slot(const umt_optimizer *opt, const umt_optim_slot *slot, int64_t step,

@@ -42,6 +42,7 @@
 #include "core/hooks.h"
 #include "core/step/step_graph.h"
 #include "core/step_values.h"
+#include "core/tape.h"
 #include "core/tensor.h"
 
 #ifdef UMT_WITH_CUDA
@@ -200,13 +201,16 @@ static umt_status capture_and_launch(umt_step_graph *g, umt_step_fn step, void *
     char reason[256] = "";
     UMT_TRY(agree_on_capture(g, &exec, reason, sizeof reason));
     if (!exec) {
-        /* Nothing of the step ran: its host effects are taken back, and it runs eagerly. */
+        /* Nothing of the step ran: its host effects are taken back (the zero fills it queued
+         * never ran), and it runs eagerly. */
         ctx->rng = rng;
         umt_step_values_undo(ctx);
+        umt_grads_forget_zeroed(ctx);
         turn_off(g, reason[0] ? reason : umt_last_error());
         return UMT_OK;
     }
     g->exec = exec;
+    g->needs_zeroed_grads = ctx->values.skipped_zero_fill;
     g->baked = umt_step_graph_baked_now(ctx, input_bytes);
     g->stats.captures++;
     UMT_TRY(umt_step_values_flush(ctx));
@@ -266,6 +270,10 @@ umt_status umt_step_graph_run(umt_step_graph *g, umt_step_fn step, void *user, c
     if (g->capture && !g->off_reason) {
         bool fits = false;
         if (g->exec) UMT_TRY(still_fits(g, input_bytes, &fits));
+        /* A gradient written since the last update (an eager backward, a host write): this step
+         * fills it, eagerly; the graph stays for the next. */
+        if (fits && g->needs_zeroed_grads && !umt_grads_zeroed_for_replay(g->ctx))
+            return umt_step_graph_eager(g, step, user, input, input_bytes);
         if (fits) return replay(g, input);
         if (!g->exec && g->warm_steps >= UMT_STEP_GRAPH_WARMUP_STEPS) {
             UMT_TRY(capture_and_launch(g, step, user, input, input_bytes));

@@ -35,6 +35,9 @@ struct umt_step_graph {
     umt_tensor *loss, *loss_sum;
     int64_t loss_count;
     bool told_batch, told_moved;
+    /* The capture left out fills of consumed gradients (core/tape.h): replay only while they are
+     * still zero (umt_grads_zeroed_for_replay), else run the step eagerly */
+    bool needs_zeroed_grads;
     umt_step_graph_stats stats;
     umt_hooks hooks; /* this graph's own table: collectives_end */
 };

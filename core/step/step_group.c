@@ -30,6 +30,7 @@
 #include "core/hooks.h"
 #include "core/step/step_graph.h"
 #include "core/step_values.h"
+#include "core/tape.h"
 
 #ifdef UMT_WITH_CUDA
 #include "core/base/capture_lock.h"
@@ -185,6 +186,7 @@ static umt_status capture_and_launch(umt_step_group *g, umt_step_fn step, void *
         for (int i = 0; i < g->count; ++i) {
             g->members[i]->ctx->rng = rngs[i];
             umt_step_values_undo(g->members[i]->ctx);
+            umt_grads_forget_zeroed(g->members[i]->ctx); /* the fills it queued never ran */
         }
         turn_off(g, umt_last_error());
     }
@@ -195,6 +197,7 @@ static umt_status capture_and_launch(umt_step_group *g, umt_step_fn step, void *
     for (int i = 0; i < g->count; ++i) {
         umt_step_graph *m = g->members[i];
         m->baked = umt_step_graph_baked_now(m->ctx, input_bytes[i]);
+        m->needs_zeroed_grads = m->ctx->values.skipped_zero_fill;
         UMT_TRY(umt_step_values_flush(m->ctx));
     }
     return launch(g);
@@ -210,6 +213,8 @@ static bool still_fits(umt_step_group *g, const size_t *input_bytes) {
     for (int i = 0; i < g->count; ++i) {
         const umt_step_graph *m = g->members[i];
         if (input_bytes[i] != m->baked.input_bytes) return false; /* an epoch's last batch: eager, kept */
+        /* A gradient written since the last update (core/tape.h): eager, kept. */
+        if (m->needs_zeroed_grads && !umt_grads_zeroed_for_replay(m->ctx)) return false;
         if (umt_step_graph_same_memory(m, input_bytes[i])) continue;
         if (!g->told_moved)
             fprintf(stderr, "umtrain: step group: memory member %d's step baked in moved (an evaluation ran "

@@ -12,8 +12,10 @@
  *   1. descriptors: x, w, y as N,H,W,C tensors (w as K,R,S,C), the convolution (sums in f32),
  *      the operation (forward, backward data or backward filter, with its alpha and beta) and
  *      the graph that holds it; they live as long as the set;
- *   2. candidates: the RANKED configurations that cuDNN's instant heuristic (mode A) ranks first
- *      (the fallback heuristic's when it offers none), kept when deterministic (no
+ *   2. candidates: for a timed set whose engine the cache remembers (below), that engine alone,
+ *      rebuilt from its identity without asking any heuristic; otherwise the RANKED
+ *      configurations that cuDNN's instant heuristic (mode A) ranks first (the fallback
+ *      heuristic's when it offers none), kept when deterministic (no
  *      NONDETERMINISTIC note, as every kernel of this folder), compiled ahead of time (run-time
  *      compilation costs seconds), within the workspace limit, and not the same engine as one
  *      kept already. The first that cuDNN can build as an execution plan is built at once, so
@@ -52,10 +54,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <mutex>
-
 #include "core/base/cuda_check.h"
 #include "core/base/error.h"
+#include "kernels/cuda/conv_engine_identity.h"
 #include "kernels/cuda/conv_engines.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/engine_cache.h"
@@ -96,6 +97,7 @@ struct umt_conv_engines {
     cudnnBackendDescriptor_t graph[DESCRIPTORS];
     candidate candidates[MAX_CANDIDATES];
     int count; /* 1 once chosen: candidates[0] is then the engine every run uses */
+    bool to_choose; /* a timed set whose first run has not chosen yet (its only candidate too: mode B may add more) */
     size_t workspace_bytes; /* what the set reported it needs: mode B's candidates must fit it */
     /* The last run's variant pack (its tensors' addresses): a replayed step reuses it. */
     cudnnBackendDescriptor_t pack;
@@ -203,45 +205,6 @@ static void release_candidate(candidate *c) {
     memset(c, 0, sizeof *c);
 }
 
-/* The engine of a configuration: cuDNN's global index of it, and each knob's kind and value. */
-static umt_status identity_of(cudnnBackendDescriptor_t config, umt_engine_identity *id) {
-    memset(id, 0, sizeof *id);
-    cudnnBackendDescriptor_t engine = NULL, knobs[UMT_ENGINE_MOST_KNOBS] = {NULL};
-    int64_t count = 0, knob_count = 0;
-    int made = 0;
-    cudnnStatus_t status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine);
-    for (; status == CUDNN_STATUS_SUCCESS && made < UMT_ENGINE_MOST_KNOBS; made++)
-        status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knobs[made]);
-    if (status == CUDNN_STATUS_SUCCESS)
-        status = cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count,
-                                          &engine);
-    if (status == CUDNN_STATUS_SUCCESS)
-        status = cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count,
-                                          &id->global_index);
-    if (status == CUDNN_STATUS_SUCCESS)
-        status = cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                          UMT_ENGINE_MOST_KNOBS, &knob_count, knobs);
-    for (int64_t k = 0; k < knob_count && k < UMT_ENGINE_MOST_KNOBS && status == CUDNN_STATUS_SUCCESS; k++) {
-        cudnnBackendKnobType_t type;
-        status = cudnnBackendGetAttribute(knobs[k], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &count,
-                                          &type);
-        if (status == CUDNN_STATUS_SUCCESS)
-            status = cudnnBackendGetAttribute(knobs[k], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &count,
-                                              &id->knob_value[k]);
-        id->knob_type[k] = (int64_t)type;
-        id->knob_count = (int)k + 1;
-    }
-    for (int i = 0; i < made; i++)
-        if (knobs[i]) cudnnBackendDestroyDescriptor(knobs[i]);
-    if (engine) cudnnBackendDestroyDescriptor(engine);
-    if (status != CUDNN_STATUS_SUCCESS)
-        return umt_fail(UMT_ERR_DEVICE, "conv2d: reading a cuDNN engine's index and knobs: %s",
-                        cudnnGetErrorString(status));
-    if (knob_count > UMT_ENGINE_MOST_KNOBS)
-        return umt_fail(UMT_ERR_DEVICE, "conv2d: a cuDNN engine with %lld knobs (expected at most %d)",
-                        (long long)knob_count, (int)UMT_ENGINE_MOST_KNOBS);
-    return UMT_OK;
-}
 
 /* Whether a configuration's engine may be used: deterministic and compiled ahead of time. */
 static umt_status usable(cudnnBackendDescriptor_t config, bool *ok) {
@@ -276,7 +239,7 @@ static umt_status consider(umt_conv_engines *e, cudnnBackendDescriptor_t config,
     c->config = config;
     bool ok = false;
     umt_status status = usable(config, &ok);
-    if (status == UMT_OK) status = identity_of(config, &c->engine);
+    if (status == UMT_OK) status = umt_cuda_engine_identity_of(config, &c->engine);
     if (status != UMT_OK) {
         release_candidate(c);
         return status;
@@ -390,39 +353,13 @@ static umt_status no_engine(umt_conv_direction direction, const umt_conv_shape *
 /* ------------------------------------------------------------------------------------------ */
 /* The engine cache (kernels/engine_cache.h)                                                   */
 
-/* The GPU part of a key, asked once a device a process (cudaGetDeviceProperties takes
- * milliseconds, and a run makes a dozen sets): its name, compute capability, multiprocessors,
- * the driver's version and cuDNN's. False when the GPU cannot be asked. */
-static bool gpu_identity(char *out, size_t bytes) {
-    enum { DEVICES = 64 };
-    static std::mutex lock;
-    static char identities[DEVICES][160];
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= DEVICES) return false;
-    std::lock_guard<std::mutex> hold(lock);
-    char *identity = identities[device];
-    if (!identity[0]) {
-        cudaDeviceProp prop;
-        int driver = 0;
-        if (cudaGetDeviceProperties(&prop, device) != cudaSuccess || cudaDriverGetVersion(&driver) != cudaSuccess)
-            return false;
-        for (char *c = prop.name; *c; c++) { /* a key has no spaces */
-            bool plain = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-                         *c == '-' || *c == '.';
-            if (!plain) *c = '_';
-        }
-        snprintf(identity, sizeof identities[0], "%.64s/sm%d%d/%dsms/driver%d/cudnn%zu", prop.name, prop.major,
-                 prop.minor, prop.multiProcessorCount, driver, cudnnGetVersion());
-    }
-    return (size_t)snprintf(out, bytes, "%s", identity) < bytes;
-}
 
 /* The key of a timed set: everything that decides which engines can run it, '/'-separated,
  * without spaces. False when the GPU cannot be asked or the key does not fit. */
 static bool cache_key(const umt_conv_shape *s, umt_conv_direction direction, bool accumulate, size_t max_workspace,
                       char *key, size_t bytes) {
     char gpu[160];
-    if (!gpu_identity(gpu, sizeof gpu)) return false;
+    if (!umt_cuda_gpu_identity(gpu, sizeof gpu)) return false;
     static const char *const names[3] = {"forward", "data", "filter"};
     int n = snprintf(key, bytes,
                      "v2/%s/%s/%s%s/n%lld.c%lld.h%lld.w%lld.k%lld.r%lld.s%lld.stride%lld.pad%lld/workspace%zu",
@@ -432,41 +369,6 @@ static bool cache_key(const umt_conv_shape *s, umt_conv_direction direction, boo
     return n > 0 && (size_t)n < bytes;
 }
 
-/* A configuration of the remembered engine id in c (which then owns its parts), or none
- * (c->config NULL) when cuDNN will not make one: the engine or a knob is unknown to this cuDNN. */
-static void config_of(umt_conv_engines *e, const umt_engine_identity *id, candidate *c) {
-    const cudnnBackendAttributeType_t described = CUDNN_TYPE_BACKEND_DESCRIPTOR;
-    cudnnBackendDescriptor_t *engine = &c->parts[c->part_count++];
-    cudnnStatus_t status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, engine);
-    if (status == CUDNN_STATUS_SUCCESS)
-        status = cudnnBackendSetAttribute(*engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, described, 1, &e->graph[GRAPH]);
-    if (status == CUDNN_STATUS_SUCCESS)
-        status = cudnnBackendSetAttribute(*engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1,
-                                          &id->global_index);
-    if (status == CUDNN_STATUS_SUCCESS) status = cudnnBackendFinalize(*engine);
-    for (int k = 0; k < id->knob_count && status == CUDNN_STATUS_SUCCESS; k++) {
-        cudnnBackendDescriptor_t *knob = &c->parts[c->part_count++];
-        cudnnBackendKnobType_t type = (cudnnBackendKnobType_t)id->knob_type[k];
-        status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, knob);
-        if (status == CUDNN_STATUS_SUCCESS)
-            status = cudnnBackendSetAttribute(*knob, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &type);
-        if (status == CUDNN_STATUS_SUCCESS)
-            status = cudnnBackendSetAttribute(*knob, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
-                                              &id->knob_value[k]);
-        if (status == CUDNN_STATUS_SUCCESS) status = cudnnBackendFinalize(*knob);
-    }
-    if (status == CUDNN_STATUS_SUCCESS)
-        status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &c->config);
-    if (status == CUDNN_STATUS_SUCCESS)
-        status = cudnnBackendSetAttribute(c->config, CUDNN_ATTR_ENGINECFG_ENGINE, described, 1, engine);
-    if (status == CUDNN_STATUS_SUCCESS && id->knob_count)
-        status = cudnnBackendSetAttribute(c->config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, described, id->knob_count,
-                                          &c->parts[1]);
-    if (status == CUDNN_STATUS_SUCCESS) status = cudnnBackendFinalize(c->config);
-    if (status == CUDNN_STATUS_SUCCESS) return;
-    if (c->config) cudnnBackendDestroyDescriptor(c->config);
-    c->config = NULL;
-}
 
 /* The engine remembered for e's key in the cache at path, as the set's only candidate, when it
  * is there, this cuDNN makes it, and it passes what every candidate must (deterministic, compiled
@@ -477,7 +379,7 @@ static umt_status take_remembered(umt_conv_engines *e, const char *path, size_t 
     umt_engine_identity id;
     if (!e->cache_key[0] || !umt_engine_cache_find(path, e->cache_key, &id)) return UMT_OK;
     candidate made = {};
-    config_of(e, &id, &made);
+    made.config = umt_cuda_engine_config_of(e->graph[GRAPH], &id, made.parts, &made.part_count);
     if (!made.config) {
         release_candidate(&made);
         return UMT_OK;
@@ -494,10 +396,12 @@ static umt_status take_remembered(umt_conv_engines *e, const char *path, size_t 
         *taken = true;
         return UMT_OK;
     }
+    /* Passed over, whatever went wrong: a cache is advice, and the heuristics are asked instead. */
     if (e->count == 1) release_candidate(&e->candidates[0]);
     e->count = 0;
     release_candidate(&made);
-    return status;
+    (void)status;
+    return UMT_OK;
 }
 
 /* Remembers a timed choice. A cache that cannot be written costs only the next run's timing:
@@ -541,6 +445,7 @@ umt_status umt_cuda_conv_engines_make(cudnnHandle_t handle, const umt_conv_shape
             e->cache_key[0] = '\0';
     }
     if (remembered || !timed) e->cache_key[0] = '\0'; /* nothing to time, nothing to remember */
+    e->to_choose = timed && !remembered;
     if (status == UMT_OK && !remembered) status = add_first_ranking(e, s, direction, max_workspace);
     if (status == UMT_OK && !timed) keep(e, 0);
     if (status != UMT_OK) {
@@ -629,6 +534,7 @@ static umt_status choose(umt_conv_engines *e) {
         remember(e, best);
     }
     keep(e, best);
+    e->to_choose = false;
     return UMT_OK;
 }
 
@@ -642,7 +548,7 @@ umt_status umt_cuda_conv_engines_run(umt_conv_engines *e, const void *x, const v
                             names[i], pointers[i], TENSOR_ALIGNMENT);
     }
     UMT_TRY(pack_for(e, pointers));
-    if (e->count > 1) UMT_TRY(choose(e));
+    if (e->to_choose) UMT_TRY(choose(e));
     UMT_CUDNN_TRY(cudnnBackendExecute(e->handle, e->candidates[0].plan, e->pack));
     return UMT_OK;
 }

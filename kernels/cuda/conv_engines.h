@@ -18,8 +18,10 @@ typedef struct umt_conv_engines umt_conv_engines;
 /* The engines that can run shape s (bf16/f16, NHWC, w as K,R,S,C) in one direction, writing
  * its output (y, dx or dw) with beta 0, or adding to it when accumulate. Candidates are
  * deterministic, compiled ahead of time and need at most max_workspace bytes; *workspace_bytes
- * is the largest of theirs. timed: the first run may time the candidates on the call's own
- * tensors, so it must be free to overwrite the output; otherwise the heuristics' first runs. */
+ * is the largest of theirs (a timed first run may add mode B's candidates, within it). timed:
+ * the first run may time the candidates on the call's own tensors, so it must be free to
+ * overwrite the output, and an engine the cache remembers for the shape is the only candidate;
+ * otherwise the heuristics' first runs. */
 umt_status umt_cuda_conv_engines_make(cudnnHandle_t handle, const umt_conv_shape *s, umt_conv_direction direction,
                                       bool accumulate, bool timed, size_t max_workspace, umt_conv_engines **out,
                                       size_t *workspace_bytes);

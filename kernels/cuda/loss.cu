@@ -7,8 +7,9 @@
  * are in double, as on the CPU, so results agree with it to float rounding.
  *
  * Scalar results (mean, the losses) are reduced deterministically, in two passes: each block
- * writes its partial sum into `partials`, then one block adds those in a fixed order. No float
- * atomics, so the same inputs always give the same bits.
+ * (for the softmax loss of rows of at most 32 columns, each warp's group of rows) writes its
+ * partial sum into `partials`, then one block adds those in a fixed order. No float atomics, so
+ * the same inputs always give the same bits.
  *
  * Labels are checked on the device. In the losses and their backwards every block first scans
  * all the labels (a batch's few thousand ints, read from L2) for the lowest row whose label is

@@ -29,7 +29,8 @@
 /* ------------------------------------------------------------------------------------------ */
 /* Per-element helpers of the fused forms                                                      */
 
-/* The step is skipped (an inf or NaN gradient): every thread returns before writing. */
+/* The step is skipped (an inf or NaN gradient): every thread returns before writing (but the zeros
+ * of a consumed gradient, skipped_here). */
 static __device__ bool step_skipped(const umt_step_scalars *scalars) { return scalars && scalars->found_inf; }
 
 /* grad[i] zeroed once read when the update consumes its gradient (umt_update_fusion.zero_grad;

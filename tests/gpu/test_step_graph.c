@@ -159,6 +159,11 @@ static void start_dist(umt_context *ctx, dist_mode mode, trainer *t) {
 static bool one_stream;
 /* Whether the last run's context sent a convolution's weight gradient to the side stream. */
 static bool last_run_branched;
+/* The runs' umt_optimizer_options.zero_grads_in_step, and the step after which the host writes
+ * ones over the first parameter's gradient (-1: never): what a replay that left out its zero
+ * fill must not add to. */
+static bool consume;
+static int touch_after = -1;
 
 static void train_dist(umt_precision precision, bool fuse, bool graph, bool reads_loss, dist_mode mode,
                        run_result *out) {
@@ -178,6 +183,7 @@ static void train_dist(umt_precision precision, bool fuse, bool graph, bool read
     umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_SGD);
     oo.momentum = 0.9f;
     oo.loss_scaling = precision == UMT_PRECISION_FP16;
+    oo.zero_grads_in_step = consume;
     EXPECT_OK(umt_optimizer_create(ctx, &oo, &t.opt));
     umt_step_graph *g = NULL;
     EXPECT_OK(umt_step_graph_create(ctx, graph, &g));
@@ -190,6 +196,7 @@ static void train_dist(umt_precision precision, bool fuse, bool graph, bool read
             umt_optimizer_set_lr(t.opt, umt_lr_cosine(0.05f, 0.001f, s, STEPS));
             EXPECT_OK(umt_step_graph_run(g, step, &t, order + first, (size_t)count * sizeof *order));
             EXPECT_OK(umt_tensor_get_f32(umt_step_graph_loss(g), 0, &out->losses[s]));
+            if (s == touch_after) EXPECT_OK(umt_tensor_fill(umt_tensor_grad(umt_parameter_at(ctx, 0)), 1.0f));
         }
         if (epoch == 0) out->accuracy = evaluate(ctx, &t);
     }
@@ -266,6 +273,39 @@ static void check_precision(umt_precision precision, bool fuse) {
     free(eager.parameters);
     free(again.parameters);
     free(graph.parameters);
+}
+
+/* zero_grads_in_step (each update consumes its gradients, so the captured step has no zero fill):
+ * graph runs give the eager bits of runs without it; ones the host writes over a gradient between
+ * steps make the next step run eagerly (its fill is needed, and wipes them out), with the eager
+ * run's bits again. */
+static void test_graph_replays_of_steps_that_consume_their_gradients_give_the_eager_bits(void **state) {
+    (void)state;
+    run_result plain = {0}, eager = {0}, graph = {0}, touched_eager = {0}, touched_graph = {0};
+    train(UMT_PRECISION_BF16, true, false, &plain);
+    consume = true;
+    train(UMT_PRECISION_BF16, true, false, &eager);
+    train(UMT_PRECISION_BF16, true, true, &graph);
+    touch_after = 7;
+    train(UMT_PRECISION_BF16, true, false, &touched_eager);
+    train(UMT_PRECISION_BF16, true, true, &touched_graph);
+    consume = false;
+    touch_after = -1;
+    expect_same_run("zero_grads_in_step, eager", &eager, &plain, true);
+    expect_same_run("zero_grads_in_step, graph", &graph, &plain, true);
+    expect_same_run("a gradient written between steps, graph", &touched_graph, &touched_eager, true);
+    /* The next step's zero fill wipes the ones out: a replay that added to them would differ. */
+    expect_same_run("a gradient written between steps, eager", &touched_eager, &eager, true);
+    assert_true(graph.stats.replayed_steps >= STEPS - 2 * (1 + 2 + 1));
+    assert_int_equal(touched_graph.stats.eager_steps, graph.stats.eager_steps + 1);
+    printf("zero_grads_in_step: graph %lld replayed, %lld eager; with a gradient written after step 7, %lld eager\n",
+           (long long)graph.stats.replayed_steps, (long long)graph.stats.eager_steps,
+           (long long)touched_graph.stats.eager_steps);
+    free(plain.parameters);
+    free(eager.parameters);
+    free(graph.parameters);
+    free(touched_eager.parameters);
+    free(touched_graph.parameters);
 }
 
 static void test_graph_replays_give_the_eager_losses_in_fp32(void **state) {
@@ -613,6 +653,7 @@ static void test_skip_leaves_out_the_nonfinite_replay_alone_in_fp32_and_bf16(voi
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_graph_replays_of_steps_that_consume_their_gradients_give_the_eager_bits),
         cmocka_unit_test(test_graph_replays_give_the_eager_losses_in_fp32),
         cmocka_unit_test(test_graph_replays_give_the_eager_losses_op_by_op),
         cmocka_unit_test(test_graph_replays_follow_the_loss_scale_in_fp16),
