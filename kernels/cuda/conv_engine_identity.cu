@@ -12,18 +12,20 @@
 #include "core/base/error.h"
 #include "kernels/cuda/conv_engine_identity.h"
 
-/* The engine of a configuration: cuDNN's global index of it, and each knob's kind and value (as
- * many knob descriptors made as the configuration has knobs: a set asks this of each candidate). */
+/* The engine of a configuration: cuDNN's global index of it, and each knob's kind and value.
+ * cuDNN hands out a configuration's knobs only into descriptors made beforehand, and a config has
+ * at most one knob of each kind: CUDNN_KNOB_TYPE_COUNTS of them are made. (A build that first
+ * asked for the count alone, with no array, remembered engines without their knobs: docs/PERF.md.) */
+static const int KNOB_ROOM =
+    (int)CUDNN_KNOB_TYPE_COUNTS < (int)UMT_ENGINE_MOST_KNOBS ? (int)CUDNN_KNOB_TYPE_COUNTS : (int)UMT_ENGINE_MOST_KNOBS;
+
 umt_status umt_cuda_engine_identity_of(cudnnBackendDescriptor_t config, umt_engine_identity *id) {
     memset(id, 0, sizeof *id);
     cudnnBackendDescriptor_t engine = NULL, knobs[UMT_ENGINE_MOST_KNOBS] = {NULL};
     int64_t count = 0, knob_count = 0;
     int made = 0;
-    cudnnStatus_t status = cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
-                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &knob_count, NULL);
-    int wanted = knob_count < UMT_ENGINE_MOST_KNOBS ? (int)knob_count : UMT_ENGINE_MOST_KNOBS;
-    if (status == CUDNN_STATUS_SUCCESS) status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine);
-    for (; status == CUDNN_STATUS_SUCCESS && made < wanted; made++)
+    cudnnStatus_t status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine);
+    for (; status == CUDNN_STATUS_SUCCESS && made < KNOB_ROOM; made++)
         status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knobs[made]);
     if (status == CUDNN_STATUS_SUCCESS)
         status = cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count,
@@ -31,10 +33,10 @@ umt_status umt_cuda_engine_identity_of(cudnnBackendDescriptor_t config, umt_engi
     if (status == CUDNN_STATUS_SUCCESS)
         status = cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count,
                                           &id->global_index);
-    if (status == CUDNN_STATUS_SUCCESS && wanted > 0)
+    if (status == CUDNN_STATUS_SUCCESS)
         status = cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                          wanted, &knob_count, knobs);
-    for (int64_t k = 0; k < knob_count && k < wanted && status == CUDNN_STATUS_SUCCESS; k++) {
+                                          KNOB_ROOM, &knob_count, knobs);
+    for (int64_t k = 0; k < knob_count && k < KNOB_ROOM && status == CUDNN_STATUS_SUCCESS; k++) {
         cudnnBackendKnobType_t type = CUDNN_KNOB_TYPE_COUNTS;
         status = cudnnBackendGetAttribute(knobs[k], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &count,
                                           &type);
@@ -50,9 +52,9 @@ umt_status umt_cuda_engine_identity_of(cudnnBackendDescriptor_t config, umt_engi
     if (status != CUDNN_STATUS_SUCCESS)
         return umt_fail(UMT_ERR_DEVICE, "conv2d: reading a cuDNN engine's index and knobs: %s",
                         cudnnGetErrorString(status));
-    if (knob_count > UMT_ENGINE_MOST_KNOBS)
+    if (knob_count > KNOB_ROOM)
         return umt_fail(UMT_ERR_DEVICE, "conv2d: a cuDNN engine with %lld knobs (expected at most %d)",
-                        (long long)knob_count, (int)UMT_ENGINE_MOST_KNOBS);
+                        (long long)knob_count, (int)KNOB_ROOM);
     return UMT_OK;
 }
 
