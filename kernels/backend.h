@@ -308,18 +308,15 @@ typedef struct {
      * a half dtype (the slot NULL or conv2d_relu_supports false: the op runs the convolution's
      * forward slot, then f32.bias_relu). The forward gives bit for bit those two ops' y (the
      * product rounded to the dtype, then the bias and the ReLU). The backward's weight side reads
-     * y > 0 and dy once: the masked gradient (y > 0 ? dy : 0, written over dy when keep_dy, for
-     * the data gradient to read), and from it dw += the weight gradient and dbias += its channel
-     * sums (dbias may be NULL). Where conv2d_relu_mask_bytes says so for the shape (else 0), the
-     * forward also writes y > 0 as that many bytes into mask, and the backward reads them there
-     * instead of y: a bit an element instead of two bytes (the op keeps them for its backward). */
+     * y and dy once: the masked gradient (y > 0 ? dy : 0, written over dy when keep_dy, for the
+     * data gradient to read), and from it dw += the weight gradient and dbias += its channel
+     * sums (dbias may be NULL). */
     bool (*conv2d_relu_supports)(const umt_conv_shape *shape);
-    size_t (*conv2d_relu_mask_bytes)(const umt_conv_shape *shape);
     umt_status (*conv2d_relu_forward)(const umt_conv_shape *shape, const void *x, const void *w, const float *bias,
-                                      void *y, uint8_t *mask, void *workspace, size_t workspace_bytes);
-    umt_status (*conv2d_relu_backward_filter)(const umt_conv_shape *shape, const void *x, const void *y,
-                                              const uint8_t *mask, void *dy, bool keep_dy, float *dw, float *dbias,
-                                              void *workspace, size_t workspace_bytes);
+                                      void *y, void *workspace, size_t workspace_bytes);
+    umt_status (*conv2d_relu_backward_filter)(const umt_conv_shape *shape, const void *x, const void *y, void *dy,
+                                              bool keep_dy, float *dw, float *dbias, void *workspace,
+                                              size_t workspace_bytes);
 } umt_backend_fused;
 
 /* --- Group 4, a second stream (core/branch.c): a layer's weight gradient runs on it, beside

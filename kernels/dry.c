@@ -162,10 +162,10 @@ static umt_status lp_gather_batch(umt_dtype dtype, const uint8_t *samples, const
 /* Group 3: fused fast paths */
 
 static umt_status conv2d_relu_forward(const umt_conv_shape *shape, const void *x, const void *w, const float *bias,
-                                      void *y, uint8_t *mask, void *workspace, size_t workspace_bytes) NOTHING
-static umt_status conv2d_relu_backward_filter(const umt_conv_shape *shape, const void *x, const void *y,
-                                              const uint8_t *mask, void *dy, bool keep_dy, float *dw, float *dbias,
-                                              void *workspace, size_t workspace_bytes) NOTHING
+                                      void *y, void *workspace, size_t workspace_bytes) NOTHING
+static umt_status conv2d_relu_backward_filter(const umt_conv_shape *shape, const void *x, const void *y, void *dy,
+                                              bool keep_dy, float *dw, float *dbias, void *workspace,
+                                              size_t workspace_bytes) NOTHING
 
 /* ----------------------------------------------------------------------------------------- */
 /* Group 4: the second stream (kept, so that a dry step takes the branch's workspace as a real
@@ -263,10 +263,8 @@ void umt_backend_dry(const umt_backend *real, umt_backend *out) {
     DRY(lowp, softmax_xent_backward, lp_softmax_xent_backward);
     DRY(lowp, gather_batch, lp_gather_batch);
 
-    /* Questions again: whether the fused path takes the shape, and the mask it keeps (whose
-     * bytes a dry step must count). */
+    /* A question again: whether the fused path takes the shape. */
     out->fused.conv2d_relu_supports = real->fused.conv2d_relu_supports;
-    out->fused.conv2d_relu_mask_bytes = real->fused.conv2d_relu_mask_bytes;
     DRY(fused, conv2d_relu_forward, conv2d_relu_forward);
     DRY(fused, conv2d_relu_backward_filter, conv2d_relu_backward_filter);
 

@@ -108,9 +108,8 @@ static umt_status conv_relu_backward_fused(umt_context *ctx, const umt_node *nod
     const umt_backend *be = umt_kernels(ctx);
     UMT_TRY(be->f32.conv2d_workspace_bytes(s, &bytes));
     UMT_TRY(umt_context_workspace(ctx, bytes, &workspace));
-    const uint8_t *mask = node->saved ? node->saved->data : NULL;
-    UMT_TRY(be->fused.conv2d_relu_backward_filter(s, x->data, y->data, mask, dy, dx != NULL, umt_input_grad(node, 1),
-                                                  dbias, workspace, bytes));
+    UMT_TRY(be->fused.conv2d_relu_backward_filter(s, x->data, y->data, dy, dx != NULL, umt_input_grad(node, 1), dbias,
+                                                  workspace, bytes));
     return dx ? data_gradient(be, s, w, dy, dx, umt_input_grad_fresh(node, 0), workspace, bytes) : UMT_OK;
 }
 
@@ -128,11 +127,10 @@ static umt_status conv_relu_backward(umt_context *ctx, const umt_node *node) {
 }
 
 /* y = conv(x, w), then the bias (b may be NULL) and with relu the ReLU, in one pass after the
- * product, or with the product where the backend fuses all three (and writes the ReLU's mask
- * where it keeps one: mask, NULL when there is none to keep). */
+ * product, or with the product where the backend fuses all three. */
 static umt_status forward_into(const umt_backend *be, const umt_conv_shape *s, const void *x, const void *w,
-                               const float *b, bool relu, void *y, uint8_t *mask, void *workspace, size_t bytes) {
-    if (relu && fused_by_backend(be, s)) return be->fused.conv2d_relu_forward(s, x, w, b, y, mask, workspace, bytes);
+                               const float *b, bool relu, void *y, void *workspace, size_t bytes) {
+    if (relu && fused_by_backend(be, s)) return be->fused.conv2d_relu_forward(s, x, w, b, y, workspace, bytes);
     bool lowp = umt_dtype_is_lowp(s->dtype);
     UMT_TRY(lowp ? be->lowp.conv2d_forward(s, x, w, y, workspace, bytes)
                  : be->f32.conv2d_forward(s, x, w, y, workspace, bytes));
@@ -156,24 +154,17 @@ static umt_tensor *conv2d(umt_context *ctx, umt_tensor *x, umt_tensor *weight, u
     umt_conv_shape s = conv_shape(x, weight, stride, padding);
     umt_tensor *y = umt_op_output_typed(ctx, s.dtype, s.nhwc, 4, (int64_t[]){s.n, s.k, s.p, s.q});
     if (!y) return NULL;
-    const umt_backend *be = umt_kernels(ctx);
-    umt_tensor *mask = NULL;
-    if (relu && ctx->grad_enabled && fused_by_backend(be, &s) && be->fused.conv2d_relu_mask_bytes) {
-        size_t mask_bytes = be->fused.conv2d_relu_mask_bytes(&s);
-        if (mask_bytes && !(mask = umt_tensor_alloc(ctx, UMT_POOL_ACTIVATIONS, UMT_U8, 1, (int64_t[]){(int64_t)mask_bytes})))
-            return NULL;
-    }
     size_t bytes = 0;
     void *workspace = NULL;
-    umt_status st = be->f32.conv2d_workspace_bytes(&s, &bytes);
+    umt_status st = umt_kernels(ctx)->f32.conv2d_workspace_bytes(&s, &bytes);
     if (st == UMT_OK) st = umt_context_workspace(ctx, bytes, &workspace);
     if (st == UMT_OK)
-        st = forward_into(be, &s, x->data, w->data, bias ? bias->data : NULL, relu, y->data,
-                          mask ? mask->data : NULL, workspace, bytes);
+        st = forward_into(umt_kernels(ctx), &s, x->data, w->data, bias ? bias->data : NULL, relu, y->data, workspace,
+                          bytes);
     /* The data gradient is written whole (cuDNN's beta 0) when it is the first (core/tape.h). */
     return umt_op_overwrites_input_grad(ctx,
                                         umt_op_finish_with(ctx, st, op, relu ? conv_relu_backward : conv_backward, y,
-                                                           mask, x, weight, bias, stride, padding, 0.0f),
+                                                           NULL, x, weight, bias, stride, padding, 0.0f),
                                         0);
 }
 

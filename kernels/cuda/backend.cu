@@ -414,7 +414,6 @@ static const umt_backend cuda_backend = {
     },
     .fused = {
         .conv2d_relu_supports = umt_cuda_conv2d_relu_fused,
-        .conv2d_relu_mask_bytes = umt_cuda_conv2d_relu_mask_bytes,
         .conv2d_relu_forward = umt_cuda_conv2d_relu_forward,
         .conv2d_relu_backward_filter = umt_cuda_conv2d_relu_backward_filter,
     },

@@ -400,7 +400,7 @@ static umt_status plan_for_call_lp(const char *op, const umt_conv_shape *s, cons
  * takes the shape, else the plan's engines. */
 static umt_status forward_lp(const conv_plan *p, const umt_conv_shape *shape, const void *x, const void *w, void *y,
                              void *workspace) {
-    if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, NULL, false, y, NULL);
+    if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, NULL, false, y);
     return umt_cuda_conv_engines_run(p->engines[FORWARD], x, w, y, workspace);
 }
 
@@ -445,12 +445,8 @@ extern "C" bool umt_cuda_conv2d_relu_fused(const umt_conv_shape *shape) {
     return umt_cuda_conv_is_thin(shape) || umt_cuda_conv_is_thin_f32(shape);
 }
 
-extern "C" size_t umt_cuda_conv2d_relu_mask_bytes(const umt_conv_shape *shape) {
-    return umt_cuda_conv_thin_mask_bytes(shape);
-}
-
 extern "C" umt_status umt_cuda_conv2d_relu_forward(const umt_conv_shape *shape, const void *x, const void *w,
-                                                   const float *bias, void *y, uint8_t *mask, void *workspace,
+                                                   const float *bias, void *y, void *workspace,
                                                    size_t workspace_bytes) {
     const conv_plan *p;
     if (shape->dtype == UMT_F32) {
@@ -462,19 +458,14 @@ extern "C" umt_status umt_cuda_conv2d_relu_forward(const umt_conv_shape *shape, 
         return umt_cuda_bias_relu(UMT_F32, false, y, bias, y, shape->n, shape->k, shape->p * shape->q);
     }
     UMT_TRY(plan_for_call_lp("conv2d_relu_forward", shape, workspace, workspace_bytes, &p));
-    if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, bias, true, y, mask);
-    /* A thin shape's y not 16-byte aligned (cuDNN's engines refuse it too): no mask is made here. */
-    if (mask)
-        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "conv2d_relu_forward: y at %p for a thin %s shape with a mask (expected "
-                        "16-byte alignment)", y, umt_dtype_name(shape->dtype));
+    if (umt_cuda_conv_thin_takes(shape, y, y)) return umt_cuda_conv2d_forward_thin(shape, x, w, bias, true, y);
     UMT_TRY(forward_lp(p, shape, x, w, y, workspace));
     return umt_cuda_bias_relu(shape->dtype, true, y, bias, y, shape->n, shape->k, shape->p * shape->q);
 }
 
 extern "C" umt_status umt_cuda_conv2d_relu_backward_filter(const umt_conv_shape *shape, const void *x,
-                                                           const void *y, const uint8_t *mask, void *dy, bool keep_dy,
-                                                           float *dw, float *dbias, void *workspace,
-                                                           size_t workspace_bytes) {
+                                                           const void *y, void *dy, bool keep_dy, float *dw,
+                                                           float *dbias, void *workspace, size_t workspace_bytes) {
     const conv_plan *p;
     if (shape->dtype == UMT_F32) {
         UMT_TRY(plan_for_call("conv2d_relu_backward_filter", shape, workspace, workspace_bytes, &p));
@@ -486,13 +477,8 @@ extern "C" umt_status umt_cuda_conv2d_relu_backward_filter(const umt_conv_shape 
                                                workspace_bytes);
     }
     UMT_TRY(plan_for_call_lp("conv2d_relu_backward_filter", shape, workspace, workspace_bytes, &p));
-    if (umt_cuda_conv_thin_takes(shape, dy, workspace)) {
-        if (!mask)
-            return umt_fail(UMT_ERR_INVALID_ARGUMENT, "conv2d_relu_backward_filter: no mask for a thin %s shape (the "
-                            "forward writes %zu bytes of it: conv2d_relu_mask_bytes)", umt_dtype_name(shape->dtype),
-                            umt_cuda_conv_thin_mask_bytes(shape));
-        return umt_cuda_conv2d_backward_filter_thin(shape, x, mask, dy, keep_dy, dw, dbias, workspace);
-    }
+    if (umt_cuda_conv_thin_takes(shape, dy, workspace) && umt_cuda_conv_thin_takes(shape, y, y))
+        return umt_cuda_conv2d_backward_filter_thin(shape, x, y, dy, keep_dy, dw, dbias, workspace);
     UMT_TRY(umt_cuda_bias_relu_backward(shape->dtype, true, y, dy, dbias, shape->n, shape->k, shape->p * shape->q));
     return backward_filter_lp(p, shape, x, dy, dw, workspace);
 }

@@ -33,10 +33,7 @@
  * Fused with the bias and the ReLU that follow (umt_conv2d_relu): the forward adds the bias and
  * clamps before its one store; the weight gradient masks the gradient by y > 0 as it reads it
  * (writing the mask back only when the input's gradient needs it) and sums the bias gradient
- * on the way. In bf16/f16 the forward also writes that mask, a byte per vector of y (bit e: its
- * element e > 0), and the weight gradient reads the byte instead of the 16 bytes of y: with y
- * read, y and dy were the kernel's bytes in equal shares (docs/PERF.md, "The ReLU's mask in
- * bits").
+ * on the way. The first layer's activation is then written once and read once in backward.
  */
 #include <cuda_pipeline.h>
 
@@ -49,9 +46,7 @@
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
 
-/* THIN_TERMS: the most c*r*s taken; GROUP: channels per 16-byte vector, QUAD per 8-byte one.
- * MASK_STAGE: a tile's mask bytes in shared memory, in 16-byte vectors (copied as the 4-byte
- * words that cover the tile: up to 3 bytes either side). A
+/* THIN_TERMS: the most c*r*s taken; GROUP: channels per 16-byte vector, QUAD per 8-byte one. A
  * warp's 32 lanes must hold whole pixels' channel vectors, so k / 8 is a power of two, and at
  * most MAX_GROUPS. The weight gradient: at most FILTER_BLOCKS blocks (three on each of a Hopper
  * GPU's 132 multiprocessors, one wave; a constant rather than the GPU's count, so that a shape's
@@ -69,8 +64,7 @@ enum {
     TILE_PIXELS = 256,
     F32_CHANNELS = 4,
     F32_BLOCKS = 528,
-    PIXELS = 2, /* the forward's pixels a thread, which share its reads of the weights */
-    MASK_STAGE = (TILE_VECTORS + 8 + 15) / 16
+    PIXELS = 2 /* the forward's pixels a thread, which share its reads of the weights */
 };
 
 static bool is_half(umt_dtype dtype) { return dtype == UMT_BF16 || dtype == UMT_F16; }
@@ -218,19 +212,9 @@ enum { STAGED = 4 };
 /* Each block takes PIXELS * THREADS pixels at a time, thread t pixels t, t + THREADS, ...;
  * their outputs, STAGED groups at a time, are stored from shared memory in order: a warp
  * writes 512 contiguous bytes (or runs of 64 where k > 32). */
-/* The ReLU's mask of a vector of y: bit e set when element e is above 0. */
-template <umt_dtype D> static __device__ __forceinline__ uint8_t positive_bits(uint4 v) {
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-    uint32_t bits = 0;
-#pragma unroll
-    for (int e = 0; e < GROUP; e++)
-        bits |= (uint32_t)(umt_dev_widen<D>((uint16_t)(words[e / 2] >> (16 * (e % 2)))) > 0.0f) << e;
-    return (uint8_t)bits;
-}
-
 template <umt_dtype D, bool RELU, bool PADDED>
 static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w, const float *bias, uint4 *y,
-                                           uint8_t *positive, thin_shape s) {
+                                           thin_shape s) {
     extern __shared__ float4 shared[]; /* the weights, then the k biases */
     __shared__ window_table table;
     __shared__ uint4 staged[STAGED * PIXELS * THREADS];
@@ -264,10 +248,8 @@ static __global__ void thin_forward_kernel(const uint16_t *x, const uint16_t *w,
             }
             __syncthreads();
             for (int v = threadIdx.x; v < chunk * PIXELS * THREADS; v += THREADS) {
-                int at = first + (v >> chunk_shift), index = at * s.groups + group + (v & (chunk - 1));
-                if (at >= pixels) continue;
-                y[index] = staged[v];
-                if (RELU && positive) positive[index] = positive_bits<D>(staged[v]);
+                int at = first + (v >> chunk_shift);
+                if (at < pixels) y[at * s.groups + group + (v & (chunk - 1))] = staged[v];
             }
             __syncthreads(); /* staged is written again for the next groups */
         }
@@ -288,18 +270,13 @@ typedef struct {
     float w[QUAD][THIN_TERMS], bias[QUAD];
 } thin_sums;
 
-/* Starts copying dy's vectors [from, to) (at most TILE_VECTORS) into stage, and with MASKED the
- * mask bytes of those vectors after them (the 4-byte words that cover them: the mask is padded
- * to whole words), without waiting: one commit group, which __pipeline_wait_prior then waits for. */
+/* Starts copying dy's vectors [from, to) (at most TILE_VECTORS) into stage, and with MASKED y's
+ * after them, without waiting: one commit group, which __pipeline_wait_prior then waits for. */
 template <bool MASKED>
-static __device__ void fetch_tile(const uint8_t *positive, const uint4 *dy, uint4 *stage, int from, int to) {
-    for (int v = (int)threadIdx.x; from + v < to; v += (int)blockDim.x)
+static __device__ void fetch_tile(const uint4 *y, const uint4 *dy, uint4 *stage, int from, int to) {
+    for (int v = (int)threadIdx.x; from + v < to; v += (int)blockDim.x) {
         __pipeline_memcpy_async(&stage[v], &dy[from + v], sizeof(uint4));
-    if (MASKED) {
-        const uint32_t *words = (const uint32_t *)positive;
-        uint32_t *into = (uint32_t *)(stage + TILE_VECTORS);
-        for (int u = from / 4 + (int)threadIdx.x; u < (to + 3) / 4; u += (int)blockDim.x)
-            __pipeline_memcpy_async(&into[u - from / 4], &words[u], sizeof(uint32_t));
+        if (MASKED) __pipeline_memcpy_async(&stage[TILE_VECTORS + v], &y[from + v], sizeof(uint4));
     }
     __pipeline_commit();
 }
@@ -322,24 +299,22 @@ static __device__ __forceinline__ void stage_terms(const uint16_t *x, const thin
  * first_pixel on in terms, to the thread's sums. A thread takes 8-byte quads: quad u of the tile
  * is channels 4 * (u % (k / 4)) on of pixel (2 * from + u) / (k / 4), and u steps by the block's
  * threads, a multiple of k / 4, so a thread's channels stay the same (from is a multiple of
- * k / 8). MASKED: the gradient is first masked by y > 0, its bits from the stage's mask bytes
- * (written back to dy when keep_dy). */
+ * k / 8). MASKED: the gradient is first masked by y > 0 (written back to dy when keep_dy). */
 template <umt_dtype D, bool MASKED>
 static __device__ __forceinline__ void sum_tile(uint4 *dy, bool keep_dy, const uint4 *stage, const float *terms,
                                                 const thin_shape &s, int from, int to, int first_pixel,
                                                 thin_sums *sums) {
-    const uint2 *grads = (const uint2 *)stage;
-    const uint8_t *mask = (const uint8_t *)(stage + TILE_VECTORS) + from % 4;
+    const uint2 *grads = (const uint2 *)stage, *outs = (const uint2 *)(stage + TILE_VECTORS);
     for (int u = (int)threadIdx.x; u < 2 * (to - from); u += (int)blockDim.x) {
         int quad = 2 * from + u;
         const float *window = terms + ((quad >> s.quad_shift) - first_pixel) * THIN_TERMS;
-        halves4 grad;
+        halves4 grad, out;
         grad.bits = grads[u];
-        uint32_t positive = MASKED ? (uint32_t)mask[u / 2] >> (QUAD * (u % 2)) : 0u;
+        if (MASKED) out.bits = outs[u];
 #pragma unroll
         for (int e = 0; e < QUAD; e++) {
             float g = umt_dev_widen<D>(grad.h[e]);
-            if (MASKED && !((positive >> e) & 1u)) g = 0.0f, grad.h[e] = 0;
+            if (MASKED && !(umt_dev_widen<D>(out.h[e]) > 0.0f)) g = 0.0f, grad.h[e] = 0;
             if (MASKED) sums->bias[e] += g;
 #pragma unroll
             for (int t = 0; t < THIN_TERMS; t++) sums->w[e][t] += g * window[t];
@@ -391,21 +366,21 @@ static __device__ __forceinline__ void write_block_partial(const thin_sums &sums
  * shape's kernel needs no more, a padded one's spills a few). */
 template <umt_dtype D, bool MASKED, bool PADDED>
 static __global__ void __launch_bounds__(THREADS, 3)
-    thin_filter_kernel(const uint16_t *x, const uint8_t *positive, uint4 *dy, bool keep_dy, float *partials,
-                       thin_shape s, int per_block) {
-    extern __shared__ uint4 stages[]; /* two tiles of dy (and its mask), a tile's terms; after them, the warps' sums */
+    thin_filter_kernel(const uint16_t *x, const uint4 *y, uint4 *dy, bool keep_dy, float *partials, thin_shape s,
+                       int per_block) {
+    extern __shared__ uint4 stages[]; /* two tiles of dy (and y), a tile's terms; after them, the warps' sums */
     __shared__ window_table table;
     make_window_table(s, &table);
     __syncthreads();
-    const int stage = TILE_VECTORS + (MASKED ? MASK_STAGE : 0), vectors = s.n * s.p * s.q * s.groups;
+    const int stage = (MASKED ? 2 : 1) * TILE_VECTORS, vectors = s.n * s.p * s.q * s.groups;
     const int tile = min((int)TILE_VECTORS, TILE_PIXELS * s.groups), pixel_shift = s.quad_shift - 1;
     float *terms = (float *)(stages + 2 * stage);
     int first = (int)blockIdx.x * per_block, last = min(first + per_block, vectors);
     thin_sums sums = {};
-    fetch_tile<MASKED>(positive, dy, stages, first, min(first + tile, last));
+    fetch_tile<MASKED>(y, dy, stages, first, min(first + tile, last));
     for (int from = first, at = 0; from < last; from += tile, at++) {
         int next = from + tile, to = min(next, last);
-        if (next < last) fetch_tile<MASKED>(positive, dy, stages + (at + 1) % 2 * stage, next, min(next + tile, last));
+        if (next < last) fetch_tile<MASKED>(y, dy, stages + (at + 1) % 2 * stage, next, min(next + tile, last));
         else __pipeline_commit(); /* an empty group: the wait below leaves the newest one pending */
         stage_terms<D, PADDED>(x, s, &table, from >> pixel_shift, to >> pixel_shift, terms);
         __pipeline_wait_prior(1);
@@ -555,24 +530,24 @@ size_t umt_cuda_conv_thin_workspace_bytes(const umt_conv_shape *s) {
 
 template <umt_dtype D, bool PADDED>
 static umt_status forward(const umt_conv_shape *s, const void *x, const void *w, const float *bias, bool relu,
-                          void *y, uint8_t *positive) {
+                          void *y) {
     size_t shared = (size_t)(s->k * THIN_TERMS + s->k) * sizeof(float);
     unsigned int blocks = blocks_for((s->n * s->p * s->q + PIXELS - 1) / PIXELS);
     if (relu)
         thin_forward_kernel<D, true, PADDED><<<blocks, THREADS, shared, umt_cuda_stream()>>>(
-            (const uint16_t *)x, (const uint16_t *)w, bias, (uint4 *)y, positive, thin(s));
+            (const uint16_t *)x, (const uint16_t *)w, bias, (uint4 *)y, thin(s));
     else
         thin_forward_kernel<D, false, PADDED><<<blocks, THREADS, shared, umt_cuda_stream()>>>(
-            (const uint16_t *)x, (const uint16_t *)w, NULL, (uint4 *)y, NULL, thin(s));
+            (const uint16_t *)x, (const uint16_t *)w, NULL, (uint4 *)y, thin(s));
     UMT_CUDA_LAUNCHED();
     return UMT_OK;
 }
 
-/* positive NULL: the plain weight gradient; else the fused one (mask, keep_dy, dbias). Blocks:
- * one per tile of dy up to FILTER_BLOCKS, each taking a run of whole pixels' vectors. */
+/* y NULL: the plain weight gradient; else the fused one (mask, keep_dy, dbias). Blocks: one per
+ * tile of dy up to FILTER_BLOCKS, each taking a run of whole pixels' vectors. */
 template <umt_dtype D, bool PADDED>
-static umt_status backward_filter(const umt_conv_shape *s, const void *x, const uint8_t *positive, void *dy,
-                                  bool keep_dy, float *dw, float *dbias, void *workspace) {
+static umt_status backward_filter(const umt_conv_shape *s, const void *x, const void *y, void *dy, bool keep_dy,
+                                  float *dw, float *dbias, void *workspace) {
     thin_shape t = thin(s);
     int64_t vectors = s->n * s->p * s->q * t.groups, outputs = t.k * t.terms, row = outputs + t.k;
     int64_t blocks = (vectors + TILE_VECTORS - 1) / TILE_VECTORS;
@@ -580,44 +555,38 @@ static umt_status backward_filter(const umt_conv_shape *s, const void *x, const 
     int64_t per_block = (vectors + blocks - 1) / blocks;
     per_block = (per_block + t.groups - 1) / t.groups * t.groups;
     blocks = (vectors + per_block - 1) / per_block;
-    size_t tiles = (size_t)2 * (TILE_VECTORS + (positive ? MASK_STAGE : 0)) * sizeof(uint4);
+    size_t tiles = (size_t)2 * (y ? 2 : 1) * TILE_VECTORS * sizeof(uint4);
     tiles += (size_t)TILE_PIXELS * THIN_TERMS * sizeof(float); /* the window terms beside them */
     size_t sums = (size_t)(THREADS / 32 * row) * sizeof(float);
     size_t shared = tiles > sums ? tiles : sums;
     float *partials = (float *)workspace;
     cudaStream_t stream = umt_cuda_stream();
-    if (positive)
+    if (y)
         thin_filter_kernel<D, true, PADDED><<<(unsigned int)blocks, THREADS, shared, stream>>>(
-            (const uint16_t *)x, positive, (uint4 *)dy, keep_dy, partials, t, (int)per_block);
+            (const uint16_t *)x, (const uint4 *)y, (uint4 *)dy, keep_dy, partials, t, (int)per_block);
     else
         thin_filter_kernel<D, false, PADDED><<<(unsigned int)blocks, THREADS, shared, stream>>>(
             (const uint16_t *)x, NULL, (uint4 *)dy, false, partials, t, (int)per_block);
-    return finish_partials(partials, dw, positive ? dbias : NULL, outputs, row, blocks);
-}
-
-size_t umt_cuda_conv_thin_mask_bytes(const umt_conv_shape *s) {
-    size_t vectors = (size_t)(s->n * s->p * s->q * (s->k / GROUP));
-    return umt_cuda_conv_is_thin(s) ? (vectors + 15) / 16 * 16 : 0;
+    return finish_partials(partials, dw, y ? dbias : NULL, outputs, row, blocks);
 }
 
 umt_status umt_cuda_conv2d_forward_thin(const umt_conv_shape *s, const void *x, const void *w, const float *bias,
-                                        bool relu, void *y, uint8_t *positive) {
+                                        bool relu, void *y) {
     if (s->n == 0) return UMT_OK;
     if (s->dtype == UMT_BF16)
-        return s->pad ? forward<UMT_BF16, true>(s, x, w, bias, relu, y, positive)
-                      : forward<UMT_BF16, false>(s, x, w, bias, relu, y, positive);
-    return s->pad ? forward<UMT_F16, true>(s, x, w, bias, relu, y, positive)
-                  : forward<UMT_F16, false>(s, x, w, bias, relu, y, positive);
+        return s->pad ? forward<UMT_BF16, true>(s, x, w, bias, relu, y)
+                      : forward<UMT_BF16, false>(s, x, w, bias, relu, y);
+    return s->pad ? forward<UMT_F16, true>(s, x, w, bias, relu, y) : forward<UMT_F16, false>(s, x, w, bias, relu, y);
 }
 
-umt_status umt_cuda_conv2d_backward_filter_thin(const umt_conv_shape *s, const void *x, const uint8_t *positive,
-                                                void *dy, bool keep_dy, float *dw, float *dbias, void *workspace) {
+umt_status umt_cuda_conv2d_backward_filter_thin(const umt_conv_shape *s, const void *x, const void *y, void *dy,
+                                                bool keep_dy, float *dw, float *dbias, void *workspace) {
     if (s->n == 0) return UMT_OK;
     if (s->dtype == UMT_BF16)
-        return s->pad ? backward_filter<UMT_BF16, true>(s, x, positive, dy, keep_dy, dw, dbias, workspace)
-                      : backward_filter<UMT_BF16, false>(s, x, positive, dy, keep_dy, dw, dbias, workspace);
-    return s->pad ? backward_filter<UMT_F16, true>(s, x, positive, dy, keep_dy, dw, dbias, workspace)
-                  : backward_filter<UMT_F16, false>(s, x, positive, dy, keep_dy, dw, dbias, workspace);
+        return s->pad ? backward_filter<UMT_BF16, true>(s, x, y, dy, keep_dy, dw, dbias, workspace)
+                      : backward_filter<UMT_BF16, false>(s, x, y, dy, keep_dy, dw, dbias, workspace);
+    return s->pad ? backward_filter<UMT_F16, true>(s, x, y, dy, keep_dy, dw, dbias, workspace)
+                  : backward_filter<UMT_F16, false>(s, x, y, dy, keep_dy, dw, dbias, workspace);
 }
 
 umt_status umt_cuda_conv2d_forward_thin_f32(const umt_conv_shape *s, const float *x, const float *w,

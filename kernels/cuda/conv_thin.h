@@ -21,20 +21,15 @@ bool umt_cuda_conv_is_thin_f32(const umt_conv_shape *s);
  * either kind of thin shape). */
 size_t umt_cuda_conv_thin_workspace_bytes(const umt_conv_shape *s);
 
-/* The bytes of a fused ReLU's mask for a half thin shape: a byte per 8-channel vector of y (bit
- * e: element e > 0), padded to 16 bytes (the weight gradient reads whole words); 0 for any other
- * shape. */
-size_t umt_cuda_conv_thin_mask_bytes(const umt_conv_shape *s);
-
 /* y = conv(x, w), w as K,R,S,C in the dtype; relu: y = max(that rounded + bias, 0) (bias may
- * be NULL), as umt_cuda_bias_relu after it would give, and its mask into positive (NULL: none). */
+ * be NULL), as umt_cuda_bias_relu after it would give. */
 umt_status umt_cuda_conv2d_forward_thin(const umt_conv_shape *s, const void *x, const void *w, const float *bias,
-                                        bool relu, void *y, uint8_t *positive);
-/* dw (f32, K,C,R,S) += the weight gradient from dy; the workspace holds the partials. With
- * positive (a fused ReLU's mask, umt_cuda_conv_thin_mask_bytes long): from dy masked by it,
- * written back when keep_dy, and dbias += its channel sums (dbias may be NULL). */
-umt_status umt_cuda_conv2d_backward_filter_thin(const umt_conv_shape *s, const void *x, const uint8_t *positive,
-                                                void *dy, bool keep_dy, float *dw, float *dbias, void *workspace);
+                                        bool relu, void *y);
+/* dw (f32, K,C,R,S) += the weight gradient from dy; the workspace holds the partials. With y
+ * (a fused ReLU's output, 16-byte aligned): from dy masked by y > 0, written back when keep_dy,
+ * and dbias += its channel sums (dbias may be NULL). */
+umt_status umt_cuda_conv2d_backward_filter_thin(const umt_conv_shape *s, const void *x, const void *y, void *dy,
+                                                bool keep_dy, float *dw, float *dbias, void *workspace);
 
 /* The same two in f32 NCHW (w as K,C,R,S; relu: y = max(conv + bias, 0), as f32.bias_relu after
  * the plain forward computes it; no alignment needed). */

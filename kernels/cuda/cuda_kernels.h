@@ -195,12 +195,11 @@ umt_status umt_cuda_conv2d_backward_data_lp(const umt_conv_shape *shape, const v
 umt_status umt_cuda_conv2d_backward_filter_lp(const umt_conv_shape *shape, const void *x, const void *dy, float *dw,
                                               void *workspace, size_t workspace_bytes);
 bool umt_cuda_conv2d_relu_fused(const umt_conv_shape *shape);
-size_t umt_cuda_conv2d_relu_mask_bytes(const umt_conv_shape *shape);
 umt_status umt_cuda_conv2d_relu_forward(const umt_conv_shape *shape, const void *x, const void *w, const float *bias,
-                                        void *y, uint8_t *mask, void *workspace, size_t workspace_bytes);
-umt_status umt_cuda_conv2d_relu_backward_filter(const umt_conv_shape *shape, const void *x, const void *y,
-                                                const uint8_t *mask, void *dy, bool keep_dy, float *dw, float *dbias,
-                                                void *workspace, size_t workspace_bytes);
+                                        void *y, void *workspace, size_t workspace_bytes);
+umt_status umt_cuda_conv2d_relu_backward_filter(const umt_conv_shape *shape, const void *x, const void *y, void *dy,
+                                                bool keep_dy, float *dw, float *dbias, void *workspace,
+                                                size_t workspace_bytes);
 umt_status umt_cuda_add_channel_bias_lp(umt_dtype dtype, bool nhwc, const void *x, const float *bias, void *y,
                                         int64_t n, int64_t k, int64_t hw);
 umt_status umt_cuda_sum_channel_bias_lp(umt_dtype dtype, bool nhwc, const void *dy, float *dbias, int64_t n,

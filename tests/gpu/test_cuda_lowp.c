@@ -526,64 +526,6 @@ static void check_conv_shapes(void) {
         for (size_t i = 0; i < sizeof conv_shapes / sizeof conv_shapes[0]; i++) check_conv(HALVES[t], conv_shapes[i]);
 }
 
-/* The fused convolution + bias + ReLU of a thin half shape keeps its ReLU's mask for the backward:
- * bit e of byte v set where element e of y's vector v (8 channels of a pixel) is above 0, as read
- * back from y itself; the backward refuses to run without it. Other shapes keep none. */
-static void check_relu_mask(umt_dtype dtype, const int64_t *shape) {
-    umt_conv_shape h = conv_shape(shape);
-    h.dtype = dtype;
-    h.nhwc = true;
-    size_t mask_bytes = gpu->fused.conv2d_relu_mask_bytes(&h);
-    bool thin = h.c * h.r * h.s <= 9 && h.k % 8 == 0;
-    if (!thin) {
-        assert_int_equal(mask_bytes, 0);
-        return;
-    }
-    CONTEXT("conv2d_relu mask %s, k %lld, %lldx%lld output, stride %lld, pad %lld", umt_dtype_name(dtype),
-            (long long)h.k, (long long)h.p, (long long)h.q, (long long)h.stride, (long long)h.pad);
-    int64_t vectors = h.n * h.p * h.q * (h.k / 8);
-    assert_true(mask_bytes >= (size_t)vectors && mask_bytes % 16 == 0);
-    dims xd = {h.n, h.c, h.h * h.w}, wd = {h.k, h.c, h.r * h.s}, yd = {h.n, h.k, h.p * h.q};
-    size_t ws_bytes = 0;
-    EXPECT_OK(gpu->f32.conv2d_workspace_bytes(&h, &ws_bytes));
-    void *ws = device_alloc(ws_bytes);
-    pair x = pair_random(dtype, true, xd, -1, 1), w = pair_random(dtype, true, wd, -1, 1);
-    float *bias_host = host_alloc((size_t)h.k * sizeof(float));
-    for (int64_t k = 0; k < h.k; k++) bias_host[k] = uniform(-0.5f, 0.5f);
-    float *bias = to_device(bias_host, (size_t)h.k * sizeof(float));
-    size_t y_bytes = (size_t)numel(yd) * 2;
-    void *y = device_alloc(y_bytes), *mask = to_device(poison(mask_bytes), mask_bytes);
-    EXPECT_OK(gpu->fused.conv2d_relu_forward(&h, x.dev, w.dev, bias, y, mask, ws, ws_bytes));
-    const uint16_t *values = from_device(y, y_bytes);
-    const uint8_t *bits = from_device(mask, mask_bytes);
-    float *wide = host_alloc(y_bytes * 2);
-    EXPECT_OK(cpu->f32.convert(values, dtype, wide, UMT_F32, numel(yd)));
-    int64_t positive = 0;
-    for (int64_t v = 0; v < vectors; v++)
-        for (int e = 0; e < 8; e++) {
-            bool want = wide[v * 8 + e] > 0.0f, got = (bits[v] >> e) & 1;
-            positive += want;
-            if (got != want)
-                fail_msg("%s: vector %lld element %d: mask bit %d, y %g (seed %u)", context, (long long)v, e, got,
-                         (double)wide[v * 8 + e], run_seed);
-        }
-    assert_true(positive > 0 && positive < vectors * 8); /* both kinds of bit were met */
-    void *dy = to_device(poison(y_bytes), y_bytes);
-    float *dw = device_alloc((size_t)numel(wd) * sizeof(float));
-    assert_int_equal(gpu->fused.conv2d_relu_backward_filter(&h, x.dev, y, NULL, dy, false, dw, NULL, ws, ws_bytes),
-                     UMT_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(umt_last_error(), "no mask"));
-}
-
-static void test_a_thin_fused_relu_keeps_its_mask_in_bits(void **state) {
-    (void)state;
-    for (int t = 0; t < 2; t++)
-        for (size_t i = 0; i < sizeof conv_shapes / sizeof conv_shapes[0]; i++) check_relu_mask(HALVES[t], conv_shapes[i]);
-    umt_conv_shape f32 = conv_shape(conv_shapes[8]);
-    assert_int_equal(gpu->fused.conv2d_relu_mask_bytes(&f32), 0); /* f32 reads y itself */
-}
-
-
 static void test_conv2d_lp_and_its_backwards_match_the_cpu_within_tolerance_of_the_sum_of_terms(void **state) {
     (void)state;
     check_conv_shapes();
@@ -982,7 +924,6 @@ int main(void) {
         TEST(test_the_eight_lane_pool_matches_through_infinities_and_nans),
         TEST(test_softmax_xent_on_half_logits_equals_the_f32_slots_on_their_widened_values_bit_for_bit),
         TEST(test_half_gather_equals_the_f32_gather_cast_bit_for_bit),
-        TEST(test_a_thin_fused_relu_keeps_its_mask_in_bits),
     };
     return cmocka_run_group_tests(tests, start_backends, stop_backends);
 }
