@@ -222,6 +222,10 @@ static umt_status replay(umt_step_graph *g, const void *input) {
     return launch(g);
 }
 
+bool umt_step_graph_grads_ready(const umt_step_graph *g) {
+    return !g->needs_zeroed_grads || umt_grads_zeroed_for_replay(g->ctx);
+}
+
 /* Whether the memory the graph baked in is where it was, and the training mode the same. */
 bool umt_step_graph_same_memory(const umt_step_graph *g, size_t input_bytes) {
     umt_step_graph_baked now = umt_step_graph_baked_now(g->ctx, input_bytes);
@@ -272,8 +276,7 @@ umt_status umt_step_graph_run(umt_step_graph *g, umt_step_fn step, void *user, c
         if (g->exec) UMT_TRY(still_fits(g, input_bytes, &fits));
         /* A gradient written since the last update (an eager backward, a host write): this step
          * fills it, eagerly; the graph stays for the next. */
-        if (fits && g->needs_zeroed_grads && !umt_grads_zeroed_for_replay(g->ctx))
-            return umt_step_graph_eager(g, step, user, input, input_bytes);
+        if (fits && !umt_step_graph_grads_ready(g)) return umt_step_graph_eager(g, step, user, input, input_bytes);
         if (fits) return replay(g, input);
         if (!g->exec && g->warm_steps >= UMT_STEP_GRAPH_WARMUP_STEPS) {
             UMT_TRY(capture_and_launch(g, step, user, input, input_bytes));

@@ -50,6 +50,9 @@ umt_status umt_step_graph_keep_loss(umt_step_graph *g, const umt_tensor *loss);
 /* What a graph of ctx's step would bake in now; whether g's graph baked in the same. */
 umt_step_graph_baked umt_step_graph_baked_now(const umt_context *ctx, size_t input_bytes);
 bool umt_step_graph_same_memory(const umt_step_graph *g, size_t input_bytes);
+/* Whether g's graph may replay now as far as gradients go: it filled them itself, or those it left
+ * unfilled are still zero (core/tape.h). Otherwise the step runs eagerly, the graph kept. */
+bool umt_step_graph_grads_ready(const umt_step_graph *g);
 /* CUDA: a captured cudaGraph_t made ready to launch (cudaGraphExec_t), or NULL with the reason
  * (who names the caller); an executable graph freed under the capture lock (NULL is a no-op). */
 void *umt_step_graph_instantiate(void *captured, const char *who);

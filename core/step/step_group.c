@@ -213,8 +213,7 @@ static bool still_fits(umt_step_group *g, const size_t *input_bytes) {
     for (int i = 0; i < g->count; ++i) {
         const umt_step_graph *m = g->members[i];
         if (input_bytes[i] != m->baked.input_bytes) return false; /* an epoch's last batch: eager, kept */
-        /* A gradient written since the last update (core/tape.h): eager, kept. */
-        if (m->needs_zeroed_grads && !umt_grads_zeroed_for_replay(m->ctx)) return false;
+        if (!umt_step_graph_grads_ready(m)) return false; /* eager, kept */
         if (umt_step_graph_same_memory(m, input_bytes[i])) continue;
         if (!g->told_moved)
             fprintf(stderr, "umtrain: step group: memory member %d's step baked in moved (an evaluation ran "

@@ -378,29 +378,18 @@ static umt_status take_remembered(umt_conv_engines *e, const char *path, size_t 
     *taken = false;
     umt_engine_identity id;
     if (!e->cache_key[0] || !umt_engine_cache_find(path, e->cache_key, &id)) return UMT_OK;
-    candidate made = {};
-    made.config = umt_cuda_engine_config_of(e->graph[GRAPH], &id, made.parts, &made.part_count);
-    if (!made.config) {
-        release_candidate(&made);
-        return UMT_OK;
-    }
-    /* consider() takes the configuration; the parts it was made of go with it. */
-    cudnnBackendDescriptor_t config = made.config;
-    made.config = NULL;
-    umt_status status = consider(e, config, max_workspace);
+    /* Made into the first candidate's place, which keeps the engine and knob descriptors it is
+     * made of: consider() takes the configuration there, and releases all of it if it refuses. */
+    candidate *c = &e->candidates[0];
+    cudnnBackendDescriptor_t config = umt_cuda_engine_config_of(e->graph[GRAPH], &id, c->parts, &c->part_count);
+    umt_status status = config ? consider(e, config, max_workspace) : UMT_OK;
     bool built = false;
-    if (status == UMT_OK && e->count == 1) status = build(e, &e->candidates[0], &built);
-    if (status == UMT_OK && built) {
-        memcpy(e->candidates[0].parts, made.parts, sizeof made.parts);
-        e->candidates[0].part_count = made.part_count;
-        *taken = true;
-        return UMT_OK;
-    }
+    if (status == UMT_OK && e->count == 1) status = build(e, c, &built);
+    *taken = status == UMT_OK && built;
+    if (*taken) return UMT_OK;
     /* Passed over, whatever went wrong: a cache is advice, and the heuristics are asked instead. */
-    if (e->count == 1) release_candidate(&e->candidates[0]);
+    release_candidate(c);
     e->count = 0;
-    release_candidate(&made);
-    (void)status;
     return UMT_OK;
 }
 

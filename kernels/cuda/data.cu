@@ -21,41 +21,37 @@ typedef struct {
     float value[PIXEL_VALUES];
 } normalise_table;
 
-/* images_out[i, j] = table[samples[indices[i], j]] and labels_out[i] = labels[indices[i]]: a
- * block per image (grid-strided), its threads across the image's pixels, so that no thread
- * divides to find its row (a 64-bit division per pixel made this small kernel slow: docs/PERF.md,
- * "Figures behind the comments"); the block's first thread takes the label, so that a step's
- * batch is one launch, not two. */
-static __global__ void gather_batch_kernel(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
-                                           int64_t count, int64_t sample_numel, normalise_table table,
-                                           float *images_out, int32_t *labels_out) {
-    __shared__ float shared_table[PIXEL_VALUES];
-    for (int v = threadIdx.x; v < PIXEL_VALUES; v += blockDim.x) shared_table[v] = table.value[v];
-    __syncthreads();
-    for (int64_t row = blockIdx.x; row < count; row += gridDim.x) {
-        int64_t index = indices[row];
-        if (threadIdx.x == 0) labels_out[row] = labels[index];
-        const uint8_t *sample = samples + index * sample_numel;
-        float *image = images_out + row * sample_numel;
-        for (int64_t j = threadIdx.x; j < sample_numel; j += blockDim.x) image[j] = shared_table[sample[j]];
-    }
+/* A batch's element type: f32, or the 16 bits of a bf16/f16 (D). */
+template <umt_dtype D> struct element { typedef uint16_t type; };
+template <> struct element<UMT_F32> { typedef float type; };
+
+/* A table value as a batch of dtype D stores it: as it is in f32, else rounded once (as recast
+ * rounds an f32 value). */
+template <umt_dtype D> static __device__ typename element<D>::type stored(float value) {
+    if constexpr (D == UMT_F32) return value;
+    else return umt_dev_narrow<D>(value);
 }
 
-/* The same batch in dtype D, NHWC: the table's values rounded once to D in shared memory (as
- * recast rounds an f32 value), pixel p of channel ch written at p * c + ch. */
+/* images_out[i] = table[samples[indices[i]]] and labels_out[i] = labels[indices[i]]: a block per
+ * image (grid-strided), its threads across the image's pixels, so that no thread divides to find
+ * its row (a 64-bit division per pixel made this small kernel slow: docs/PERF.md, "Figures behind
+ * the comments"); the block's first thread takes the label, so that a step's batch is one launch,
+ * not two. The table is kept in shared memory as the batch stores it; samples are stored C,H,W
+ * and the batch N,H,W,C, which is one order for one channel (an f32 batch is gathered as one
+ * channel of c * hw pixels: its own C,H,W order), else pixel p of channel ch goes to p * c + ch. */
 template <umt_dtype D>
-static __global__ void gather_batch_half_kernel(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
-                                                int64_t count, int64_t c, int64_t hw, normalise_table table,
-                                                uint16_t *images_out, int32_t *labels_out) {
-    __shared__ uint16_t shared_table[PIXEL_VALUES];
-    for (int v = threadIdx.x; v < PIXEL_VALUES; v += blockDim.x) shared_table[v] = umt_dev_narrow<D>(table.value[v]);
+static __global__ void gather_batch_kernel(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
+                                           int64_t count, int64_t c, int64_t hw, normalise_table table,
+                                           typename element<D>::type *images_out, int32_t *labels_out) {
+    __shared__ typename element<D>::type shared_table[PIXEL_VALUES];
+    for (int v = threadIdx.x; v < PIXEL_VALUES; v += blockDim.x) shared_table[v] = stored<D>(table.value[v]);
     __syncthreads();
     int64_t sample_numel = c * hw;
     for (int64_t row = blockIdx.x; row < count; row += gridDim.x) {
         int64_t index = indices[row];
         if (threadIdx.x == 0) labels_out[row] = labels[index];
         const uint8_t *sample = samples + index * sample_numel;
-        uint16_t *image = images_out + row * sample_numel;
+        typename element<D>::type *image = images_out + row * sample_numel;
         if (c == 1) {
             for (int64_t j = threadIdx.x; j < hw; j += blockDim.x) image[j] = shared_table[sample[j]];
         } else {
@@ -74,26 +70,29 @@ static normalise_table table_for(float mean, float std) {
     return table;
 }
 
+/* The launch: a block per image, as many as a grid takes. */
+template <umt_dtype D>
+static umt_status gather(const uint8_t *samples, const uint8_t *labels, const int64_t *indices, int64_t count,
+                         int64_t c, int64_t hw, float mean, float std, void *images_out, int32_t *labels_out) {
+    if (count <= 0) return UMT_OK;
+    unsigned int blocks = count < MAX_BLOCKS ? (unsigned int)count : (unsigned int)MAX_BLOCKS;
+    gather_batch_kernel<D><<<blocks, THREADS, 0, umt_cuda_stream()>>>(
+        samples, labels, indices, count, c, hw, table_for(mean, std), (typename element<D>::type *)images_out,
+        labels_out);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
 extern "C" umt_status umt_cuda_gather_batch_lp(umt_dtype dtype, const uint8_t *samples, const uint8_t *labels,
                                                const int64_t *indices, int64_t count, int64_t c, int64_t hw,
                                                float mean, float std, void *images_out, int32_t *labels_out) {
     UMT_TRY(umt_cuda_check_half("gather_batch_lp", dtype));
-    if (count <= 0) return UMT_OK;
-    unsigned int blocks = count < MAX_BLOCKS ? (unsigned int)count : (unsigned int)MAX_BLOCKS;
-    auto kernel = dtype == UMT_BF16 ? gather_batch_half_kernel<UMT_BF16> : gather_batch_half_kernel<UMT_F16>;
-    kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(samples, labels, indices, count, c, hw, table_for(mean, std),
-                                                      (uint16_t *)images_out, labels_out);
-    UMT_CUDA_LAUNCHED();
-    return UMT_OK;
+    auto launch = dtype == UMT_BF16 ? gather<UMT_BF16> : gather<UMT_F16>;
+    return launch(samples, labels, indices, count, c, hw, mean, std, images_out, labels_out);
 }
 
 extern "C" umt_status umt_cuda_gather_batch(const uint8_t *samples, const uint8_t *labels, const int64_t *indices,
                                             int64_t count, int64_t sample_numel, float mean, float std,
                                             float *images_out, int32_t *labels_out) {
-    if (count <= 0) return UMT_OK;
-    unsigned int blocks = count < MAX_BLOCKS ? (unsigned int)count : (unsigned int)MAX_BLOCKS;
-    gather_batch_kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>(samples, labels, indices, count, sample_numel,
-                                                                   table_for(mean, std), images_out, labels_out);
-    UMT_CUDA_LAUNCHED();
-    return UMT_OK;
+    return gather<UMT_F32>(samples, labels, indices, count, 1, sample_numel, mean, std, images_out, labels_out);
 }
