@@ -454,7 +454,9 @@ static void test_out_of_range_labels_fail_like_the_cpu_and_leave_outputs_untouch
 static void test_gather_batch_matches_the_cpu_bit_for_bit(void **state) {
     (void)state;
     enum { SAMPLES = 50 };
-    static const int64_t shapes[][2] = {{1, 1}, {7, 7}, {64, 784}, {3, 65537}}; /* count, sample_numel */
+    /* count, sample_numel: whole 16-pixel vectors (784 = 49: five images a block; 16: 256 a block;
+     * 4096 = 256: one) go a vector a thread, the rest a pixel a thread. */
+    static const int64_t shapes[][2] = {{1, 1}, {7, 7}, {64, 784}, {1000, 16}, {5, 4096}, {3, 65537}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int64_t count = shapes[s][0], numel = shapes[s][1];
         uint8_t *pixels = host_alloc((size_t)(SAMPLES * numel)), *classes = host_alloc(SAMPLES);

@@ -235,9 +235,12 @@ static void check_recast(dims d, umt_dtype src_dtype, bool src_nhwc, umt_dtype d
 
 static void test_recast_converts_moves_and_accumulates_every_element_bit_for_bit(void **state) {
     (void)state;
-    /* The last three cross the transposes' tiles: 32x32 for any dtype, 64x64 half to half when
-     * both sides are multiples of 8 (MNIST's flatten is 64 channels x 144 pixels). */
-    static const dims shapes[] = {{3, 5, 7}, {2, 64, 9}, {4, 1, 10}, {3, 64, 144}, {2, 33, 70}, {2, 72, 200}};
+    /* Matrices of at most 32x32 elements are moved a thread an element (conv2's weight gradient
+     * is 64 x [9, 32]; 5 x [32, 32] the largest); the last three cross the transposes' tiles:
+     * 32x32 for any dtype, 64x64 half to half when both sides are multiples of 8 (MNIST's
+     * flatten is 64 channels x 144 pixels). */
+    static const dims shapes[] = {{3, 5, 7},   {2, 64, 9},   {4, 1, 10},  {64, 32, 9},
+                                  {5, 32, 32}, {3, 64, 144}, {2, 33, 70}, {2, 72, 200}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int from = 0; from < 3; from++)
             for (int to = 0; to < 3; to++)
@@ -875,7 +878,8 @@ static void test_softmax_xent_on_half_logits_equals_the_f32_slots_on_their_widen
 static void test_half_gather_equals_the_f32_gather_cast_bit_for_bit(void **state) {
     (void)state;
     enum { SAMPLES = 40 };
-    static const int64_t shapes[][3] = {{1, 1, 1}, {64, 1, 784}, {5, 3, 1025}, {3, 2, 65537}}; /* count, c, hw */
+    /* count, c, hw */
+    static const int64_t shapes[][3] = {{1, 1, 1}, {64, 1, 784}, {301, 1, 784}, {5, 3, 1025}, {3, 2, 65537}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int64_t count = shapes[s][0], c = shapes[s][1], hw = shapes[s][2], numel = c * hw;
         uint8_t *pixels = host_alloc((size_t)(SAMPLES * numel)), *classes = host_alloc(SAMPLES);
