@@ -485,13 +485,15 @@ static double replayed_partial(const float *grad, int64_t n, int share) {
     return walks[0];
 }
 
-/* Gradients long enough that each thread walks far (a linear layer's 1,179,648): every partial
- * equals the host's replay of the kernel's order, bit for bit, and the norm is the CPU's within
- * rounding. */
+/* Gradients long enough that each thread walks far (a linear layer's 1,179,648), and short ones
+ * whose shares past their elements get no block of their own (a bias of 10, a filter of 300,
+ * one share short of all 128): every partial equals the host's replay of the kernel's order, bit
+ * for bit (zeros where a share holds nothing, written over poisoned partials), and the norm is
+ * the CPU's within rounding. */
 static void test_the_sum_of_squares_of_long_gradients_keeps_its_order(void **state) {
     (void)state;
-    enum { COUNT = 4 };
-    const int64_t lengths[COUNT] = {65537, 1179648, 300001, 8 * 8192 * 3 + 5};
+    enum { COUNT = 7 };
+    const int64_t lengths[COUNT] = {65537, 10, 1179648, 300, 300001, 127 * 256 - 1, 8 * 8192 * 3 + 5};
     twin grads[COUNT];
     umt_update_tensor on_cpu[COUNT], on_gpu[COUNT];
     for (int i = 0; i < COUNT; i++) {
