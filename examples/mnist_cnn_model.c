@@ -24,10 +24,11 @@ static umt_tensor *logits(umt_context *ctx, const mnist_cnn *m, umt_tensor *imag
      * the ReLU are applied inside the pool, so only the pooled quarter is written. */
     x = m->fuse ? umt_layer_forward_relu_max_pool2d_dropout(ctx, m->conv2, x, 2, 2, 0.25f)
                 : umt_dropout(ctx, umt_max_pool2d(ctx, layer_relu(ctx, m, m->conv2, x), 2, 2), 0.25f);
-    /* fc1 on the flattened features; fused, an NHWC x (bf16/fp16) is read as it lies. */
-    x = m->fuse ? umt_layer_forward_flatten_relu(ctx, m->fc1, x)
-                : layer_relu(ctx, m, m->fc1, umt_flatten(ctx, x)); /* [N,128] (the width) */
-    return umt_layer_forward(ctx, m->fc2, umt_dropout(ctx, x, 0.5f));       /* [N,10] */
+    /* fc1 on the flattened features, its ReLU and the dropout [N,128] (the width); fused, one op
+     * whose bias pass draws the dropout, and an NHWC x (bf16/fp16) read as it lies. */
+    x = m->fuse ? umt_layer_forward_flatten_relu_dropout(ctx, m->fc1, x, 0.5f)
+                : umt_dropout(ctx, layer_relu(ctx, m, m->fc1, umt_flatten(ctx, x)), 0.5f);
+    return umt_layer_forward(ctx, m->fc2, x); /* [N,10] */
 }
 
 umt_tensor *mnist_cnn_forward(umt_context *ctx, const void *model, umt_tensor *images) {

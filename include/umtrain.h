@@ -561,6 +561,11 @@ umt_tensor *umt_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_
 /* relu(linear(x, weight, bias)) in one op: the bias and the ReLU in one pass after the product,
  * and in backward the ReLU mask and the bias gradient in one pass over the gradient. */
 umt_tensor *umt_linear_relu(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias);
+/* umt_dropout(umt_linear_relu(x, weight, bias), p) in one op: the dropout drawn as umt_dropout
+ * draws it (the same elements kept, the same values) in the bias and ReLU's pass, with no mask
+ * kept (the backward reads the output); in backward the dropout's and the ReLU's masks, the scale
+ * and the bias gradient in one pass. 0 <= p < 1; in evaluation, or with p = 0, umt_linear_relu. */
+umt_tensor *umt_linear_relu_dropout(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, float p);
 /* Elementwise a + b; b may also be 1-D with the length of a's last dimension (broadcast). */
 umt_tensor *umt_add(umt_context *ctx, umt_tensor *a, umt_tensor *b);
 /* Elementwise a * b, same shapes. */
@@ -581,6 +586,9 @@ umt_tensor *umt_flatten(umt_context *ctx, umt_tensor *x);
  * also go to umt_linear (refused, named). */
 umt_tensor *umt_flatten_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias);
 umt_tensor *umt_flatten_linear_relu(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias);
+/* umt_dropout(umt_flatten_linear_relu(x, weight, bias), p) in one op, as umt_linear_relu_dropout. */
+umt_tensor *umt_flatten_linear_relu_dropout(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias,
+                                            float p);
 /* Mean of all elements -> a 1-element tensor. */
 umt_tensor *umt_mean(umt_context *ctx, umt_tensor *x);
 /* Row-wise log-softmax of a 2-D tensor. */
@@ -646,6 +654,9 @@ umt_tensor *umt_layer_forward(umt_context *ctx, umt_layer *layer, umt_tensor *x)
 umt_tensor *umt_layer_forward_relu(umt_context *ctx, umt_layer *layer, umt_tensor *x);
 /* umt_layer_forward_relu(umt_flatten(x)): for a linear layer, umt_flatten_linear_relu. */
 umt_tensor *umt_layer_forward_flatten_relu(umt_context *ctx, umt_layer *layer, umt_tensor *x);
+/* umt_dropout(umt_layer_forward_flatten_relu(...), p): for a linear layer,
+ * umt_flatten_linear_relu_dropout. */
+umt_tensor *umt_layer_forward_flatten_relu_dropout(umt_context *ctx, umt_layer *layer, umt_tensor *x, float p);
 /* umt_max_pool2d_dropout(umt_layer_forward_relu(...), window, stride, p): for a conv2d layer
  * with a bias and windows apart, its product, then umt_bias_relu_max_pool2d_dropout. */
 umt_tensor *umt_layer_forward_relu_max_pool2d_dropout(umt_context *ctx, umt_layer *layer, umt_tensor *x,

@@ -150,6 +150,17 @@ typedef struct {
      * own backward then reads; dbias[channel] += the channel's sum of it (dbias NULL: none) */
     umt_status (*bias_relu_backward)(umt_dtype dtype, bool nhwc, const void *y, void *dy, float *dbias, int64_t n,
                                      int64_t k, int64_t hw);
+    /* A linear layer's bias + ReLU, then the dropout `drop` that follows it (NULL or p = 0:
+     * none), over [rows, k] of dtype: y = bias_relu's value, then dropout_forward's over it, bit
+     * for bit the two in turn, without a mask (the backward reads y) or a pass between them */
+    umt_status (*bias_relu_dropout)(umt_dtype dtype, const void *x, const float *bias, void *y, int64_t rows,
+                                    int64_t k, const umt_dropout_draw *drop);
+    /* Its backward, y the dropout's output (0 wherever the ReLU or the dropout zeroed it), IN
+     * PLACE: dy[i] = y[i] > 0 ? 0 + dy[i] / (1 - p) rounded to the dtype : 0 (p = 0: dy[i]), the
+     * gradient before the dropout and the ReLU as the unfused backwards store it; dbias[channel]
+     * += the channel's sum of it (NULL: none) */
+    umt_status (*bias_relu_dropout_backward)(umt_dtype dtype, const void *y, void *dy, float *dbias, int64_t rows,
+                                             int64_t k, float p);
 
     /* --- pooling: max keeps the index (0..h*w-1 within its channel plane) of the first
      *     maximum of each window for backward; dx accumulates --- */

@@ -73,6 +73,10 @@ static umt_status bias_relu(umt_dtype dtype, bool nhwc, const void *x, const flo
                             int64_t k, int64_t hw) NOTHING
 static umt_status bias_relu_backward(umt_dtype dtype, bool nhwc, const void *y, void *dy, float *dbias, int64_t n,
                                      int64_t k, int64_t hw) NOTHING
+static umt_status bias_relu_dropout(umt_dtype dtype, const void *x, const float *bias, void *y, int64_t rows,
+                                    int64_t k, const umt_dropout_draw *drop) NOTHING
+static umt_status bias_relu_dropout_backward(umt_dtype dtype, const void *y, void *dy, float *dbias, int64_t rows,
+                                             int64_t k, float p) NOTHING
 static umt_status max_pool_forward(const umt_pool_shape *shape, const float *x, float *y, int32_t *argmax) NOTHING
 static umt_status max_pool_backward(const umt_pool_shape *shape, const int32_t *argmax, const float *dy,
                                     float *dx) NOTHING
@@ -221,6 +225,8 @@ void umt_backend_dry(const umt_backend *real, umt_backend *out) {
     DRY(f32, sum_channel_bias, sum_channel_bias);
     DRY(f32, bias_relu, bias_relu);
     DRY(f32, bias_relu_backward, bias_relu_backward);
+    DRY(f32, bias_relu_dropout, bias_relu_dropout);
+    DRY(f32, bias_relu_dropout_backward, bias_relu_dropout_backward);
     DRY(f32, max_pool_forward, max_pool_forward);
     DRY(f32, max_pool_backward, max_pool_backward);
     DRY(f32, max_pool_dropout_backward, max_pool_dropout_backward);

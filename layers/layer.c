@@ -65,6 +65,12 @@ umt_tensor *umt_layer_forward_flatten_relu(umt_context *ctx, umt_layer *layer, u
     return umt_layer_forward_relu(ctx, layer, umt_flatten(ctx, x));
 }
 
+umt_tensor *umt_layer_forward_flatten_relu_dropout(umt_context *ctx, umt_layer *layer, umt_tensor *x, float p) {
+    if (!layer_call_ok("umt_layer_forward_flatten_relu_dropout", ctx, layer, x)) return NULL;
+    if (layer->flatten_relu_dropout) return layer->flatten_relu_dropout(ctx, layer, x, p);
+    return umt_dropout(ctx, umt_layer_forward_flatten_relu(ctx, layer, x), p);
+}
+
 umt_tensor *umt_layer_forward_relu_max_pool2d_dropout(umt_context *ctx, umt_layer *layer, umt_tensor *x,
                                                       int64_t window, int64_t stride, float p) {
     if (!layer_call_ok("umt_layer_forward_relu_max_pool2d_dropout", ctx, layer, x)) return NULL;

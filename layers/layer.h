@@ -18,6 +18,8 @@ struct umt_layer {
     umt_layer_forward_fn forward_relu; /* relu(forward) as one fused op; NULL: forward, then umt_relu */
     umt_layer_forward_fn product; /* forward without the bias (conv2d), which a later op adds; NULL: none */
     umt_layer_forward_fn flatten_relu; /* relu(forward(flatten(x))) as one op (linear); NULL: the three */
+    /* dropout(relu(forward(flatten(x))), p) as one op (linear); NULL: flatten_relu, then umt_dropout */
+    umt_tensor *(*flatten_relu_dropout)(umt_context *ctx, umt_layer *layer, umt_tensor *x, float p);
     umt_context *ctx;
     umt_tensor *weight; /* NULL for layers without parameters */
     umt_tensor *bias;   /* NULL when the layer has none */

@@ -14,6 +14,10 @@ static umt_tensor *linear_flatten_relu(umt_context *ctx, umt_layer *layer, umt_t
     return umt_flatten_linear_relu(ctx, x, layer->weight, layer->bias);
 }
 
+static umt_tensor *linear_flatten_relu_dropout(umt_context *ctx, umt_layer *layer, umt_tensor *x, float p) {
+    return umt_flatten_linear_relu_dropout(ctx, x, layer->weight, layer->bias, p);
+}
+
 umt_layer *umt_linear_layer_new(umt_context *ctx, const char *name, int64_t in_features, int64_t out_features,
                                 bool bias) {
     if (!ctx || !name) return umt_fail_null("umt_linear_layer_new", ctx ? "name" : "ctx"), NULL;
@@ -26,6 +30,7 @@ umt_layer *umt_linear_layer_new(umt_context *ctx, const char *name, int64_t in_f
     if (!layer) return NULL;
     layer->forward_relu = linear_forward_relu;
     layer->flatten_relu = linear_flatten_relu;
+    layer->flatten_relu_dropout = linear_flatten_relu_dropout;
     char buf[256];
     layer->weight = umt_parameter_new(ctx, umt_layer_tensor_name(buf, sizeof buf, name, "weight"), 2,
                                       (int64_t[]){out_features, in_features});

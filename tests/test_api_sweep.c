@@ -252,6 +252,9 @@ CALL(umt_micro_batch_loss) { POINTER(umt_micro_batch_loss(CTX(0))); }
 CALL(umt_matmul) { POINTER(umt_matmul(CTX(0), OWN(1, x), OWN(2, w))); }
 CALL(umt_linear) { POINTER(umt_linear(CTX(0), OWN(1, x), OWN(2, fc_weight), OWN(3, fc_bias))); }
 CALL(umt_linear_relu) { POINTER(umt_linear_relu(CTX(0), OWN(1, x), OWN(2, fc_weight), OWN(3, fc_bias))); }
+CALL(umt_linear_relu_dropout) {
+    POINTER(umt_linear_relu_dropout(CTX(0), OWN(1, x), OWN(2, fc_weight), OWN(3, fc_bias), 0.5f));
+}
 CALL(umt_add) { POINTER(umt_add(CTX(0), OWN(1, x), OWN(2, y))); }
 CALL(umt_mul) { POINTER(umt_mul(CTX(0), OWN(1, x), OWN(2, y))); }
 CALL(umt_relu) { POINTER(umt_relu(CTX(0), OWN(1, x))); }
@@ -260,6 +263,9 @@ CALL(umt_flatten) { POINTER(umt_flatten(CTX(0), OWN(1, x))); }
 CALL(umt_flatten_linear) { POINTER(umt_flatten_linear(CTX(0), OWN(1, x), OWN(2, fc_weight), OWN(3, fc_bias))); }
 CALL(umt_flatten_linear_relu) {
     POINTER(umt_flatten_linear_relu(CTX(0), OWN(1, x), OWN(2, fc_weight), OWN(3, fc_bias)));
+}
+CALL(umt_flatten_linear_relu_dropout) {
+    POINTER(umt_flatten_linear_relu_dropout(CTX(0), OWN(1, x), OWN(2, fc_weight), OWN(3, fc_bias), 0.5f));
 }
 CALL(umt_mean) { POINTER(umt_mean(CTX(0), OWN(1, x))); }
 CALL(umt_log_softmax) { POINTER(umt_log_softmax(CTX(0), OWN(1, x))); }
@@ -285,6 +291,9 @@ CALL(umt_batchnorm_layer_new) { POINTER(umt_batchnorm_layer_new(CTX(0), ARG(1, "
 CALL(umt_layer_forward) { POINTER(umt_layer_forward(CTX(0), OWN(1, fc), OWN(2, x))); }
 CALL(umt_layer_forward_relu) { POINTER(umt_layer_forward_relu(CTX(0), OWN(1, fc), OWN(2, x))); }
 CALL(umt_layer_forward_flatten_relu) { POINTER(umt_layer_forward_flatten_relu(CTX(0), OWN(1, fc), OWN(2, x))); }
+CALL(umt_layer_forward_flatten_relu_dropout) {
+    POINTER(umt_layer_forward_flatten_relu_dropout(CTX(0), OWN(1, fc), OWN(2, x), 0.5f));
+}
 CALL(umt_layer_forward_relu_max_pool2d_dropout) {
     POINTER(umt_layer_forward_relu_max_pool2d_dropout(CTX(0), OWN(1, conv), OWN(2, image), 2, 2, 0.5f));
 }
@@ -495,6 +504,7 @@ static const row table[] = {
     ROW(umt_matmul, N("ctx"), K("a"), K("b")),
     ROW(umt_linear, N("ctx"), K("x"), K("weight"), AO("bias")),
     ROW(umt_linear_relu, N("ctx"), K("x"), K("weight"), AO("bias")),
+    ROW(umt_linear_relu_dropout, N("ctx"), K("x"), K("weight"), AO("bias")),
     ROW(umt_add, N("ctx"), K("a"), K("b")),
     ROW(umt_mul, N("ctx"), K("a"), K("b")),
     ROW(umt_relu, N("ctx"), K("x")),
@@ -502,6 +512,7 @@ static const row table[] = {
     ROW(umt_flatten, N("ctx"), K("x")),
     ROW(umt_flatten_linear, N("ctx"), K("x"), K("weight"), AO("bias")),
     ROW(umt_flatten_linear_relu, N("ctx"), K("x"), K("weight"), AO("bias")),
+    ROW(umt_flatten_linear_relu_dropout, N("ctx"), K("x"), K("weight"), AO("bias")),
     ROW(umt_mean, N("ctx"), K("x")),
     ROW(umt_log_softmax, N("ctx"), K("x")),
     ROW(umt_nll_loss, N("ctx"), K("log_probs"), K("labels")),
@@ -522,6 +533,7 @@ static const row table[] = {
     ROW(umt_layer_forward, N("ctx"), NO("layer"), K("x")),
     ROW(umt_layer_forward_relu, N("ctx"), NO("layer"), K("x")),
     ROW(umt_layer_forward_flatten_relu, N("ctx"), NO("layer"), K("x")),
+    ROW(umt_layer_forward_flatten_relu_dropout, N("ctx"), NO("layer"), K("x")),
     ROW(umt_layer_forward_relu_max_pool2d_dropout, N("ctx"), NO("layer"), K("x")),
     ROW(umt_nonfinite_policy_parse, N("name"), N("out")),
     NO_POINTERS(umt_nonfinite_policy_name),

@@ -237,6 +237,64 @@ static void test_planned_arena_reuses_gradient_memory_and_keeps_every_gradient(v
     umt_context_destroy(ctx);
 }
 
+/* One pass of L = sum(out * r), out = umt_dropout(umt_linear_relu(x, w, b), 0.5) or the one op,
+ * from the same RNG state: the output and the gradients of x, w and b into out and grads. */
+static void linear_relu_dropout_pass(umt_context *ctx, umt_tensor *const in[3], umt_tensor *r, umt_rng rng, bool one_op,
+                                     float *out, float *grads[3], const int64_t n[4]) {
+    ctx->rng = rng;
+    assert_int_equal(umt_step_begin(ctx), UMT_OK);
+    assert_int_equal(umt_zero_grad(ctx), UMT_OK);
+    umt_tensor *y = one_op ? umt_linear_relu_dropout(ctx, in[0], in[1], in[2], 0.5f)
+                           : umt_dropout(ctx, umt_linear_relu(ctx, in[0], in[1], in[2]), 0.5f);
+    assert_non_null(y);
+    assert_int_equal(umt_tensor_copy_to_host(y, out, (size_t)n[3] * sizeof *out), UMT_OK);
+    assert_int_equal(umt_backward(ctx, umt_mean(ctx, umt_mul(ctx, y, r))), UMT_OK);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(umt_tensor_copy_to_host(umt_tensor_grad(in[i]), grads[i], (size_t)n[i] * sizeof(float)),
+                         UMT_OK);
+}
+
+/* The one op draws the dropout umt_dropout draws after umt_linear_relu (the same RNG draw, the
+ * same kept elements and values) and gives the same gradients, bit for bit; in evaluation it is
+ * umt_linear_relu, and a p outside [0, 1) is refused by name. */
+static void test_linear_relu_dropout_is_dropout_of_linear_relu_bit_for_bit(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    const int64_t n[4] = {6 * 5, 4 * 5, 4, 6 * 4}; /* x [6,5], w [4,5], b [4], out [6,4] */
+    float values[64];
+    for (int i = 0; i < 64; i++) values[i] = (float)((i * 37) % 23 - 11) / 8.0f;
+    umt_tensor *in[3] = {umt_parameter_new(ctx, "x", 2, (int64_t[]){6, 5}), umt_parameter_new(ctx, "w", 2, (int64_t[]){4, 5}),
+                         parameter_with(ctx, "b", 4, values + 40)};
+    umt_tensor *r = umt_tensor_new(ctx, UMT_POOL_WEIGHTS, UMT_F32, 2, (int64_t[]){6, 4});
+    assert_non_null(in[0]), assert_non_null(in[1]), assert_non_null(r);
+    assert_int_equal(umt_tensor_copy_from_host(in[0], values, 30 * sizeof(float)), UMT_OK);
+    assert_int_equal(umt_tensor_copy_from_host(in[1], values + 7, 20 * sizeof(float)), UMT_OK);
+    assert_int_equal(umt_tensor_copy_from_host(r, values + 3, 24 * sizeof(float)), UMT_OK);
+    float out[2][24], grad_x[2][30], grad_w[2][20], grad_b[2][4];
+    umt_rng rng = ctx->rng;
+    for (int one_op = 0; one_op < 2; one_op++)
+        linear_relu_dropout_pass(ctx, in, r, rng, one_op, out[one_op],
+                                 (float *[3]){grad_x[one_op], grad_w[one_op], grad_b[one_op]}, n);
+    assert_memory_equal(out[0], out[1], sizeof out[0]);
+    assert_memory_equal(grad_x[0], grad_x[1], sizeof grad_x[0]);
+    assert_memory_equal(grad_w[0], grad_w[1], sizeof grad_w[0]);
+    assert_memory_equal(grad_b[0], grad_b[1], sizeof grad_b[0]);
+    int zeros = 0, kept = 0;
+    for (int i = 0; i < 24; i++) zeros += out[1][i] == 0.0f, kept += out[1][i] > 0.0f;
+    assert_true(zeros > 0 && kept > 0); /* the ReLU and the dropout both had something to do */
+
+    umt_set_training(ctx, false);
+    umt_step_begin(ctx);
+    float plain[24], evaluated[24];
+    umt_tensor *a = umt_linear_relu(ctx, in[0], in[1], in[2]), *b = umt_linear_relu_dropout(ctx, in[0], in[1], in[2], 0.5f);
+    assert_int_equal(umt_tensor_copy_to_host(a, plain, sizeof plain), UMT_OK);
+    assert_int_equal(umt_tensor_copy_to_host(b, evaluated, sizeof evaluated), UMT_OK);
+    assert_memory_equal(plain, evaluated, sizeof plain);
+    assert_null(umt_linear_relu_dropout(ctx, in[0], in[1], in[2], 1.0f));
+    assert_non_null(strstr(umt_last_error(), "umt_linear_relu_dropout: p = 1"));
+    umt_context_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradient_of_a_product_is_the_other_factor),
@@ -249,6 +307,7 @@ int main(void) {
         cmocka_unit_test(test_step_begin_returns_the_activation_arena_to_empty),
         cmocka_unit_test(test_labels_out_of_range_are_reported_with_row_and_value),
         cmocka_unit_test(test_planned_arena_reuses_gradient_memory_and_keeps_every_gradient),
+        cmocka_unit_test(test_linear_relu_dropout_is_dropout_of_linear_relu_bit_for_bit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -159,6 +159,10 @@ static umt_tensor *build_conv(umt_context *c, umt_tensor **in, umt_tensor *l) { 
 static umt_tensor *build_conv_strided(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_conv2d(c, in[0], in[1], NULL, 2, 0); }
 static umt_tensor *build_conv_relu(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_conv2d_relu(c, in[0], in[1], in[2], 1, 0); }
 static umt_tensor *build_linear_relu(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_linear_relu(c, in[0], in[1], in[2]); }
+static umt_tensor *build_linear_relu_dropout(umt_context *c, umt_tensor **in, umt_tensor *l) {
+    (void)l;
+    return umt_linear_relu_dropout(c, in[0], in[1], in[2], 0.3f);
+}
 static umt_tensor *build_pool_dropout(umt_context *c, umt_tensor **in, umt_tensor *l) { (void)l; return umt_max_pool2d_dropout(c, in[0], 2, 2, 0.3f); }
 static umt_tensor *build_bias_relu_pool_dropout(umt_context *c, umt_tensor **in, umt_tensor *l) {
     (void)l;
@@ -277,6 +281,7 @@ static void test_fused_ops_gradients_match_finite_differences(void **state) {
     gradcheck(&conv, build_conv_relu, 0);
     input_spec linear = {3, {2, 2, 1}, {{4, 6}, {5, 6}, {5}}, true, false};
     gradcheck(&linear, build_linear_relu, 0);
+    gradcheck(&linear, build_linear_relu_dropout, 0); /* the mask fixed, as for dropout */
     input_spec pool = {1, {4}, {{2, 3, 4, 6}}, false, true}; /* a fixed mask, as for dropout */
     gradcheck(&pool, build_pool_dropout, 0);
     /* bias, ReLU, pool and dropout: distinct inputs (no step changes a pick) and, for this

@@ -80,13 +80,10 @@ static umt_status flatten_linear_backward(umt_context *ctx, const umt_node *node
     return flatten_linear_backward_from(ctx, node, true);
 }
 
-/* The ReLU mask written over the output's gradient in place, the bias gradient taken on the
- * way (as umt_linear_relu's backward), then the products. */
+/* The ReLU mask (after the dropout's, when one followed) written over the output's gradient in
+ * place, the bias gradient taken on the way (as umt_linear_relu's backward), then the products. */
 static umt_status flatten_linear_relu_backward(umt_context *ctx, const umt_node *node) {
-    const umt_tensor *y = node->output;
-    float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
-    UMT_TRY(umt_kernels(ctx)->f32.bias_relu_backward(y->dtype, false, y->data, y->grad->data, dbias, y->shape[0],
-                                                     y->shape[1], 1));
+    UMT_TRY(umt_linear_bias_relu_backward(ctx, node));
     return flatten_linear_backward_from(ctx, node, false);
 }
 
@@ -104,9 +101,12 @@ static bool reads_as_lying(const umt_context *ctx, const umt_tensor *x, const um
     return !bias || (bias->dtype == UMT_F32 && bias->ndim == 1 && bias->shape[0] == w->shape[0]);
 }
 
-static umt_tensor *flatten_linear(umt_context *ctx, umt_tensor *x, umt_tensor *w, umt_tensor *bias, bool relu) {
+/* relu: the ReLU, and with it a dropout of p (0: none) */
+static umt_tensor *flatten_linear(umt_context *ctx, umt_tensor *x, umt_tensor *w, umt_tensor *bias, bool relu,
+                                  float p) {
     if (!x || !w) return NULL;
-    const char *op = relu ? "umt_flatten_linear_relu" : "umt_flatten_linear";
+    const char *op = p > 0.0f ? "umt_flatten_linear_relu_dropout" : relu ? "umt_flatten_linear_relu"
+                                                                        : "umt_flatten_linear";
     if (umt_check_input(ctx, op, "x", x, UMT_ANY_FLOAT, 0) != UMT_OK ||
         umt_check_input(ctx, op, "weight", w, UMT_ANY_FLOAT, 2) != UMT_OK ||
         (bias && umt_check_input(ctx, op, "bias", bias, UMT_F32, 1) != UMT_OK))
@@ -115,7 +115,9 @@ static umt_tensor *flatten_linear(umt_context *ctx, umt_tensor *x, umt_tensor *w
     if (reads_as_lying(ctx, x, w, bias) && umt_weight_for_compute_hwc(ctx, w, x, &w_hwc) != UMT_OK) return NULL;
     if (!w_hwc) {
         umt_tensor *flat = umt_flatten(ctx, x);
-        return relu ? umt_linear_relu(ctx, flat, w, bias) : umt_linear(ctx, flat, w, bias);
+        return p > 0.0f ? umt_linear_relu_dropout(ctx, flat, w, bias, p)
+               : relu   ? umt_linear_relu(ctx, flat, w, bias)
+                        : umt_linear(ctx, flat, w, bias);
     }
     int64_t batch = x->shape[0], in = w->shape[1], out = w->shape[0];
     umt_tensor *y = umt_op_output_typed(ctx, x->dtype, false, 2, (int64_t[]){batch, out});
@@ -123,21 +125,30 @@ static umt_tensor *flatten_linear(umt_context *ctx, umt_tensor *x, umt_tensor *w
     const umt_backend *be = umt_kernels(ctx);
     umt_status st = be->lowp.gemm(false, true, batch, out, in, 1.0f, x->data, in, w_hwc->data, in, 0.0f, y->data, out,
                                   x->dtype, x->dtype);
-    const float *b = bias ? bias->data : NULL;
+    float dropped = 0.0f;
     if (st == UMT_OK && relu)
-        st = be->f32.bias_relu(x->dtype, false, y->data, b, y->data, batch, out, 1);
+        st = umt_linear_bias_relu(ctx, op, y, bias, p, &dropped);
     else if (st == UMT_OK && bias)
-        st = be->lowp.add_rows(x->dtype, y->data, b, y->data, batch, out);
-    umt_tensor *done = umt_op_finish(ctx, st, op, relu ? flatten_linear_relu_backward : flatten_linear_backward, y,
-                                     NULL, x, w, bias);
+        st = be->lowp.add_rows(x->dtype, y->data, bias->data, y->data, batch, out);
+    umt_tensor *done = umt_op_finish_with(ctx, st, op, relu ? flatten_linear_relu_backward : flatten_linear_backward,
+                                          y, NULL, x, w, bias, 0, 0, dropped);
     /* x's gradient is written whole (the product's beta 0) when it is the first (core/tape.h). */
     return umt_op_overwrites_input_grad(ctx, done, 0);
 }
 
 umt_tensor *umt_flatten_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias) {
-    return flatten_linear(ctx, x, weight, bias, false);
+    return flatten_linear(ctx, x, weight, bias, false, 0.0f);
 }
 
 umt_tensor *umt_flatten_linear_relu(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias) {
-    return flatten_linear(ctx, x, weight, bias, true);
+    return flatten_linear(ctx, x, weight, bias, true, 0.0f);
+}
+
+umt_tensor *umt_flatten_linear_relu_dropout(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias,
+                                            float p) {
+    if (!(p >= 0.0f && p < 1.0f)) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_flatten_linear_relu_dropout: p = %g (expected 0 <= p < 1)", p);
+        return NULL;
+    }
+    return flatten_linear(ctx, x, weight, bias, true, p);
 }

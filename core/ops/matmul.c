@@ -128,13 +128,21 @@ static umt_status linear_backward_from(umt_context *ctx, const umt_node *node, b
 
 static umt_status linear_backward(umt_context *ctx, const umt_node *node) { return linear_backward_from(ctx, node, true); }
 
-/* The fused op's backward: the ReLU mask written over the output's gradient in place (nothing
- * reads it after this node) with the bias gradient taken on the way, then the two products. */
-static umt_status linear_relu_backward(umt_context *ctx, const umt_node *node) {
+umt_status umt_linear_bias_relu_backward(umt_context *ctx, const umt_node *node) {
     const umt_tensor *y = node->output;
     float *dbias = node->input_count > 2 ? umt_input_grad(node, 2) : NULL;
-    UMT_TRY(umt_kernels(ctx)->f32.bias_relu_backward(y->dtype, false, y->data, y->grad->data, dbias, y->shape[0], y->shape[1],
-                                             1));
+    const umt_backend *be = umt_kernels(ctx);
+    int64_t rows = y->shape[0], k = y->shape[1];
+    if (node->fparam > 0.0f)
+        return be->f32.bias_relu_dropout_backward(y->dtype, y->data, y->grad->data, dbias, rows, k, node->fparam);
+    return be->f32.bias_relu_backward(y->dtype, false, y->data, y->grad->data, dbias, rows, k, 1);
+}
+
+/* The fused op's backward: the ReLU mask (after the dropout's, when one followed) written over
+ * the output's gradient in place (nothing reads it after this node) with the bias gradient taken
+ * on the way, then the two products. */
+static umt_status linear_relu_backward(umt_context *ctx, const umt_node *node) {
+    UMT_TRY(umt_linear_bias_relu_backward(ctx, node));
     return linear_backward_from(ctx, node, false);
 }
 
@@ -155,10 +163,25 @@ static umt_status check_linear(const umt_context *ctx, const char *op, const umt
     return UMT_OK;
 }
 
-/* y = x Wᵀ + bias, then max(y, 0) when relu: the bias and the ReLU in one pass. */
-static umt_tensor *linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, bool relu) {
+umt_status umt_linear_bias_relu(umt_context *ctx, const char *op, umt_tensor *y, const umt_tensor *bias, float p,
+                                float *dropped) {
+    const float *b = bias ? bias->data : NULL;
+    int64_t rows = y->shape[0], k = y->shape[1];
+    /* As umt_dropout would draw it (in evaluation, or with p = 0, none). */
+    umt_dropout_draw drop = {.p = ctx->training ? p : 0.0f};
+    *dropped = drop.p;
+    if (drop.p == 0.0f) return umt_kernels(ctx)->f32.bias_relu(y->dtype, false, y->data, b, y->data, rows, k, 1);
+    void *seed_on_device = NULL;
+    UMT_TRY(umt_dropout_seed(ctx, y, op, &drop.seed, &seed_on_device, &drop.first));
+    drop.seed_on_device = seed_on_device;
+    return umt_kernels(ctx)->f32.bias_relu_dropout(y->dtype, y->data, b, y->data, rows, k, &drop);
+}
+
+/* y = x Wᵀ + bias, then max(y, 0) when relu, then with relu a dropout of p (0: none): the bias,
+ * the ReLU and the dropout in one pass. */
+static umt_tensor *linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, bool relu, float p) {
     if (!x || !weight) return NULL;
-    const char *op = relu ? "umt_linear_relu" : "umt_linear";
+    const char *op = p > 0.0f ? "umt_linear_relu_dropout" : relu ? "umt_linear_relu" : "umt_linear";
     if (check_linear(ctx, op, x, weight, bias) != UMT_OK) return NULL;
     if (!(x = as_operand(ctx, x)) || !(weight = as_operand(ctx, weight))) return NULL;
     int64_t batch = x->shape[0], in = x->shape[1], out = weight->shape[0];
@@ -174,22 +197,30 @@ static umt_tensor *linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, u
     else
         st = umt_kernels(ctx)->f32.gemm(false, true, batch, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
     const float *b = bias ? bias->data : NULL;
+    float dropped = 0.0f;
     if (st == UMT_OK && relu)
-        st = umt_kernels(ctx)->f32.bias_relu(dtype, false, y->data, b, y->data, batch, out, 1);
+        st = umt_linear_bias_relu(ctx, op, y, bias, p, &dropped);
     else if (st == UMT_OK && bias)
         st = lowp ? umt_kernels(ctx)->lowp.add_rows(dtype, y->data, b, y->data, batch, out)
                   : umt_kernels(ctx)->f32.add_rows(y->data, b, y->data, batch, out);
     /* x's gradient is written whole (the product's beta 0) when it is the first (core/tape.h). */
-    return umt_op_overwrites_input_grad(ctx,
-                                        umt_op_finish(ctx, st, op, relu ? linear_relu_backward : linear_backward, y,
-                                                      NULL, x, weight, bias),
-                                        0);
+    umt_backward_fn backward = relu ? linear_relu_backward : linear_backward;
+    return umt_op_overwrites_input_grad(
+        ctx, umt_op_finish_with(ctx, st, op, backward, y, NULL, x, weight, bias, 0, 0, dropped), 0);
 }
 
 umt_tensor *umt_linear(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias) {
-    return linear(ctx, x, weight, bias, false);
+    return linear(ctx, x, weight, bias, false, 0.0f);
 }
 
 umt_tensor *umt_linear_relu(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias) {
-    return linear(ctx, x, weight, bias, true);
+    return linear(ctx, x, weight, bias, true, 0.0f);
+}
+
+umt_tensor *umt_linear_relu_dropout(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias, float p) {
+    if (!(p >= 0.0f && p < 1.0f)) {
+        umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_linear_relu_dropout: p = %g (expected 0 <= p < 1)", p);
+        return NULL;
+    }
+    return linear(ctx, x, weight, bias, true, p);
 }

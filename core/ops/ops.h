@@ -32,6 +32,15 @@ umt_tensor *umt_op_finish_with(umt_context *ctx, umt_status kernel_status, const
                                umt_tensor *out, umt_tensor *saved, umt_tensor *in0, umt_tensor *in1, umt_tensor *in2,
                                int64_t param0, int64_t param1, float fparam);
 
+/* A linear op's output [rows, k] in place (core/ops/matmul.c): its bias and ReLU, then a dropout
+ * of p when training (0: none), in one pass; *dropped: the p applied (0 in evaluation), which the
+ * node keeps as its fparam for umt_linear_bias_relu_backward. op names the caller in errors. */
+umt_status umt_linear_bias_relu(umt_context *ctx, const char *op, umt_tensor *y, const umt_tensor *bias, float p,
+                                float *dropped);
+/* That node's first backward pass over the output's gradient in place: the gradient before the
+ * dropout (the node's fparam, 0: none) and the ReLU, and the bias gradient taken on the way. */
+umt_status umt_linear_bias_relu_backward(umt_context *ctx, const umt_node *node);
+
 /* A dropout op's seed (core/ops/dropout.c) for its input x: a draw of the context's RNG, or,
  * while a step graph is recorded, *seed_on_device: where each replay puts its own draw; under
  * micro-batching the first micro-batch's draw again, and *first: x's element 0 in the whole

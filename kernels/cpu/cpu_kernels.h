@@ -115,6 +115,10 @@ umt_status umt_cpu_bias_relu(umt_dtype dtype, bool nhwc, const void *x, const fl
                              int64_t k, int64_t hw);
 umt_status umt_cpu_bias_relu_backward(umt_dtype dtype, bool nhwc, const void *y, void *dy, float *dbias, int64_t n,
                                       int64_t k, int64_t hw);
+umt_status umt_cpu_bias_relu_dropout(umt_dtype dtype, const void *x, const float *bias, void *y, int64_t rows,
+                                     int64_t k, const umt_dropout_draw *drop);
+umt_status umt_cpu_bias_relu_dropout_backward(umt_dtype dtype, const void *y, void *dy, float *dbias, int64_t rows,
+                                              int64_t k, float p);
 umt_status umt_cpu_max_pool_dropout_backward(const umt_pool_shape *shape, const int32_t *argmax, const uint8_t *mask,
                                              const void *dy, void *dx, float p);
 umt_status umt_cpu_bias_relu_max_pool_dropout_forward(const umt_pool_shape *shape, const void *x, const float *bias,

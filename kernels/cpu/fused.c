@@ -64,6 +64,39 @@ umt_status umt_cpu_bias_relu_backward(umt_dtype dtype, bool nhwc, const void *y,
                                    : umt_cpu_sum_channel_bias(grad, dbias, n, k, hw);
 }
 
+/* bias_relu over the rows, then dropout_forward over its output in place, without a mask. */
+umt_status umt_cpu_bias_relu_dropout(umt_dtype dtype, const void *x, const float *bias, void *y, int64_t rows,
+                                     int64_t k, const umt_dropout_draw *drop) {
+    UMT_TRY(umt_cpu_bias_relu(dtype, false, x, bias, y, rows, k, 1));
+    if (!drop || drop->p == 0.0f) return UMT_OK;
+    return umt_cpu_dropout_forward(y, y, NULL, rows * k, drop->first, drop->p, drop->seed, drop->seed_on_device);
+}
+
+typedef struct {
+    const float *y;
+    float *dy;
+    float scale;
+} dropped_mask_job;
+
+/* dropout_backward into a zeroed gradient (0 + dy * scale where kept), then relu_backward's
+ * mask: an element is kept and positive exactly where the dropout's output y is > 0. */
+static void dropped_mask(void *arg, int64_t first, int64_t end) {
+    const dropped_mask_job *job = arg;
+    for (int64_t i = first; i < end; i++) job->dy[i] = job->y[i] > 0.0f ? 0.0f + job->dy[i] * job->scale : 0.0f;
+}
+
+umt_status umt_cpu_bias_relu_dropout_backward(umt_dtype dtype, const void *y, void *dy, float *dbias, int64_t rows,
+                                              int64_t k, float p) {
+    const char *op = "bias_relu_dropout_backward";
+    UMT_TRY(check_f32(op, dtype, rows, k, 1));
+    if (!(p >= 0.0f && p < 1.0f))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: p = %g (expected 0 <= p < 1)", op, (double)p);
+    if (p == 0.0f) return umt_cpu_bias_relu_backward(dtype, false, y, dy, dbias, rows, k, 1);
+    dropped_mask_job job = {y, dy, 1.0f / (1.0f - p)}; /* the scale as the dropout kernels compute it */
+    umt_cpu_parallel_range(rows * k, 1 << 14, dropped_mask, &job);
+    return dbias ? umt_cpu_sum_rows(dy, dbias, rows, k) : UMT_OK;
+}
+
 /* What the CPU's fused pooling slots take: f32 NCHW, windows apart (each input in at most one
  * window: one addition per pick), a dropout probability in [0, 1). */
 static umt_status check_pooled(const char *op, const umt_pool_shape *s, float p) {

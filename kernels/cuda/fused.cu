@@ -25,6 +25,7 @@
 #include "kernels/cuda/bias_rows.h"
 #include "kernels/cuda/chunk_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/dropout8.h"
 #include "kernels/cuda/fast_divide.h"
 #include "kernels/cuda/float16.h"
 #include "kernels/cuda/launch.h"
@@ -119,6 +120,48 @@ extern "C" umt_status umt_cuda_bias_relu(umt_dtype dtype, bool nhwc, const void 
     case UMT_F16: return bias_relu<UMT_F16>(nhwc, x, bias, y, n, k, hw);
     default: return bias_relu<UMT_F32>(nhwc, x, bias, y, n, k, hw);
     }
+}
+
+/* A linear layer's bias + ReLU, then the dropout that follows it, eight halves a thread
+ * (k % 8 == 0): the dropout drawn on the rounded values before they are stored, as pool.cu's
+ * pool forward draws the conv2 block's (the same draws of element first + i as dropout_forward
+ * over the stored values), so the dropout's pass and its mask are gone. */
+template <umt_dtype D>
+static __global__ void bias_relu_dropout_rows_vector_kernel(const uint4 *x, const float *bias, uint4 *y,
+                                                            int64_t vectors, int64_t k, umt_dropout_draw drop,
+                                                            float scale) {
+    uint64_t seed = drop.seed_on_device ? *drop.seed_on_device : drop.seed;
+    FOR_EACH_INDEX(v, vectors) {
+        umt_halves8 out = umt_dev_bias_row_vector<D, true>(x[v], bias, v * VECTOR % k);
+        y[v] = umt_dev_dropout8<D>(out, seed, (uint64_t)drop.first + (uint64_t)v * VECTOR, drop.p, scale, NULL).bits;
+    }
+}
+
+extern "C" umt_status umt_cuda_bias_relu_dropout(umt_dtype dtype, const void *x, const float *bias, void *y,
+                                                 int64_t rows, int64_t k, const umt_dropout_draw *drop) {
+    const char *op = "bias_relu_dropout";
+    UMT_TRY(check_args(op, dtype, rows, k, 1));
+    if (drop && (!(drop->p >= 0.0f && drop->p < 1.0f) || drop->first < 0))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: p = %g, first = %lld (expected 0 <= p < 1, first >= 0)", op,
+                        (double)drop->p, (long long)drop->first);
+    if (!drop || drop->p == 0.0f) return umt_cuda_bias_relu(dtype, false, x, bias, y, rows, k, 1);
+    int64_t count = rows * k;
+    if (count == 0) return UMT_OK;
+    if (dtype != UMT_F32 && k % VECTOR == 0 && aligned16(x, y)) {
+        auto kernel = dtype == UMT_BF16 ? bias_relu_dropout_rows_vector_kernel<UMT_BF16>
+                                        : bias_relu_dropout_rows_vector_kernel<UMT_F16>;
+        kernel<<<blocks_for(count / VECTOR), THREADS, 0, umt_cuda_stream()>>>(
+            (const uint4 *)x, bias, (uint4 *)y, count / VECTOR, k, *drop, 1.0f / (1.0f - drop->p));
+        UMT_CUDA_LAUNCHED();
+        return UMT_OK;
+    }
+    /* Any other shape: the two kernels in turn, the dropout in place without a mask. */
+    UMT_TRY(umt_cuda_bias_relu(dtype, false, x, bias, y, rows, k, 1));
+    if (dtype == UMT_F32)
+        return umt_cuda_dropout_forward((const float *)y, (float *)y, NULL, count, drop->first, drop->p, drop->seed,
+                                        drop->seed_on_device);
+    return umt_cuda_dropout_forward_lp(dtype, y, y, NULL, count, drop->first, drop->p, drop->seed,
+                                       drop->seed_on_device);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -346,6 +389,22 @@ extern "C" umt_status umt_cuda_bias_relu_backward(umt_dtype dtype, bool nhwc, co
     case UMT_BF16: return bias_relu_backward<UMT_BF16>(nhwc, y, dy, dbias, n, k, hw, 0.0f);
     case UMT_F16: return bias_relu_backward<UMT_F16>(nhwc, y, dy, dbias, n, k, hw, 0.0f);
     default: return bias_relu_backward<UMT_F32>(nhwc, y, dy, dbias, n, k, hw, 0.0f);
+    }
+}
+
+extern "C" umt_status umt_cuda_bias_relu_dropout_backward(umt_dtype dtype, const void *y, void *dy, float *dbias,
+                                                          int64_t rows, int64_t k, float p) {
+    const char *op = "bias_relu_dropout_backward";
+    UMT_TRY(check_args(op, dtype, rows, k, 1));
+    if (!(p >= 0.0f && p < 1.0f))
+        return umt_fail(UMT_ERR_INVALID_ARGUMENT, "%s: p = %g (expected 0 <= p < 1)", op, (double)p);
+    if (rows == 0 || k == 0) return UMT_OK;
+    /* p = 0: no dropout, the plain ReLU backward (scale 0); else as the dropout kernels scale. */
+    float scale = p == 0.0f ? 0.0f : 1.0f / (1.0f - p);
+    switch (dtype) {
+    case UMT_BF16: return bias_relu_backward<UMT_BF16>(false, y, dy, dbias, rows, k, 1, scale);
+    case UMT_F16: return bias_relu_backward<UMT_F16>(false, y, dy, dbias, rows, k, 1, scale);
+    default: return bias_relu_backward<UMT_F32>(false, y, dy, dbias, rows, k, 1, scale);
     }
 }
 

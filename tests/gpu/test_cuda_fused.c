@@ -9,6 +9,7 @@
  * bit; only the bias sums are split differently. The fused ops: umt_conv2d_relu (NCHW fp32,
  * NHWC bf16, channel counts that take the vector and the scalar kernels, and one input channel,
  * which under bf16 the backend runs as one kernel each way), umt_linear_relu,
+ * umt_linear_relu_dropout and umt_flatten_linear_relu_dropout (bit for bit),
  * umt_bias_relu_max_pool2d_dropout (a convolution's bias and ReLU moved into the pool),
  * umt_max_pool2d_dropout, umt_softmax_cross_entropy for log-softmax + NLL, and one training step
  * of the whole MNIST CNN with fuse on and off.
@@ -139,8 +140,22 @@ static void run(umt_context *ctx, build_fn build, umt_tensor **in, int count, um
     for (int i = 0; i < count; i++) res->grads[i] = host_copy(umt_tensor_grad(in[i]));
 }
 
-static void compare(umt_precision precision, build_fn build, int count, const int64_t shapes[][4],
-                    const int *ndims, int64_t classes, const char *name) {
+/* Bit for bit where exact, else within the precision's tolerance. */
+static void expect_same(const char *what, const float *got, const float *want, int64_t n, double tolerance, bool exact,
+                        bool gradient) {
+    if (!exact) {
+        if (gradient) expect_close_gradient(what, got, want, n, tolerance);
+        else expect_close(what, got, want, n, tolerance);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof got[i]) != 0)
+            fail_msg("%s: element %lld: fused %.9g, unfused %.9g (expected the same bits)", what, (long long)i, got[i],
+                     want[i]);
+}
+
+static void compare_with(umt_precision precision, build_fn build, int count, const int64_t shapes[][4],
+                         const int *ndims, int64_t classes, const char *name, bool exact) {
     umt_context *ctx = gpu_context(precision);
     umt_tensor *in[MAX_INPUTS] = {0};
     for (int i = 0; i < count; i++) {
@@ -176,16 +191,21 @@ static void compare(umt_precision precision, build_fn build, int count, const in
     double tolerance = precision == UMT_PRECISION_FP32 ? 1e-5 : 1e-2;
     char what[160];
     snprintf(what, sizeof what, "%s %s output", name, umt_precision_name(precision));
-    expect_close(what, fused.out, plain.out, umt_tensor_numel(r), tolerance);
+    expect_same(what, fused.out, plain.out, umt_tensor_numel(r), tolerance, exact, false);
     for (int i = 0; i < count; i++) {
         snprintf(what, sizeof what, "%s %s gradient of input %d", name, umt_precision_name(precision), i);
-        expect_close_gradient(what, fused.grads[i], plain.grads[i], umt_tensor_numel(in[i]), tolerance);
+        expect_same(what, fused.grads[i], plain.grads[i], umt_tensor_numel(in[i]), tolerance, exact, true);
         free(fused.grads[i]);
         free(plain.grads[i]);
     }
     free(fused.out);
     free(plain.out);
     destroy_current(NULL);
+}
+
+static void compare(umt_precision precision, build_fn build, int count, const int64_t shapes[][4],
+                    const int *ndims, int64_t classes, const char *name) {
+    compare_with(precision, build, count, shapes, ndims, classes, name, false);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -204,6 +224,21 @@ static umt_tensor *conv_relu_strided(umt_context *c, umt_tensor **in, umt_tensor
 static umt_tensor *linear_relu(umt_context *c, umt_tensor **in, umt_tensor *l, bool fused) {
     (void)l;
     return fused ? umt_linear_relu(c, in[0], in[1], in[2]) : umt_relu(c, umt_linear(c, in[0], in[1], in[2]));
+}
+
+static umt_tensor *linear_relu_dropout(umt_context *c, umt_tensor **in, umt_tensor *l, bool fused) {
+    (void)l;
+    return fused ? umt_linear_relu_dropout(c, in[0], in[1], in[2], 0.5f)
+                 : umt_dropout(c, umt_linear_relu(c, in[0], in[1], in[2]), 0.5f);
+}
+
+/* From a convolution's output (NHWC under bf16), so that a batch of 8 rows per output reads it as
+ * it lies (core/ops/flatten_linear.c) in both passes. */
+static umt_tensor *flatten_linear_relu_dropout(umt_context *c, umt_tensor **in, umt_tensor *l, bool fused) {
+    (void)l;
+    umt_tensor *x = umt_conv2d(c, in[0], in[1], NULL, 1, 0);
+    return fused ? umt_flatten_linear_relu_dropout(c, x, in[2], NULL, 0.25f)
+                 : umt_dropout(c, umt_flatten_linear_relu(c, x, in[2], NULL), 0.25f);
 }
 
 static umt_tensor *log_softmax_nll(umt_context *c, umt_tensor **in, umt_tensor *l, bool fused) {
@@ -255,6 +290,29 @@ static void test_linear_relu_matches_relu_of_linear(void **state) {
     for (int p = 0; p < 2; p++) {
         compare(PRECISIONS[p], linear_relu, 3, wide, ndims, 0, "linear_relu 128 outputs");
         compare(PRECISIONS[p], linear_relu, 3, odd, ndims, 0, "linear_relu 24 outputs");
+    }
+}
+
+/* The dropout drawn in the bias and ReLU's pass: the same elements kept and the same values as
+ * umt_dropout after the op, and in backward the same gradients, bit for bit in both precisions
+ * (the same products of the same masked gradient, whose bias sums add the same values in the
+ * same order). 128 outputs: the eight-lane kernels (fc1); 24: eight lanes forward, the scalar
+ * masks backward; 20: the two kernels in turn forward; and the flatten read as it lies. */
+static void test_linear_relu_dropout_is_dropout_of_linear_relu_bit_for_bit(void **state) {
+    (void)state;
+    const int ndims[3] = {2, 2, 1};
+    const int64_t wide[3][4] = {{300, 200}, {128, 200}, {128}};
+    const int64_t odd[3][4] = {{33, 20}, {24, 20}, {24}};
+    const int64_t unaligned[3][4] = {{17, 12}, {20, 12}, {20}};
+    const int flat_ndims[3] = {4, 4, 2};
+    const int64_t flat[3][4] = {{64, 3, 9, 9}, {16, 3, 3, 3}, {8, 16 * 7 * 7}};
+    for (int p = 0; p < 2; p++) {
+        compare_with(PRECISIONS[p], linear_relu_dropout, 3, wide, ndims, 0, "linear_relu_dropout 128 outputs", true);
+        compare_with(PRECISIONS[p], linear_relu_dropout, 3, odd, ndims, 0, "linear_relu_dropout 24 outputs", true);
+        compare_with(PRECISIONS[p], linear_relu_dropout, 3, unaligned, ndims, 0, "linear_relu_dropout 20 outputs",
+                     true);
+        compare_with(PRECISIONS[p], flatten_linear_relu_dropout, 3, flat, flat_ndims, 0,
+                     "flatten_linear_relu_dropout", true);
     }
 }
 
@@ -436,6 +494,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_conv2d_relu_matches_relu_of_conv2d, destroy_current),
         cmocka_unit_test_teardown(test_linear_relu_matches_relu_of_linear, destroy_current),
+        cmocka_unit_test_teardown(test_linear_relu_dropout_is_dropout_of_linear_relu_bit_for_bit, destroy_current),
         cmocka_unit_test_teardown(test_flatten_linear_matches_linear_of_flatten, destroy_current),
         cmocka_unit_test_teardown(test_max_pool2d_dropout_matches_dropout_of_max_pool2d, destroy_current),
         cmocka_unit_test_teardown(test_softmax_cross_entropy_matches_nll_of_log_softmax, destroy_current),
