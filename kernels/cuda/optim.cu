@@ -250,16 +250,36 @@ static __device__ void multi_update_tile(const umt_update_tensor &x, int block, 
     }
 }
 
+static __device__ __forceinline__ void prefetch_l1(const float *p) {
+    if (p) asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
+/* The thread's elements of x, [begin, end), asked for before the step's decision and the rate
+ * are read: each of those reads is a memory latency that every element's loads would otherwise
+ * wait behind (a block's chunk is two elements a thread, so the wait was a large part of it). */
+static __device__ void prefetch_chunk(const umt_update_tensor &x, int64_t begin, int64_t end) {
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        prefetch_l1(x.param + i);
+        prefetch_l1(x.grad + i);
+        prefetch_l1(x.state0 ? x.state0 + i : NULL);
+        prefetch_l1(x.state1 ? x.state1 + i : NULL);
+    }
+}
+
 template <bool TILED>
 static __global__ void multi_update_kernel(multi_table table, umt_update_rule rule, adam_factors f,
                                            umt_update_fusion common) {
+    int t = 0;
+    while (t + 1 < table.count && (int64_t)blockIdx.x >= table.first_block[t + 1]) ++t;
+    const umt_update_tensor &x = table.tensors[t];
+    if (!TILED || !copy_transposed(x)) {
+        int64_t begin = ((int64_t)blockIdx.x - table.first_block[t]) * MULTI_CHUNK;
+        prefetch_chunk(x, begin, begin + MULTI_CHUNK < x.n ? begin + MULTI_CHUNK : x.n);
+    }
     bool skipped = step_skipped(common.scalars);
     if (skipped && !common.zero_grad) return;
     float lr = common.lr_on_device ? *common.lr_on_device : rule.lr;
     f = adam_factors_now(f, rule.weight_decay, rule.decoupled, common);
-    int t = 0;
-    while (t + 1 < table.count && (int64_t)blockIdx.x >= table.first_block[t + 1]) ++t;
-    const umt_update_tensor &x = table.tensors[t];
     umt_update_fusion fusion = common;
     fusion.lowp = x.lowp;
     fusion.lowp_channels = x.lowp_channels;
