@@ -55,6 +55,14 @@ struct umt_context {
      * (device memory): what the optimizer's non-finite check reads. NULL once the step's
      * activations are released (umt_step_begin). */
     const float *step_loss;
+    /* While a step graph runs its step (core/step/step_graph.c): where it keeps the step's loss
+     * (last) and adds it to a sum (sum[0]; sum[1] gets the sum before). The optimizer's decision,
+     * which reads that loss anyway, does it in its kernel and names the loss it kept (kept_for):
+     * one kernel fewer a step. */
+    struct {
+        float *last, *sum;
+        const float *kept_for;
+    } loss_keep;
     void *forward_trace;         /* UMT_MEM_TRACE: where this step's forward began (memory/trace.h) */
     /* Set only while a dry step runs (core/step/dry_step.c): kernels are no-ops, the pools record
      * without backing (memory/dry.h), and the largest tensor made is measured, in elements and

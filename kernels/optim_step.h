@@ -95,6 +95,9 @@ typedef struct {
     const float *loss;     /* the step's loss (device memory; NULL: none to check) */
     int64_t *doorbell;     /* host memory the decision may store into (pinned on CUDA), or NULL: the
                             * first non-finite step's count, written once */
+    /* NULL, or (with loss) where the decision also copies the loss and adds it to a sum, loss_sum[0]
+     * (loss_sum[1] gets the sum before the addition): a step graph's keeping (core/step/step_graph.c) */
+    float *keep_loss, *loss_sum;
 } umt_step_options;
 
 /* What a fused update adds to the plain one; all zero is exactly the plain update:
@@ -196,6 +199,12 @@ UMT_HOST_DEVICE static inline void umt_step_finish(umt_step_scalars *s, double s
      * comparisons are false for NaN.) */
     bool gradient_bad = !(sumsq <= DBL_MAX);
     bool loss_bad = o.loss && !(fabsf(*o.loss) <= FLT_MAX);
+    if (o.loss && o.keep_loss) {
+        float loss = *o.loss, before = o.loss_sum[0]; /* as f32.keep_and_add keeps it, whatever it holds */
+        *o.keep_loss = loss;
+        o.loss_sum[1] = before;
+        o.loss_sum[0] = before + loss;
+    }
     /* Under loss scaling a gradient's overflow is the scaler's to handle (a smaller scale, and the
      * step skipped); a non-finite loss is the run's. */
     bool nonfinite = o.nonfinite != UMT_NONFINITE_OFF && (loss_bad || (gradient_bad && !o.loss_scaling));

@@ -917,6 +917,65 @@ static void test_lr_cosine_runs_from_base_to_min_through_the_midpoint(void **sta
     assert_float_equal(umt_lr_cosine(0.1f, 0.001f, 10, 0), 0.1, 0.0);
 }
 
+/* ----------------------------------------------------------------------------------------- */
+/* A step graph's loss, kept by the optimizer's decision (core/step/step_graph.c)               */
+
+typedef struct {
+    umt_tensor *w;
+    umt_optimizer *opt;
+    bool other_loss; /* return a loss the backward did not take */
+} keep_case;
+
+/* loss = mean(w * w): backward, a step; returns that loss, or mean(w) made before the update. */
+static umt_tensor *keep_step(umt_context *ctx, void *user, const void *input, size_t input_bytes) {
+    (void)input, (void)input_bytes;
+    keep_case *k = user;
+    if (umt_step_begin(ctx) || umt_zero_grad(ctx)) return NULL;
+    umt_tensor *loss = umt_mean(ctx, umt_mul(ctx, k->w, k->w));
+    umt_tensor *other = k->other_loss ? umt_mean(ctx, k->w) : loss;
+    if (!loss || !other || umt_backward(ctx, loss) || umt_optimizer_step(k->opt)) return NULL;
+    return other;
+}
+
+/* Five eager steps (the CPU's graph): each kept loss is the returned one, and the mean is their
+ * f32 sum over five, whether the decision kept them (the check on, the backward's loss returned),
+ * the decision kept another loss than the one returned (its sum then restored before the keeping
+ * after the step), or no decision ran (the check off). */
+static void test_a_step_graph_keeps_the_returned_loss_by_the_decision_or_after_it(void **state) {
+    (void)state;
+    for (int variant = 0; variant < 3; variant++) {
+        umt_context *ctx = NULL;
+        assert_int_equal(umt_context_create(NULL, &ctx), UMT_OK);
+        keep_case k = {.w = umt_parameter_new(ctx, "w", 1, (int64_t[]){3}), .other_loss = variant == 1};
+        assert_non_null(k.w);
+        assert_int_equal(umt_tensor_copy_from_host(k.w, (float[]){0.5f, -1.25f, 2.0f}, 3 * sizeof(float)), UMT_OK);
+        umt_optimizer_options oo = umt_optimizer_defaults(UMT_OPT_SGD);
+        oo.lr = 0.1f;
+        oo.on_nonfinite = variant == 2 ? UMT_NONFINITE_OFF : UMT_NONFINITE_SKIP;
+        assert_int_equal(umt_optimizer_create(ctx, &oo, &k.opt), UMT_OK);
+        umt_step_graph *graph = NULL;
+        assert_int_equal(umt_step_graph_create(ctx, true, &graph), UMT_OK);
+        float sum = 0.0f;
+        for (int step = 0; step < 5; step++) {
+            float w[3], want, kept;
+            assert_int_equal(umt_tensor_copy_to_host(k.w, w, sizeof w), UMT_OK);
+            want = k.other_loss ? (w[0] + w[1] + w[2]) / 3.0f : (w[0] * w[0] + w[1] * w[1] + w[2] * w[2]) / 3.0f;
+            assert_int_equal(umt_step_graph_run(graph, keep_step, &k, NULL, 0), UMT_OK);
+            assert_int_equal(umt_tensor_get_f32(umt_step_graph_loss(graph), 0, &kept), UMT_OK);
+            assert_float_equal(kept, want, 1e-6);
+            sum += kept;
+        }
+        double mean;
+        int64_t steps;
+        assert_int_equal(umt_step_graph_take_mean_loss(graph, &mean, &steps), UMT_OK);
+        assert_int_equal(steps, 5);
+        if (!(mean == (double)sum / 5.0)) fail_msg("variant %d: mean %.9g, expected %.9g", variant, mean, sum / 5.0);
+        umt_step_graph_destroy(graph);
+        umt_optimizer_destroy(k.opt);
+        umt_context_destroy(ctx);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sgd_momentum_matches_hand_worked_first_two_steps),
@@ -951,6 +1010,7 @@ int main(void) {
         cmocka_unit_test(test_defaults_turn_clipping_and_scaling_off_with_gradscalers_values_ready),
         cmocka_unit_test(test_lr_step_multiplies_by_gamma_every_step_size_epochs),
         cmocka_unit_test(test_lr_cosine_runs_from_base_to_min_through_the_midpoint),
+        cmocka_unit_test(test_a_step_graph_keeps_the_returned_loss_by_the_decision_or_after_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

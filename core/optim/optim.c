@@ -423,6 +423,14 @@ static umt_status decide_step(const umt_optimizer *opt, const float *lr_on_devic
         .loss = o->on_nonfinite != UMT_NONFINITE_OFF ? opt->ctx->step_loss : NULL,
         .doorbell = opt->doorbell ? opt->doorbell->data : NULL,
     };
+    /* A step graph's keeping of the loss, done here once (by the step's first decision) when the
+     * decision reads the loss anyway. */
+    umt_context *ctx = opt->ctx;
+    if (options.loss && ctx->loss_keep.last && !ctx->loss_keep.kept_for) {
+        options.keep_loss = ctx->loss_keep.last;
+        options.loss_sum = ctx->loss_keep.sum;
+        ctx->loss_keep.kept_for = options.loss;
+    }
     list_tensors(opt);
     return umt_kernels(opt->ctx)->f32.step_decide(opt->tensors, opt->slot_count, opt->partials->data, opt->scalars->data,
                                               options);

@@ -20,7 +20,9 @@
  * eager steps (the arena settles at the second) the graph is captured again.
  *
  * Every step, eager or replayed, also copies its loss into the graph's own tensor and adds it
- * to a sum on the device, so that the caller reads losses when it wants, not once per step.
+ * to a sum on the device, so that the caller reads losses when it wants, not once per step. The
+ * optimizer's decision does it when it reads the loss anyway (its non-finite check), else a
+ * kernel after the step (umt_step_graph_run_step).
  *
  * Collectives (data parallelism: a subsystem with graph_agree on the hook table, core/hooks.h).
  * The step's all-reduces are captured with it (NCCL allows it), but NCCL requires that every
@@ -36,6 +38,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/base/error.h"
 #include "core/context.h"
@@ -61,11 +64,27 @@ umt_status umt_step_graph_keep_loss(umt_step_graph *g, const umt_tensor *loss) {
     return umt_kernels(g->ctx)->f32.keep_and_add(g->loss->data, g->loss_sum->data, loss->data, 1);
 }
 
+umt_status umt_step_graph_run_step(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
+                                   size_t input_bytes) {
+    umt_context *ctx = g->ctx;
+    ctx->loss_keep.last = g->loss->data;
+    ctx->loss_keep.sum = g->loss_sum->data;
+    ctx->loss_keep.kept_for = NULL;
+    umt_tensor *loss = step(ctx, user, input, input_bytes);
+    const float *kept_for = ctx->loss_keep.kept_for;
+    memset(&ctx->loss_keep, 0, sizeof ctx->loss_keep);
+    if (!loss) return umt_last_status();
+    if (kept_for == loss->data) return UMT_OK;
+    /* The decision kept another loss than the step returns: the sum as it was before, then this
+     * one kept as usual. */
+    float *sum = g->loss_sum->data;
+    if (kept_for) UMT_TRY(umt_kernels(ctx)->f32.copy(sum, sum + 1, sizeof *sum));
+    return umt_step_graph_keep_loss(g, loss);
+}
+
 umt_status umt_step_graph_eager(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
                                 size_t input_bytes) {
-    umt_tensor *loss = step(g->ctx, user, input, input_bytes);
-    if (!loss) return umt_last_status();
-    UMT_TRY(umt_step_graph_keep_loss(g, loss));
+    UMT_TRY(umt_step_graph_run_step(g, step, user, input, input_bytes));
     g->stats.eager_steps++;
     g->loss_count++;
     return UMT_OK;
@@ -130,8 +149,7 @@ static umt_status record(umt_step_graph *g, umt_step_fn step, void *user, const 
     cudaError_t began = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
     if (began != cudaSuccess) umt_step_values_record_end(ctx);
     UMT_CUDA_TRY(began);
-    umt_tensor *loss = step(ctx, user, input, input_bytes);
-    umt_status status = loss ? umt_step_graph_keep_loss(g, loss) : umt_last_status();
+    umt_status status = umt_step_graph_run_step(g, step, user, input, input_bytes);
     cudaError_t ended = cudaStreamEndCapture(stream, graph);
     umt_step_values_record_end(ctx);
     if (status == UMT_OK && ended != cudaSuccess) {
@@ -323,7 +341,8 @@ umt_status umt_step_graph_create(umt_context *ctx, bool capture, umt_step_graph 
     int64_t one[1] = {1};
     /* Next to the optimizer's step scalars: small state the step leaves for the host. */
     g->loss = umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, 1, one);
-    g->loss_sum = g->loss ? umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, 1, one) : NULL;
+    /* The sum, then the sum before the last step's loss was added (ctx->loss_keep). */
+    g->loss_sum = g->loss ? umt_tensor_alloc(ctx, UMT_POOL_OPTIM, UMT_F32, 1, (int64_t[]){2}) : NULL;
     umt_status st = g->loss_sum ? umt_kernels(ctx)->f32.fill(g->loss_sum->data, 1, 0.0f) : umt_last_status();
     if (st == UMT_OK) st = umt_kernels(ctx)->f32.fill(g->loss->data, 1, 0.0f);
 #ifdef UMT_WITH_CUDA

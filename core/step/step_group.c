@@ -88,9 +88,7 @@ static umt_status record_branch(umt_step_group *g, int i, cudaStream_t origin, u
     umt_step_graph *m = g->members[i];
     cudaStream_t stream = stream_of(m);
     if (i) UMT_CUDA_TRY(cudaStreamWaitEvent(stream, (cudaEvent_t)g->fork, 0));
-    umt_tensor *loss = step(m->ctx, user, input, input_bytes);
-    if (!loss) return umt_last_status();
-    UMT_TRY(umt_step_graph_keep_loss(m, loss));
+    UMT_TRY(umt_step_graph_run_step(m, step, user, input, input_bytes));
     if (!i) return UMT_OK;
     UMT_CUDA_TRY(cudaEventRecord((cudaEvent_t)g->events[i], stream));
     UMT_CUDA_TRY(cudaStreamWaitEvent(origin, (cudaEvent_t)g->events[i], 0));
