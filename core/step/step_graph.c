@@ -57,7 +57,8 @@
 /* ----------------------------------------------------------------------------------------- */
 /* The loss, kept on the device */
 
-umt_status umt_step_graph_keep_loss(umt_step_graph *g, const umt_tensor *loss) {
+/* The keeping alone: the loss copied into the graph's loss and added to its sum. */
+static umt_status keep_loss(umt_step_graph *g, const umt_tensor *loss) {
     if (loss->numel != 1 || loss->dtype != UMT_F32)
         return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_step_graph_run: the step returned %lld elements of %s "
                         "(expected one f32 loss)", (long long)loss->numel, umt_dtype_name(loss->dtype));
@@ -79,7 +80,7 @@ umt_status umt_step_graph_run_step(umt_step_graph *g, umt_step_fn step, void *us
      * one kept as usual. */
     float *sum = g->loss_sum->data;
     if (kept_for) UMT_TRY(umt_kernels(ctx)->f32.copy(sum, sum + 1, sizeof *sum));
-    return umt_step_graph_keep_loss(g, loss);
+    return keep_loss(g, loss);
 }
 
 umt_status umt_step_graph_eager(umt_step_graph *g, umt_step_fn step, void *user, const void *input,

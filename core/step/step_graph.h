@@ -45,12 +45,11 @@ struct umt_step_graph {
 /* One eager step, its loss kept (copied into the graph's loss, added to its sum). */
 umt_status umt_step_graph_eager(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
                                 size_t input_bytes);
-/* The step run once (inside a capture too), its loss kept: by the optimizer's decision when it
- * reads the loss (ctx->loss_keep), else by umt_step_graph_keep_loss after the step's kernels. */
+/* The step run once (inside a capture too), its loss kept (copied into the graph's loss, added to
+ * its sum): by the optimizer's decision when it reads that loss (ctx->loss_keep), else by a kernel
+ * after the step's. */
 umt_status umt_step_graph_run_step(umt_step_graph *g, umt_step_fn step, void *user, const void *input,
                                    size_t input_bytes);
-/* The keeping alone: the loss copied into the graph's loss and added to its sum. */
-umt_status umt_step_graph_keep_loss(umt_step_graph *g, const umt_tensor *loss);
 /* What a graph of ctx's step would bake in now; whether g's graph baked in the same. */
 umt_step_graph_baked umt_step_graph_baked_now(const umt_context *ctx, size_t input_bytes);
 bool umt_step_graph_same_memory(const umt_step_graph *g, size_t input_bytes);
