@@ -32,6 +32,13 @@ template <umt_dtype D> static __device__ typename element<D>::type stored(float 
     else return umt_dev_narrow<D>(value);
 }
 
+/* The table into shared memory as a batch of dtype D stores it (every thread of the block). */
+template <umt_dtype D>
+static __device__ void load_table(const normalise_table &table, typename element<D>::type *shared_table) {
+    for (int v = threadIdx.x; v < PIXEL_VALUES; v += blockDim.x) shared_table[v] = stored<D>(table.value[v]);
+    __syncthreads();
+}
+
 /* images_out[i] = table[samples[indices[i]]] and labels_out[i] = labels[indices[i]]: a block per
  * image (grid-strided), its threads across the image's pixels, so that no thread divides to find
  * its row (a 64-bit division per pixel made this small kernel slow: docs/PERF.md, "Figures behind
@@ -44,8 +51,7 @@ static __global__ void gather_batch_kernel(const uint8_t *samples, const uint8_t
                                            int64_t count, int64_t c, int64_t hw, normalise_table table,
                                            typename element<D>::type *images_out, int32_t *labels_out) {
     __shared__ typename element<D>::type shared_table[PIXEL_VALUES];
-    for (int v = threadIdx.x; v < PIXEL_VALUES; v += blockDim.x) shared_table[v] = stored<D>(table.value[v]);
-    __syncthreads();
+    load_table<D>(table, shared_table);
     int64_t sample_numel = c * hw;
     for (int64_t row = blockIdx.x; row < count; row += gridDim.x) {
         int64_t index = indices[row];
@@ -74,8 +80,7 @@ static __global__ void gather_vectors_kernel(const uint4 *samples, const uint8_t
                                              typename element<D>::type *images_out, int32_t *labels_out) {
     typedef typename element<D>::type stored_type;
     __shared__ stored_type shared_table[PIXEL_VALUES];
-    for (int v = threadIdx.x; v < PIXEL_VALUES; v += blockDim.x) shared_table[v] = stored<D>(table.value[v]);
-    __syncthreads();
+    load_table<D>(table, shared_table);
     int per_block = (int)blockDim.x / vectors, local = (int)threadIdx.x / vectors, v = (int)threadIdx.x % vectors;
     if (local >= per_block) return;
     for (int64_t row = (int64_t)blockIdx.x * per_block + local; row < count; row += (int64_t)gridDim.x * per_block) {
@@ -106,7 +111,8 @@ static normalise_table table_for(float mean, float std) {
     return table;
 }
 
-/* The launch: a block per image, as many as a grid takes. */
+/* The launch: a vector a thread where gather_vectors_kernel applies, else a block per image, as
+ * many as a grid takes. */
 template <umt_dtype D>
 static umt_status gather(const uint8_t *samples, const uint8_t *labels, const int64_t *indices, int64_t count,
                          int64_t c, int64_t hw, float mean, float std, void *images_out, int32_t *labels_out) {

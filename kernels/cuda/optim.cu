@@ -177,6 +177,14 @@ typedef struct {
     int count;
 } multi_table;
 
+/* The tensor of a launch's table that this block falls in: first_block[t] <= block < first_block[t + 1]
+ * (the multi-tensor update's and the step's decision's tables alike). */
+static __device__ int tensor_of_block(const int64_t *first_block, int count) {
+    int t = 0;
+    while (t + 1 < count && (int64_t)blockIdx.x >= first_block[t + 1]) ++t;
+    return t;
+}
+
 /* Element i of tensor x under the rule; returns the new parameter. */
 static __device__ float multi_element(const umt_update_tensor &x, int64_t i, const umt_update_rule &rule, float lr,
                                       const adam_factors &f, const umt_update_fusion &fusion) {
@@ -269,13 +277,12 @@ static __device__ void prefetch_chunk(const umt_update_tensor &x, int64_t begin,
 template <bool TILED>
 static __global__ void multi_update_kernel(multi_table table, umt_update_rule rule, adam_factors f,
                                            umt_update_fusion common) {
-    int t = 0;
-    while (t + 1 < table.count && (int64_t)blockIdx.x >= table.first_block[t + 1]) ++t;
+    int t = tensor_of_block(table.first_block, table.count);
     const umt_update_tensor &x = table.tensors[t];
-    if (!TILED || !copy_transposed(x)) {
-        int64_t begin = ((int64_t)blockIdx.x - table.first_block[t]) * MULTI_CHUNK;
-        prefetch_chunk(x, begin, begin + MULTI_CHUNK < x.n ? begin + MULTI_CHUNK : x.n);
-    }
+    int64_t block = (int64_t)blockIdx.x - table.first_block[t];
+    bool tile = TILED && copy_transposed(x);
+    int64_t begin = block * MULTI_CHUNK, end = begin + MULTI_CHUNK < x.n ? begin + MULTI_CHUNK : x.n;
+    if (!tile) prefetch_chunk(x, begin, end);
     bool skipped = step_skipped(common.scalars);
     if (skipped && !common.zero_grad) return;
     float lr = common.lr_on_device ? *common.lr_on_device : rule.lr;
@@ -284,13 +291,10 @@ static __global__ void multi_update_kernel(multi_table table, umt_update_rule ru
     fusion.lowp = x.lowp;
     fusion.lowp_channels = x.lowp_channels;
     fusion.lowp_pixels = x.lowp_pixels;
-    int64_t block = (int64_t)blockIdx.x - table.first_block[t];
-    if (TILED && copy_transposed(x)) {
+    if (tile) {
         multi_update_tile(x, (int)block, rule, lr, f, fusion, skipped);
         return;
     }
-    int64_t begin = block * MULTI_CHUNK;
-    int64_t end = begin + MULTI_CHUNK < x.n ? begin + MULTI_CHUNK : x.n;
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
         if (!skipped) store_lowp(fusion, i, multi_element(x, i, rule, lr, f, fusion));
         consume(x.grad, i, fusion);
@@ -462,7 +466,7 @@ static __device__ double block_sum(double value) {
 typedef struct {
     const float *grad[MULTI_TENSORS];
     int64_t n[MULTI_TENSORS];
-    int first_block[MULTI_TENSORS + 1];
+    int64_t first_block[MULTI_TENSORS + 1];
     int count;
     int first; /* the launch's first tensor among all of them: where its partials go */
 } decide_table;
@@ -480,9 +484,9 @@ static int shares_holding(int64_t n) {
  * The partials and their sum are the same numbers in the same order whatever the timing. */
 static __global__ void step_decide_kernel(decide_table table, double *partials, int tensors, bool decide,
                                           umt_step_scalars *scalars, umt_step_options options) {
-    int t = 0;
-    while (t + 1 < table.count && (int)blockIdx.x >= table.first_block[t + 1]) t++;
-    int share = (int)blockIdx.x - table.first_block[t], holding = table.first_block[t + 1] - table.first_block[t];
+    int t = tensor_of_block(table.first_block, table.count);
+    int share = (int)(blockIdx.x - table.first_block[t]);
+    int holding = (int)(table.first_block[t + 1] - table.first_block[t]);
     const float *grad = table.grad[t];
     double *own = partials + (int64_t)(table.first + t) * UMT_GRAD_SUMSQ_PARTIALS;
     double sum = 0.0;
