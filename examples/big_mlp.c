@@ -329,6 +329,12 @@ static int bench(const options *o, model *m) {
     if (host_elements > 0 && after.host_update_rate > 0)
         printf("bench: update term: CPU threads %.3f G elements a step at %.2f G/s (timed alone): %.1f ms\n",
                host_elements / 1e9, after.host_update_rate / 1e9, 1e3 * host_elements / after.host_update_rate);
+    /* Inside the steps: how much of the step the threads worked, and their rate while they did. */
+    double busy_s = (after.host_busy_seconds - before.host_busy_seconds) / o->bench;
+    if (host_elements > 0 && busy_s > 0 && after.host_threads > 0)
+        printf("bench: the %d CPU threads worked %.1f ms each of the %.1f ms step (%.0f%%), at %.2f G elements/s while "
+               "they did\n", after.host_threads, 1e3 * busy_s / after.host_threads, 1e3 * step_s,
+               100 * busy_s / after.host_threads / step_s, host_elements / busy_s * after.host_threads / 1e9);
     if (in + out == 0) return 0;
     /* Both directions run at once: the floor is whichever of them, or their sum, takes longest. */
     double floor_s = in / (link.to_device_gbps * 1e9);

@@ -438,6 +438,9 @@ typedef struct {
     int host_updates;
     uint64_t host_updated_elements; /* of which elements the CPU threads updated in backward, all steps */
     double host_update_rate;        /* their rate timed alone when the tier planned, elements/s (0: not timed) */
+    int host_threads;               /* the CPU threads that run those updates (0: none started) */
+    double host_busy_seconds;       /* thread-seconds they spent updating, all steps: with the elements, their
+                                     * rate inside the steps (host_updated_elements / busy * threads) */
 } umt_offload_stats;
 
 umt_status umt_offload_stats_get(const umt_context *ctx, umt_offload_stats *out);

@@ -184,6 +184,7 @@ umt_status umt_offload_stats_get(const umt_context *ctx, umt_offload_stats *out)
     if (!ctx || !out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_offload_stats_get: %s is NULL", ctx ? "out" : "ctx");
     const umt_offload *tier = umt_hooks_self(ctx, &offload_hooks);
     *out = tier ? tier->stats : (umt_offload_stats){0};
+    if (tier) umt_offload_queue_usage(tier, &out->host_threads, &out->host_busy_seconds);
     return UMT_OK;
 }
 

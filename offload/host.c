@@ -10,10 +10,10 @@
  * instead of adding to it, so the first parameters of each backward (the last layers, which the
  * next forward needs last) go to the CPU and the rest through the ring.
  *
- * The update is a job of the CPU threads' queue (offload/host_queue.c), which runs it once the
- * gradient is home, newest gradient first: the host thread queues the rest of backward meanwhile.
- * The slot's weights are given up (they are the old ones); the next copy of the parameter's
- * weights waits for the update.
+ * The update is a job of the CPU threads' queue (offload/host_queue.c), which runs it as the
+ * gradient's pieces come home, newest gradient first: the host thread queues the rest of backward
+ * meanwhile. The slot's weights are given up (they are the old ones); the next copy of the
+ * parameter's weights waits for the update, a piece at a time.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -171,24 +171,33 @@ static umt_status job_of(umt_offload *o, umt_tensor *p, umt_offload_host_job **o
     if (!job) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory for %s's CPU update", label(p));
     job->parameter = p;
     atomic_init(&job->failed, 0);
-    /* The count of finished updates, in pinned memory: a stream waits on it (offload/host_queue.c). */
-    umt_status st = umt_memory_alloc(&o->ctx->memory, UMT_POOL_OFFLOAD, sizeof *job->finished, (void **)&job->finished);
-    if (st != UMT_OK) return free(job), st;
+    o->host_jobs[o->host_job_count++] = job; /* freed by umt_offload_host_destroy from here on */
+    /* Its work items, in pieces of consecutive items (the last piece may be shorter). */
+    int64_t chunk = 0;
+    UMT_TRY(umt_offload_cpu_chunk(p, &chunk));
+    job->items = (p->numel + chunk - 1) / chunk;
+    job->piece_items = (job->items + UMT_OFFLOAD_HOST_PIECES - 1) / UMT_OFFLOAD_HOST_PIECES;
+    job->pieces = (int)((job->items + job->piece_items - 1) / job->piece_items);
+    job->piece_elements = job->piece_items * chunk;
+    job->job.chunk = chunk; /* kept by each update's job below */
+    /* The counts of pieces home (the copy-out stream writes it, the threads read it), and of
+     * finished updates and pieces (the threads write them, streams wait on them), in pinned memory
+     * (offload/host_queue.c). */
+    UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_OFFLOAD, sizeof *job->pieces_home, (void **)&job->pieces_home));
+    atomic_init(job->pieces_home, 0);
+    UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_OFFLOAD, sizeof *job->finished, (void **)&job->finished));
     atomic_init(job->finished, 0);
-    o->host_jobs[o->host_job_count++] = job;
+    UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_OFFLOAD, (size_t)job->pieces * sizeof *job->piece_finished,
+                             (void **)&job->piece_finished));
+    for (int k = 0; k < job->pieces; ++k) atomic_init(&job->piece_finished[k], 0);
     return *out = job, UMT_OK;
 }
 
-/* The queue's threads, at the first update the CPU takes. Where they cannot run (no stream wait
- * on pinned memory in this driver), the streamed parameters are updated through the ring from now
- * on, said once: the run goes on. */
+/* The queue's threads, at the first update the CPU takes. Where they cannot run (no stream write
+ * or wait on pinned memory in this driver), the streamed parameters are updated through the ring
+ * from now on, said once: the run goes on. */
 static bool queue_started(umt_offload *o) {
-    cudaError_t made = cudaSuccess;
-    if (!o->host_update) made = cudaStreamCreateWithFlags((cudaStream_t *)&o->host_update, cudaStreamNonBlocking);
-    umt_status st = made == cudaSuccess ? umt_offload_queue_start(o, SPARE_CORES)
-                                        : umt_fail(UMT_ERR_DEVICE, "offload: no stream for the CPU's updates: %s",
-                                                   cudaGetErrorString(made));
-    if (st == UMT_OK) return true;
+    if (umt_offload_queue_start(o, SPARE_CORES) == UMT_OK) return true;
     fprintf(stderr, "offload: updates in backward stay on the GPU: %s\n", umt_last_error());
     o->options.host_updates = 0;
     o->host_searching = false;
@@ -212,16 +221,15 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
     if (half && !job->grad_bf16)
         UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_OFFLOAD, (size_t)p->numel * sizeof *job->grad_bf16,
                                  (void **)&job->grad_bf16));
-    UMT_TRY(half ? umt_offload_gradient_out_bf16(o, s, job->grad_bf16) : umt_offload_gradient_out(o, s));
+    UMT_TRY(umt_offload_gradient_out_pieces(o, s, job, half));
     UMT_TRY(umt_offload_evict(o, s)); /* its weights there are the old ones now */
     umt_update_fusion fusion = umt_offload_fusion(p, p->lowp ? p->lowp->offload.home : NULL, 0, NULL);
     fusion.grad_bf16 = half ? job->grad_bf16 : NULL;
     job->job = (umt_offload_cpu_job){host_rule, &job->rule, p->offload.home, half ? NULL : p->grad->offload.home,
                                      state[0] ? state[0]->offload.home : NULL,
-                                     state[1] ? state[1]->offload.home : NULL, p->numel, fusion, 0};
-    UMT_TRY(umt_offload_cpu_chunk(p, &job->job.chunk));
+                                     state[1] ? state[1]->offload.home : NULL, p->numel, fusion, job->job.chunk};
     umt_optimizer_snapshot(o->attached, &job->rule.options, &job->rule.step);
-    UMT_TRY(umt_offload_queue_job(o, job, o->slots[s].drained)); /* runs once the gradient is home */
+    UMT_TRY(umt_offload_queue_job(o, job)); /* runs a piece at a time, once the piece is home */
     p->offload.grad_zero = true; /* consumed by the update */
     p->offload.updated_early = true;
     o->stats.updates_in_backward++;
@@ -234,6 +242,24 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
 umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p) {
     const umt_offload_host_job *job = find_job(o, p);
     return job ? umt_offload_queue_stream_wait(o, stream, job) : UMT_OK;
+}
+
+umt_status umt_offload_host_copy_in(umt_offload *o, umt_tensor *p, void *dst) {
+    const umt_offload_host_job *job = find_job(o, p);
+    const umt_tensor *weights = umt_offload_streamed(p);
+    const char *what = p->name ? p->name : "weights";
+    if (!job) return umt_offload_copy(o, dst, weights->offload.home, weights->bytes, true, what);
+    /* A piece's items are whole output channels of a conv weight (umt_offload_cpu_chunk), which
+     * lie at the same element offsets in the compute copy as in the master. */
+    size_t element = umt_dtype_size(weights->dtype);
+    for (int k = 0; k < job->pieces; ++k) {
+        int64_t first = k * job->piece_elements, end = first + job->piece_elements < p->numel ? first + job->piece_elements
+                                                                                           : p->numel;
+        UMT_TRY(umt_offload_queue_piece_wait(o, o->copy_in, job, k));
+        UMT_TRY(umt_offload_copy(o, (char *)dst + first * element, (const char *)weights->offload.home + first * element,
+                                 (size_t)(end - first) * element, true, what));
+    }
+    return UMT_OK;
 }
 
 umt_status umt_offload_host_step_end(umt_offload *o) {
@@ -249,15 +275,14 @@ umt_status umt_offload_host_step_end(umt_offload *o) {
 }
 
 void umt_offload_host_destroy(umt_offload *o) {
-    if (o->host_update) {
-        cudaStreamSynchronize((cudaStream_t)o->host_update); /* every job has arrived */
-        umt_offload_queue_stop(o);                           /* and is done */
-        cudaStreamDestroy((cudaStream_t)o->host_update);
-    }
+    umt_offload_queue_stop(o); /* done already by umt_offload_destroy: every queued job has run */
     for (int j = 0; j < o->host_job_count; ++j) {
-        umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, (void *)o->host_jobs[j]->finished);
-        umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, o->host_jobs[j]->grad_bf16);
-        free(o->host_jobs[j]);
+        umt_offload_host_job *job = o->host_jobs[j];
+        umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, (void *)job->finished);
+        umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, (void *)job->pieces_home);
+        umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, (void *)job->piece_finished);
+        umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, job->grad_bf16);
+        free(job);
     }
     free(o->host_jobs);
 }

@@ -10,18 +10,23 @@
  * Each update is the same arithmetic on the same arrays whatever the order: the bits are those of
  * the queue in arrival order.
  *
- * Three parts:
- *   arrival  a host function on the host-update stream, after the gradient's copy home, pushes
- *            the job on a stack (no CUDA call and no wait: it takes a lock, nothing more);
- *   threads  one per core but the spare, started once: each takes the next work item of the job
- *            on top of the stack; the thread that ends a job's last item writes the job's count
- *            of finished updates to a word of pinned memory;
+ * A job's gradient comes home in pieces (offload/state.h), and each side learns of the other's
+ * progress through words of pinned memory, with no host function and no interrupt between them:
+ *   arrival  after each piece's copy home, the copy-out stream writes the job's count of pieces
+ *            home (cuStreamWriteValue32, behind a memory barrier: the piece's bytes are visible
+ *            first). Host functions would do, but the driver runs them in bursts milliseconds
+ *            apart (measured, docs/PERF.md): the threads would wait for pieces long home;
+ *   threads  one per core but the spare, started once: each takes the next work item whose piece
+ *            is home from the newest job queued; while none is, one of them looks at the words
+ *            every few tens of microseconds and wakes the others when a piece comes. The thread
+ *            that ends an item counts it in its piece's word, the one that ends a job's last item
+ *            the job's count of finished updates;
  *   waits    a stream that must not read the weights before the update (the next forward's copy
- *            in) waits on that word with cuStreamWaitValue32, since a CPU thread cannot record a
+ *            in) waits on those words with cuStreamWaitValue32, since a CPU thread cannot record a
  *            CUDA event; the host waits on a condition variable.
  * No deadlock: a stream's wait is queued after the job that ends it, and everything the job needs
- * (the gradient's copy home, its arrival) was queued before that wait, so no wait blocks work
- * that its own job depends on, whichever hardware queue the driver puts the streams on.
+ * (the gradient's copy home, its count written) was queued before that wait, so no wait blocks
+ * work that its own job depends on, whichever hardware queue the driver puts the streams on.
  */
 #include <cuda.h>
 #include <pthread.h>
@@ -39,29 +44,39 @@
 
 struct umt_offload_host_queue {
     pthread_mutex_t lock;
-    pthread_cond_t work;     /* a job arrived, or the queue stops */
+    pthread_cond_t work;     /* a piece arrived, a job was queued, or the queue stops */
     pthread_cond_t finished; /* a job's last item is done */
-    umt_offload_host_job **stack; /* arrived jobs with items not yet handed out, newest on top */
+    umt_offload_host_job **stack; /* queued jobs with items not yet handed out, newest on top */
     int depth, capacity;
     pthread_t threads[UMT_OFFLOAD_MAX_THREADS];
     int thread_count;
+    bool watching;   /* a thread looks at the arrival words while the others sleep */
     bool stopping;
+    bool abandoning; /* stopping after a stream failed: pieces still on their way never come */
     umt_trace *trace;
+    double busy_s; /* thread-seconds spent in work items, all steps (umt_offload_stats) */
 };
 
 /* ----------------------------------------------------------------------------------------- */
-/* The stream's wait on a word the CPU writes: a driver call, found through the runtime */
+/* A stream's wait on a word the CPU writes, and its write of a word the CPU reads: driver calls,
+ * found through the runtime */
 
-typedef CUresult (*wait_value_fn)(CUstream stream, CUdeviceptr address, cuuint32_t value, unsigned int flags);
-static wait_value_fn wait_value;
-static pthread_once_t wait_value_once = PTHREAD_ONCE_INIT;
+typedef CUresult (*value_fn)(CUstream stream, CUdeviceptr address, cuuint32_t value, unsigned int flags);
+static value_fn wait_value, write_value;
+static pthread_once_t value_fns_once = PTHREAD_ONCE_INIT;
 
-static void find_wait_value(void) {
+static value_fn driver_fn(const char *name) {
     enum cudaDriverEntryPointQueryResult found;
     void *fn = NULL;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &found) ==
-            cudaSuccess && found == cudaDriverEntryPointSuccess)
-        wait_value = (wait_value_fn)fn;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+        return (value_fn)fn;
+    return NULL;
+}
+
+static void find_value_fns(void) {
+    wait_value = driver_fn("cuStreamWaitValue32");
+    write_value = driver_fn("cuStreamWriteValue32");
 }
 
 /* stream waits until the word at host (pinned) reaches value, counting cyclically. */
@@ -75,20 +90,37 @@ static umt_status stream_wait_value(void *stream, _Atomic uint32_t *host, uint32
     return UMT_OK;
 }
 
-/* Whether a stream can wait on a word of pinned memory here: one wait, already met, on stream. */
-static umt_status check_wait_value(umt_offload *o, void *stream) {
-    pthread_once(&wait_value_once, find_wait_value);
-    if (!wait_value)
-        return umt_fail(UMT_ERR_UNSUPPORTED, "offload: the driver gives no cuStreamWaitValue32 (CUDA 12 or later), "
-                        "which the CPU's updates in backward need");
+/* stream writes value to the word at host (pinned) once its earlier work is done and visible. */
+static umt_status stream_write_value(void *stream, _Atomic uint32_t *host, uint32_t value) {
+    void *device = NULL;
+    UMT_CUDA_TRY(cudaHostGetDevicePointer(&device, (void *)host, 0));
+    CUresult r = write_value((CUstream)stream, (CUdeviceptr)(uintptr_t)device, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (r != CUDA_SUCCESS)
+        return umt_fail(UMT_ERR_DEVICE, "offload: cuStreamWriteValue32 (a gradient piece's arrival for the CPU) "
+                        "returned CUresult %d", (int)r);
+    return UMT_OK;
+}
+
+/* Whether a stream can write a word of pinned memory and wait on one here: a write of 2, then a
+ * wait for it, on stream. */
+static umt_status check_stream_values(umt_offload *o, void *stream) {
+    pthread_once(&value_fns_once, find_value_fns);
+    if (!wait_value || !write_value)
+        return umt_fail(UMT_ERR_UNSUPPORTED, "offload: the driver gives no cuStreamWaitValue32 or cuStreamWriteValue32 "
+                        "(CUDA 12 or later), which the CPU's updates in backward need");
     _Atomic uint32_t *word = NULL;
     UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_OFFLOAD, sizeof *word, (void **)&word));
     atomic_init(word, 1);
-    umt_status st = stream_wait_value(stream, word, 1);
+    umt_status st = stream_write_value(stream, word, 2);
+    if (st == UMT_OK) st = stream_wait_value(stream, word, 2);
     cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
-    umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, (void *)word);
     if (st == UMT_OK && e != cudaSuccess)
-        st = umt_fail(UMT_ERR_DEVICE, "offload: a stream's wait on pinned memory failed: %s", cudaGetErrorString(e));
+        st = umt_fail(UMT_ERR_DEVICE, "offload: a stream's write or wait on pinned memory failed: %s",
+                      cudaGetErrorString(e));
+    if (st == UMT_OK && atomic_load(word) != 2)
+        st = umt_fail(UMT_ERR_DEVICE, "offload: a stream wrote 2 to pinned memory, and the host reads %u",
+                      (unsigned)atomic_load(word));
+    umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, (void *)word);
     return st;
 }
 
@@ -108,19 +140,61 @@ static void finish(umt_offload_host_queue *q, umt_offload_host_job *job) {
     pthread_cond_broadcast(&q->finished);
 }
 
+/* Under the lock: the job's items whose piece is home, from the count the copy-out stream wrote
+ * (cyclic: the count before this update is arrival_base). */
+static int64_t available(const umt_offload_host_job *job) {
+    uint32_t home = atomic_load(job->pieces_home) - job->arrival_base;
+    if (home >= (uint32_t)job->pieces) return job->items;
+    return (int64_t)home * job->piece_items;
+}
+
+/* Under the lock: the newest job on the stack with an item whose piece is home, or NULL. A newer
+ * job may wait for its first pieces while an older one has items ready. */
+static umt_offload_host_job *next_job(umt_offload_host_queue *q, int *at) {
+    for (int i = q->depth - 1; i >= 0; --i)
+        if (q->stack[i]->handed_out < available(q->stack[i])) return *at = i, q->stack[i];
+    return NULL;
+}
+
+/* Under the lock, with no item ready: one thread looks at the arrival words again in a moment and
+ * wakes the others when it finds a piece; the rest sleep until then. */
+static void idle(umt_offload_host_queue *q) {
+    if (q->watching || !q->depth) {
+        pthread_cond_wait(&q->work, &q->lock);
+        return;
+    }
+    q->watching = true;
+    pthread_mutex_unlock(&q->lock);
+    nanosleep(&(struct timespec){0, 20000}, NULL); /* a piece takes about half a millisecond */
+    pthread_mutex_lock(&q->lock);
+    q->watching = false;
+    int at;
+    if (next_job(q, &at)) pthread_cond_broadcast(&q->work);
+}
+
 static void *serve(void *arg) {
     umt_offload_host_queue *q = arg;
     pthread_mutex_lock(&q->lock);
     for (;;) {
-        while (!q->depth && !q->stopping) pthread_cond_wait(&q->work, &q->lock);
-        if (!q->depth) break; /* stopping, and nothing left */
-        umt_offload_host_job *job = q->stack[q->depth - 1];
+        int at = 0;
+        umt_offload_host_job *job;
+        while (!(job = next_job(q, &at)) && !(q->stopping && (!q->depth || q->abandoning))) idle(q);
+        if (!job) break; /* stopping, and nothing left that can run */
         int64_t item = job->handed_out++;
-        if (job->handed_out == job->items) q->depth--; /* its last item is taken: off the stack */
+        if (job->handed_out == job->items) { /* its last item is taken: off the stack */
+            for (int i = at; i + 1 < q->depth; ++i) q->stack[i] = q->stack[i + 1];
+            q->depth--;
+        }
         if (item == 0) job->begin_us = umt_trace_now_us(q->trace);
         pthread_mutex_unlock(&q->lock);
+        double begin_s = umt_offload_seconds();
         bool ok = umt_offload_cpu_item(&job->job, item);
+        double end_s = umt_offload_seconds();
+        /* After the item's writes (a read-modify-write orders them): a stream waiting for the
+         * piece may copy it in once every item of it is counted. */
+        atomic_fetch_add(&job->piece_finished[item / job->piece_items], 1);
         pthread_mutex_lock(&q->lock);
+        q->busy_s += end_s - begin_s;
         if (!ok) atomic_store(&job->failed, 1);
         if (++job->items_done == job->items) finish(q, job);
     }
@@ -128,19 +202,9 @@ static void *serve(void *arg) {
     return NULL;
 }
 
-/* The host function after a gradient's copy home: no CUDA calls here. */
-static void CUDART_CB arrive(void *arg) {
-    umt_offload_host_job *job = arg;
-    umt_offload_host_queue *q = job->queue;
-    pthread_mutex_lock(&q->lock);
-    q->stack[q->depth++] = job; /* room for every job was made when it was queued */
-    pthread_cond_broadcast(&q->work);
-    pthread_mutex_unlock(&q->lock);
-}
-
 umt_status umt_offload_queue_start(umt_offload *o, int spare) {
     if (o->host_queue) return UMT_OK;
-    UMT_TRY(check_wait_value(o, o->host_update));
+    UMT_TRY(check_stream_values(o, o->copy_out));
     umt_offload_host_queue *q = calloc(1, sizeof *q);
     if (!q) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory for the CPU's update queue");
     pthread_mutex_init(&q->lock, NULL);
@@ -159,25 +223,35 @@ umt_status umt_offload_queue_start(umt_offload *o, int spare) {
 /* ----------------------------------------------------------------------------------------- */
 /* Jobs, and the waits for them */
 
-umt_status umt_offload_queue_job(umt_offload *o, umt_offload_host_job *job, void *arrived) {
+umt_status umt_offload_queue_piece_home(umt_offload *o, umt_offload_host_job *job) {
+    return stream_write_value(o->copy_out, job->pieces_home, ++job->pieces_sent);
+}
+
+umt_status umt_offload_queue_job(umt_offload *o, umt_offload_host_job *job) {
     umt_offload_host_queue *q = o->host_queue;
     if (!q || !q->thread_count)
         return umt_fail(UMT_ERR_STATE, "offload: %s queued for the CPU before its threads started", label(job));
+    if (job->pieces_sent - job->pieces_queued != (uint32_t)job->pieces)
+        return umt_fail(UMT_ERR_STATE, "offload: %s queued for the CPU with %u of its %d gradient pieces sent home",
+                        label(job), (unsigned)(job->pieces_sent - job->pieces_queued), job->pieces);
     pthread_mutex_lock(&q->lock);
     bool room = q->capacity >= o->host_job_count;
     if (!room) {
         umt_offload_host_job **grown = realloc(q->stack, (size_t)o->host_job_count * 2 * sizeof *grown);
         if (grown) q->stack = grown, q->capacity = o->host_job_count * 2, room = true;
     }
+    if (room) {
+        /* No thread touches the job now: its last update finished (umt_offload_queue_host_wait). */
+        job->queue = q;
+        job->handed_out = job->items_done = 0;
+        job->arrival_base = job->pieces_queued; /* the count the stream wrote before this update's pieces */
+        job->pieces_queued = job->pieces_sent;
+        job->queued++;
+        q->stack[q->depth++] = job;
+        pthread_cond_broadcast(&q->work); /* a thread starts looking for its pieces */
+    }
     pthread_mutex_unlock(&q->lock);
     if (!room) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory to queue %s for the CPU", label(job));
-    /* No thread touches the job now: its last update finished (umt_offload_queue_host_wait). */
-    job->queue = q;
-    job->items = umt_offload_cpu_items(&job->job);
-    job->handed_out = job->items_done = 0;
-    job->queued++;
-    UMT_TRY(umt_offload_wait(o->host_update, arrived));
-    UMT_CUDA_TRY(cudaLaunchHostFunc((cudaStream_t)o->host_update, arrive, job));
     return UMT_OK;
 }
 
@@ -186,8 +260,16 @@ umt_status umt_offload_queue_stream_wait(umt_offload *o, void *stream, const umt
     return stream_wait_value(stream, job->finished, job->queued);
 }
 
-/* The host waits in slices of a millisecond, and asks the host-update stream between them: where
- * it failed, an arrival would never come, and the wait says so instead of hanging. */
+umt_status umt_offload_queue_piece_wait(umt_offload *o, void *stream, const umt_offload_host_job *job, int k) {
+    (void)o;
+    int64_t first = k * job->piece_items, end = first + job->piece_items < job->items ? first + job->piece_items
+                                                                                     : job->items;
+    /* Counted cyclically: after n updates, n times the piece's items */
+    return stream_wait_value(stream, &job->piece_finished[k], job->queued * (uint32_t)(end - first));
+}
+
+/* The host waits in slices of a millisecond, and asks the copy-out stream between them: where it
+ * failed, a piece would never come, and the wait says so instead of hanging. */
 umt_status umt_offload_queue_host_wait(umt_offload *o, const umt_offload_host_job *job) {
     umt_offload_host_queue *q = o->host_queue;
     if (!q) return UMT_OK;
@@ -199,22 +281,34 @@ umt_status umt_offload_queue_host_wait(umt_offload *o, const umt_offload_host_jo
         if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
         pthread_cond_timedwait(&q->finished, &q->lock, &until);
         if (atomic_load(job->finished) == job->queued) break;
-        cudaError_t e = cudaStreamQuery((cudaStream_t)o->host_update);
+        cudaError_t e = cudaStreamQuery((cudaStream_t)o->copy_out);
         if (e != cudaSuccess && e != cudaErrorNotReady) {
             pthread_mutex_unlock(&q->lock);
-            return umt_fail(UMT_ERR_DEVICE, "offload: waiting for the CPU's update of %s: the host-update stream "
-                            "failed: %s", label(job), cudaGetErrorString(e));
+            return umt_fail(UMT_ERR_DEVICE, "offload: waiting for the CPU's update of %s: the copy-out stream, which "
+                            "brings its gradient home, failed: %s", label(job), cudaGetErrorString(e));
         }
     }
     pthread_mutex_unlock(&q->lock);
     return UMT_OK;
 }
 
+void umt_offload_queue_usage(const umt_offload *o, int *threads, double *busy_s) {
+    umt_offload_host_queue *q = o->host_queue;
+    *threads = 0, *busy_s = 0;
+    if (!q) return;
+    pthread_mutex_lock(&q->lock);
+    *threads = q->thread_count, *busy_s = q->busy_s;
+    pthread_mutex_unlock(&q->lock);
+}
+
 void umt_offload_queue_stop(umt_offload *o) {
     umt_offload_host_queue *q = o->host_queue;
     if (!q) return;
+    /* Every piece sent home has arrived, unless the stream failed: then none will. */
+    bool failed = cudaStreamSynchronize((cudaStream_t)o->copy_out) != cudaSuccess;
     pthread_mutex_lock(&q->lock);
-    q->stopping = true; /* the threads end once every arrived job is done */
+    q->stopping = true; /* the threads end once every queued job is done */
+    q->abandoning = failed;
     pthread_cond_broadcast(&q->work);
     pthread_mutex_unlock(&q->lock);
     for (int i = 0; i < q->thread_count; ++i) pthread_join(q->threads[i], NULL);

@@ -104,7 +104,9 @@ static void destroy_events(void *const events[], int count) {
 
 void umt_offload_destroy(umt_offload *o) {
     if (!o) return;
-    /* Errors here leave nothing to undo: they are ignored. */
+    /* Errors here leave nothing to undo: they are ignored. The CPU's threads end first: their
+     * jobs wait for pieces from the copy-out stream, and the streams' waits for their counts. */
+    umt_offload_queue_stop(o);
     void *streams[] = {o->copy_in, o->copy_out, o->update, o->state_in};
     for (int i = 0; i < 4; ++i)
         if (streams[i]) cudaStreamSynchronize((cudaStream_t)streams[i]), cudaStreamDestroy((cudaStream_t)streams[i]);
@@ -271,14 +273,23 @@ static int slot_holding(const umt_offload *o, const umt_tensor *p) {
     return -1;
 }
 
-/* bytes from src in slot s to dst home, on the copy-out stream once queued compute is done with
- * the slot; the slot's gradient is no longer live, and the gradient tensor points home. */
-static umt_status send_home(umt_offload *o, int s, void *dst, const void *src, size_t bytes) {
+/* Elements from src in slot s to dst home, `element` bytes each, on the copy-out stream once
+ * queued compute is done with the slot; with a job, in its pieces, each one's arrival written after it.
+ * The slot's gradient is no longer live, and the gradient tensor points home. */
+static umt_status send_home(umt_offload *o, int s, void *dst, const void *src, size_t element,
+                            umt_offload_host_job *job) {
     umt_offload_slot *slot = &o->slots[s];
     umt_tensor *p = slot->holder;
     UMT_TRY(umt_offload_record(slot->released, o->compute));
     UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
-    UMT_TRY(umt_offload_copy(o, dst, src, bytes, false, p->name ? p->name : "gradient"));
+    int pieces = job ? job->pieces : 1;
+    int64_t piece = job ? job->piece_elements : p->numel;
+    for (int k = 0; k < pieces; ++k) {
+        int64_t first = k * piece, n = p->numel - first < piece ? p->numel - first : piece;
+        UMT_TRY(umt_offload_copy(o, (char *)dst + first * element, (const char *)src + first * element,
+                                 (size_t)n * element, false, p->name ? p->name : "gradient"));
+        if (job) UMT_TRY(umt_offload_queue_piece_home(o, job));
+    }
     UMT_TRY(umt_offload_record(slot->drained, o->copy_out));
     slot->grads_live = false;
     p->grad->data = p->grad->offload.home;
@@ -289,19 +300,24 @@ static umt_status send_home(umt_offload *o, int s, void *dst, const void *src, s
 umt_status umt_offload_gradient_out(umt_offload *o, int s) {
     umt_offload_slot *slot = &o->slots[s];
     umt_tensor *g = slot->holder->grad;
-    UMT_TRY(send_home(o, s, g->offload.home, slot->grads, g->bytes));
+    UMT_TRY(send_home(o, s, g->offload.home, slot->grads, sizeof(float), NULL));
     slot->holder->offload.grad_zero = false;
     return UMT_OK;
 }
 
-umt_status umt_offload_gradient_out_bf16(umt_offload *o, int s, uint16_t *dst) {
+umt_status umt_offload_gradient_out_pieces(umt_offload *o, int s, umt_offload_host_job *job, bool bf16) {
     umt_offload_slot *slot = &o->slots[s];
     umt_tensor *p = slot->holder;
+    if (!bf16) {
+        UMT_TRY(send_home(o, s, p->grad->offload.home, slot->grads, sizeof(float), job));
+        p->offload.grad_zero = false;
+        return UMT_OK;
+    }
     /* The slot's weights part holds p's old compute copy, bf16 like the rounded gradient and as
      * long: the gradient goes there, since the caller gives the weights up next (evict). The f32
      * gradient home is not rewritten: the update consumes the bf16 one. */
     UMT_TRY(umt_kernels(o->ctx)->f32.convert(slot->grads, UMT_F32, slot->base, UMT_BF16, p->numel));
-    return send_home(o, s, dst, slot->base, (size_t)p->numel * sizeof *dst);
+    return send_home(o, s, job->grad_bf16, slot->base, sizeof *job->grad_bf16, job);
 }
 
 umt_status umt_offload_evict(umt_offload *o, int s) {
@@ -351,10 +367,7 @@ static umt_status load(umt_offload *o, int s, umt_tensor *p, bool for_backward, 
     }
     UMT_TRY(umt_offload_wait(o->copy_in, slot->released));
     UMT_TRY(umt_offload_wait(o->copy_in, slot->drained));
-    UMT_TRY(umt_offload_host_wait(o, o->copy_in, p));
-    const umt_tensor *weights = umt_offload_streamed(p);
-    UMT_TRY(umt_offload_copy(o, slot->base, weights->offload.home, weights->bytes, true,
-                             p->name ? p->name : "weights"));
+    UMT_TRY(umt_offload_host_copy_in(o, p, slot->base)); /* piece by piece after a CPU update */
     UMT_TRY(umt_offload_record(slot->loaded, o->copy_in));
     slot->holder = p;
     return for_backward ? bring_gradient_in(o, s) : UMT_OK;

@@ -80,6 +80,13 @@ typedef struct {
     int64_t step;
 } umt_offload_host_rule;
 
+/* A CPU update's work items in a few pieces of consecutive items. Its gradient comes home a
+ * piece at a time and the threads start on a piece as soon as it is there; the next forward copies
+ * the weights in a piece at a time, each as soon as its items are done. So the link and the
+ * threads overlap within one layer, not only between layers: at backward's start the threads
+ * need not wait for the whole first gradient, and the forward not for the whole last update. */
+#define UMT_OFFLOAD_HOST_PIECES 8
+
 /* The queue's fields (offload/host_queue.c) are read and written under its lock. */
 typedef struct umt_offload_host_queue umt_offload_host_queue;
 typedef struct {
@@ -90,6 +97,16 @@ typedef struct {
     uint32_t queued;              /* updates queued so far (this step's is the count streams wait for) */
     _Atomic uint32_t *finished;   /* pinned: updates finished so far, written by the CPU threads */
     int64_t items, handed_out, items_done; /* this update's work items: in all, given to threads, done */
+    /* The pieces: piece k is items [k * piece_items, (k + 1) * piece_items), the last one shorter;
+     * elements [k * piece_elements, (k + 1) * piece_elements) of each array */
+    int pieces;
+    int64_t piece_items, piece_elements;
+    _Atomic uint32_t *pieces_home;    /* pinned: gradient pieces home so far, all updates, written by the
+                                       * copy-out stream */
+    uint32_t pieces_sent;             /* pieces whose write of pieces_home is queued so far */
+    uint32_t pieces_queued;           /* pieces_sent when the job was last queued */
+    uint32_t arrival_base;            /* pieces_home's count before this update's pieces */
+    _Atomic uint32_t *piece_finished; /* pinned, a word a piece: its items finished so far, all updates */
     double begin_us;     /* UMT_MEM_TRACE: when its first item began */
     atomic_int failed;
     uint16_t *grad_bf16; /* its gradient home in bf16 (offload pool), made at the first such update */
@@ -153,7 +170,6 @@ struct umt_offload {
     umt_offload_cpu_job *cpu_jobs;
     int cpu_job_count, cpu_job_slots;
     /* Updates in backward on the CPU (offload/host.c) */
-    void *host_update;                /* their stream (made at the first): each gradient's arrival */
     umt_offload_host_queue *host_queue; /* the threads that run them, newest gradient first */
     umt_offload_host_job **host_jobs; /* one per parameter so updated */
     int host_job_count, host_job_slots;
@@ -231,10 +247,12 @@ bool umt_offload_cpu_item(const umt_offload_cpu_job *job, int64_t item);
 int umt_offload_cpu_thread_count(int spare);
 /* The CPU threads' work item for p's update (umt_offload_cpu_job.chunk). */
 umt_status umt_offload_cpu_chunk(const umt_tensor *p, int64_t *chunk);
-/* Slot s's gradient, final, goes home on the copy-out stream (its drained event after); the same
- * rounded to bf16 on the compute stream, to dst (n elements of pinned memory), for a CPU update. */
+/* Slot s's gradient, final, goes home on the copy-out stream (its drained event after). The same
+ * for a CPU update's job, in the job's pieces, its count of pieces home written after each
+ * (umt_offload_queue_piece_home); with bf16, rounded to bf16 on the compute stream first, into
+ * job->grad_bf16 (pinned). */
 umt_status umt_offload_gradient_out(umt_offload *o, int s);
-umt_status umt_offload_gradient_out_bf16(umt_offload *o, int s, uint16_t *dst);
+umt_status umt_offload_gradient_out_pieces(umt_offload *o, int s, umt_offload_host_job *job, bool bf16);
 
 /* Updates in backward on the CPU (offload/host.c): at the plan, with UMT_OFFLOAD_HOST_AUTO,
  * the CPU's share from its measured rate and the link's (printed); slot s's parameter, its
@@ -245,17 +263,26 @@ umt_status umt_offload_gradient_out_bf16(umt_offload *o, int s, uint16_t *dst);
 umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt_tensor *const *tensors, int count);
 umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken);
 umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p);
+/* p's streamed weights (umt_offload_streamed) from home to dst on the copy-in stream: a piece at a
+ * time, each once the CPU's last update of it is done, where p has a CPU update; whole otherwise. */
+umt_status umt_offload_host_copy_in(umt_offload *o, umt_tensor *p, void *dst);
 umt_status umt_offload_host_step_end(umt_offload *o);
 void umt_offload_host_destroy(umt_offload *o);
 
 /* The CPU threads' queue of updates in backward (offload/host_queue.c): started at the first
- * (its threads, and a check that a stream can wait for a value the CPU writes: false, with the
- * reason, where it cannot); a job queued to run once `arrived` (an event) has happened; a
- * stream's wait for the job's last update; the host's; stopping (every queued job run first). */
+ * (its threads, and a check that a stream can write a word of pinned memory and wait on one:
+ * false, with the reason, where it cannot); on the copy-out stream after a gradient piece's copy,
+ * the job's count of pieces home written; a job queued, its items run as their pieces come home;
+ * a stream's wait for the job's last update; the host's; stopping (every queued job run first). */
 umt_status umt_offload_queue_start(umt_offload *o, int spare);
-umt_status umt_offload_queue_job(umt_offload *o, umt_offload_host_job *job, void *arrived);
+umt_status umt_offload_queue_piece_home(umt_offload *o, umt_offload_host_job *job);
+umt_status umt_offload_queue_job(umt_offload *o, umt_offload_host_job *job);
 umt_status umt_offload_queue_stream_wait(umt_offload *o, void *stream, const umt_offload_host_job *job);
+/* A stream's wait for the job's last update of piece k. */
+umt_status umt_offload_queue_piece_wait(umt_offload *o, void *stream, const umt_offload_host_job *job, int k);
 umt_status umt_offload_queue_host_wait(umt_offload *o, const umt_offload_host_job *job);
+/* The queue's threads, and the thread-seconds they spent in work items so far (0, 0: no queue). */
+void umt_offload_queue_usage(const umt_offload *o, int *threads, double *busy_s);
 void umt_offload_queue_stop(umt_offload *o);
 
 /* Saved activations (offload/activations.c): the step's start (after the first step: the
