@@ -173,13 +173,12 @@ static umt_status job_of(umt_offload *o, umt_tensor *p, umt_offload_host_job **o
     atomic_init(&job->failed, 0);
     o->host_jobs[o->host_job_count++] = job; /* freed by umt_offload_host_destroy from here on */
     /* Its work items, in pieces of consecutive items (the last piece may be shorter). */
-    int64_t chunk = 0;
-    UMT_TRY(umt_offload_cpu_chunk(p, &chunk));
-    job->items = (p->numel + chunk - 1) / chunk;
+    job->job.n = p->numel;
+    UMT_TRY(umt_offload_cpu_chunk(p, &job->job.chunk)); /* kept by each update's job below */
+    job->items = umt_offload_cpu_items(&job->job);
     job->piece_items = (job->items + UMT_OFFLOAD_HOST_PIECES - 1) / UMT_OFFLOAD_HOST_PIECES;
     job->pieces = (int)((job->items + job->piece_items - 1) / job->piece_items);
-    job->piece_elements = job->piece_items * chunk;
-    job->job.chunk = chunk; /* kept by each update's job below */
+    job->piece_elements = job->piece_items * job->job.chunk;
     /* The counts of pieces home (the copy-out stream writes it, the threads read it), and of
      * finished updates and pieces (the threads write them, streams wait on them), in pinned memory
      * (offload/host_queue.c). */
@@ -253,11 +252,10 @@ umt_status umt_offload_host_copy_in(umt_offload *o, umt_tensor *p, void *dst) {
      * lie at the same element offsets in the compute copy as in the master. */
     size_t element = umt_dtype_size(weights->dtype);
     for (int k = 0; k < job->pieces; ++k) {
-        int64_t first = k * job->piece_elements, end = first + job->piece_elements < p->numel ? first + job->piece_elements
-                                                                                           : p->numel;
+        int64_t first, n = umt_offload_piece(job, k, p->numel, &first);
         UMT_TRY(umt_offload_queue_piece_wait(o, o->copy_in, job, k));
         UMT_TRY(umt_offload_copy(o, (char *)dst + first * element, (const char *)weights->offload.home + first * element,
-                                 (size_t)(end - first) * element, true, what));
+                                 (size_t)n * element, true, what));
     }
     return UMT_OK;
 }
@@ -275,7 +273,6 @@ umt_status umt_offload_host_step_end(umt_offload *o) {
 }
 
 void umt_offload_host_destroy(umt_offload *o) {
-    umt_offload_queue_stop(o); /* done already by umt_offload_destroy: every queued job has run */
     for (int j = 0; j < o->host_job_count; ++j) {
         umt_offload_host_job *job = o->host_jobs[j];
         umt_memory_free(&o->ctx->memory, UMT_POOL_OFFLOAD, (void *)job->finished);

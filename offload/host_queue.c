@@ -79,25 +79,17 @@ static void find_value_fns(void) {
     write_value = driver_fn("cuStreamWriteValue32");
 }
 
-/* stream waits until the word at host (pinned) reaches value, counting cyclically. */
-static umt_status stream_wait_value(void *stream, _Atomic uint32_t *host, uint32_t value) {
+/* stream waits until the word at host (pinned) reaches value, counting cyclically; or, with
+ * write, writes value to it once its earlier work is done and visible. */
+static umt_status stream_value(void *stream, _Atomic uint32_t *host, uint32_t value, bool write) {
     void *device = NULL;
     UMT_CUDA_TRY(cudaHostGetDevicePointer(&device, (void *)host, 0));
-    CUresult r = wait_value((CUstream)stream, (CUdeviceptr)(uintptr_t)device, value, CU_STREAM_WAIT_VALUE_GEQ);
+    CUresult r = write ? write_value((CUstream)stream, (CUdeviceptr)(uintptr_t)device, value, CU_STREAM_WRITE_VALUE_DEFAULT)
+                       : wait_value((CUstream)stream, (CUdeviceptr)(uintptr_t)device, value, CU_STREAM_WAIT_VALUE_GEQ);
     if (r != CUDA_SUCCESS)
-        return umt_fail(UMT_ERR_DEVICE, "offload: cuStreamWaitValue32 (a stream's wait for the CPU's update) "
-                        "returned CUresult %d", (int)r);
-    return UMT_OK;
-}
-
-/* stream writes value to the word at host (pinned) once its earlier work is done and visible. */
-static umt_status stream_write_value(void *stream, _Atomic uint32_t *host, uint32_t value) {
-    void *device = NULL;
-    UMT_CUDA_TRY(cudaHostGetDevicePointer(&device, (void *)host, 0));
-    CUresult r = write_value((CUstream)stream, (CUdeviceptr)(uintptr_t)device, value, CU_STREAM_WRITE_VALUE_DEFAULT);
-    if (r != CUDA_SUCCESS)
-        return umt_fail(UMT_ERR_DEVICE, "offload: cuStreamWriteValue32 (a gradient piece's arrival for the CPU) "
-                        "returned CUresult %d", (int)r);
+        return umt_fail(UMT_ERR_DEVICE, "offload: %s returned CUresult %d", write ?
+                        "cuStreamWriteValue32 (a gradient piece's arrival for the CPU)" :
+                        "cuStreamWaitValue32 (a stream's wait for the CPU's update)", (int)r);
     return UMT_OK;
 }
 
@@ -111,8 +103,8 @@ static umt_status check_stream_values(umt_offload *o, void *stream) {
     _Atomic uint32_t *word = NULL;
     UMT_TRY(umt_memory_alloc(&o->ctx->memory, UMT_POOL_OFFLOAD, sizeof *word, (void **)&word));
     atomic_init(word, 1);
-    umt_status st = stream_write_value(stream, word, 2);
-    if (st == UMT_OK) st = stream_wait_value(stream, word, 2);
+    umt_status st = stream_value(stream, word, 2, true);
+    if (st == UMT_OK) st = stream_value(stream, word, 2, false);
     cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
     if (st == UMT_OK && e != cudaSuccess)
         st = umt_fail(UMT_ERR_DEVICE, "offload: a stream's write or wait on pinned memory failed: %s",
@@ -224,16 +216,13 @@ umt_status umt_offload_queue_start(umt_offload *o, int spare) {
 /* Jobs, and the waits for them */
 
 umt_status umt_offload_queue_piece_home(umt_offload *o, umt_offload_host_job *job) {
-    return stream_write_value(o->copy_out, job->pieces_home, ++job->pieces_sent);
+    return stream_value(o->copy_out, job->pieces_home, ++job->pieces_sent, true);
 }
 
 umt_status umt_offload_queue_job(umt_offload *o, umt_offload_host_job *job) {
     umt_offload_host_queue *q = o->host_queue;
     if (!q || !q->thread_count)
         return umt_fail(UMT_ERR_STATE, "offload: %s queued for the CPU before its threads started", label(job));
-    if (job->pieces_sent - job->pieces_queued != (uint32_t)job->pieces)
-        return umt_fail(UMT_ERR_STATE, "offload: %s queued for the CPU with %u of its %d gradient pieces sent home",
-                        label(job), (unsigned)(job->pieces_sent - job->pieces_queued), job->pieces);
     pthread_mutex_lock(&q->lock);
     bool room = q->capacity >= o->host_job_count;
     if (!room) {
@@ -244,8 +233,7 @@ umt_status umt_offload_queue_job(umt_offload *o, umt_offload_host_job *job) {
         /* No thread touches the job now: its last update finished (umt_offload_queue_host_wait). */
         job->queue = q;
         job->handed_out = job->items_done = 0;
-        job->arrival_base = job->pieces_queued; /* the count the stream wrote before this update's pieces */
-        job->pieces_queued = job->pieces_sent;
+        job->arrival_base = job->pieces_sent - (uint32_t)job->pieces; /* its pieces' writes are queued */
         job->queued++;
         q->stack[q->depth++] = job;
         pthread_cond_broadcast(&q->work); /* a thread starts looking for its pieces */
@@ -257,7 +245,7 @@ umt_status umt_offload_queue_job(umt_offload *o, umt_offload_host_job *job) {
 
 umt_status umt_offload_queue_stream_wait(umt_offload *o, void *stream, const umt_offload_host_job *job) {
     (void)o;
-    return stream_wait_value(stream, job->finished, job->queued);
+    return stream_value(stream, job->finished, job->queued, false);
 }
 
 umt_status umt_offload_queue_piece_wait(umt_offload *o, void *stream, const umt_offload_host_job *job, int k) {
@@ -265,7 +253,7 @@ umt_status umt_offload_queue_piece_wait(umt_offload *o, void *stream, const umt_
     int64_t first = k * job->piece_items, end = first + job->piece_items < job->items ? first + job->piece_items
                                                                                      : job->items;
     /* Counted cyclically: after n updates, n times the piece's items */
-    return stream_wait_value(stream, &job->piece_finished[k], job->queued * (uint32_t)(end - first));
+    return stream_value(stream, &job->piece_finished[k], job->queued * (uint32_t)(end - first), false);
 }
 
 /* The host waits in slices of a millisecond, and asks the copy-out stream between them: where it

@@ -282,10 +282,8 @@ static umt_status send_home(umt_offload *o, int s, void *dst, const void *src, s
     umt_tensor *p = slot->holder;
     UMT_TRY(umt_offload_record(slot->released, o->compute));
     UMT_TRY(umt_offload_wait(o->copy_out, slot->released));
-    int pieces = job ? job->pieces : 1;
-    int64_t piece = job ? job->piece_elements : p->numel;
-    for (int k = 0; k < pieces; ++k) {
-        int64_t first = k * piece, n = p->numel - first < piece ? p->numel - first : piece;
+    for (int k = 0; k < (job ? job->pieces : 1); ++k) {
+        int64_t first = 0, n = job ? umt_offload_piece(job, k, p->numel, &first) : p->numel;
         UMT_TRY(umt_offload_copy(o, (char *)dst + first * element, (const char *)src + first * element,
                                  (size_t)n * element, false, p->name ? p->name : "gradient"));
         if (job) UMT_TRY(umt_offload_queue_piece_home(o, job));
@@ -308,11 +306,8 @@ umt_status umt_offload_gradient_out(umt_offload *o, int s) {
 umt_status umt_offload_gradient_out_pieces(umt_offload *o, int s, umt_offload_host_job *job, bool bf16) {
     umt_offload_slot *slot = &o->slots[s];
     umt_tensor *p = slot->holder;
-    if (!bf16) {
-        UMT_TRY(send_home(o, s, p->grad->offload.home, slot->grads, sizeof(float), job));
-        p->offload.grad_zero = false;
-        return UMT_OK;
-    }
+    /* The caller marks the gradient as consumed by the update (grad_zero) */
+    if (!bf16) return send_home(o, s, p->grad->offload.home, slot->grads, sizeof(float), job);
     /* The slot's weights part holds p's old compute copy, bf16 like the rounded gradient and as
      * long: the gradient goes there, since the caller gives the weights up next (evict). The f32
      * gradient home is not rewritten: the update consumes the bf16 one. */

@@ -104,13 +104,18 @@ typedef struct {
     _Atomic uint32_t *pieces_home;    /* pinned: gradient pieces home so far, all updates, written by the
                                        * copy-out stream */
     uint32_t pieces_sent;             /* pieces whose write of pieces_home is queued so far */
-    uint32_t pieces_queued;           /* pieces_sent when the job was last queued */
     uint32_t arrival_base;            /* pieces_home's count before this update's pieces */
     _Atomic uint32_t *piece_finished; /* pinned, a word a piece: its items finished so far, all updates */
     double begin_us;     /* UMT_MEM_TRACE: when its first item began */
     atomic_int failed;
     uint16_t *grad_bf16; /* its gradient home in bf16 (offload pool), made at the first such update */
 } umt_offload_host_job;
+
+/* Piece k of a job's n elements (n: the parameter's): its first element, and (returned) how many. */
+static inline int64_t umt_offload_piece(const umt_offload_host_job *job, int k, int64_t n, int64_t *first) {
+    *first = k * job->piece_elements;
+    return n - *first < job->piece_elements ? n - *first : job->piece_elements;
+}
 
 /* Where a saved activation is (offload/activations.c). */
 typedef enum {
@@ -259,7 +264,7 @@ umt_status umt_offload_gradient_out_pieces(umt_offload *o, int s, umt_offload_ho
  * gradient final, queued for CPU threads when it is one of them (the first such parameters of
  * each backward, as many as options.host_updates or the share says: *taken); a stream's
  * wait for p's last one (before a copy reads its weights); the step's end (a failed update is
- * reported); freeing. */
+ * reported); freeing the jobs, after umt_offload_queue_stop. */
 umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt_tensor *const *tensors, int count);
 umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken);
 umt_status umt_offload_host_wait(umt_offload *o, void *stream, const umt_tensor *p);
