@@ -42,7 +42,9 @@
  * runs with the same seed print the same losses whatever lives where. The plan is printed before
  * the first step (stderr); each step prints its loss; --bench prints the step time, the bytes
  * that crossed the link per step, the link-bound floor those bytes allow at the link speed
- * measured in the same run, and the ratio floor / step time (1.0 is the link's limit).
+ * measured in the same run, and the ratio floor / step time (1.0 is the link's limit); with CPU
+ * updates in backward, their term at the CPU's rate alone too, and the host's memory that the
+ * CPU's updates and the link share.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,13 +293,48 @@ static int plan_memory(options *o, const model *m) {
 /* ----------------------------------------------------------------------------------------- */
 /* --bench: step time against the link */
 
-/* The most warm-up steps: the search for the count of CPU updates takes two a count. */
-#define WARM_UP_MOST 40
+/* The most warm-up steps: the search for the count of CPU updates takes four a count. */
+#define WARM_UP_MOST 48
+
+/* The floor's terms that this run measures, and floor / step for them: the link's bytes at its
+ * speed, the CPU's update at its rate alone (issue 24's floor is the largest of these and the step
+ * in GPU memory, which needs a run of its own: bench/offload.sh runs both); and, printed beside
+ * them, the host's memory that both go through: the step's bytes there at what it carried with
+ * the CPU's update and the link running at once. */
+static void print_floor(const umt_link_speed *link, const umt_host_memory_speed *hm, double update_rate,
+                        double host_elements, double in, double out, double step_s) {
+    /* Both directions run at once: the link's term is whichever of them, or their sum, takes longest. */
+    double link_s = in / (link->to_device_gbps * 1e9);
+    double t_out = out / (link->to_host_gbps * 1e9), t_both = (in + out) / (link->both_ways_gbps * 1e9);
+    if (t_out > link_s) link_s = t_out;
+    if (t_both > link_s) link_s = t_both;
+    printf("bench: link %.1f GB/s to device, %.1f GB/s to host, %.1f GB/s both ways (pinned, measured now)\n",
+           link->to_device_gbps, link->to_host_gbps, link->both_ways_gbps);
+    printf("bench: per step %.3f GB to device + %.3f GB to host; link-bound floor %.1f ms; floor / step = %.2f\n",
+           in / 1e9, out / 1e9, 1e3 * link_s, link_s / step_s);
+    double update_s = host_elements > 0 && update_rate > 0 ? host_elements / update_rate : 0;
+    if (update_s <= 0) return;
+    double floor_s = update_s > link_s ? update_s : link_s;
+    printf("bench: floor of the link and the CPU's update: %.1f ms (the %s); floor / step = %.2f\n", 1e3 * floor_s,
+           update_s > link_s ? "update" : "link", floor_s / step_s);
+    if (!hm || hm->cpu_beside_link <= 0) return;
+    double carried = hm->cpu_beside_link * hm->update_bytes + hm->link_beside_cpu_gbps * 1e9;
+    double bytes = host_elements * hm->update_bytes + in + out, host_s = bytes / carried;
+    printf("bench: host memory: the CPU's update %.2f G elements/s alone, %.2f beside the link (%.0f bytes an "
+           "element); the link %.1f GB/s alone, %.1f beside the CPU: %.1f GB/s with both at once\n",
+           hm->cpu_alone / 1e9, hm->cpu_beside_link / 1e9, hm->update_bytes, hm->link_alone_gbps,
+           hm->link_beside_cpu_gbps, carried / 1e9);
+    printf("bench: host memory per step %.2f GB (the CPU's update %.2f, the link %.2f) at %.1f GB/s: %.1f ms = %.2f "
+           "of the step\n", bytes / 1e9, host_elements * hm->update_bytes / 1e9, (in + out) / 1e9, carried / 1e9,
+           1e3 * host_s, host_s / step_s);
+}
 
 static int bench(const options *o, model *m) {
-    /* The link first, before the plan gives the budget to resident parameters. */
+    /* The link and the host's memory first, before the plan gives the budget to resident parameters. */
     umt_link_speed link;
+    umt_host_memory_speed hm = {0};
     if (o->offload && umt_link_measure(m->ctx, (size_t)128 << 20, &link)) return fail("link measure");
+    if (o->offload && umt_offload_host_memory_measure(m->ctx, &hm)) return fail("host memory measure");
     /* Warm-up: the first step records the order of uses, auto mode times both updates, and with
      * updates in backward auto's count of CPU updates is searched over the next steps. */
     umt_offload_stats before, after;
@@ -336,15 +373,7 @@ static int bench(const options *o, model *m) {
                "they did\n", after.host_threads, 1e3 * busy_s / after.host_threads, 1e3 * step_s,
                100 * busy_s / after.host_threads / step_s, host_elements / busy_s * after.host_threads / 1e9);
     if (in + out == 0) return 0;
-    /* Both directions run at once: the floor is whichever of them, or their sum, takes longest. */
-    double floor_s = in / (link.to_device_gbps * 1e9);
-    double t_out = out / (link.to_host_gbps * 1e9), t_both = (in + out) / (link.both_ways_gbps * 1e9);
-    if (t_out > floor_s) floor_s = t_out;
-    if (t_both > floor_s) floor_s = t_both;
-    printf("bench: link %.1f GB/s to device, %.1f GB/s to host, %.1f GB/s both ways (pinned, measured now)\n",
-           link.to_device_gbps, link.to_host_gbps, link.both_ways_gbps);
-    printf("bench: per step %.3f GB to device + %.3f GB to host; link-bound floor %.1f ms; floor / step = %.2f\n",
-           in / 1e9, out / 1e9, 1e3 * floor_s, floor_s / step_s);
+    print_floor(&link, &hm, after.host_update_rate, host_elements, in, out, step_s);
     if (o->offload_activations)
         printf("bench: of which saved activations %.3f GB to device + %.3f GB to host per step\n",
                (double)(after.activation_bytes_to_device - before.activation_bytes_to_device) / o->bench / 1e9,

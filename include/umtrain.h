@@ -456,6 +456,23 @@ typedef struct {
 
 umt_status umt_link_measure(umt_context *ctx, size_t bytes, umt_link_speed *out);
 
+/* The host's memory, which the offload tier's CPU updates and the link share: the CPU threads'
+ * rate of the tier's update (Adam with the context's compute copy, on pinned arrays of about a
+ * layer's size; elements/s, median of a few rounds) alone and while the link copies both ways at
+ * once, and the link's both-ways GB/s alone and meanwhile; update_bytes, the host-memory bytes an
+ * element of that update reads and writes. With both at once the host's memory carries
+ * cpu_beside_link * update_bytes + link_beside_cpu_gbps * 1e9 bytes a second. CUDA, on a context
+ * with the offload tier; its scratch (about 1.2 GB pinned, 256 MiB of the stream pool) is freed
+ * before it returns. Call it before the first step, while the budget has room for the link's
+ * buffers, or where the tier's memory is not in use. */
+typedef struct {
+    double cpu_alone, cpu_beside_link;
+    double link_alone_gbps, link_beside_cpu_gbps;
+    double update_bytes;
+} umt_host_memory_speed;
+
+umt_status umt_offload_host_memory_measure(umt_context *ctx, umt_host_memory_speed *out);
+
 /* ----------------------------------------------------------------------------------------- */
 /* Tensors: contiguous, row-major, up to UMT_MAX_DIMS dimensions. */
 

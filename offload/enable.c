@@ -188,6 +188,15 @@ umt_status umt_offload_stats_get(const umt_context *ctx, umt_offload_stats *out)
     return UMT_OK;
 }
 
+umt_status umt_offload_host_memory_measure(umt_context *ctx, umt_host_memory_speed *out) {
+    if (!ctx || !out) return umt_fail_null("umt_offload_host_memory_measure", ctx ? "out" : "ctx");
+    umt_offload *tier = umt_hooks_self(ctx, &offload_hooks);
+    if (!tier)
+        return umt_fail(UMT_ERR_STATE, "umt_offload_host_memory_measure: the context has no offload tier (call "
+                        "umt_offload_enable first)");
+    return umt_offload_host_memory(tier, out);
+}
+
 #else /* no CUDA: there is no tier to enable, and nothing is ever offloaded */
 
 umt_status umt_offload_enable(umt_context *ctx, const umt_offload_options *options) {
@@ -208,6 +217,12 @@ umt_status umt_offload_stats_get(const umt_context *ctx, umt_offload_stats *out)
     if (!ctx || !out) return umt_fail(UMT_ERR_INVALID_ARGUMENT, "umt_offload_stats_get: %s is NULL", ctx ? "out" : "ctx");
     *out = (umt_offload_stats){0};
     return UMT_OK;
+}
+
+umt_status umt_offload_host_memory_measure(umt_context *ctx, umt_host_memory_speed *out) {
+    if (!ctx || !out) return umt_fail_null("umt_offload_host_memory_measure", ctx ? "out" : "ctx");
+    return umt_fail(UMT_ERR_UNSUPPORTED, "umt_offload_host_memory_measure: this build has no CUDA (no link to share "
+                    "the host's memory with)");
 }
 
 #endif

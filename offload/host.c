@@ -32,45 +32,6 @@
 
 #include "core/base/cuda_check.h"
 
-/* A core is left to the thread that queues the GPU's work, which runs meanwhile. */
-#define SPARE_CORES 1
-
-/* The optimizer's rule with the options and step of the enqueue (the job's own copy). */
-static umt_status host_rule(const void *user, const umt_backend *be, float *param, const float *grad, float *s0,
-                            float *s1, const umt_update_fusion *fusion, int64_t n) {
-    const umt_offload_host_rule *rule = user;
-    return umt_optimizer_update_with(&rule->options, rule->step, be, param, grad, s0, s1, n, fusion);
-}
-
-/* Elements per second that the CPU threads update with Adam (the optimizer is attached only in
- * backward; Adam is the common rule, and a costlier one than SGD's), on scratch arrays of a
- * million elements per thread (the threads' work item), writing a compute copy of dtype `copy`
- * too under bf16/fp16 (a pass of its own over the masters, as the tier's jobs do): best of three,
- * the first touching the pages. */
-static umt_status cpu_rate(umt_dtype copy, bool grad_bf16, double *rate) {
-    long threads = sysconf(_SC_NPROCESSORS_ONLN) - SPARE_CORES;
-    int64_t n = (int64_t)(threads < 1 ? 1 : threads) << 20;
-    bool lowp = copy == UMT_BF16 || copy == UMT_F16;
-    float *a = calloc((size_t)n * (lowp ? 5 : 4), sizeof *a); /* a fifth array holds two copies' bytes */
-    if (!a) return umt_fail(UMT_ERR_OUT_OF_MEMORY, "offload: no memory to time the CPU's update (%lld elements)",
-                            (long long)n);
-    umt_offload_host_rule rule = {umt_optimizer_defaults(UMT_OPT_ADAM), 1};
-    umt_update_fusion fusion = {.lowp = lowp ? a + 4 * n : NULL, .lowp_dtype = lowp ? copy : UMT_F32};
-    if (lowp && grad_bf16) fusion.grad_bf16 = (uint16_t *)(a + 4 * n) + n; /* the fifth array's second half */
-    float *grad = fusion.grad_bf16 ? NULL : a + n;
-    umt_offload_cpu_job job = {host_rule, &rule, a, grad, a + 2 * n, a + 3 * n, n, fusion, UMT_OFFLOAD_CPU_CHUNK};
-    *rate = 0;
-    for (int r = 0; r < 3; ++r) {
-        double start = umt_offload_seconds();
-        bool ok = umt_offload_cpu_threads(&job, 1, SPARE_CORES);
-        double seconds = umt_offload_seconds() - start;
-        if (!ok) return free(a), umt_fail(UMT_ERR_STATE, "offload: timing the CPU's update: %s", umt_last_error());
-        if (seconds > 0 && (double)n / seconds > *rate) *rate = (double)n / seconds;
-    }
-    free(a);
-    return UMT_OK;
-}
-
 /* The CPU's share (umt_plan_host_share) from the rates measured now. */
 umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt_tensor *const *tensors, int count) {
     int wanted = o->options.host_updates;
@@ -86,7 +47,8 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt
     double rate = 0;
     umt_link_speed link;
     umt_dtype compute = umt_compute_dtype(o->ctx);
-    umt_status st = cpu_rate(compute, compute == UMT_BF16 && o->options.bf16_gradients_home, &rate);
+    bool grad_bf16 = compute == UMT_BF16 && o->options.bf16_gradients_home;
+    umt_status st = umt_offload_cpu_rate(compute, grad_bf16, streamed, &rate);
     if (st == UMT_OK) st = umt_link_measure(o->ctx, (size_t)16 << 20, &link);
     if (st != UMT_OK) {
         fprintf(stderr, "offload: updates in backward stay on the GPU: %s\n", umt_last_error());
@@ -104,10 +66,17 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt
     return UMT_OK;
 }
 
+/* Steps at each count of the search: the first ones not timed, then the timed ones. */
+#define SEARCH_UNTIMED_STEPS 2
+#define SEARCH_TIMED_STEPS 2
+
 /* UMT_OFFLOAD_HOST_AUTO: one step of the count's search (umt_plan_host_search_step), at the step's
  * end, before the step's counts are reset. The first step's count (the share's) starts it. A
- * count is timed on its second step: the first still waits for the last count's CPU updates. A
- * step runs from the last step's end to this one, the compute stream drained at both. */
+ * count is timed by the mean of its steps after the SEARCH_UNTIMED_STEPS first: after a change of
+ * count the CPU's backlog of updates takes steps to settle, and its steps alternate long and
+ * short meanwhile (measured: 188 then 66 ms at one count, whose steps then ran 122-133 ms;
+ * docs/PERF.md). A step runs from the last step's end to this one, the compute stream drained at
+ * both. */
 static umt_status search(umt_offload *o) {
     umt_host_count_search *s = &o->host_search;
     if (o->stats.host_updates != -1) return UMT_OK; /* a fixed count, or the search settled */
@@ -117,12 +86,17 @@ static umt_status search(umt_offload *o) {
     if (!o->host_searching) {
         o->host_searching = true;
         *s = umt_plan_host_search_start(o->host_updates_this_step, o->host_streamed);
-    } else if (++o->host_steps_at_count == 2) {
-        size_t used = strlen(o->host_search_log);
-        snprintf(o->host_search_log + used, sizeof o->host_search_log - used, "%s%d: %.1f ms", used ? ", " : "",
-                 s->count, ms);
-        umt_plan_host_search_step(s, ms);
-        o->host_steps_at_count = 0;
+    } else if (++o->host_steps_at_count > SEARCH_UNTIMED_STEPS) {
+        o->host_count_ms += ms;
+        if (o->host_steps_at_count == SEARCH_UNTIMED_STEPS + SEARCH_TIMED_STEPS) {
+            double mean = o->host_count_ms / SEARCH_TIMED_STEPS;
+            size_t used = strlen(o->host_search_log);
+            snprintf(o->host_search_log + used, sizeof o->host_search_log - used, "%s%d: %.1f ms", used ? ", " : "",
+                     s->count, mean);
+            umt_plan_host_search_step(s, mean);
+            o->host_steps_at_count = 0;
+            o->host_count_ms = 0;
+        }
     }
     if (s->direction) return UMT_OK;
     o->stats.host_updates = s->count;
@@ -196,7 +170,7 @@ static umt_status job_of(umt_offload *o, umt_tensor *p, umt_offload_host_job **o
  * or wait on pinned memory in this driver), the streamed parameters are updated through the ring
  * from now on, said once: the run goes on. */
 static bool queue_started(umt_offload *o) {
-    if (umt_offload_queue_start(o, SPARE_CORES) == UMT_OK) return true;
+    if (umt_offload_queue_start(o, UMT_OFFLOAD_SPARE_CORES) == UMT_OK) return true;
     fprintf(stderr, "offload: updates in backward stay on the GPU: %s\n", umt_last_error());
     o->options.host_updates = 0;
     o->host_searching = false;
@@ -224,8 +198,8 @@ umt_status umt_offload_update_on_host(umt_offload *o, int s, bool *taken) {
     UMT_TRY(umt_offload_evict(o, s)); /* its weights there are the old ones now */
     umt_update_fusion fusion = umt_offload_fusion(p, p->lowp ? p->lowp->offload.home : NULL, 0, NULL);
     fusion.grad_bf16 = half ? job->grad_bf16 : NULL;
-    job->job = (umt_offload_cpu_job){host_rule, &job->rule, p->offload.home, half ? NULL : p->grad->offload.home,
-                                     state[0] ? state[0]->offload.home : NULL,
+    job->job = (umt_offload_cpu_job){umt_offload_host_rule_run, &job->rule, p->offload.home,
+                                     half ? NULL : p->grad->offload.home, state[0] ? state[0]->offload.home : NULL,
                                      state[1] ? state[1]->offload.home : NULL, p->numel, fusion, job->job.chunk};
     umt_optimizer_snapshot(o->attached, &job->rule.options, &job->rule.step);
     UMT_TRY(umt_offload_queue_job(o, job)); /* runs a piece at a time, once the piece is home */

@@ -1,6 +1,7 @@
 /*
  * offload/link.c — measuring the host <-> device link with pinned memory, so that a benchmark can
- * say how close a run that streams over it comes to what the link allows (docs/PERF.md).
+ * say how close a run that streams over it comes to what the link allows (docs/PERF.md); and the
+ * link kept busy both ways while the CPU's update is timed beside it (offload/host_rate.c).
  */
 #include <stdlib.h>
 
@@ -9,6 +10,7 @@
 
 #ifdef UMT_WITH_CUDA
 #include "core/base/cuda_check.h"
+#include "offload/state.h"
 
 #define ROUNDS 5
 
@@ -85,6 +87,23 @@ umt_status umt_link_measure(umt_context *ctx, size_t bytes, umt_link_speed *out)
     if (st == UMT_OK) st = best_gbps(&b, bytes, false, true, &out->to_host_gbps);
     if (st == UMT_OK) st = best_gbps(&b, bytes, true, true, &out->both_ways_gbps);
     release(ctx, &b);
+    return st;
+}
+
+umt_status umt_link_copy_until(umt_context *ctx, size_t bytes, atomic_int *started, const atomic_int *stop,
+                               double *gbps) {
+    link_buffers b = {0};
+    umt_status st = acquire(ctx, &b, bytes);
+    if (st == UMT_OK) atomic_store(started, 1);
+    double moved = 0, seconds = 0;
+    while (st == UMT_OK && !atomic_load(stop)) {
+        double s = 0;
+        st = round_seconds(&b, bytes, true, true, &s);
+        moved += 2.0 * (double)bytes;
+        seconds += s;
+    }
+    release(ctx, &b);
+    *gbps = seconds > 0 ? moved / seconds / 1e9 : 0;
     return st;
 }
 

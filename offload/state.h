@@ -57,8 +57,10 @@ typedef struct {
     size_t done;           /* bytes queued so far */
 } umt_offload_deferred;
 
-/* Elements of one CPU work item: large enough to amortise the atomic, small enough to balance. */
-#define UMT_OFFLOAD_CPU_CHUNK ((int64_t)1 << 20)
+/* Elements of one CPU work item: large enough to amortise the queue's lock, small enough to
+ * balance. A quarter of a million ran 4% faster than a million, alone and beside the link
+ * (measured on the H100's host, docs/PERF.md). */
+#define UMT_OFFLOAD_CPU_CHUNK ((int64_t)1 << 18)
 
 /* One array update for CPU threads: fn on [0, n) of each array, in pinned memory, in work items of
  * chunk elements (a whole number of the compute copy's rows: umt_offload_cpu_chunk); fusion's
@@ -186,6 +188,7 @@ struct umt_offload {
     umt_host_count_search host_search;
     int host_streamed;             /* streamed parameters: the most the CPU can take */
     int host_steps_at_count;       /* steps since the count was set */
+    double host_count_ms;          /* the count's timed steps so far, summed */
     double host_last_end_s;        /* the last step's end, the compute stream drained */
     char host_search_log[256];     /* the counts timed, printed when the search settles */
     const umt_optimizer *attached; /* UMT_OFFLOAD_OPTIM_BACKWARD: the optimizer that updates in backward */
@@ -242,6 +245,20 @@ umt_status umt_offload_update_resident(umt_offload *o, umt_tensor *p);
 umt_status umt_offload_deferred_piece(umt_offload *o, size_t bytes);
 umt_status umt_offload_make_ring(umt_offload *o);
 double umt_offload_seconds(void);
+/* A core is left to the thread that queues the GPU's work, which runs beside the CPU's updates. */
+#define UMT_OFFLOAD_SPARE_CORES 1
+/* The optimizer's rule with the options and step of a job's umt_offload_host_rule (its `user`). */
+umt_status umt_offload_host_rule_run(const void *user, const umt_backend *be, float *param, const float *grad,
+                                     float *s0, float *s1, const umt_update_fusion *fusion, int64_t n);
+/* offload/host_rate.c: the CPU threads' rate (elements/s) of the tier's update, timed alone on
+ * pinned scratch arrays as long as `streamed` elements (bounded both ways); and the rates of the
+ * CPU's update and the link alone and both at once (umt_offload_host_memory_measure). */
+umt_status umt_offload_cpu_rate(umt_dtype copy, bool grad_bf16, int64_t streamed, double *rate);
+umt_status umt_offload_host_memory(umt_offload *o, umt_host_memory_speed *out);
+/* offload/link.c: the link copying `bytes` both ways, again and again, until *stop (*started once
+ * its buffers are made); the GB/s it moved. */
+umt_status umt_link_copy_until(umt_context *ctx, size_t bytes, atomic_int *started, const atomic_int *stop,
+                               double *gbps);
 /* CPU threads (one per core, less spare) run the jobs; false when one failed. No CUDA calls:
  * any thread may run it. A job's work items, and one of them run by the caller (false: failed);
  * the number of threads for all cores but spare. */

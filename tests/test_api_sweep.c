@@ -153,6 +153,7 @@ typedef struct {
     umt_memory_plan plan;
     umt_offload_stats offload_stats;
     umt_link_speed link;
+    umt_host_memory_speed host_memory;
     umt_loader_stats loader_stats;
     umt_checkpoint_info info;
     umt_checkpoint_load_options load_options;
@@ -216,6 +217,7 @@ CALL(umt_offload_enable) { STATUS(umt_offload_enable(CTX(0), ARG(1, &s->offload_
 CALL(umt_offload_adopt_plan) { STATUS(umt_offload_adopt_plan(CTX(0), ARG(1, &s->plan))); }
 CALL(umt_offload_stats_get) { STATUS(umt_offload_stats_get(CTX(0), ARG(1, &s->offload_stats))); }
 CALL(umt_link_measure) { STATUS(umt_link_measure(CTX(0), 1024, ARG(1, &s->link))); }
+CALL(umt_offload_host_memory_measure) { STATUS(umt_offload_host_memory_measure(CTX(0), ARG(1, &s->host_memory))); }
 CALL(umt_tensor_new) { POINTER(umt_tensor_new(CTX(0), UMT_POOL_WEIGHTS, UMT_F32, 2, ARG(1, shape23))); }
 CALL(umt_tensor_new_1d) { POINTER(umt_tensor_new_1d(CTX(0), UMT_POOL_WEIGHTS, UMT_F32, 3)); }
 CALL(umt_tensor_new_2d) { POINTER(umt_tensor_new_2d(CTX(0), UMT_POOL_WEIGHTS, UMT_F32, 2, 3)); }
@@ -468,6 +470,7 @@ static const row table[] = {
     ROW(umt_offload_adopt_plan, N("ctx"), N("plan")),
     ROW(umt_offload_stats_get, N("ctx"), N("out")),
     ROW(umt_link_measure, N("ctx"), N("out")),
+    ROW(umt_offload_host_memory_measure, N("ctx"), N("out")),
     ROW(umt_tensor_new, N("ctx"), N("shape")),
     ROW(umt_tensor_new_1d, N("ctx")),
     ROW(umt_tensor_new_2d, N("ctx")),

@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -526,6 +527,41 @@ static void test_fused_update_with_a_lowp_copy_equals_the_plain_update_then_a_co
     assert_float_equal(p, 1.0, 0.0);
 }
 
+/* A long Adam update (the offload tier's work items) streams its bf16 copy past the caches
+ * (kernels/cpu/optim.c): the copy holds the same bits as the new masters converted, over blocks
+ * and a tail, from a destination that starts off the 16-byte grid, with values that round up into
+ * the exponent, ties, infinities and NaNs; the elements beside the copy are untouched. */
+static void test_long_update_streams_its_bf16_copy_with_the_converted_bits(void **state) {
+    (void)state;
+    enum { N = (1 << 16) + 4099, GUARD = 3 };
+    float *param = malloc(N * sizeof *param), *plain = malloc(N * sizeof *plain), *m = calloc(N, sizeof *m);
+    float *v = calloc(N, sizeof *v), *grad = malloc(N * sizeof *grad);
+    uint16_t *copy = malloc((N + 2 * GUARD) * sizeof *copy), *want = malloc(N * sizeof *want);
+    assert_true(param && plain && m && v && grad && copy && want);
+    uint32_t seed = 777u;
+    const float special[] = {0x1.fffffep127f, 1.00390625f, 1.01171875f, -0.0f, INFINITY, -INFINITY, NAN, 0x1.ff8p0f};
+    for (int i = 0; i < N; ++i) {
+        param[i] = i < 8 ? special[i] : draw(&seed, -3.0f, 3.0f);
+        grad[i] = i < 8 ? 0.0f : draw(&seed, -1.0f, 1.0f);
+    }
+    for (int i = 0; i < N + 2 * GUARD; ++i) copy[i] = 0xabcdu;
+    memcpy(plain, param, N * sizeof *plain);
+    umt_update_fusion fusion = {.lowp = copy + GUARD, .lowp_dtype = UMT_BF16}; /* 6 bytes off the grid */
+    umt_status st = umt_cpu_adam_update_fused(param, grad, m, v, N, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, false, 1, fusion);
+    assert_int_equal(st, UMT_OK);
+    float *m2 = calloc(N, sizeof *m2), *v2 = calloc(N, sizeof *v2);
+    assert_true(m2 && v2);
+    assert_int_equal(umt_cpu_adam_update(plain, grad, m2, v2, N, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, false, 1), UMT_OK);
+    assert_memory_equal(param, plain, N * sizeof *plain);
+    assert_int_equal(umt_cpu_convert(plain, UMT_F32, want, UMT_BF16, N), UMT_OK);
+    assert_memory_equal(copy + GUARD, want, N * sizeof *want);
+    for (int i = 0; i < GUARD; ++i) {
+        assert_int_equal(copy[i], 0xabcdu);
+        assert_int_equal(copy[GUARD + N + i], 0xabcdu);
+    }
+    free(param), free(plain), free(m), free(v), free(m2), free(v2), free(grad), free(copy), free(want);
+}
+
 /* The offload tier's CPU threads under bf16 read gradients that came home in bf16
  * (umt_update_fusion.grad_bf16): the same bits as the same rounded gradients handed over in f32,
  * in the plain loop and in the fused one, for every kind; neither gradient given is refused. */
@@ -997,6 +1033,7 @@ int main(void) {
         cmocka_unit_test(test_optimizer_state_lives_in_the_optim_pool_sized_by_kind),
         cmocka_unit_test(test_context_destroy_frees_an_optimizer_left_alive),
         cmocka_unit_test(test_fused_update_with_a_lowp_copy_equals_the_plain_update_then_a_convert),
+        cmocka_unit_test(test_long_update_streams_its_bf16_copy_with_the_converted_bits),
         cmocka_unit_test(test_update_reading_bf16_gradients_equals_the_same_gradients_in_f32),
         cmocka_unit_test(test_optimizer_step_rewrites_the_parameters_bf16_copy),
         cmocka_unit_test(test_clipping_scales_every_gradient_by_max_norm_over_the_global_norm),

@@ -9,7 +9,11 @@
  * the plain update, which is all the plain slots do. Step scalars are host memory here.
  */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h> /* non-temporal stores: no C construct says "past the caches" */
+#endif
 
 #include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -61,6 +65,38 @@ static void store_lowp_range(umt_update_fusion fusion, const float *param, int64
             int64_t at = umt_lowp_index(i, fusion.lowp_channels, fusion.lowp_pixels);
             lowp[at] = fusion.lowp_dtype == UMT_BF16 ? umt_f32_to_bf16(param[i]) : umt_f32_to_f16(param[i]);
         }
+}
+
+/* Elements of an update from which its bf16 compute copy is streamed past the caches: a copy this
+ * long is not read again by the CPU (the offload tier's threads write it for the GPU's next copy
+ * in), so an ordinary store's read of the line first is wasted memory traffic (the tier's
+ * threads share the host's memory with the link; docs/PERF.md measures the gain). Shorter
+ * updates keep ordinary stores, whose lines the next reader may still find in the cache. */
+#define STREAM_AT_LEAST ((int64_t)1 << 16)
+
+/* As store_lowp_range's plain bf16 loop, for a block of at most ADAM_BLOCK elements: the values
+ * rounded into a buffer in the level-1 cache (the same loop, vectorized), then written out with
+ * non-temporal stores where the destination is 16-byte aligned. The same bits as the loop. */
+static void stream_bf16_block(uint16_t *lowp, const float *param, int64_t first, int64_t end) {
+#if defined(__SSE2__)
+    _Alignas(16) uint16_t staged[ADAM_BLOCK];
+    int64_t n = end - first, i = 0;
+    for (int64_t k = 0; k < n; ++k) staged[k] = umt_f32_to_bf16(param[first + k]);
+    uint16_t *out = lowp + first;
+    for (; i < n && ((uintptr_t)(out + i) & 15); ++i) out[i] = staged[i];
+    for (; i + 8 <= n; i += 8) _mm_stream_si128((__m128i *)(out + i), _mm_loadu_si128((const __m128i *)(staged + i)));
+    for (; i < n; ++i) out[i] = staged[i];
+#else
+    for (int64_t i = first; i < end; ++i) lowp[i] = umt_f32_to_bf16(param[i]);
+#endif
+}
+
+/* Non-temporal stores are ordered with nothing after them: they are made visible before the
+ * caller learns the update is done (the tier's threads then publish it with an atomic store). */
+static void stream_fence(void) {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
 }
 
 /* The new master, rounded to nearest even into the low-precision copy, when there is one. */
@@ -161,14 +197,17 @@ static umt_status adam_update(float *param, const float *grad, float *m, float *
      * update left them in rather than from memory. */
     if (!s) {
         const uint16_t *g16 = fusion.grad_bf16;
+        bool stream = fusion.lowp && fusion.lowp_channels == 0 && fusion.lowp_dtype == UMT_BF16 && n >= STREAM_AT_LEAST;
         for (int64_t first = 0; first < n; first += ADAM_BLOCK) {
             int64_t end = n - first < ADAM_BLOCK ? n : first + ADAM_BLOCK;
             if (g16)
                 for (int64_t i = first; i < end; ++i) adam_element(param, umt_bf16_to_f32(g16[i]), m, v, i, &k);
             else
                 for (int64_t i = first; i < end; ++i) adam_element(param, grad[i], m, v, i, &k);
-            if (fusion.lowp) store_lowp_range(fusion, param, first, end);
+            if (stream) stream_bf16_block(fusion.lowp, param, first, end);
+            else if (fusion.lowp) store_lowp_range(fusion, param, first, end);
         }
+        if (stream) stream_fence();
         return UMT_OK;
     }
     for (int64_t i = 0; i < n; ++i) {

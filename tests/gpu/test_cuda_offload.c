@@ -232,8 +232,31 @@ static void test_updates_in_backward_share_the_cpu_by_measured_rates(void **stat
     print_message("%.1f MB to the host in %d steps; through the ring alone at least %.1f MB; CPU updates %d a step "
                   "(-1: still searched)\n", st.bytes_to_host / 1e6, STEPS, ring_only / 1e6, st.host_updates);
     assert_true(st.bytes_to_host < ring_only);
-    /* The search for the count (two steps a count) stays within the streamed parameters. */
+    /* The search for the count (four steps a count) stays within the streamed parameters. */
     assert_true(st.host_updates >= -1 && st.host_updates <= DEPTH);
+}
+
+/* umt_offload_host_memory_measure: the CPU's update and the link, alone and both at once, each
+ * rate measured (a rate of 0 would mean a side did not run), and the bytes an element of the
+ * update reads and writes in f32 (master, two states and the gradient: 28); refused without the
+ * tier, naming what to call. */
+static void test_host_memory_measure_times_the_cpu_and_the_link_alone_and_at_once(void **state) {
+    (void)state;
+    model m = {0};
+    build(&m, "1G", UMT_OFFLOAD_OPTIM_BACKWARD); /* room for the link's buffers (256 MiB) */
+    umt_host_memory_speed hm;
+    assert_int_equal(umt_offload_host_memory_measure(m.ctx, &hm), UMT_OK);
+    print_message("CPU update %.2f G/s alone, %.2f beside the link; link %.1f GB/s alone, %.1f beside the CPU\n",
+                  hm.cpu_alone / 1e9, hm.cpu_beside_link / 1e9, hm.link_alone_gbps, hm.link_beside_cpu_gbps);
+    assert_true(hm.cpu_alone > 0 && hm.cpu_beside_link > 0);
+    assert_true(hm.link_alone_gbps > 0 && hm.link_beside_cpu_gbps > 0);
+    assert_float_equal(hm.update_bytes, 28.0, 0.0);
+    destroy(&m);
+    model plain = {0};
+    build(&plain, NULL, UMT_OFFLOAD_OPTIM_BACKWARD);
+    assert_int_equal(umt_offload_host_memory_measure(plain.ctx, &hm), UMT_ERR_STATE);
+    assert_non_null(strstr(umt_last_error(), "umt_offload_enable"));
+    destroy(&plain);
 }
 
 static void test_updates_in_backward_on_the_cpu_beside_the_ring(void **state) {
@@ -513,6 +536,8 @@ int main(void) {
         cmocka_unit_test_teardown(test_updates_in_backward_give_way_where_the_ring_does_not_fit, destroy_leftover),
         cmocka_unit_test_teardown(test_offloaded_run_matches_in_memory_losses_with_updates_in_backward, destroy_leftover),
         cmocka_unit_test_teardown(test_updates_in_backward_on_the_cpu_beside_the_ring, destroy_leftover),
+        cmocka_unit_test_teardown(test_host_memory_measure_times_the_cpu_and_the_link_alone_and_at_once,
+                                  destroy_leftover),
         cmocka_unit_test_teardown(test_updates_in_backward_share_the_cpu_by_measured_rates, destroy_leftover),
         cmocka_unit_test_teardown(test_a_middle_budget_offloads_optimizer_state_only, destroy_leftover),
         cmocka_unit_test_teardown(test_resident_parameters_update_their_offloaded_state_in_backward, destroy_leftover),
