@@ -89,6 +89,11 @@ lowp_section() {
         row "  floor terms" "in-memory step ${memory_ms:-?} ms, link bytes ${link_ms:-?} ms, update ${update_ms:-?} ms"
         row "  floor / step" "$(awk -v s="${step_ms:-0}" -v m="${memory_ms:-0}" -v l="${link_ms:-0}" -v u="${update_ms:-0}" \
             'BEGIN {f = m; if (l > f) f = l; if (u > f) f = u; printf "%.2f (floor %.1f ms)", (s > 0 ? f / s : 0), f}')"
+        # The host's memory, which the CPU's update and the link share: the least time their rates
+        # alone and at once leave for the step's work (big_mlp's bench, umt_offload_host_memory_measure).
+        local least
+        least=$(sed -n 's/^bench: .*take at least \([0-9.]*\) ms = \([0-9.]*\) of the step.*is \([0-9.]*\) of that$/\1 ms = \2 of the step; the link-and-update floor is \3 of it/p' "$off")
+        [[ -n $least ]] && row "  least time, host memory shared" "$least"
     done
 }
 if [[ ${1:-} == lowp ]]; then
