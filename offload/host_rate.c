@@ -39,10 +39,11 @@ umt_status umt_offload_host_rule_run(const void *user, const umt_backend *be, fl
 
 /* A job on scratch arrays: Adam (the common rule, and a costlier one than SGD's) with a compute
  * copy of dtype `copy` under bf16/fp16 and the gradient in bf16 or f32, as the tier's jobs run.
- * The arrays are where the tier's are, in pinned memory (malloc'd memory ran up to 12% faster),
- * and as long as the streamed parameters, up to 16 work items a thread (with 15 threads, about one
- * of big_mlp's layers): small arrays would be timed in the caches. Scratch from the placement
- * itself: a pool would keep it in its peak, which the memory plan predicts. */
+ * The arrays are where the tier's are, in pinned memory (malloc'd memory ran 3-27% faster in the
+ * measurements of docs/PERF.md), and as long as the streamed parameters, up to 16 work items a
+ * thread (with 15 threads, about one of big_mlp's layers): small arrays would be timed in the
+ * caches. Scratch from the placement itself: a pool would keep it in its peak, which the memory
+ * plan predicts. */
 typedef struct {
     umt_offload_cpu_job job;
     umt_offload_host_rule rule;
