@@ -296,23 +296,6 @@ static int plan_memory(options *o, const model *m) {
 /* The most warm-up steps: the search for the count of CPU updates takes four a count. */
 #define WARM_UP_MOST 48
 
-/* The least time for `elements` of the CPU's update and `bytes` over the link when the step can
- * only switch between three measured ways of running: the CPU alone, the link alone, both at once
- * (each slower then). x seconds of both at once leave the rest to each side alone:
- *   T(x) = x + max(0, (E - cpu_both x) / cpu_alone) + max(0, (B - link_both x) / link_alone),
- * convex and piecewise linear in x, so its least value is at 0 or where a side's work runs out. */
-static double least_shared_seconds(const umt_host_memory_speed *hm, double elements, double bytes) {
-    double cpu_alone = hm->cpu_alone, cpu_both = hm->cpu_beside_link;
-    double link_alone = hm->link_alone_gbps * 1e9, link_both = hm->link_beside_cpu_gbps * 1e9;
-    double corners[3] = {0, elements / cpu_both, bytes / link_both}, least = 0;
-    for (int i = 0; i < 3; ++i) {
-        double x = corners[i], cpu_left = elements - cpu_both * x, link_left = bytes - link_both * x;
-        double t = x + (cpu_left > 0 ? cpu_left / cpu_alone : 0) + (link_left > 0 ? link_left / link_alone : 0);
-        if (i == 0 || t < least) least = t;
-    }
-    return least;
-}
-
 /* The floor's terms that this run measures, and floor / step for them: the link's bytes at its
  * speed, the CPU's update at its rate alone (issue 24's floor is the largest of these and the step
  * in GPU memory, which needs a run of its own: bench/offload.sh runs both); and, printed beside
@@ -345,7 +328,11 @@ static void print_floor(const umt_link_speed *link, const umt_host_memory_speed 
     printf("bench: host memory per step %.2f GB (the CPU's update %.2f, the link %.2f) at %.1f GB/s: %.1f ms = %.2f "
            "of the step\n", bytes / 1e9, host_elements * hm->update_bytes / 1e9, (in + out) / 1e9, carried / 1e9,
            1e3 * host_s, host_s / step_s);
-    double shared_s = least_shared_seconds(hm, host_elements, in + out);
+    double shared_s = 0;
+    if (umt_host_memory_least_seconds(hm, host_elements, in + out, &shared_s) != UMT_OK) {
+        fail("the least time of the host's memory");
+        return;
+    }
     printf("bench: the step's CPU update and link bytes, each side alone or both at once at those rates, take at "
            "least %.1f ms = %.2f of the step; the floor of the link and the update is %.2f of that\n", 1e3 * shared_s,
            shared_s / step_s, floor_s / shared_s);

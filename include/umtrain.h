@@ -473,6 +473,17 @@ typedef struct {
 
 umt_status umt_offload_host_memory_measure(umt_context *ctx, umt_host_memory_speed *out);
 
+/* The least time for `elements` of the CPU's update and `bytes` over the link (both ways counted)
+ * at the rates of `speed`, when at any moment each side runs alone or both run at once (each
+ * slower then): x seconds of both at once leave the rest of each side's work to run alone,
+ *   T(x) = x + max(0, (E - cpu_beside_link x) / cpu_alone) + max(0, (B - link_beside x) / link_alone),
+ * which is convex and piecewise linear, so its least value is at x = 0 or where a side's work
+ * runs out. A bound, under those three ways of running, for an offloaded step's CPU updates and
+ * copies (big_mlp --bench prints it). Pure arithmetic, in any build; refuses rates that are not
+ * positive and negative work, naming the value. */
+umt_status umt_host_memory_least_seconds(const umt_host_memory_speed *speed, double elements, double bytes,
+                                         double *seconds);
+
 /* ----------------------------------------------------------------------------------------- */
 /* Tensors: contiguous, row-major, up to UMT_MAX_DIMS dimensions. */
 

@@ -218,6 +218,11 @@ CALL(umt_offload_adopt_plan) { STATUS(umt_offload_adopt_plan(CTX(0), ARG(1, &s->
 CALL(umt_offload_stats_get) { STATUS(umt_offload_stats_get(CTX(0), ARG(1, &s->offload_stats))); }
 CALL(umt_link_measure) { STATUS(umt_link_measure(CTX(0), 1024, ARG(1, &s->link))); }
 CALL(umt_offload_host_memory_measure) { STATUS(umt_offload_host_memory_measure(CTX(0), ARG(1, &s->host_memory))); }
+CALL(umt_host_memory_least_seconds) {
+    static const umt_host_memory_speed speed = {1e9, 1e9, 10, 10, 30};
+    static double seconds;
+    STATUS(umt_host_memory_least_seconds(ARG(0, &speed), 1e6, 1e6, ARG(1, &seconds)));
+}
 CALL(umt_tensor_new) { POINTER(umt_tensor_new(CTX(0), UMT_POOL_WEIGHTS, UMT_F32, 2, ARG(1, shape23))); }
 CALL(umt_tensor_new_1d) { POINTER(umt_tensor_new_1d(CTX(0), UMT_POOL_WEIGHTS, UMT_F32, 3)); }
 CALL(umt_tensor_new_2d) { POINTER(umt_tensor_new_2d(CTX(0), UMT_POOL_WEIGHTS, UMT_F32, 2, 3)); }
@@ -471,6 +476,7 @@ static const row table[] = {
     ROW(umt_offload_stats_get, N("ctx"), N("out")),
     ROW(umt_link_measure, N("ctx"), N("out")),
     ROW(umt_offload_host_memory_measure, N("ctx"), N("out")),
+    ROW(umt_host_memory_least_seconds, N("speed"), N("seconds")),
     ROW(umt_tensor_new, N("ctx"), N("shape")),
     ROW(umt_tensor_new_1d, N("ctx")),
     ROW(umt_tensor_new_2d, N("ctx")),

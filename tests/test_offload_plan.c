@@ -255,6 +255,53 @@ static void test_the_cpu_share_balances_its_time_against_the_link(void **state) 
     assert_float_equal(umt_plan_host_share(4e9, 0, 2), 0.0, 0);
 }
 
+/* umt_host_memory_least_seconds against what it must give at the edges, and against a fine scan of
+ * T(x) on the H100 host's figures of docs/PERF.md (131.6 ms for batch 512's work). */
+static double scanned_least(const umt_host_memory_speed *s, double e, double b) {
+    double most = e / s->cpu_beside_link > b / (s->link_beside_cpu_gbps * 1e9) ? e / s->cpu_beside_link
+                                                                               : b / (s->link_beside_cpu_gbps * 1e9);
+    double least = 1e30;
+    for (int i = 0; i <= 100000; ++i) {
+        double x = most * i / 100000, cpu = e - s->cpu_beside_link * x, link = b - s->link_beside_cpu_gbps * 1e9 * x;
+        double t = x + (cpu > 0 ? cpu / s->cpu_alone : 0) + (link > 0 ? link / (s->link_alone_gbps * 1e9) : 0);
+        if (t < least) least = t;
+    }
+    return least;
+}
+
+static void test_the_least_time_of_shared_host_memory_lies_between_overlap_and_turns(void **state) {
+    (void)state;
+    double t = 0;
+    /* Neither slows the other: the larger side alone. */
+    umt_host_memory_speed free_ = {.cpu_alone = 4e9, .cpu_beside_link = 4e9, .link_alone_gbps = 90,
+                                   .link_beside_cpu_gbps = 90, .update_bytes = 30};
+    assert_int_equal(umt_host_memory_least_seconds(&free_, 0.4e9, 7.2e9, &t), UMT_OK);
+    assert_float_equal(t, 0.1, 1e-12);
+    /* Both at once much slower than taking turns: one side after the other. */
+    umt_host_memory_speed turns = {.cpu_alone = 4e9, .cpu_beside_link = 1e8, .link_alone_gbps = 90,
+                                   .link_beside_cpu_gbps = 2, .update_bytes = 30};
+    assert_int_equal(umt_host_memory_least_seconds(&turns, 0.4e9, 7.2e9, &t), UMT_OK);
+    assert_float_equal(t, 0.1 + 0.08, 1e-12);
+    /* The H100 host's figures: between the two, equal to the scan. */
+    umt_host_memory_speed h100 = {.cpu_alone = 3.46e9, .cpu_beside_link = 2.33e9, .link_alone_gbps = 98.0,
+                                  .link_beside_cpu_gbps = 68.6, .update_bytes = 30};
+    assert_int_equal(umt_host_memory_least_seconds(&h100, 0.336e9, 7.25e9, &t), UMT_OK);
+    assert_float_equal(t, scanned_least(&h100, 0.336e9, 7.25e9), 1e-6);
+    assert_float_equal(t, 0.1316, 5e-5);
+    assert_true(t > 0.336e9 / 3.46e9 && t < 0.336e9 / 3.46e9 + 7.25e9 / 98e9);
+    /* No CPU work: the link alone. */
+    assert_int_equal(umt_host_memory_least_seconds(&h100, 0, 7.25e9, &t), UMT_OK);
+    assert_float_equal(t, 7.25e9 / 98e9, 1e-12);
+    /* A rate not measured, negative work, a missing argument: refused, naming it. */
+    h100.link_beside_cpu_gbps = 0;
+    assert_int_equal(umt_host_memory_least_seconds(&h100, 1, 1, &t), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "link_beside_cpu_gbps 0"));
+    assert_int_equal(umt_host_memory_least_seconds(&free_, -1, 1, &t), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "elements -1"));
+    assert_int_equal(umt_host_memory_least_seconds(&free_, 1, 1, NULL), UMT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(umt_last_error(), "seconds"));
+}
+
 /* Runs the count search on step times of the form (count - best)^2 + 100 ms; the counts timed,
  * in order, go to timed (the search's count when it settles is returned). */
 static int search(int first, int most, int best, int *timed, int *steps) {
@@ -503,6 +550,7 @@ int main(void) {
         cmocka_unit_test(test_the_ring_deepens_with_what_the_budget_leaves_and_no_further),
         cmocka_unit_test(test_the_cpu_share_balances_its_time_against_the_link),
         cmocka_unit_test(test_the_cpu_count_is_searched_from_the_share_to_the_fastest),
+        cmocka_unit_test(test_the_least_time_of_shared_host_memory_lies_between_overlap_and_turns),
         cmocka_unit_test(test_small_parameters_are_never_streamed),
         cmocka_unit_test(test_saved_activations_move_last),
         cmocka_unit_test(test_a_model_that_cannot_fit_even_offloaded_is_refused_with_the_numbers),
