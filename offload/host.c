@@ -74,9 +74,9 @@ umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt
  * end, before the step's counts are reset. The first step's count (the share's) starts it. A
  * count is timed by the mean of its steps after the SEARCH_UNTIMED_STEPS first: after a change of
  * count the CPU's backlog of updates takes steps to settle, and its steps alternate long and
- * short meanwhile (measured: 188 then 66 ms at one count, whose steps then ran 122-133 ms;
- * docs/PERF.md). A step runs from the last step's end to this one, the compute stream drained at
- * both. */
+ * short meanwhile, the short ones far below what the count then takes (docs/PERF.md, "Figures
+ * behind the comments"). A step runs from the last step's end to this one, the compute stream
+ * drained at both. */
 static umt_status search(umt_offload *o) {
     umt_host_count_search *s = &o->host_search;
     if (o->stats.host_updates != -1) return UMT_OK; /* a fixed count, or the search settled */

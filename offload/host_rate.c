@@ -24,8 +24,9 @@
 #include "memory/pool.h"
 #include "offload/state.h"
 
-/* Timed rounds of the CPU's update: their median is the rate. One round's rate moved by a
- * quarter between rounds of one run (docs/PERF.md): a best of three read the fastest. */
+/* Timed rounds of the CPU's update: their median is the rate. One round's rate moves between
+ * rounds of one run (docs/PERF.md, "Figures behind the comments"): a best of three read the
+ * fastest. */
 #define RATE_ROUNDS 5
 
 /* Bytes each way of each of the link's copies while the CPU is timed beside it. */
@@ -39,8 +40,8 @@ umt_status umt_offload_host_rule_run(const void *user, const umt_backend *be, fl
 
 /* A job on scratch arrays: Adam (the common rule, and a costlier one than SGD's) with a compute
  * copy of dtype `copy` under bf16/fp16 and the gradient in bf16 or f32, as the tier's jobs run.
- * The arrays are where the tier's are, in pinned memory (malloc'd memory ran 3-27% faster in the
- * measurements of docs/PERF.md), and as long as the streamed parameters, up to 16 work items a
+ * The arrays are where the tier's are, in pinned memory (malloc'd memory ran faster: docs/PERF.md,
+ * "Figures behind the comments"), and as long as the streamed parameters, up to 16 work items a
  * thread (with 15 threads, about one of big_mlp's layers): small arrays would be timed in the
  * caches. Scratch from the placement itself: a pool would keep it in its peak, which the memory
  * plan predicts. */

@@ -58,8 +58,8 @@ typedef struct {
 } umt_offload_deferred;
 
 /* Elements of one CPU work item: large enough to amortise the queue's lock, small enough to
- * balance. A quarter of a million ran 4% faster than a million, alone and beside the link
- * (measured on the H100's host, docs/PERF.md). */
+ * balance. A quarter of a million ran faster than a million, alone and beside the link
+ * (docs/PERF.md, "Figures behind the comments"). */
 #define UMT_OFFLOAD_CPU_CHUNK ((int64_t)1 << 18)
 
 /* One array update for CPU threads: fn on [0, n) of each array, in pinned memory, in work items of

@@ -70,8 +70,8 @@ static void store_lowp_range(umt_update_fusion fusion, const float *param, int64
 /* Elements of an update from which its bf16 compute copy is streamed past the caches: a copy this
  * long is not read again by the CPU (the offload tier's threads write it for the GPU's next copy
  * in), so an ordinary store's read of the line first is wasted memory traffic (the tier's
- * threads share the host's memory with the link; docs/PERF.md measures the gain). Shorter
- * updates keep ordinary stores, whose lines the next reader may still find in the cache. */
+ * threads share the host's memory with the link; docs/PERF.md, "Figures behind the comments").
+ * Shorter updates keep ordinary stores, whose lines the next reader may still find in the cache. */
 #define STREAM_AT_LEAST ((int64_t)1 << 16)
 
 /* As store_lowp_range's plain bf16 loop, for a block of at most ADAM_BLOCK elements: the values
