@@ -318,7 +318,7 @@ static void print_floor(const umt_link_speed *link, const umt_host_memory_speed 
     double floor_s = update_s > link_s ? update_s : link_s;
     printf("bench: floor of the link and the CPU's update: %.1f ms (the %s); floor / step = %.2f\n", 1e3 * floor_s,
            update_s > link_s ? "update" : "link", floor_s / step_s);
-    if (!hm || hm->cpu_beside_link <= 0) return;
+    if (hm->cpu_beside_link <= 0) return; /* not measured: no offload tier */
     double carried = hm->cpu_beside_link * hm->update_bytes + hm->link_beside_cpu_gbps * 1e9;
     double bytes = host_elements * hm->update_bytes + in + out, host_s = bytes / carried;
     printf("bench: host memory: the CPU's update %.2f G elements/s alone, %.2f beside the link (%.0f bytes an "

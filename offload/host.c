@@ -32,6 +32,12 @@
 
 #include "core/base/cuda_check.h"
 
+umt_status umt_offload_host_rule_run(const void *user, const umt_backend *be, float *param, const float *grad,
+                                     float *s0, float *s1, const umt_update_fusion *fusion, int64_t n) {
+    const umt_offload_host_rule *rule = user;
+    return umt_optimizer_update_with(&rule->options, rule->step, be, param, grad, s0, s1, n, fusion);
+}
+
 /* The CPU's share (umt_plan_host_share) from the rates measured now. */
 umt_status umt_offload_host_plan(umt_offload *o, const umt_plan_item *items, umt_tensor *const *tensors, int count) {
     int wanted = o->options.host_updates;

@@ -32,12 +32,6 @@
 /* Bytes each way of each of the link's copies while the CPU is timed beside it. */
 #define LINK_BYTES ((size_t)128 << 20)
 
-umt_status umt_offload_host_rule_run(const void *user, const umt_backend *be, float *param, const float *grad,
-                                     float *s0, float *s1, const umt_update_fusion *fusion, int64_t n) {
-    const umt_offload_host_rule *rule = user;
-    return umt_optimizer_update_with(&rule->options, rule->step, be, param, grad, s0, s1, n, fusion);
-}
-
 /* A job on scratch arrays: Adam (the common rule, and a costlier one than SGD's) with a compute
  * copy of dtype `copy` under bf16/fp16 and the gradient in bf16 or f32, as the tier's jobs run.
  * The arrays are where the tier's are, in pinned memory (malloc'd memory ran faster: docs/PERF.md,

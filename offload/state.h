@@ -247,7 +247,7 @@ umt_status umt_offload_make_ring(umt_offload *o);
 double umt_offload_seconds(void);
 /* A core is left to the thread that queues the GPU's work, which runs beside the CPU's updates. */
 #define UMT_OFFLOAD_SPARE_CORES 1
-/* The optimizer's rule with the options and step of a job's umt_offload_host_rule (its `user`). */
+/* offload/host.c: the optimizer's rule with the options and step of a job's umt_offload_host_rule (its `user`). */
 umt_status umt_offload_host_rule_run(const void *user, const umt_backend *be, float *param, const float *grad,
                                      float *s0, float *s1, const umt_update_fusion *fusion, int64_t n);
 /* offload/host_rate.c: the CPU threads' rate (elements/s) of the tier's update, timed alone on

@@ -74,20 +74,21 @@ static void store_lowp_range(umt_update_fusion fusion, const float *param, int64
  * Shorter updates keep ordinary stores, whose lines the next reader may still find in the cache. */
 #define STREAM_AT_LEAST ((int64_t)1 << 16)
 
-/* As store_lowp_range's plain bf16 loop, for a block of at most ADAM_BLOCK elements: the values
+/* store_lowp_range for a plain bf16 copy, a block of at most ADAM_BLOCK elements: the values
  * rounded into a buffer in the level-1 cache (the same loop, vectorized), then written out with
- * non-temporal stores where the destination is 16-byte aligned. The same bits as the loop. */
-static void stream_bf16_block(uint16_t *lowp, const float *param, int64_t first, int64_t end) {
+ * non-temporal stores where the destination is 16-byte aligned. The same bits as the loop; off
+ * x86, the loop itself. */
+static void stream_bf16_block(umt_update_fusion fusion, const float *param, int64_t first, int64_t end) {
 #if defined(__SSE2__)
     _Alignas(16) uint16_t staged[ADAM_BLOCK];
     int64_t n = end - first, i = 0;
     for (int64_t k = 0; k < n; ++k) staged[k] = umt_f32_to_bf16(param[first + k]);
-    uint16_t *out = lowp + first;
+    uint16_t *out = (uint16_t *)fusion.lowp + first;
     for (; i < n && ((uintptr_t)(out + i) & 15); ++i) out[i] = staged[i];
     for (; i + 8 <= n; i += 8) _mm_stream_si128((__m128i *)(out + i), _mm_loadu_si128((const __m128i *)(staged + i)));
     for (; i < n; ++i) out[i] = staged[i];
 #else
-    for (int64_t i = first; i < end; ++i) lowp[i] = umt_f32_to_bf16(param[i]);
+    store_lowp_range(fusion, param, first, end);
 #endif
 }
 
@@ -204,7 +205,7 @@ static umt_status adam_update(float *param, const float *grad, float *m, float *
                 for (int64_t i = first; i < end; ++i) adam_element(param, umt_bf16_to_f32(g16[i]), m, v, i, &k);
             else
                 for (int64_t i = first; i < end; ++i) adam_element(param, grad[i], m, v, i, &k);
-            if (stream) stream_bf16_block(fusion.lowp, param, first, end);
+            if (stream) stream_bf16_block(fusion, param, first, end);
             else if (fusion.lowp) store_lowp_range(fusion, param, first, end);
         }
         if (stream) stream_fence();
