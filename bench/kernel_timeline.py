@@ -110,8 +110,8 @@ def main():
     p.add_argument("csv")
     p.add_argument("--steps", type=int, default=100, help="the last N whole steps (default 100)")
     p.add_argument("--marker", help="the kernel that starts each step (default: the batch gather, "
-                   "gather_batch_kernel or gather_batch_half_kernel, or gather_images_kernel in builds before "
-                   "2026-11-25)")
+                   "gather_vectors_kernel or gather_batch_kernel, or gather_batch_half_kernel and "
+                   "gather_images_kernel in older builds)")
     p.add_argument("--whole", action="store_true", help="no steps: the last --fraction of the run")
     p.add_argument("--fraction", type=float, default=0.5)
     a = p.parse_args()
@@ -121,7 +121,8 @@ def main():
         lo = int(hi - (hi - lo) * a.fraction)
         report(rows, lo, hi, 1, f"the last {100 * a.fraction:.0f}% of the run ({(hi - lo) / 1e6:.1f} ms)")
         return
-    markers = [a.marker] if a.marker else ["gather_batch_kernel", "gather_batch_half_kernel", "gather_images_kernel"]
+    markers = [a.marker] if a.marker else ["gather_vectors_kernel", "gather_batch_kernel", "gather_batch_half_kernel",
+                                           "gather_images_kernel"]
     for marker in markers:
         starts = [s for s, _, n, _, _ in rows if n.startswith(marker)]
         if starts:
