@@ -17,8 +17,8 @@ static umt_tensor *layer_relu(umt_context *ctx, const mnist_cnn *m, umt_layer *l
     return m->fuse ? umt_layer_forward_relu(ctx, layer, x) : umt_relu(ctx, umt_layer_forward(ctx, layer, x));
 }
 
-/* The scores before the log-softmax, [N,10]. */
-static umt_tensor *logits(umt_context *ctx, const mnist_cnn *m, umt_tensor *images) {
+/* What fc2 reads: fc1's dropped-out activations, [N,128] (the width). */
+static umt_tensor *features(umt_context *ctx, const mnist_cnn *m, umt_tensor *images) {
     umt_tensor *x = layer_relu(ctx, m, m->conv1, images); /* [N,32,26,26] */
     /* conv2 [N,64,24,24], its ReLU, the pool and the dropout [N,64,12,12]; fused, the bias and
      * the ReLU are applied inside the pool, so only the pooled quarter is written. */
@@ -26,9 +26,13 @@ static umt_tensor *logits(umt_context *ctx, const mnist_cnn *m, umt_tensor *imag
                 : umt_dropout(ctx, umt_max_pool2d(ctx, layer_relu(ctx, m, m->conv2, x), 2, 2), 0.25f);
     /* fc1 on the flattened features, its ReLU and the dropout [N,128] (the width); fused, one op
      * whose bias pass draws the dropout, and an NHWC x (bf16/fp16) read as it lies. */
-    x = m->fuse ? umt_layer_forward_flatten_relu_dropout(ctx, m->fc1, x, 0.5f)
-                : umt_dropout(ctx, layer_relu(ctx, m, m->fc1, umt_flatten(ctx, x)), 0.5f);
-    return umt_layer_forward(ctx, m->fc2, x); /* [N,10] */
+    return m->fuse ? umt_layer_forward_flatten_relu_dropout(ctx, m->fc1, x, 0.5f)
+                   : umt_dropout(ctx, layer_relu(ctx, m, m->fc1, umt_flatten(ctx, x)), 0.5f);
+}
+
+/* The scores before the log-softmax, [N,10]. */
+static umt_tensor *logits(umt_context *ctx, const mnist_cnn *m, umt_tensor *images) {
+    return umt_layer_forward(ctx, m->fc2, features(ctx, m, images));
 }
 
 umt_tensor *mnist_cnn_forward(umt_context *ctx, const void *model, umt_tensor *images) {
@@ -37,6 +41,7 @@ umt_tensor *mnist_cnn_forward(umt_context *ctx, const void *model, umt_tensor *i
 
 umt_tensor *mnist_cnn_loss(umt_context *ctx, const mnist_cnn *m, umt_tensor *images, umt_tensor *labels) {
     if (!m->fuse) return umt_nll_loss(ctx, mnist_cnn_forward(ctx, m, images), labels);
-    /* The same loss, with its backward (softmax - one-hot) in one pass instead of three. */
-    return umt_softmax_cross_entropy(ctx, logits(ctx, m, images), labels);
+    /* The same loss, with fc2 in it: on a GPU under bf16/fp16 one kernel forward (the logits never
+     * written) and two backward (umt_linear_softmax_cross_entropy). */
+    return umt_layer_softmax_cross_entropy(ctx, m->fc2, features(ctx, m, images), labels);
 }

@@ -628,6 +628,13 @@ umt_tensor *umt_log_softmax(umt_context *ctx, umt_tensor *x);
 umt_tensor *umt_nll_loss(umt_context *ctx, umt_tensor *log_probs, umt_tensor *labels);
 /* nll_loss(log_softmax(logits), labels) in one op. */
 umt_tensor *umt_softmax_cross_entropy(umt_context *ctx, umt_tensor *logits, umt_tensor *labels);
+/* umt_softmax_cross_entropy(umt_linear(x, weight, bias), labels), as one op where the backend
+ * fuses it (on a GPU under bf16/fp16, at most 32 classes): one kernel forward, the logits never
+ * written, and two backward (the weight and bias gradients beside the input gradient). The same
+ * arithmetic and roundings with the products summed in another order, so not the same bits;
+ * elsewhere (the CPU, fp32) exactly the two ops. */
+umt_tensor *umt_linear_softmax_cross_entropy(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias,
+                                             umt_tensor *labels);
 
 /* x [N,C,H,W] (*) weight [K,C,R,S] + bias [K] (or NULL), square stride and zero padding,
  * dilation 1 -> [N,K,P,Q]. Scratch comes from the workspace pool. */
@@ -692,6 +699,9 @@ umt_tensor *umt_layer_forward_flatten_relu_dropout(umt_context *ctx, umt_layer *
  * with a bias and windows apart, its product, then umt_bias_relu_max_pool2d_dropout. */
 umt_tensor *umt_layer_forward_relu_max_pool2d_dropout(umt_context *ctx, umt_layer *layer, umt_tensor *x,
                                                       int64_t window, int64_t stride, float p);
+/* umt_softmax_cross_entropy(umt_layer_forward(...), labels): for a linear layer,
+ * umt_linear_softmax_cross_entropy. */
+umt_tensor *umt_layer_softmax_cross_entropy(umt_context *ctx, umt_layer *layer, umt_tensor *x, umt_tensor *labels);
 
 /* ----------------------------------------------------------------------------------------- */
 /* Optimizers and learning-rate schedules */

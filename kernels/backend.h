@@ -328,6 +328,22 @@ typedef struct {
     umt_status (*conv2d_relu_backward_filter)(const umt_conv_shape *shape, const void *x, const void *y, void *dy,
                                               bool keep_dy, float *dw, float *dbias, void *workspace,
                                               size_t workspace_bytes);
+    /* A linear layer and the softmax cross-entropy as one op (umt_linear_softmax_cross_entropy),
+     * where the backend has it for the shape (the slots NULL or linear_xent_supports false: the
+     * op runs the linear layer's slots, then softmax_xent's). x [rows, in] and w [cols, in] in a
+     * half dtype, bias [cols] f32. The forward writes the mean loss of the logits x w^T + bias,
+     * each rounded as the two ops store them (the products summed in another order), without
+     * the logits in memory, and diff [rows, cols] f32 = softmax - onehot(labels), what
+     * softmax_xent_backward reads. The backward makes the logits' gradient from diff and dloss
+     * as softmax_xent_backward rounds it, then dx (written when dx_fresh, else added to) and
+     * dw and dbias added to; any of the three may be NULL (a call for dw and dbias alone may go to
+     * the side stream). */
+    bool (*linear_xent_supports)(umt_dtype dtype, int64_t rows, int64_t in, int64_t cols);
+    umt_status (*linear_xent)(umt_dtype dtype, const void *x, const void *w, const float *bias, const int32_t *labels,
+                              float *diff, float *loss, int64_t rows, int64_t in, int64_t cols);
+    umt_status (*linear_xent_backward)(umt_dtype dtype, const void *x, const void *w, const float *diff,
+                                       const float *dloss, void *dx, bool dx_fresh, float *dw, float *dbias,
+                                       int64_t rows, int64_t in, int64_t cols);
 } umt_backend_fused;
 
 /* --- Group 4, a second stream (core/branch.c): a layer's weight gradient runs on it, beside

@@ -170,6 +170,11 @@ static umt_status conv2d_relu_forward(const umt_conv_shape *shape, const void *x
 static umt_status conv2d_relu_backward_filter(const umt_conv_shape *shape, const void *x, const void *y, void *dy,
                                               bool keep_dy, float *dw, float *dbias, void *workspace,
                                               size_t workspace_bytes) NOTHING
+static umt_status linear_xent(umt_dtype dtype, const void *x, const void *w, const float *bias, const int32_t *labels,
+                              float *diff, float *loss, int64_t rows, int64_t in, int64_t cols) NOTHING
+static umt_status linear_xent_backward(umt_dtype dtype, const void *x, const void *w, const float *diff,
+                                       const float *dloss, void *dx, bool dx_fresh, float *dw, float *dbias,
+                                       int64_t rows, int64_t in, int64_t cols) NOTHING
 
 /* ----------------------------------------------------------------------------------------- */
 /* Group 4: the second stream (kept, so that a dry step takes the branch's workspace as a real
@@ -273,6 +278,9 @@ void umt_backend_dry(const umt_backend *real, umt_backend *out) {
     out->fused.conv2d_relu_supports = real->fused.conv2d_relu_supports;
     DRY(fused, conv2d_relu_forward, conv2d_relu_forward);
     DRY(fused, conv2d_relu_backward_filter, conv2d_relu_backward_filter);
+    out->fused.linear_xent_supports = real->fused.linear_xent_supports;
+    DRY(fused, linear_xent, linear_xent);
+    DRY(fused, linear_xent_backward, linear_xent_backward);
 
     DRY(streams, branch_begin, branch_begin);
     DRY(streams, branch_end, branch_end);

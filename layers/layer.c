@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/base/error.h"
 #include "core/context.h"
@@ -78,4 +79,13 @@ umt_tensor *umt_layer_forward_relu_max_pool2d_dropout(umt_context *ctx, umt_laye
     if (layer->product && layer->bias && umt_bias_relu_max_pool2d_dropout_supports(window, stride))
         return umt_bias_relu_max_pool2d_dropout(ctx, layer->product(ctx, layer, x), layer->bias, window, stride, p);
     return umt_max_pool2d_dropout(ctx, umt_layer_forward_relu(ctx, layer, x), window, stride, p);
+}
+
+umt_tensor *umt_layer_softmax_cross_entropy(umt_context *ctx, umt_layer *layer, umt_tensor *x, umt_tensor *labels) {
+    if (!layer_call_ok("umt_layer_softmax_cross_entropy", ctx, layer, x)) return NULL;
+    if (labels && umt_check_owner(ctx, "umt_layer_softmax_cross_entropy", "labels", labels->ctx) != UMT_OK)
+        return NULL;
+    if (!strcmp(layer->kind, "linear"))
+        return umt_linear_softmax_cross_entropy(ctx, x, layer->weight, layer->bias, labels);
+    return umt_softmax_cross_entropy(ctx, layer->forward(ctx, layer, x), labels);
 }

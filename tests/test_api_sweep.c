@@ -278,6 +278,9 @@ CALL(umt_mean) { POINTER(umt_mean(CTX(0), OWN(1, x))); }
 CALL(umt_log_softmax) { POINTER(umt_log_softmax(CTX(0), OWN(1, x))); }
 CALL(umt_nll_loss) { POINTER(umt_nll_loss(CTX(0), OWN(1, x), OWN(2, labels))); }
 CALL(umt_softmax_cross_entropy) { POINTER(umt_softmax_cross_entropy(CTX(0), OWN(1, x), OWN(2, labels))); }
+CALL(umt_linear_softmax_cross_entropy) {
+    POINTER(umt_linear_softmax_cross_entropy(CTX(0), OWN(1, x), OWN(2, fc_weight), OWN(3, fc_bias), OWN(4, labels)));
+}
 CALL(umt_conv2d) { POINTER(umt_conv2d(CTX(0), OWN(1, image), OWN(2, conv_weight), OWN(3, conv_bias), 1, 0)); }
 CALL(umt_conv2d_relu) { POINTER(umt_conv2d_relu(CTX(0), OWN(1, image), OWN(2, conv_weight), OWN(3, conv_bias), 1, 0)); }
 CALL(umt_max_pool2d) { POINTER(umt_max_pool2d(CTX(0), OWN(1, image), 2, 2)); }
@@ -298,6 +301,9 @@ CALL(umt_batchnorm_layer_new) { POINTER(umt_batchnorm_layer_new(CTX(0), ARG(1, "
 CALL(umt_layer_forward) { POINTER(umt_layer_forward(CTX(0), OWN(1, fc), OWN(2, x))); }
 CALL(umt_layer_forward_relu) { POINTER(umt_layer_forward_relu(CTX(0), OWN(1, fc), OWN(2, x))); }
 CALL(umt_layer_forward_flatten_relu) { POINTER(umt_layer_forward_flatten_relu(CTX(0), OWN(1, fc), OWN(2, x))); }
+CALL(umt_layer_softmax_cross_entropy) {
+    POINTER(umt_layer_softmax_cross_entropy(CTX(0), OWN(1, fc), OWN(2, x), OWN(3, labels)));
+}
 CALL(umt_layer_forward_flatten_relu_dropout) {
     POINTER(umt_layer_forward_flatten_relu_dropout(CTX(0), OWN(1, fc), OWN(2, x), 0.5f));
 }
@@ -526,6 +532,7 @@ static const row table[] = {
     ROW(umt_log_softmax, N("ctx"), K("x")),
     ROW(umt_nll_loss, N("ctx"), K("log_probs"), K("labels")),
     ROW(umt_softmax_cross_entropy, N("ctx"), K("logits"), K("labels")),
+    ROW(umt_linear_softmax_cross_entropy, N("ctx"), K("x"), K("weight"), AO("bias"), K("labels")),
     ROW(umt_conv2d, N("ctx"), K("x"), K("weight"), AO("bias")),
     ROW(umt_conv2d_relu, N("ctx"), K("x"), K("weight"), AO("bias")),
     ROW(umt_max_pool2d, N("ctx"), K("x")),
@@ -543,6 +550,7 @@ static const row table[] = {
     ROW(umt_layer_forward_relu, N("ctx"), NO("layer"), K("x")),
     ROW(umt_layer_forward_flatten_relu, N("ctx"), NO("layer"), K("x")),
     ROW(umt_layer_forward_flatten_relu_dropout, N("ctx"), NO("layer"), K("x")),
+    ROW(umt_layer_softmax_cross_entropy, N("ctx"), NO("layer"), K("x"), K("labels")),
     ROW(umt_layer_forward_relu_max_pool2d_dropout, N("ctx"), NO("layer"), K("x")),
     ROW(umt_nonfinite_policy_parse, N("name"), N("out")),
     NO_POINTERS(umt_nonfinite_policy_name),

@@ -1,4 +1,5 @@
 /* core/ops/loss.c — mean, log-softmax, NLL, softmax cross-entropy, accuracy counting. */
+#include "core/branch.h"
 #include "core/ops/ops.h"
 
 static const int64_t scalar_shape[1] = {1};
@@ -101,6 +102,71 @@ umt_tensor *umt_softmax_cross_entropy(umt_context *ctx, umt_tensor *logits, umt_
     umt_tensor *out = umt_op_finish(ctx, st, "umt_softmax_cross_entropy", xent_backward, loss, probs, logits, labels,
                                     NULL);
     return half ? umt_op_overwrites_input_grad(ctx, out, 0) : out;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* A linear layer and the softmax cross-entropy as one op                                       */
+
+/* The weight and bias gradients go to the side stream where the branch takes both (core/branch.h),
+ * first, so that the side starts beside the input gradient; else in order after it. */
+static umt_status linear_xent_backward(umt_context *ctx, const umt_node *node) {
+    const umt_tensor *x = node->inputs[0], *w = node->inputs[1], *bias = node->inputs[2];
+    const umt_backend *be = umt_kernels(ctx);
+    void *dx = umt_input_grad(node, 0);
+    float *dw = umt_input_grad(node, 1), *dbias = umt_input_grad(node, 2);
+    int64_t rows = x->shape[0], in = x->shape[1], cols = w->shape[0];
+    double flops = 2.0 * (double)rows * (double)in * (double)cols;
+    if ((dw || dbias) && (!dw || umt_branch_takes(ctx, w, dx, flops)) &&
+        (!dbias || umt_branch_takes(ctx, bias, dx, flops))) {
+        UMT_TRY(umt_branch_begin(ctx, false));
+        UMT_TRY(umt_branch_end(ctx, be->fused.linear_xent_backward(x->dtype, x->data, w->lowp->data, node->saved->data,
+                                                                   node->output->grad->data, NULL, false, dw, dbias,
+                                                                   rows, in, cols)));
+        dw = dbias = NULL;
+    }
+    return be->fused.linear_xent_backward(x->dtype, x->data, w->lowp->data, node->saved->data, node->output->grad->data,
+                                          dx, umt_input_grad_fresh(node, 0), dw, dbias, rows, in, cols);
+}
+
+/* Whether the backend's head takes these: half x [rows, in], weight [cols, in] and bias [cols]
+ * f32, labels i32 [rows], a shape the slot takes. Anything else (a wrong shape too: its error
+ * comes from the two ops) runs as umt_linear then umt_softmax_cross_entropy. */
+static bool head_fused(umt_context *ctx, const umt_tensor *x, const umt_tensor *w, const umt_tensor *bias,
+                       const umt_tensor *labels) {
+    const umt_backend *be = umt_kernels(ctx);
+    if (!be->fused.linear_xent || !bias || !umt_dtype_is_lowp(x->dtype) || x->ndim != 2 || w->ndim != 2 ||
+        bias->ndim != 1 || labels->ndim != 1 || w->dtype != UMT_F32 || bias->dtype != UMT_F32 ||
+        labels->dtype != UMT_I32)
+        return false;
+    int64_t rows = x->shape[0], in = x->shape[1], cols = w->shape[0];
+    return w->shape[1] == in && bias->shape[0] == cols && labels->shape[0] == rows &&
+           be->fused.linear_xent_supports(x->dtype, rows, in, cols);
+}
+
+umt_tensor *umt_linear_softmax_cross_entropy(umt_context *ctx, umt_tensor *x, umt_tensor *weight, umt_tensor *bias,
+                                             umt_tensor *labels) {
+    if (!x || !weight || !labels) return NULL;
+    const char *op = "umt_linear_softmax_cross_entropy";
+    if (umt_check_input(ctx, op, "x", x, UMT_ANY_FLOAT, 2) != UMT_OK ||
+        umt_check_input(ctx, op, "weight", weight, UMT_F32, 2) != UMT_OK ||
+        (bias && umt_check_input(ctx, op, "bias", bias, UMT_F32, 1) != UMT_OK) ||
+        umt_check_input(ctx, op, "labels", labels, UMT_I32, 1) != UMT_OK)
+        return NULL;
+    if (!head_fused(ctx, x, weight, bias, labels))
+        return umt_softmax_cross_entropy(ctx, umt_linear(ctx, x, weight, bias), labels);
+    /* The weight's compute copy, in x's dtype (the context's compute dtype). */
+    const umt_tensor *w = umt_weight_for_compute(ctx, weight);
+    if (!w) return NULL;
+    if (w->dtype != x->dtype) return umt_softmax_cross_entropy(ctx, umt_linear(ctx, x, weight, bias), labels);
+    int64_t rows = x->shape[0], in = x->shape[1], cols = weight->shape[0];
+    /* softmax - onehot(label) is kept for backward: with dloss, the logits' whole gradient. */
+    umt_tensor *diff = umt_op_output(ctx, 2, (int64_t[]){rows, cols});
+    umt_tensor *loss = diff ? umt_op_output(ctx, 1, scalar_shape) : NULL;
+    if (!loss) return NULL;
+    umt_status st = umt_kernels(ctx)->fused.linear_xent(x->dtype, x->data, w->data, bias->data, labels->data,
+                                                        diff->data, loss->data, rows, in, cols);
+    umt_tensor *out = umt_op_finish(ctx, st, op, linear_xent_backward, loss, diff, x, weight, bias);
+    return umt_op_overwrites_input_grad(ctx, out, 0);
 }
 
 umt_status umt_count_correct(umt_context *ctx, const umt_tensor *scores, const umt_tensor *labels, int64_t *correct) {

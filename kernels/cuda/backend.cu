@@ -418,6 +418,9 @@ static const umt_backend cuda_backend = {
         .conv2d_relu_supports = umt_cuda_conv2d_relu_fused,
         .conv2d_relu_forward = umt_cuda_conv2d_relu_forward,
         .conv2d_relu_backward_filter = umt_cuda_conv2d_relu_backward_filter,
+        .linear_xent_supports = umt_cuda_linear_xent_supports,
+        .linear_xent = umt_cuda_linear_xent,
+        .linear_xent_backward = umt_cuda_linear_xent_backward,
     },
     .streams = {
         .branch_begin = umt_cuda_branch_begin,

@@ -114,6 +114,13 @@ umt_status umt_cuda_softmax_xent_lp(umt_dtype dtype, const void *logits, const i
 umt_status umt_cuda_softmax_xent_backward_lp(umt_dtype dtype, const float *probs, const int32_t *labels,
                                              const float *dloss, void *dlogits, int64_t rows, int64_t cols,
                                              bool fresh);
+/* The head: a linear layer and the softmax cross-entropy as one op (kernels/backend.h's fused group). */
+bool umt_cuda_linear_xent_supports(umt_dtype dtype, int64_t rows, int64_t in, int64_t cols);
+umt_status umt_cuda_linear_xent(umt_dtype dtype, const void *x, const void *w, const float *bias, const int32_t *labels,
+                                float *diff, float *loss, int64_t rows, int64_t in, int64_t cols);
+umt_status umt_cuda_linear_xent_backward(umt_dtype dtype, const void *x, const void *w, const float *diff,
+                                         const float *dloss, void *dx, bool dx_fresh, float *dw, float *dbias,
+                                         int64_t rows, int64_t in, int64_t cols);
 umt_status umt_cuda_count_correct(const float *scores, const int32_t *labels, int64_t rows, int64_t cols,
                                   int64_t *correct);
 /* After a wait for the stream: the error of the first out-of-range label a loss or its backward

@@ -573,6 +573,203 @@ extern "C" umt_status umt_cuda_softmax_xent_backward_lp(umt_dtype dtype, const f
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* A linear layer and the softmax cross-entropy as one op (the MNIST CNN's head)                */
+
+/* fc2 and the loss of the MNIST CNN were seven short kernels on the step's critical path (the
+ * product, its bias, the loss, the loss's backward, the input gradient's product and the bias
+ * sum; the weight gradient's product beside them): docs/PERF.md, "fifteenth session". Here they
+ * are three. The forward takes a row a warp when the classes fit the lanes: each block first
+ * copies w (as f32, a row of in + 1 words, so that 32 lanes reading 32 rows at one k meet no
+ * bank twice) into shared memory, and a row's logit c is then lane c's own sum over k, with no
+ * shuffles; it writes the loss, and softmax - onehot for the backward. The backward's input
+ * gradient is a thread an element; its weight and bias gradients, which nothing below waits for,
+ * are the other kernel, which the op sends beside it (core/branch.h). */
+enum { HEAD_SHARED = 48 * 1024 };
+
+/* w [cols, in] of dtype D into shared w_s [cols][in + 1] as f32, by the whole block. */
+template <umt_dtype D> static __device__ void head_stage_w(const uint16_t *w, float *w_s, int64_t in, int cols) {
+    for (int64_t i = threadIdx.x; i < cols * in; i += blockDim.x)
+        w_s[i / in * (in + 1) + i % in] = umt_dev_widen<D>(w[i]);
+}
+
+/* This lane's logit (lane < cols; 0 for the others) of a row whose x lies in x_s: the dot product
+ * with w's row summed over k in order, rounded to D as a half linear layer stores its product,
+ * then the bias added and rounded again, as its bias pass stores it (add_rows_lp). */
+template <umt_dtype D>
+static __device__ float head_logit(const uint16_t *x_s, const float *w_s, const float *bias, int64_t in, int cols) {
+    int lane = threadIdx.x % 32;
+    if (lane >= cols) return 0.0f;
+    const float *w_row = w_s + lane * (in + 1);
+    /* Four sums over k (k % 4), so that each product need not wait for the one before. */
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t k = 0;
+#pragma unroll 4
+    for (; k + 4 <= in; k += 4)
+        for (int j = 0; j < 4; j++) sum[j] = fmaf(umt_dev_widen<D>(x_s[k + j]), w_row[k + j], sum[j]);
+    for (; k < in; k++) sum[k % 4] = fmaf(umt_dev_widen<D>(x_s[k]), w_row[k], sum[k % 4]);
+    float dot = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+    float product = umt_dev_widen<D>(umt_dev_narrow<D>(dot));
+    return umt_dev_widen<D>(umt_dev_narrow<D>(product + bias[lane]));
+}
+
+/* The softmax of a row whose logit x lane c holds (c < cols), as warp_row_loss computes it: the
+ * row's maximum and log-sum of exponentials, every lane's. */
+static __device__ void head_softmax(float x, int cols, float *max, double *log_sum) {
+    int lane = threadIdx.x % 32;
+    float own = -INFINITY;
+    if (lane < cols && x > own) own = x; /* as row_max: a NaN never becomes the maximum */
+    *max = (float)warp_reduce(own, true);
+    *log_sum = log(warp_reduce(lane < cols ? exp((double)x - *max) : 0.0, false));
+}
+
+/* loss = the mean over rows of -log softmax(x w^T + bias)[label]: softmax_xent_warps_kernel's
+ * groups, partials and last block, with each row's logits made in the warp instead of read; and
+ * for the backward, diff = softmax - onehot(label) in f32, as softmax_xent_backward computes it
+ * from the probabilities. Shared memory: w_s, then each warp's row of x. */
+template <umt_dtype D>
+static __global__ void linear_xent_kernel(loss_scratch s, const uint16_t *x, const uint16_t *w, const float *bias,
+                                          const int32_t *labels, float *diff, float *loss, int64_t rows, int64_t in,
+                                          int cols, int groups) {
+    extern __shared__ float head_shared[];
+    if (!labels_in_range(s, SOFTMAX_XENT, labels, rows, cols)) return;
+    float *w_s = head_shared;
+    uint16_t *x_s = (uint16_t *)(w_s + cols * (in + 1)) + threadIdx.x / 32 * in;
+    head_stage_w<D>(w, w_s, in, cols);
+    __syncthreads();
+    int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (g < groups) {
+        double group_loss = 0.0;
+        for (int64_t r = g; r < rows; r += groups) {
+            for (int64_t k = lane; k < in; k += 32) x_s[k] = x[r * in + k];
+            __syncwarp();
+            float logit = head_logit<D>(x_s, w_s, bias, in, cols), max;
+            double log_sum;
+            head_softmax(logit, cols, &max, &log_sum);
+            float at_label = __shfl_sync(0xffffffffu, logit, labels[r]);
+            group_loss += log_sum - ((double)at_label - max);
+            float p = (float)exp((double)logit - max - log_sum);
+            if (lane < cols) diff[r * cols + lane] = p - (lane == labels[r] ? 1.0f : 0.0f);
+            __syncwarp();
+        }
+        if (lane == 0) s.partials[g] = group_loss;
+    }
+    if (finishes_last(s)) write_mean(s, groups, 1.0, (double)rows, loss);
+}
+
+/* The logits' gradient of row r, class c, as softmax_xent_backward_half stores it: dloss / rows *
+ * diff, rounded to D (and widened back for the products). */
+template <umt_dtype D> static __device__ float head_grad(const float *diff, float scale, int64_t r, int c, int cols) {
+    return umt_dev_widen<D>(umt_dev_narrow<D>(__fadd_rn(0.0f, __fmul_rn(scale, diff[r * cols + c]))));
+}
+
+/* The head's input gradient: a thread per element of dx, that row's logits' gradient times w over
+ * the classes in order (written, or added to unless fresh). */
+template <umt_dtype D>
+static __global__ void linear_xent_dx_kernel(const uint16_t *w, const float *diff, const float *dloss, uint16_t *dx,
+                                             bool dx_fresh, int64_t rows, int64_t in, int cols) {
+    float scale = (float)((double)dloss[0] / (double)rows);
+    FOR_EACH_INDEX(e, rows * in) {
+        int64_t r = e / in, k = e - r * in;
+        float v = 0.0f;
+        for (int c = 0; c < cols; c++)
+            v = fmaf(head_grad<D>(diff, scale, r, c, cols), umt_dev_widen<D>(w[c * in + k]), v);
+        if (!dx_fresh) v += umt_dev_widen<D>(dx[e]);
+        dx[e] = umt_dev_narrow<D>(v);
+    }
+}
+
+/* The head's weight and bias gradients: a block takes HEAD_OUTPUTS elements of dw (then of dbias),
+ * each summed over the rows by HEAD_GROUPS threads, thread g taking rows g, g + HEAD_GROUPS, ...
+ * in order; the block then adds the groups' sums in order and adds the total to the element (the
+ * same bits every run). */
+enum { HEAD_OUTPUTS = 16, HEAD_GROUPS = THREADS / HEAD_OUTPUTS };
+
+template <umt_dtype D>
+static __global__ void linear_xent_dw_kernel(const uint16_t *x, const float *diff, const float *dloss, float *dw,
+                                             float *dbias, int64_t rows, int64_t in, int cols) {
+    __shared__ float part[HEAD_GROUPS][HEAD_OUTPUTS + 1];
+    float scale = (float)((double)dloss[0] / (double)rows);
+    int64_t weights = (int64_t)cols * in, outputs = weights + cols;
+    int lane = threadIdx.x % HEAD_OUTPUTS, group = threadIdx.x / HEAD_OUTPUTS;
+    int64_t o = (int64_t)blockIdx.x * HEAD_OUTPUTS + lane;
+    bool weight = o < weights;
+    int c = weight ? (int)(o / in) : (int)(o - weights);
+    int64_t k = weight ? o - c * in : 0;
+    float sum = 0.0f;
+    if (o < outputs) {
+        if (weight) {
+#pragma unroll 4
+            for (int64_t r = group; r < rows; r += HEAD_GROUPS)
+                sum = fmaf(head_grad<D>(diff, scale, r, c, cols), umt_dev_widen<D>(x[r * in + k]), sum);
+        } else {
+#pragma unroll 4
+            for (int64_t r = group; r < rows; r += HEAD_GROUPS) sum += head_grad<D>(diff, scale, r, c, cols);
+        }
+    }
+    part[group][lane] = sum;
+    __syncthreads();
+    if (group != 0 || o >= outputs) return;
+    float *to = weight ? (dw ? &dw[o] : NULL) : (dbias ? &dbias[o - weights] : NULL);
+    if (!to) return;
+    float total = 0.0f;
+    for (int g = 0; g < HEAD_GROUPS; g++) total += part[g][lane];
+    *to += total;
+}
+
+/* Shared memory of the forward kernel (bytes). */
+static size_t head_forward_shared(int64_t in, int64_t cols) {
+    return (size_t)(cols * (in + 1)) * sizeof(float) + (size_t)(THREADS / 32 * in) * sizeof(uint16_t);
+}
+
+extern "C" bool umt_cuda_linear_xent_supports(umt_dtype dtype, int64_t rows, int64_t in, int64_t cols) {
+    return (dtype == UMT_BF16 || dtype == UMT_F16) && cols >= 1 && cols <= 32 && in >= 1 && rows >= 1 &&
+           rows < INT32_MAX && head_forward_shared(in, cols) <= HEAD_SHARED;
+}
+
+static umt_status check_head(const char *op, umt_dtype dtype, int64_t rows, int64_t in, int64_t cols) {
+    if (!umt_cuda_linear_xent_supports(dtype, rows, in, cols))
+        return umt_fail(UMT_ERR_UNSUPPORTED, "%s: %s, %lld rows of %lld features, %lld classes (expected bf16 or f16, "
+                        "at most 32 classes, and w's rows within 48 KiB as f32)", op, umt_dtype_name(dtype),
+                        (long long)rows, (long long)in, (long long)cols);
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_linear_xent(umt_dtype dtype, const void *x, const void *w, const float *bias,
+                                           const int32_t *labels, float *diff, float *loss, int64_t rows, int64_t in,
+                                           int64_t cols) {
+    UMT_TRY(check_head("linear_xent", dtype, rows, in, cols));
+    loss_scratch s;
+    UMT_TRY(scratch_for("softmax_xent", &s));
+    unsigned int groups = partial_blocks_for(rows, 1), blocks = (groups + THREADS / 32 - 1) / (THREADS / 32);
+    auto kernel = dtype == UMT_BF16 ? linear_xent_kernel<UMT_BF16> : linear_xent_kernel<UMT_F16>;
+    kernel<<<blocks, THREADS, head_forward_shared(in, cols), umt_cuda_stream()>>>(
+        s, (const uint16_t *)x, (const uint16_t *)w, bias, labels, diff, loss, rows, in, (int)cols, (int)groups);
+    UMT_CUDA_LAUNCHED();
+    return UMT_OK;
+}
+
+extern "C" umt_status umt_cuda_linear_xent_backward(umt_dtype dtype, const void *x, const void *w, const float *diff,
+                                                    const float *dloss, void *dx, bool dx_fresh, float *dw,
+                                                    float *dbias, int64_t rows, int64_t in, int64_t cols) {
+    UMT_TRY(check_head("linear_xent_backward", dtype, rows, in, cols));
+    bool bf16 = dtype == UMT_BF16;
+    if (dw || dbias) {
+        auto kernel = bf16 ? linear_xent_dw_kernel<UMT_BF16> : linear_xent_dw_kernel<UMT_F16>;
+        unsigned int blocks = (unsigned int)((cols * in + cols + HEAD_OUTPUTS - 1) / HEAD_OUTPUTS);
+        kernel<<<blocks, THREADS, 0, umt_cuda_stream()>>>((const uint16_t *)x, diff, dloss, dw, dbias, rows, in,
+                                                          (int)cols);
+        UMT_CUDA_LAUNCHED();
+    }
+    if (dx) {
+        auto kernel = bf16 ? linear_xent_dx_kernel<UMT_BF16> : linear_xent_dx_kernel<UMT_F16>;
+        kernel<<<blocks_for(rows * in), THREADS, 0, umt_cuda_stream()>>>((const uint16_t *)w, diff, dloss,
+                                                                         (uint16_t *)dx, dx_fresh, rows, in, (int)cols);
+        UMT_CUDA_LAUNCHED();
+    }
+    return UMT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Accuracy                                                                                    */
 
 /* One thread per row. Strictly greater: on a tie the lowest index wins, as in PyTorch's argmax. */

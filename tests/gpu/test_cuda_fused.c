@@ -37,7 +37,7 @@
         if ((call) != UMT_OK) fail_msg("%s failed: %s", #call, umt_last_error());                                  \
     } while (0)
 
-enum { MAX_INPUTS = 3 };
+enum { MAX_INPUTS = 5 };
 
 static uint32_t rng_state;
 
@@ -259,6 +259,14 @@ static umt_tensor *bias_relu_pool_dropout(umt_context *c, umt_tensor **in, umt_t
     return umt_dropout(c, umt_max_pool2d(c, umt_conv2d_relu(c, in[0], in[1], in[2], 1, 0), 2, 2), 0.25f);
 }
 
+/* A linear layer's half output (the head's input under bf16/fp16), then the head: fused, one op
+ * (umt_linear_softmax_cross_entropy); else fc2's linear op and the loss. */
+static umt_tensor *linear_head(umt_context *c, umt_tensor **in, umt_tensor *l, bool fused) {
+    umt_tensor *h = umt_linear(c, in[0], in[1], in[2]);
+    return fused ? umt_linear_softmax_cross_entropy(c, h, in[3], in[4], l)
+                 : umt_softmax_cross_entropy(c, umt_linear(c, h, in[3], in[4]), l);
+}
+
 static const umt_precision PRECISIONS[2] = {UMT_PRECISION_FP32, UMT_PRECISION_BF16};
 
 static void test_conv2d_relu_matches_relu_of_conv2d(void **state) {
@@ -443,6 +451,23 @@ static void test_softmax_cross_entropy_matches_nll_of_log_softmax(void **state) 
     for (int p = 0; p < 2; p++) compare(PRECISIONS[p], log_softmax_nll, 1, shape, ndims, 10, "softmax_cross_entropy");
 }
 
+/* The head against fc2 and the loss, at 6, 64, 257 and 1000 rows (a partial last block of every
+ * kernel somewhere), 40, 128 and 96 features, 3, 10 and 7 classes; fp32 takes the two ops
+ * themselves. The loss and every input's gradient within the precision's tolerance (the products
+ * are summed in another order). */
+static void test_linear_softmax_cross_entropy_matches_linear_then_loss(void **state) {
+    (void)state;
+    static const umt_precision precisions[3] = {UMT_PRECISION_FP32, UMT_PRECISION_BF16, UMT_PRECISION_FP16};
+    const int ndims[5] = {2, 2, 1, 2, 1};
+    const int64_t cases[4][3] = {{6, 40, 3}, {64, 128, 10}, {257, 96, 10}, {1000, 128, 7}};
+    for (int p = 0; p < 3; p++)
+        for (int k = 0; k < 4; k++) {
+            int64_t rows = cases[k][0], hidden = cases[k][1], classes = cases[k][2];
+            const int64_t shapes[5][4] = {{rows, 40}, {hidden, 40}, {hidden}, {classes, hidden}, {classes}};
+            compare(precisions[p], linear_head, 5, shapes, ndims, classes, "linear_softmax_cross_entropy");
+        }
+}
+
 /* ----------------------------------------------------------------------------------------- */
 /* The whole MNIST CNN, one training step (dropout on, both passes from the same RNG state, so
  * with the same masks), fused and not: the loss, and every parameter's gradient. */
@@ -498,6 +523,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_flatten_linear_matches_linear_of_flatten, destroy_current),
         cmocka_unit_test_teardown(test_max_pool2d_dropout_matches_dropout_of_max_pool2d, destroy_current),
         cmocka_unit_test_teardown(test_softmax_cross_entropy_matches_nll_of_log_softmax, destroy_current),
+        cmocka_unit_test_teardown(test_linear_softmax_cross_entropy_matches_linear_then_loss, destroy_current),
         cmocka_unit_test_teardown(test_mnist_cnn_fused_step_matches_the_unfused_step, destroy_current),
     };
     return cmocka_run_group_tests(tests, seed_from_clock, NULL);
