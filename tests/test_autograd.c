@@ -295,6 +295,46 @@ static void test_linear_relu_dropout_is_dropout_of_linear_relu_bit_for_bit(void 
     umt_context_destroy(ctx);
 }
 
+/* On the CPU umt_linear_softmax_cross_entropy is umt_linear then umt_softmax_cross_entropy: the
+ * same loss and gradients, bit for bit; a bad label is refused as the loss refuses it. */
+static void test_linear_softmax_cross_entropy_is_the_two_ops_on_the_cpu(void **state) {
+    (void)state;
+    umt_context *ctx = new_context();
+    float values[64];
+    for (int i = 0; i < 64; i++) values[i] = (float)((i * 29) % 19 - 9) / 6.0f;
+    umt_tensor *x = umt_parameter_new(ctx, "x", 2, (int64_t[]){5, 4});
+    umt_tensor *w = umt_parameter_new(ctx, "w", 2, (int64_t[]){3, 4});
+    umt_tensor *b = parameter_with(ctx, "b", 3, values + 40);
+    umt_tensor *labels = umt_tensor_new(ctx, UMT_POOL_WEIGHTS, UMT_I32, 1, (int64_t[]){5});
+    assert_non_null(x), assert_non_null(w), assert_non_null(labels);
+    assert_int_equal(umt_tensor_copy_from_host(x, values, 20 * sizeof(float)), UMT_OK);
+    assert_int_equal(umt_tensor_copy_from_host(w, values + 20, 12 * sizeof(float)), UMT_OK);
+    assert_int_equal(umt_tensor_copy_from_host(labels, (int32_t[]){2, 0, 1, 1, 2}, 5 * sizeof(int32_t)), UMT_OK);
+    float loss[2], grad_x[2][20], grad_w[2][12], grad_b[2][3];
+    for (int one_op = 0; one_op < 2; one_op++) {
+        assert_int_equal(umt_step_begin(ctx), UMT_OK);
+        assert_int_equal(umt_zero_grad(ctx), UMT_OK);
+        umt_tensor *l = one_op ? umt_linear_softmax_cross_entropy(ctx, x, w, b, labels)
+                               : umt_softmax_cross_entropy(ctx, umt_linear(ctx, x, w, b), labels);
+        assert_non_null(l);
+        assert_int_equal(umt_backward(ctx, l), UMT_OK);
+        assert_int_equal(umt_tensor_get_f32(l, 0, &loss[one_op]), UMT_OK);
+        assert_int_equal(umt_tensor_copy_to_host(umt_tensor_grad(x), grad_x[one_op], sizeof grad_x[0]), UMT_OK);
+        assert_int_equal(umt_tensor_copy_to_host(umt_tensor_grad(w), grad_w[one_op], sizeof grad_w[0]), UMT_OK);
+        assert_int_equal(umt_tensor_copy_to_host(umt_tensor_grad(b), grad_b[one_op], sizeof grad_b[0]), UMT_OK);
+    }
+    assert_memory_equal(&loss[0], &loss[1], sizeof loss[0]);
+    assert_memory_equal(grad_x[0], grad_x[1], sizeof grad_x[0]);
+    assert_memory_equal(grad_w[0], grad_w[1], sizeof grad_w[0]);
+    assert_memory_equal(grad_b[0], grad_b[1], sizeof grad_b[0]);
+    assert_true(loss[0] > 0.0f);
+    assert_int_equal(umt_tensor_copy_from_host(labels, (int32_t[]){2, 0, 3, 1, 2}, 5 * sizeof(int32_t)), UMT_OK);
+    assert_int_equal(umt_step_begin(ctx), UMT_OK);
+    assert_null(umt_linear_softmax_cross_entropy(ctx, x, w, b, labels));
+    assert_non_null(strstr(umt_last_error(), "softmax_xent"));
+    umt_context_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradient_of_a_product_is_the_other_factor),
@@ -306,6 +346,7 @@ int main(void) {
         cmocka_unit_test(test_shape_errors_name_the_op_and_the_shapes),
         cmocka_unit_test(test_step_begin_returns_the_activation_arena_to_empty),
         cmocka_unit_test(test_labels_out_of_range_are_reported_with_row_and_value),
+        cmocka_unit_test(test_linear_softmax_cross_entropy_is_the_two_ops_on_the_cpu),
         cmocka_unit_test(test_planned_arena_reuses_gradient_memory_and_keeps_every_gradient),
         cmocka_unit_test(test_linear_relu_dropout_is_dropout_of_linear_relu_bit_for_bit),
     };
