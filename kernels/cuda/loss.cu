@@ -588,8 +588,8 @@ enum { HEAD_SHARED = 48 * 1024 };
 
 /* w [cols, in] of dtype D into shared w_s [cols][in + 1] as f32, by the whole block. */
 template <umt_dtype D> static __device__ void head_stage_w(const uint16_t *w, float *w_s, int64_t in, int cols) {
-    for (int64_t i = threadIdx.x; i < cols * in; i += blockDim.x)
-        w_s[i / in * (in + 1) + i % in] = umt_dev_widen<D>(w[i]);
+    int n = cols * (int)in, row = (int)in; /* below 2^31: linear_xent_supports checks its bytes */
+    for (int i = threadIdx.x; i < n; i += blockDim.x) w_s[i / row * (row + 1) + i % row] = umt_dev_widen<D>(w[i]);
 }
 
 /* This lane's logit (lane < cols; 0 for the others) of a row whose x lies in x_s: the dot product
@@ -631,24 +631,27 @@ static __global__ void linear_xent_kernel(loss_scratch s, const uint16_t *x, con
                                           const int32_t *labels, float *diff, float *loss, int64_t rows, int64_t in,
                                           int cols, int groups) {
     extern __shared__ float head_shared[];
-    if (!labels_in_range(s, SOFTMAX_XENT, labels, rows, cols)) return;
     float *w_s = head_shared;
     uint16_t *x_s = (uint16_t *)(w_s + cols * (in + 1)) + threadIdx.x / 32 * in;
+    /* w's loads first, in flight while the labels are checked (shared memory only: a bad label
+     * still leaves every output untouched). */
     head_stage_w<D>(w, w_s, in, cols);
+    if (!labels_in_range(s, SOFTMAX_XENT, labels, rows, cols)) return;
     __syncthreads();
     int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (g < groups) {
         double group_loss = 0.0;
         for (int64_t r = g; r < rows; r += groups) {
+            int32_t label = labels[r];
             for (int64_t k = lane; k < in; k += 32) x_s[k] = x[r * in + k];
             __syncwarp();
             float logit = head_logit<D>(x_s, w_s, bias, in, cols), max;
             double log_sum;
             head_softmax(logit, cols, &max, &log_sum);
-            float at_label = __shfl_sync(0xffffffffu, logit, labels[r]);
+            float at_label = __shfl_sync(0xffffffffu, logit, label);
             group_loss += log_sum - ((double)at_label - max);
             float p = (float)exp((double)logit - max - log_sum);
-            if (lane < cols) diff[r * cols + lane] = p - (lane == labels[r] ? 1.0f : 0.0f);
+            if (lane < cols) diff[r * cols + lane] = p - (lane == label ? 1.0f : 0.0f);
             __syncwarp();
         }
         if (lane == 0) s.partials[g] = group_loss;
