@@ -4,7 +4,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "core/base/error.h"
 #include "core/context.h"
@@ -85,7 +84,6 @@ umt_tensor *umt_layer_softmax_cross_entropy(umt_context *ctx, umt_layer *layer, 
     if (!layer_call_ok("umt_layer_softmax_cross_entropy", ctx, layer, x)) return NULL;
     if (labels && umt_check_owner(ctx, "umt_layer_softmax_cross_entropy", "labels", labels->ctx) != UMT_OK)
         return NULL;
-    if (!strcmp(layer->kind, "linear"))
-        return umt_linear_softmax_cross_entropy(ctx, x, layer->weight, layer->bias, labels);
+    if (layer->softmax_cross_entropy) return layer->softmax_cross_entropy(ctx, layer, x, labels);
     return umt_softmax_cross_entropy(ctx, layer->forward(ctx, layer, x), labels);
 }

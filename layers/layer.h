@@ -20,6 +20,8 @@ struct umt_layer {
     umt_layer_forward_fn flatten_relu; /* relu(forward(flatten(x))) as one op (linear); NULL: the three */
     /* dropout(relu(forward(flatten(x))), p) as one op (linear); NULL: flatten_relu, then umt_dropout */
     umt_tensor *(*flatten_relu_dropout)(umt_context *ctx, umt_layer *layer, umt_tensor *x, float p);
+    /* softmax_cross_entropy(forward(x), labels) as one op (linear); NULL: forward, then the loss */
+    umt_tensor *(*softmax_cross_entropy)(umt_context *ctx, umt_layer *layer, umt_tensor *x, umt_tensor *labels);
     umt_context *ctx;
     umt_tensor *weight; /* NULL for layers without parameters */
     umt_tensor *bias;   /* NULL when the layer has none */

@@ -18,6 +18,11 @@ static umt_tensor *linear_flatten_relu_dropout(umt_context *ctx, umt_layer *laye
     return umt_flatten_linear_relu_dropout(ctx, x, layer->weight, layer->bias, p);
 }
 
+static umt_tensor *linear_softmax_cross_entropy(umt_context *ctx, umt_layer *layer, umt_tensor *x,
+                                                umt_tensor *labels) {
+    return umt_linear_softmax_cross_entropy(ctx, x, layer->weight, layer->bias, labels);
+}
+
 umt_layer *umt_linear_layer_new(umt_context *ctx, const char *name, int64_t in_features, int64_t out_features,
                                 bool bias) {
     if (!ctx || !name) return umt_fail_null("umt_linear_layer_new", ctx ? "name" : "ctx"), NULL;
@@ -31,6 +36,7 @@ umt_layer *umt_linear_layer_new(umt_context *ctx, const char *name, int64_t in_f
     layer->forward_relu = linear_forward_relu;
     layer->flatten_relu = linear_flatten_relu;
     layer->flatten_relu_dropout = linear_flatten_relu_dropout;
+    layer->softmax_cross_entropy = linear_softmax_cross_entropy;
     char buf[256];
     layer->weight = umt_parameter_new(ctx, umt_layer_tensor_name(buf, sizeof buf, name, "weight"), 2,
                                       (int64_t[]){out_features, in_features});
